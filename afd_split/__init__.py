@@ -1,0 +1,1 @@
+"""Token-balanced two-ubatch split path for AFD prefill (framework-neutral)."""

@@ -1,0 +1,1 @@
+"""pytest-afd: correctness and performance harness for AFD prefill dual batching."""

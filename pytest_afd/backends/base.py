@@ -1,0 +1,148 @@
+"""The one small interface every backend implements.
+
+Suites talk to a backend only through :class:`Backend`: they hand it prompts and
+:class:`RunSettings` and get :class:`RunOutputs` back. They never branch on the
+backend type; a backend declares what it cannot do in ``capabilities`` and the
+plugin turns a missing capability into a skip with a reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+SPLIT_POLICIES = ("none", "request_boundary", "token_balanced", "cost_balanced")
+ROUTING_MODES = ("natural", "forced_balanced")
+QUANTIZATIONS = ("none", "w8a8")
+
+# Capability names a backend may declare.
+CAP_SPLIT = "split"
+CAP_PREFIX_CACHE = "prefix_cache"
+CAP_CHUNKED_PREFILL = "chunked_prefill"
+CAP_W8A8 = "w8a8"
+CAP_FORCED_ROUTING = "forced_routing"
+CAP_LOGITS = "logits"
+CAP_AFD = "afd"
+CAP_INSTRUMENTATION = "instrumentation"
+CAP_PIPELINE_PARALLEL = "pipeline_parallel"
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run on this machine (missing hardware or packages).
+
+    The plugin turns this into a skip (or a failure under
+    ``--afd-require-hardware``); the message says what is missing.
+    """
+
+
+class CapabilityMissing(RuntimeError):
+    """A suite asked for something the backend declared it cannot do."""
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    """One prompt to prefill. ``prompt_token_ids`` is the whole logical prompt."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What defines one run of a backend; every field lands in the manifest."""
+
+    split_policy: str = "token_balanced"
+    # None means unchunked (chunked prefill disabled).
+    chunk_size: int | None = None
+    prefix_caching: bool = False
+    routing: str = "natural"
+    quantization: str = "none"
+    max_num_batched_tokens: int = 140_000
+    max_num_seqs: int = 8
+    block_size: int = 128
+    # Split alignment unit (SP/TP size) and PCP size seen by afd_split.
+    split_align: int = 1
+    pcp_size: int = 1
+    instrument: bool = False
+    return_logits: bool = True
+
+    def __post_init__(self) -> None:
+        if self.split_policy not in SPLIT_POLICIES:
+            raise ValueError(f"split_policy={self.split_policy!r}; expected one of {SPLIT_POLICIES}")
+        if self.routing not in ROUTING_MODES:
+            raise ValueError(f"routing={self.routing!r}; expected one of {ROUTING_MODES}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization={self.quantization!r}; expected one of {QUANTIZATIONS}")
+        if self.chunk_size is not None and self.chunk_size <= 0:
+            raise ValueError(f"chunk_size={self.chunk_size!r}; expected a positive integer or None")
+
+    @property
+    def synthetic(self) -> bool:
+        """Forced-balanced routing changes expert ids and outputs: never an accuracy claim."""
+        return self.routing == "forced_balanced"
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    num_prompt_tokens: int
+    # Realized prefix-cache hit tokens, as the runtime reports them.
+    num_cached_tokens: int
+    next_token: int
+    # Last-token logits (float32, vocab-sized) when the backend can return them.
+    logits: np.ndarray | None = None
+    ttft_s: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class RunOutputs:
+    requests: list[RequestOutput]
+    # One entry per forward step: the split plan's evidence (policy, realized
+    # per-ubatch real/padded tokens, imbalance) plus scheduling facts.
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    # Per layer: routed tokens per expert (list of lists), natural or forced.
+    expert_load: list[list[int]] = field(default_factory=list)
+    # Instrumented runs only: per-layer/per-ubatch timings.
+    timings: dict[str, Any] = field(default_factory=dict)
+    wall_time_s: float = 0.0
+
+    def by_id(self) -> dict[str, RequestOutput]:
+        return {r.request_id: r for r in self.requests}
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A backend is made from (topology, model config, options) by a factory."""
+
+    name: str
+    capabilities: frozenset[str]
+
+    def run(self, prompts: Sequence[PromptRequest], settings: RunSettings) -> RunOutputs:
+        """Prefill every prompt (output length 1) and return per-request results."""
+        ...
+
+    def reset_prefix_cache(self) -> None:
+        """Drop cached KV so the next run is cold."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for the manifest: versions, model, device, topology emulation."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def require_capability(backend: Backend, capability: str) -> None:
+    if capability not in backend.capabilities:
+        raise CapabilityMissing(
+            f"backend {backend.name!r} does not support {capability!r} "
+            f"(it declares {sorted(backend.capabilities)})"
+        )
