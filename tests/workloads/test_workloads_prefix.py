@@ -1,0 +1,83 @@
+"""Prefix-cache workloads: a whole-block shared prefix sized for the requested hit ratio."""
+
+import numpy as np
+import pytest
+
+from pytest_afd.workloads import STAGE_B_HIT_RATIOS, make_workload, prefix_cache_workloads
+
+BLOCK = 16
+SMALL = {"target_total_tokens": 65536, "scale": 1 / 64, "block_size": BLOCK}
+
+
+def _cached_whole_blocks(cached_prompt, prompt, block_size):
+    """Tokens of ``prompt`` a full-block prefix cache holding ``cached_prompt`` would serve."""
+    matched = 0
+    while matched + block_size <= min(len(prompt), len(cached_prompt)) - 1 and (
+        prompt[matched : matched + block_size] == cached_prompt[matched : matched + block_size]
+    ):
+        matched += block_size
+    return matched
+
+
+def test_stage_b_sweep_keeps_total_and_hits_the_requested_ratio():
+    workloads = prefix_cache_workloads(**SMALL)
+    assert [w.spec.requested_hit_ratio for w in workloads] == list(STAGE_B_HIT_RATIOS)
+    for workload in workloads:
+        assert workload.total_tokens == 1024
+        assert workload.shared_prefix_tokens % BLOCK == 0
+        # Within half a block per request of the request.
+        tolerance = BLOCK / 2 * workload.num_requests / workload.total_tokens
+        assert workload.designed_hit_ratio == pytest.approx(
+            workload.spec.requested_hit_ratio, abs=tolerance
+        )
+    assert len({w.content_hash for w in workloads}) == len(workloads)
+
+
+@pytest.mark.parametrize("ratio", [0.25, 0.5, 0.9])
+@pytest.mark.parametrize("distribution", ["uniform", "bimodal", "trace_conv"])
+def test_warm_cache_serves_exactly_the_shared_prefix(distribution, ratio):
+    workload = make_workload(distribution, requested_hit_ratio=ratio, seed=9, **SMALL)
+    (warmup,) = workload.prefix_warmup_prompts()
+    prompts = workload.prompts()
+    prefix = workload.shared_prefix_tokens
+    assert all(p.prompt_token_ids[:prefix] == warmup.prompt_token_ids[:prefix] for p in prompts)
+    served = [
+        _cached_whole_blocks(warmup.prompt_token_ids, p.prompt_token_ids, BLOCK) for p in prompts
+    ]
+    assert served == [prefix] * len(prompts)
+    assert sum(served) / workload.total_tokens == pytest.approx(workload.designed_hit_ratio)
+    # Unique suffixes never hit each other beyond the prefix.
+    suffix_blocks = {p.prompt_token_ids[prefix : prefix + BLOCK] for p in prompts}
+    assert len(suffix_blocks) == len(prompts)
+
+
+def test_zero_ratio_has_no_prefix_and_no_warmup():
+    workload = make_workload("uniform", **SMALL)
+    assert workload.shared_prefix_tokens == 0
+    assert workload.prefix_warmup_prompts() == []
+    firsts = {p.prompt_token_ids[:BLOCK] for p in workload.prompts()}
+    assert len(firsts) == workload.num_requests
+
+
+def test_prefix_keeps_the_suffix_shape():
+    plain = make_workload("bimodal", **SMALL)
+    cached = make_workload("bimodal", requested_hit_ratio=0.5, **SMALL)
+    suffix = np.array(cached.prompt_lengths) - cached.shared_prefix_tokens
+    assert np.argmax(suffix) == np.argmax(plain.prompt_lengths)
+    assert suffix.min() >= 1
+
+
+def test_prefix_below_one_block_is_rejected_with_the_numbers():
+    with pytest.raises(ValueError, match="block_size=128"):
+        make_workload("uniform", requested_hit_ratio=0.25, target_total_tokens=1024, block_size=128)
+
+
+def test_prefix_leaving_no_unique_token_is_rejected():
+    with pytest.raises(ValueError, match="no unique token"):
+        make_workload(
+            "uniform",
+            num_requests=4,
+            requested_hit_ratio=0.9,
+            target_total_tokens=64,
+            block_size=16,
+        )
