@@ -1,0 +1,50 @@
+"""Backend registry: ``create_backend(name, ...)`` imports the backend module lazily.
+
+``"cpu"`` → :func:`pytest_afd.backends.cpu.create`, ``"vllm-ascend"`` →
+:func:`pytest_afd.backends.vllm_ascend.create`. Importing this package imports
+neither, so vLLM / torch-npu are only touched when that backend is asked for.
+A backend that cannot run here raises :class:`BackendUnavailable`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import MappingProxyType
+
+from pytest_afd.backends.base import Backend, BackendUnavailable
+
+BACKEND_MODULES = MappingProxyType(
+    {
+        "cpu": "pytest_afd.backends.cpu",
+        "vllm-ascend": "pytest_afd.backends.vllm_ascend",
+    }
+)
+BACKEND_NAMES = tuple(BACKEND_MODULES)
+
+
+def create_backend(
+    name: str,
+    *,
+    topology,
+    model_name: str,
+    seed: int,
+    results_dir: str | Path,
+) -> Backend:
+    """Create the named backend for ``topology`` (a :class:`pytest_afd.topology.Topology`)."""
+    if name not in BACKEND_MODULES:
+        raise ValueError(f"unknown backend {name!r}; expected one of {BACKEND_NAMES}")
+    module_name = BACKEND_MODULES[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # Only the backend package itself missing means "not available here";
+        # a missing dependency inside it is a real error and propagates.
+        if exc.name != module_name:
+            raise
+        raise BackendUnavailable(
+            f"backend {name!r}: module {module_name} is not installed"
+        ) from exc
+    return module.create(
+        topology=topology, model_name=model_name, seed=seed, results_dir=results_dir
+    )

@@ -1,0 +1,490 @@
+"""Build, validate and atomically write case results (``schemas/result.schema.json``).
+
+Usable with or without pytest::
+
+    from pytest_afd import results
+    doc = results.build_result(case_id="stage_a/bimodal/token_balanced", case_kind="stage_a",
+                               backend="cpu", settings=run_settings, manifest=manifest,
+                               workload=results.workload_json(...), protocol=run.protocol_json(),
+                               metrics=results.metrics_json(...),
+                               evidence=results.evidence_from_outputs(outputs, ...))
+    results.write_result(results.result_path(results_dir, doc["case_id"]), doc)
+
+``write_result`` validates first and raises :class:`ResultValidationError`
+naming every offending JSON path; nothing is written for an invalid result.
+A value that cannot be known is :func:`absent` (``{"value": null,
+"absent_reason": ...}``), never omitted.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError, best_match
+from referencing import Registry, Resource
+
+from pytest_afd.backends.base import RunOutputs, RunSettings
+from pytest_afd.manifest import absent, manifest_digest
+from pytest_afd.stats import summarize
+
+SCHEMA_VERSION = "1.0.0"
+SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
+MANIFEST_SCHEMA_FILE = "manifest.schema.json"
+RESULT_SCHEMA_FILE = "result.schema.json"
+CASE_KINDS = (
+    "gate",
+    "stage_a",
+    "stage_b",
+    "stage_c",
+    "stage_d",
+    "stage_e",
+    "stage_f",
+    "benchmark",
+    "other",
+)
+COMPARABILITY = ("comparable", "exploratory")
+DEFAULT_HEADLINE_METRIC = "prefill_tokens_per_s"
+# Request-level async MoE staging of the recipe: exactly two ubatches.
+DEFAULT_ASYNC_MOE_STAGES = 2
+PROMPT_LENGTH_PERCENTILES = (50, 90, 99)
+NOT_MEASURED = "not measured by this case"
+# Longest readable part of a result file name; the rest is replaced by a digest.
+MAX_FILE_STEM = 120
+CASE_DIGEST_CHARS = 10
+
+
+class ResultValidationError(ValueError):
+    """A result or manifest does not match its schema; the message lists every error path."""
+
+
+def is_absent(value: Any) -> bool:
+    return (
+        isinstance(value, Mapping)
+        and set(value) == {"value", "absent_reason"}
+        and value["value"] is None
+    )
+
+
+@functools.cache
+def load_schema(file_name: str) -> dict[str, Any]:
+    path = SCHEMAS_DIR / file_name
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(
+            f"schema {path} is missing (schemas/ ships next to pytest_afd/)"
+        ) from exc
+
+
+@functools.cache
+def _validator(file_name: str) -> Draft202012Validator:
+    manifest_schema = load_schema(MANIFEST_SCHEMA_FILE)
+    registry = Registry().with_resource(
+        manifest_schema["$id"], Resource.from_contents(manifest_schema)
+    )
+    schema = load_schema(file_name)
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema, registry=registry)
+
+
+def _describe_error(error: ValidationError) -> str:
+    where = "/" + "/".join(str(p) for p in error.absolute_path)
+    detail = error.message
+    if error.context:
+        detail = f"{detail}; closest: {best_match(error.context).message}"
+    return f"at {where}: {detail}"
+
+
+def _validate(doc: Any, file_name: str, what: str) -> None:
+    errors = sorted(
+        _validator(file_name).iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))
+    )
+    if errors:
+        lines = "\n  ".join(_describe_error(e) for e in errors)
+        raise ResultValidationError(f"{what} does not match {file_name}:\n  {lines}")
+
+
+def validate_result(doc: Any) -> None:
+    """Raise :class:`ResultValidationError` unless ``doc`` matches the result schema and its digest."""
+    _validate(
+        doc,
+        RESULT_SCHEMA_FILE,
+        f"result {doc.get('case_id', '?')!r}" if isinstance(doc, dict) else "result",
+    )
+    expected = manifest_digest(doc["manifest"])
+    if doc["manifest_digest"] != expected:
+        raise ResultValidationError(
+            f"result {doc['case_id']!r}: manifest_digest {doc['manifest_digest']} does not match "
+            f"the embedded manifest ({expected})"
+        )
+
+
+def validate_manifest(doc: Any) -> None:
+    _validate(doc, MANIFEST_SCHEMA_FILE, "manifest")
+
+
+def atomic_write_json(path: str | os.PathLike[str], doc: Any) -> Path:
+    """Write JSON to a temp file in the target directory, fsync, then rename over ``path``.
+
+    Readers (and xdist siblings) see the old file or the new one, never a torn one.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    payload = json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, target)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def write_result(path: str | os.PathLike[str], doc: dict[str, Any]) -> Path:
+    """Validate ``doc`` then write it atomically; an invalid result writes nothing."""
+    validate_result(doc)
+    return atomic_write_json(path, doc)
+
+
+def read_result(path: str | os.PathLike[str]) -> dict[str, Any]:
+    doc = json.loads(Path(path).read_text())
+    validate_result(doc)
+    return doc
+
+
+def result_path(results_dir: str | os.PathLike[str], case_id: str) -> Path:
+    """A file name for ``case_id`` that is safe on every filesystem and unique per id."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", case_id).strip("._")[:MAX_FILE_STEM]
+    digest = hashlib.sha256(case_id.encode()).hexdigest()[:CASE_DIGEST_CHARS]
+    return Path(results_dir) / f"{stem}-{digest}.json"
+
+
+def measurement(values: Sequence[float], unit: str) -> dict[str, Any]:
+    """Every repetition plus its summary statistics (the schema's ``measurement``)."""
+    return {
+        "unit": unit,
+        "repetitions": [float(v) for v in values],
+        "stats": summarize(values).to_json(),
+    }
+
+
+def settings_json(
+    settings: RunSettings,
+    *,
+    execution_mode: str | None = None,
+    async_moe_stages: int = DEFAULT_ASYNC_MOE_STAGES,
+) -> dict[str, Any]:
+    """The result's ``settings`` object from a backend :class:`RunSettings`.
+
+    ``execution_mode`` is ``"eager"`` or ``"graph"`` when the backend knows it;
+    ``None`` records it as absent.
+    """
+    return {
+        "split_policy": settings.split_policy,
+        "quantization": settings.quantization,
+        "scheduler": {
+            "max_num_batched_tokens": settings.max_num_batched_tokens,
+            "max_num_seqs": settings.max_num_seqs,
+            "block_size": settings.block_size,
+        },
+        "execution_mode": absent("the backend did not report eager/graph mode")
+        if execution_mode is None
+        else execution_mode,
+        "async_moe": {
+            "enabled": settings.split_policy != "none",
+            "stages": async_moe_stages if settings.split_policy != "none" else 1,
+            "split_policy": settings.split_policy,
+        },
+        "chunked_prefill": {
+            "enabled": settings.chunk_size is not None,
+            "chunk_size": settings.chunk_size,
+        },
+        "prefix_cache": {"enabled": settings.prefix_caching},
+        "expert_balancing": {"routing": settings.routing},
+        "split_constraints": {"split_align": settings.split_align, "pcp_size": settings.pcp_size},
+        "instrumented": settings.instrument,
+    }
+
+
+def prompt_length_summary(lengths: Sequence[int], *, include_values: bool = True) -> dict[str, Any]:
+    """Mean, percentiles, stddev, CV and min/max of prompt lengths (Stage C asks for them)."""
+    if len(lengths) == 0:
+        empty = dict.fromkeys(("min", "max", "mean", "stddev", "cv", "p50", "p90", "p99"))
+        return {"count": 0, **({"values": []} if include_values else {}), **empty}
+    arr = np.asarray(lengths, dtype=np.float64)
+    stats = summarize(arr.tolist())
+    p50, p90, p99 = (float(v) for v in np.percentile(arr, PROMPT_LENGTH_PERCENTILES))
+    summary = {
+        "count": len(lengths),
+        "min": stats.min,
+        "max": stats.max,
+        "mean": stats.mean,
+        "stddev": stats.stddev,
+        "cv": stats.cv,
+        "p50": p50,
+        "p90": p90,
+        "p99": p99,
+    }
+    if include_values:
+        summary["values"] = [int(v) for v in lengths]
+    return summary
+
+
+def workload_json(
+    *,
+    dataset_name: str,
+    prompt_lengths: Sequence[int],
+    seed: int | None,
+    dataset_digest: str | None = None,
+    arrival_process: str = "all-at-once",
+    output_length: int = 1,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The result's ``workload`` object (dataset identity, counts, arrival, lengths, seed)."""
+    return {
+        "dataset": {
+            "name": dataset_name,
+            "digest": dataset_digest
+            if dataset_digest is not None
+            else absent("the workload generator did not report a dataset digest"),
+        },
+        "request_count": len(prompt_lengths),
+        "arrival_process": arrival_process,
+        "prompt_lengths": prompt_length_summary(prompt_lengths),
+        "output_length": output_length,
+        "seed": seed if seed is not None else absent("the workload is not seeded (fixed input)"),
+        **extra,
+    }
+
+
+def metrics_json(
+    *,
+    completed_requests: int | dict,
+    failed_requests: int | dict,
+    prefill_tokens_per_s: dict | None = None,
+    request_throughput: dict | None = None,
+    ttft_s: dict | None = None,
+    peak_memory_bytes: dict | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The result's ``metrics`` object; a headline metric left ``None`` is recorded absent."""
+
+    def _or_absent(value: dict | None) -> dict:
+        return absent(NOT_MEASURED) if value is None else value
+
+    return {
+        "prefill_tokens_per_s": _or_absent(prefill_tokens_per_s),
+        "request_throughput": _or_absent(request_throughput),
+        "ttft_s": _or_absent(ttft_s),
+        "completed_requests": completed_requests,
+        "failed_requests": failed_requests,
+        "peak_memory_bytes": _or_absent(peak_memory_bytes),
+        **extra,
+    }
+
+
+TTFT_PERCENTILES = {"p50": 50, "p90": 90, "p95": 95, "p99": 99}
+
+
+def metrics_from_runs(
+    runs: Sequence[RunOutputs], *, peak_memory_bytes: dict | None = None
+) -> dict[str, Any]:
+    """Headline metrics from measured repetitions (one :class:`RunOutputs` each).
+
+    Prefill throughput counts logical input tokens of completed requests per
+    wall second; ``computed_tokens_per_s`` (newly computed, i.e. minus prefix
+    hits) is added alongside. Completed/failed counts sum over repetitions.
+    """
+    if not runs:
+        raise ValueError("metrics_from_runs() needs at least one run")
+    tokens_per_s, computed_per_s, requests_per_s = [], [], []
+    ttft_by_pct: dict[str, list[float]] = {name: [] for name in TTFT_PERCENTILES}
+    completed = failed = 0
+    for index, run in enumerate(runs):
+        if run.wall_time_s <= 0:
+            raise ValueError(f"run {index} has wall_time_s={run.wall_time_s}; expected > 0")
+        done = [r for r in run.requests if r.error is None]
+        completed += len(done)
+        failed += len(run.requests) - len(done)
+        logical = sum(r.num_prompt_tokens for r in done)
+        tokens_per_s.append(logical / run.wall_time_s)
+        computed_per_s.append((logical - sum(r.num_cached_tokens for r in done)) / run.wall_time_s)
+        requests_per_s.append(len(done) / run.wall_time_s)
+        ttfts = [r.ttft_s for r in done if r.ttft_s is not None]
+        if ttfts:
+            for name, pct in TTFT_PERCENTILES.items():
+                ttft_by_pct[name].append(float(np.percentile(ttfts, pct)))
+    ttft: dict | None = None
+    if all(len(v) == len(runs) for v in ttft_by_pct.values()):
+        ttft = {name: measurement(vals, "s") for name, vals in ttft_by_pct.items()}
+    return metrics_json(
+        completed_requests=completed,
+        failed_requests=failed,
+        prefill_tokens_per_s=measurement(tokens_per_s, "tokens/s"),
+        request_throughput=measurement(requests_per_s, "requests/s"),
+        ttft_s=ttft if ttft is not None else absent("the backend reported no per-request TTFT"),
+        peak_memory_bytes=peak_memory_bytes
+        if peak_memory_bytes is not None
+        else absent("the backend does not report device memory"),
+        computed_tokens_per_s=measurement(computed_per_s, "tokens/s"),
+    )
+
+
+def per_rank_load(per_expert: Sequence[Sequence[int]], num_ep_ranks: int) -> list[list[int]]:
+    """Sum per-expert routed tokens into contiguous EP-rank blocks, layer by layer."""
+    loads = []
+    for layer, experts in enumerate(per_expert):
+        if len(experts) % num_ep_ranks:
+            raise ValueError(
+                f"layer {layer}: {len(experts)} experts cannot be spread evenly over {num_ep_ranks} EP ranks"
+            )
+        per_rank = len(experts) // num_ep_ranks
+        loads.append(
+            [int(sum(experts[r * per_rank : (r + 1) * per_rank])) for r in range(num_ep_ranks)]
+        )
+    return loads
+
+
+def token_evidence(
+    steps: Sequence[Mapping[str, Any]], logical_prompt_tokens: int
+) -> dict[str, Any]:
+    """Real/padded totals, per-ubatch totals (summed over steps) and the worst step imbalance."""
+    per_real: list[int] = []
+    per_padded: list[int] = []
+    imbalances = []
+    for step in steps:
+        for index, ubatch in enumerate(step["ubatches"]):
+            if index == len(per_real):
+                per_real.append(0)
+                per_padded.append(0)
+            per_real[index] += int(ubatch["num_real_tokens"])
+            per_padded[index] += int(ubatch["num_padded_tokens"])
+        if step["imbalance"] is not None:
+            imbalances.append(float(step["imbalance"]))
+    return {
+        "logical_prompt_tokens": int(logical_prompt_tokens),
+        "scheduled_real_tokens": sum(per_real),
+        "padded_tokens": sum(per_padded),
+        "per_ubatch_real_tokens": per_real,
+        "per_ubatch_padded_tokens": per_padded,
+        "max_imbalance": max(imbalances) if imbalances else None,
+    }
+
+
+def evidence_from_outputs(
+    outputs: RunOutputs,
+    *,
+    routing: str,
+    num_ep_ranks: int,
+    requested_hit_ratio: float | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The result's ``evidence`` object from one representative run.
+
+    The realized prefix-hit ratio comes from the runtime's per-request cached
+    tokens (never from how the input was built).
+    """
+    logical = sum(r.num_prompt_tokens for r in outputs.requests)
+    hits = sum(r.num_cached_tokens for r in outputs.requests)
+    steps = [dict(step) for step in outputs.steps]
+    return {
+        "steps": steps,
+        "tokens": token_evidence(steps, logical),
+        "prefix_cache": {
+            "requested_hit_ratio": requested_hit_ratio
+            if requested_hit_ratio is not None
+            else absent("this case did not request a prefix-hit ratio"),
+            "realized_hit_ratio": hits / logical
+            if logical
+            else absent("no prompt tokens were run"),
+            "hit_tokens": hits,
+            "computed_tokens": logical - hits,
+        },
+        "per_layer_timings": outputs.timings
+        if outputs.timings
+        else absent("non-instrumented run (headline numbers come from runs without a profiler)"),
+        "expert_load": {
+            "routing": routing,
+            "per_expert": [list(map(int, layer)) for layer in outputs.expert_load],
+            "per_rank": per_rank_load(outputs.expert_load, num_ep_ranks),
+            "num_ep_ranks": num_ep_ranks,
+        }
+        if outputs.expert_load
+        else absent("the backend reported no expert load"),
+        **extra,
+    }
+
+
+def build_result(
+    *,
+    case_id: str,
+    case_kind: str,
+    backend: str,
+    settings: RunSettings | Mapping[str, Any],
+    manifest: Mapping[str, Any],
+    workload: Mapping[str, Any],
+    protocol: Mapping[str, Any],
+    metrics: Mapping[str, Any],
+    evidence: Mapping[str, Any],
+    labels: Mapping[str, Any] | None = None,
+    headline_metric: str = DEFAULT_HEADLINE_METRIC,
+    notes: str | None = None,
+    created_at: str | None = None,
+) -> dict[str, Any]:
+    """Assemble one result document (not yet validated: :func:`write_result` does that).
+
+    ``labels`` defaults to ``synthetic`` = forced-balanced routing and
+    ``comparability`` = ``"comparable"``; pass ``{"comparability":
+    "exploratory", "comparability_reason": ...}`` when parity is not established.
+    """
+    settings_doc = settings_json(settings) if isinstance(settings, RunSettings) else dict(settings)
+    routing = settings_doc["expert_balancing"]["routing"]
+    label_doc = {"synthetic": routing == "forced_balanced", "comparability": "comparable"}
+    label_doc.update(labels or {})
+    manifest_doc = dict(manifest)
+    digest = manifest_digest(manifest_doc)
+    manifest_doc["digest"] = digest
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "afd-result",
+        "case_id": case_id,
+        "case_kind": case_kind,
+        "backend": backend,
+        "created_at": created_at or _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "headline_metric": headline_metric,
+        "settings": settings_doc,
+        "workload": dict(workload),
+        "protocol": dict(protocol),
+        "labels": label_doc,
+        "metrics": dict(metrics),
+        "evidence": dict(evidence),
+        "manifest_digest": digest,
+        "manifest": manifest_doc,
+    }
+    if notes is not None:
+        doc["notes"] = notes
+    return doc
+
+
+def headline(doc: Mapping[str, Any]) -> tuple[str, float | None, float | None, str]:
+    """(metric name, median, CV, unit) of a result's headline metric for summary tables."""
+    name = doc.get("headline_metric", DEFAULT_HEADLINE_METRIC)
+    value = doc["metrics"].get(name)
+    if isinstance(value, Mapping) and "stats" in value:
+        return name, value["stats"]["median"], value["stats"]["cv"], value["unit"]
+    return name, None, None, ""
