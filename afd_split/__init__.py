@@ -1,1 +1,47 @@
-"""Token-balanced two-ubatch split path for AFD prefill (framework-neutral)."""
+"""Token-balanced two-ubatch split path for AFD prefill (framework-neutral).
+
+Imports numpy only at import time; torch is imported by the functions that
+exchange or return tensors, and vLLM only by ``afd_split.adapters``.
+"""
+
+from afd_split.agree import agree_on_split
+from afd_split.constraints import SplitConstraints, SplitPolicy
+from afd_split.errors import (
+    SplitInvariantError,
+    SplitMismatchError,
+    SplitRejectedError,
+    UnsupportedSplitError,
+)
+from afd_split.metadata import BatchMetadata, split_metadata, validate_split
+from afd_split.plan import SplitPlan, UBatch, plan_split
+from afd_split.rows import gather_ubatch_rows, merge_outputs
+from afd_split.state import preserved_state
+from afd_split.support import (
+    SplitSupportConfig,
+    prepare_split_runtime,
+    unsupported_reasons,
+    validate_split_support,
+)
+
+__all__ = [
+    "BatchMetadata",
+    "SplitConstraints",
+    "SplitInvariantError",
+    "SplitMismatchError",
+    "SplitPlan",
+    "SplitPolicy",
+    "SplitRejectedError",
+    "SplitSupportConfig",
+    "UBatch",
+    "UnsupportedSplitError",
+    "agree_on_split",
+    "gather_ubatch_rows",
+    "merge_outputs",
+    "plan_split",
+    "prepare_split_runtime",
+    "preserved_state",
+    "split_metadata",
+    "unsupported_reasons",
+    "validate_split",
+    "validate_split_support",
+]
