@@ -1,0 +1,507 @@
+"""``afd-chunk-plan``: what a chunk size does to batch shapes, before an expensive restart.
+
+Exit codes: 0 a valid plan (a sweep with at least one valid size), 1 the plan
+is invalid (reasons printed), 2 nonsense input (argparse-style message).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import cycle, islice
+from pathlib import Path
+from typing import Any
+
+from pytest_afd.scheduling.model import (
+    DEFAULT_MAX_BATCHED_TOKENS,
+    DEFAULT_MAX_PREFILL_REQS,
+    DEFAULT_PAGE_SIZE,
+    DEFAULT_ROUND_CAPACITY,
+    SchedulePlan,
+    SchedulerConfig,
+    schedule,
+)
+from pytest_afd.scheduling.prefix_cache import realized_cached_tokens
+from pytest_afd.scheduling.sweep import SweepCandidate, sweep
+
+PROG = "afd-chunk-plan"
+UNCHUNKED = "unchunked"
+# "8k" / "8K" in a chunk size means 8 * 1024 tokens (the RFC's "8K tokens").
+KILO_SUFFIX_TOKENS = 1024
+AZURE_PROMPT_COLUMN = "ContextTokens"
+JSONL_PROMPT_KEY = "prompt_len"
+JSONL_CACHED_KEY = "cached_prefix"
+DEFAULT_SHOW_FORWARDS = 8
+EXIT_OK = 0
+EXIT_INVALID_PLAN = 1
+
+
+# ---------------------------------------------------------------------------
+# Argument types: each names the bad value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
+def chunk_value(text: str) -> int | None:
+    """A chunk size: a positive token count (``8192`` or ``8k``) or ``unchunked``."""
+    cleaned = text.strip()
+    if cleaned.lower() == UNCHUNKED:
+        return None
+    multiplier = 1
+    if cleaned[-1:] in ("k", "K"):
+        cleaned, multiplier = cleaned[:-1], KILO_SUFFIX_TOKENS
+    try:
+        value = int(cleaned) * multiplier
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"chunk {text!r}: expected a positive token count or {UNCHUNKED!r}"
+        ) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"chunk {text!r}: expected a positive token count or {UNCHUNKED!r}"
+        )
+    return value
+
+
+def chunk_list(text: str) -> list[int | None]:
+    items = [item for item in text.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"sweep {text!r}: expected a comma-separated list")
+    return [chunk_value(item) for item in items]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description=(
+            "Model how a prefill chunk size is interpreted (DP folding, page-granular "
+            "admission, CP zigzag rows, communication rounds) and print the batch shapes."
+        ),
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--prompt-len",
+        type=positive_int,
+        action="append",
+        metavar="N",
+        help="a prompt length in tokens (repeatable)",
+    )
+    source.add_argument(
+        "--workload",
+        type=Path,
+        metavar="FILE",
+        help='JSONL (an integer or {"prompt_len": N, "cached_prefix": M} '
+        "per line) or an Azure trace CSV (column ContextTokens)",
+    )
+    parser.add_argument(
+        "--num-requests",
+        type=positive_int,
+        metavar="N",
+        help="the first N lengths, cycling through them if there are fewer",
+    )
+    size = parser.add_mutually_exclusive_group(required=True)
+    size.add_argument(
+        "--chunk",
+        type=chunk_value,
+        metavar="N|unchunked",
+        help="the GLOBAL chunk flag (divided by --dp)",
+    )
+    size.add_argument(
+        "--sweep",
+        type=chunk_list,
+        metavar="LIST",
+        help="comma-separated chunk sizes, e.g. 8192,16384,32768,65536,unchunked",
+    )
+    parser.add_argument("--dp", type=positive_int, metavar="N", help="DP size (default 1)")
+    parser.add_argument(
+        "--cp", type=positive_int, default=1, metavar="N", help="prefill context-parallel size"
+    )
+    parser.add_argument(
+        "--ranks",
+        type=positive_int,
+        metavar="N",
+        help="attention ranks (dp * cp); checked, and gives --dp when omitted",
+    )
+    parser.add_argument("--page-size", type=positive_int, default=DEFAULT_PAGE_SIZE, metavar="N")
+    parser.add_argument(
+        "--max-prefill-reqs",
+        type=positive_int,
+        default=DEFAULT_MAX_PREFILL_REQS,
+        metavar="N",
+        help="request slots per batch (Pcap)",
+    )
+    parser.add_argument(
+        "--max-running-seqs",
+        type=positive_int,
+        metavar="N",
+        help="max running sequences (vLLM max_num_seqs)",
+    )
+    parser.add_argument(
+        "--max-batched-tokens", type=positive_int, default=DEFAULT_MAX_BATCHED_TOKENS, metavar="N"
+    )
+    parser.add_argument(
+        "--round-capacity",
+        type=positive_int,
+        default=DEFAULT_ROUND_CAPACITY,
+        metavar="N",
+        help="rows per rank one dispatch/combine round moves",
+    )
+    parser.add_argument(
+        "--cached-prefix",
+        type=nonnegative_int,
+        metavar="N",
+        help="requested cached prefix per request; realized as whole pages",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--show-forwards",
+        type=nonnegative_int,
+        default=DEFAULT_SHOW_FORWARDS,
+        metavar="K",
+        help="forwards listed in the table",
+    )
+    return parser
+
+
+# ---------------------------------------------------------------------------
+# Workload files
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    prompt_len: int
+    requested_cached: int | None = None
+
+
+def _positive_field(value: object, where: str, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where}: {what} {value!r} is not a positive integer")
+    return value
+
+
+def _read_azure_csv(path: Path) -> list[QueueEntry]:
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        if reader.fieldnames is None or AZURE_PROMPT_COLUMN not in reader.fieldnames:
+            raise ValueError(f"{path}: CSV has no {AZURE_PROMPT_COLUMN} column")
+        entries = []
+        for line, row in enumerate(reader, start=2):
+            text = row[AZURE_PROMPT_COLUMN]
+            try:
+                value = int(text)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"{path}:{line}: {AZURE_PROMPT_COLUMN} {text!r} is not an integer"
+                ) from None
+            entries.append(QueueEntry(_positive_field(value, f"{path}:{line}", "prompt length")))
+    return entries
+
+
+def _read_jsonl(path: Path) -> list[QueueEntry]:
+    entries = []
+    for line, text in enumerate(path.read_text().splitlines(), start=1):
+        if not text.strip():
+            continue
+        where = f"{path}:{line}"
+        try:
+            item = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where}: not JSON ({error.msg})") from None
+        if isinstance(item, dict):
+            if JSONL_PROMPT_KEY not in item:
+                raise ValueError(f"{where}: object has no {JSONL_PROMPT_KEY!r}")
+            cached = item.get(JSONL_CACHED_KEY)
+            if cached is not None and (
+                isinstance(cached, bool) or not isinstance(cached, int) or cached < 0
+            ):
+                raise ValueError(f"{where}: {JSONL_CACHED_KEY} {cached!r} is not an integer >= 0")
+            entries.append(
+                QueueEntry(_positive_field(item[JSONL_PROMPT_KEY], where, "prompt length"), cached)
+            )
+        else:
+            entries.append(QueueEntry(_positive_field(item, where, "prompt length")))
+    return entries
+
+
+def load_workload(path: Path) -> list[QueueEntry]:
+    """Prompt lengths (and optional requested cached prefixes) from JSONL or an Azure CSV."""
+    if not path.is_file():
+        raise ValueError(f"workload file {str(path)!r} does not exist")
+    with path.open() as handle:
+        first_line = handle.readline()
+    is_csv = path.suffix.lower() == ".csv" or AZURE_PROMPT_COLUMN in first_line
+    entries = _read_azure_csv(path) if is_csv else _read_jsonl(path)
+    if not entries:
+        raise ValueError(f"workload file {str(path)!r} holds no requests")
+    return entries
+
+
+# ---------------------------------------------------------------------------
+# From arguments to a queue and a config
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    prompt_lengths: tuple[int, ...]
+    requested_cached: tuple[int, ...]
+    cached_tokens: tuple[int, ...]
+    config: SchedulerConfig  # chunk_size from --chunk (or the first --sweep entry)
+
+
+def _queue(args: argparse.Namespace) -> list[QueueEntry]:
+    if args.workload is not None:
+        entries = load_workload(args.workload)
+    else:
+        entries = [QueueEntry(length) for length in args.prompt_len]
+    if args.num_requests is not None:
+        entries = list(islice(cycle(entries), args.num_requests))
+    return entries
+
+
+def _dp_size(args: argparse.Namespace) -> int:
+    if args.ranks is None:
+        return 1 if args.dp is None else args.dp
+    if args.ranks % args.cp:
+        raise ValueError(f"cp {args.cp} does not divide the {args.ranks} ranks")
+    folded = args.ranks // args.cp
+    if args.dp is not None and args.dp != folded:
+        raise ValueError(f"dp {args.dp} * cp {args.cp} != {args.ranks} ranks")
+    return folded
+
+
+def _cached(
+    entries: Sequence[QueueEntry], flag: int | None, page: int
+) -> tuple[list[int], list[int]]:
+    requested, realized = [], []
+    for index, entry in enumerate(entries):
+        want = entry.requested_cached if entry.requested_cached is not None else (flag or 0)
+        if want > entry.prompt_len:
+            raise ValueError(
+                f"cached prefix {want} is longer than request {index}'s prompt "
+                f"({entry.prompt_len} tokens)"
+            )
+        requested.append(want)
+        realized.append(realized_cached_tokens(entry.prompt_len, want, page))
+    return requested, realized
+
+
+def prepare(args: argparse.Namespace) -> PlanInputs:
+    """Validate the arguments together; raises ValueError naming the bad value."""
+    entries = _queue(args)
+    chunk = args.chunk if args.sweep is None else args.sweep[0]
+    config = SchedulerConfig(
+        chunk_size=chunk,
+        dp_size=_dp_size(args),
+        cp_size=args.cp,
+        page_size=args.page_size,
+        max_prefill_reqs=args.max_prefill_reqs,
+        max_batched_tokens=args.max_batched_tokens,
+        round_capacity=args.round_capacity,
+        max_running_seqs=args.max_running_seqs,
+    )
+    requested, realized = _cached(entries, args.cached_prefix, args.page_size)
+    return PlanInputs(
+        prompt_lengths=tuple(entry.prompt_len for entry in entries),
+        requested_cached=tuple(requested),
+        cached_tokens=tuple(realized),
+        config=config,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Output
+
+
+def _queue_json(inputs: PlanInputs) -> dict[str, Any]:
+    return {
+        "num_requests": len(inputs.prompt_lengths),
+        "total_prompt_tokens": sum(inputs.prompt_lengths),
+        "requested_cached_tokens": sum(inputs.requested_cached),
+        "realized_cached_tokens": sum(inputs.cached_tokens),
+    }
+
+
+def _config_line(config: SchedulerConfig) -> str:
+    slots = f"{config.max_prefill_reqs}"
+    if config.max_running_seqs is not None:
+        slots += f" (running cap {config.max_running_seqs})"
+    return (
+        f"dp {config.dp_size} | cp {config.cp_size} | page {config.page_size} | slots {slots} | "
+        f"max batched {config.max_batched_tokens} | round capacity {config.round_capacity}"
+    )
+
+
+def _queue_line(inputs: PlanInputs) -> str:
+    return (
+        f"queue: {len(inputs.prompt_lengths)} requests, {sum(inputs.prompt_lengths)} prompt "
+        f"tokens, cached {sum(inputs.cached_tokens)} realized of "
+        f"{sum(inputs.requested_cached)} requested"
+    )
+
+
+def _format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
+    cells = [list(header)] + [[str(cell) for cell in row] for row in rows]
+    widths = [max(len(row[column]) for row in cells) for column in range(len(header))]
+    return [
+        "  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in cells
+    ]
+
+
+def render_plan(plan: SchedulePlan, inputs: PlanInputs, show_forwards: int) -> str:
+    config = plan.config
+    lines = [
+        f"chunk {config.describe_chunk()} -> "
+        + (
+            "unchunked (budget = max batched tokens)"
+            if config.chunk_size is None
+            else f"effective {plan.effective_chunk} after dp {config.dp_size}"
+        ),
+        _config_line(config),
+        _queue_line(inputs),
+    ]
+    if not plan.valid:
+        lines.append("INVALID:")
+        lines += [f"  - {reason}" for reason in plan.reasons]
+        return "\n".join(lines)
+    forwards = plan.forwards_per_request
+    lines += [
+        f"valid: {plan.num_batches} forwards, {plan.total_scheduled_tokens} scheduled tokens, "
+        f"{plan.num_tail_batches} tail batches",
+        "first request chunks: " + " + ".join(str(n) for n in plan.chunks_of(0)),
+        f"forwards per request: max {max(forwards, default=0)}, "
+        f"mean {sum(forwards) / max(len(forwards), 1):.2f}",
+        f"rows/rank: max {plan.max_rows_per_rank} (zigzag padding {plan.padding_rows_per_rank}); "
+        f"comm rounds: max {plan.max_comm_rounds}, total {plan.total_comm_rounds}",
+    ]
+    rows = [
+        (
+            index,
+            batch.num_requests,
+            batch.num_tokens,
+            batch.charged_tokens,
+            batch.rows_per_rank,
+            batch.comm_rounds,
+            "tail" if batch.is_tail_batch else "",
+        )
+        for index, batch in enumerate(plan.batches[:show_forwards])
+    ]
+    if rows:
+        lines += _format_table(
+            ("fwd", "reqs", "tokens", "charged", "rows/rank", "rounds", ""), rows
+        )
+    if plan.num_batches > show_forwards:
+        lines.append(f"... {plan.num_batches - show_forwards} more forwards")
+    return "\n".join(lines)
+
+
+def render_sweep(candidates: Sequence[SweepCandidate], inputs: PlanInputs) -> str:
+    lines = [_config_line(inputs.config), _queue_line(inputs)]
+    rows = []
+    for candidate in candidates:
+        plan = candidate.plan
+        if plan.valid:
+            rows.append(
+                (
+                    candidate.label,
+                    "-" if plan.effective_chunk is None else plan.effective_chunk,
+                    "yes",
+                    plan.num_batches,
+                    max(plan.forwards_per_request, default=0),
+                    plan.num_tail_batches,
+                    plan.max_rows_per_rank,
+                    plan.max_comm_rounds,
+                    plan.total_comm_rounds,
+                )
+            )
+        else:
+            rows.append(
+                (
+                    candidate.label,
+                    "-" if plan.effective_chunk is None else plan.effective_chunk,
+                    "no",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                    "-",
+                )
+            )
+    lines += _format_table(
+        (
+            "chunk",
+            "effective",
+            "valid",
+            "forwards",
+            "max fwd/req",
+            "tails",
+            "max rows/rank",
+            "max rounds",
+            "rounds",
+        ),
+        rows,
+    )
+    for candidate in candidates:
+        note = candidate.note()
+        if note:
+            lines.append(f"{candidate.label}: {note}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        inputs = prepare(args)
+    except (ValueError, TypeError) as error:
+        parser.error(str(error))
+    if args.sweep is not None:
+        candidates = sweep(
+            inputs.prompt_lengths,
+            args.sweep,
+            base_config=inputs.config,
+            cached_tokens=inputs.cached_tokens,
+        )
+        if args.json:
+            doc = {
+                "queue": _queue_json(inputs),
+                "candidates": [candidate.to_json() for candidate in candidates],
+            }
+            print(json.dumps(doc, indent=2))
+        else:
+            print(render_sweep(candidates, inputs))
+        any_valid = any(candidate.plan.valid for candidate in candidates)
+        return EXIT_OK if any_valid else EXIT_INVALID_PLAN
+    plan = schedule(inputs.prompt_lengths, config=inputs.config, cached_tokens=inputs.cached_tokens)
+    if args.json:
+        print(json.dumps({**plan.to_json(), "queue": _queue_json(inputs)}, indent=2))
+    else:
+        print(render_plan(plan, inputs, args.show_forwards))
+    return EXIT_OK if plan.valid else EXIT_INVALID_PLAN
+
+
+if __name__ == "__main__":
+    sys.exit(main())
