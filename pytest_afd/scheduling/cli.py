@@ -389,7 +389,7 @@ def render_plan(plan: SchedulePlan, inputs: PlanInputs, show_forwards: int) -> s
     forwards = plan.forwards_per_request
     lines += [
         f"valid: {plan.num_batches} forwards, {plan.total_scheduled_tokens} scheduled tokens, "
-        f"{plan.num_tail_batches} tail batches",
+        f"{plan.num_tail_batches} tail batch(es)",
         "first request chunks: " + " + ".join(str(n) for n in plan.chunks_of(0)),
         f"forwards per request: max {max(forwards, default=0)}, "
         f"mean {sum(forwards) / max(len(forwards), 1):.2f}",

@@ -173,6 +173,12 @@ class ForwardBatch:
     def request_indices(self) -> tuple[int, ...]:
         return tuple(chunk.request_index for chunk in self.chunks)
 
+    @property
+    def context_tokens(self) -> int:
+        """KV tokens this forward's attention reads: a prefix hit shrinks the new
+        tokens, not the history read (chunk-semantics §5)."""
+        return sum(chunk.num_computed_tokens + chunk.num_tokens for chunk in self.chunks)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "requests": list(self.request_indices),
@@ -180,6 +186,7 @@ class ForwardBatch:
             "num_computed_tokens": list(self.num_computed_tokens),
             "num_tokens": self.num_tokens,
             "charged_tokens": self.charged_tokens,
+            "context_tokens": self.context_tokens,
             "rows_per_rank": self.rows_per_rank,
             "comm_rounds": self.comm_rounds,
             "is_tail_batch": self.is_tail_batch,
@@ -272,6 +279,10 @@ class SchedulePlan:
                 "total": sum(rounds),
             },
             "padding_rows_per_rank": self.padding_rows_per_rank,
+            "context_tokens": {
+                "first": [b.context_tokens for b in self.batches[:JSON_FIRST_FORWARDS]],
+                "max": max((b.context_tokens for b in self.batches), default=0),
+            },
             "tail_batches": self.num_tail_batches,
             "tail_batch_indices": list(self.tail_batch_indices),
             "requests_per_batch": {

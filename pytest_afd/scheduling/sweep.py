@@ -55,6 +55,9 @@ class SweepCandidate:
             "max_comm_rounds": _change(before.max_comm_rounds, after.max_comm_rounds),
             "total_comm_rounds": _change(before.total_comm_rounds, after.total_comm_rounds),
             "max_rows_per_rank": _change(before.max_rows_per_rank, after.max_rows_per_rank),
+            "padding_rows_per_rank": _change(
+                before.padding_rows_per_rank, after.padding_rows_per_rank
+            ),
         }
 
     def note(self) -> str:

@@ -234,6 +234,8 @@ def test_prefix_hit_schedules_only_the_uncached_suffix():
     assert [b.num_computed_tokens for b in plan.batches] == [(8192,), (16384,)]
     assert plan.total_scheduled_tokens == 16388 - 8192
     assert plan.tail_batch_indices == (1,)
+    # The hit shrinks the new tokens, not the history each forward reads.
+    assert [b.context_tokens for b in plan.batches] == [16384, 16388]
 
 
 def test_prefix_hit_changes_batch_packing():
