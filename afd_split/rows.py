@@ -21,7 +21,7 @@ def _index_for(ubatch: UBatch, like):
         return ubatch.real_row_indices
     import torch  # lazy: only when the caller passes tensors
 
-    return torch.from_numpy(ubatch.real_row_indices).to(like.device)
+    return torch.from_numpy(ubatch.real_row_indices.copy()).to(like.device)
 
 
 def gather_ubatch_rows(plan: SplitPlan, ubatch_index: int, parent_rows, pad_value=0):

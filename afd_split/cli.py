@@ -1,0 +1,124 @@
+"""``afd-split`` / ``python -m afd_split``: inspect the split of a production batch.
+
+    python -m afd_split plan --tokens 4096,120,7000 --computed 0,0,512 \
+        --policy token_balanced --align 8 [--pcp 2] [--padded-total N] --json
+
+Bad input prints one line on stderr and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from afd_split.constraints import SplitConstraints, SplitPolicy
+from afd_split.metadata import DEFAULT_BLOCK_SIZE, BatchMetadata, split_metadata
+from afd_split.plan import SplitPlan, plan_split
+
+EXIT_BAD_INPUT = 2
+"""Same status argparse uses for usage errors."""
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse that reports errors as one line (no usage block), for scripts and logs."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message}\n")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(item) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog="afd-split", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+    plan = commands.add_parser("plan", help="plan a split and print per-ubatch metadata")
+    plan.add_argument(
+        "--tokens", type=_int_list, required=True, help="scheduled tokens per request"
+    )
+    plan.add_argument("--computed", type=_int_list, help="computed (cached) tokens per request")
+    plan.add_argument(
+        "--policy", choices=[policy.value for policy in SplitPolicy], default="token_balanced"
+    )
+    plan.add_argument("--align", type=int, default=1, help="SP/TP alignment unit of the cut")
+    plan.add_argument("--pcp", type=int, default=1, help="prefill context parallel size")
+    plan.add_argument("--padded-total", type=int, help="rows after DP/graph padding")
+    plan.add_argument("--min-ubatch-tokens", type=int, default=1)
+    plan.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
+    plan.add_argument(
+        "--allow-fallback", action="store_true", help="run unsplit instead of rejecting"
+    )
+    plan.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return parser
+
+
+def plan_report(plan: SplitPlan, metadata: BatchMetadata) -> dict:
+    """The plan's evidence plus each ubatch's sliced request metadata, as plain JSON."""
+    report = plan.to_evidence()
+    for entry, part in zip(report["ubatches"], split_metadata(plan, metadata), strict=True):
+        entry["query_start_loc"] = part.query_start_loc.tolist()
+        entry["seq_lens"] = part.seq_lens.tolist()
+        entry["num_computed_tokens"] = part.num_computed_tokens.tolist()
+        entry["max_query_len"] = part.max_query_len
+        entry["max_seq_len"] = part.max_seq_len
+    return report
+
+
+def _format_table(report: dict) -> str:
+    lines = [
+        f"policy={report['policy']} split_token={report['split_token']} "
+        f"boundary_request={report['boundary_request']} imbalance={report['imbalance']}"
+    ]
+    if report["fallback_reason"]:
+        lines.append(f"fallback: {report['fallback_reason']}")
+    for entry in report["ubatches"]:
+        lines.append(
+            f"ubatch {entry['index']}: tokens [{entry['token_start']}, {entry['token_stop']}) "
+            f"requests [{entry['request_start']}, {entry['request_stop']}) "
+            f"real={entry['num_real_tokens']} padded={entry['num_padded_tokens']} "
+            f"seq_lens={entry['seq_lens']} computed={entry['num_computed_tokens']}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``afd-split`` console script."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.computed is not None and len(args.computed) != len(args.tokens):
+            raise ValueError(
+                f"--computed has {len(args.computed)} entries but --tokens has {len(args.tokens)}"
+            )
+        constraints = SplitConstraints(
+            align=args.align,
+            padded_total=args.padded_total,
+            min_ubatch_tokens=args.min_ubatch_tokens,
+            pcp_size=args.pcp,
+        )
+        plan = plan_split(
+            args.tokens,
+            policy=args.policy,
+            constraints=constraints,
+            allow_fallback=args.allow_fallback,
+            num_computed_tokens=args.computed,
+        )
+        metadata = BatchMetadata.from_requests(
+            args.tokens, args.computed, block_size=args.block_size
+        )
+    except ValueError as error:
+        parser.exit(EXIT_BAD_INPUT, f"{parser.prog}: error: {error}\n")
+    report = plan_report(plan, metadata)
+    print(json.dumps(report, indent=2) if args.json else _format_table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
