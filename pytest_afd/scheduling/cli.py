@@ -21,6 +21,7 @@ from pytest_afd.scheduling.model import (
     DEFAULT_MAX_PREFILL_REQS,
     DEFAULT_PAGE_SIZE,
     DEFAULT_ROUND_CAPACITY,
+    JSON_FIRST_FORWARDS,
     SchedulePlan,
     SchedulerConfig,
     schedule,
@@ -340,6 +341,9 @@ def _queue_json(inputs: PlanInputs) -> dict[str, Any]:
         "total_prompt_tokens": sum(inputs.prompt_lengths),
         "requested_cached_tokens": sum(inputs.requested_cached),
         "realized_cached_tokens": sum(inputs.cached_tokens),
+        # Per request (first few): a hit counts whole blocks, so realized <= requested.
+        "requested_cached_first": list(inputs.requested_cached[:JSON_FIRST_FORWARDS]),
+        "realized_cached_first": list(inputs.cached_tokens[:JSON_FIRST_FORWARDS]),
     }
 
 

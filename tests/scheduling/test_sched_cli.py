@@ -82,6 +82,7 @@ def test_cached_prefix_is_realized_in_whole_pages(capsys):
     )
     assert doc["queue"]["requested_cached_tokens"] == 8200
     assert doc["queue"]["realized_cached_tokens"] == 8192
+    assert doc["queue"]["realized_cached_first"] == [8192]
     assert doc["chunks"] == [8192, 4]
     assert doc["total_scheduled_tokens"] == 16388 - 8192
 
@@ -133,6 +134,8 @@ def test_jsonl_workload(tmp_path, capsys):
     _, doc = run_json(capsys, "--workload", str(path), "--chunk", "8192", "--max-prefill-reqs", "1")
     assert doc["queue"]["num_requests"] == 2
     assert doc["queue"]["realized_cached_tokens"] == 512
+    assert doc["queue"]["requested_cached_first"] == [0, 512]
+    assert doc["queue"]["realized_cached_first"] == [0, 512]
     assert doc["total_scheduled_tokens"] == 16388 + 1000 - 512
 
 
