@@ -302,3 +302,12 @@ def test_to_json_has_the_planner_fields():
     assert doc["comm_rounds"]["max"] == 1 and doc["comm_rounds"]["total"] == 4
     assert doc["tail_batches"] == 1
     assert doc["valid"] is True and doc["reasons"] == []
+
+
+def test_a_short_new_request_alone_is_not_a_tail_batch():
+    config = SchedulerConfig(chunk_size=8192)
+    assert schedule([10], config=config).tail_batch_indices == ()
+    # An 8-token uncached suffix after a hit is new work, not the tail of a chunked request.
+    warm = schedule([8200], config=config, cached_tokens=[8192])
+    assert warm.batches[0].num_computed_tokens == (8192,)
+    assert warm.tail_batch_indices == ()
