@@ -171,7 +171,7 @@ class LengthStats:
     count: int
     total: int
     mean: float
-    std: float  # population standard deviation (ddof=0)
+    std: float  # sample standard deviation (n - 1), as pytest_afd.stats.summarize; 0 for one prompt
     cv: float  # std / mean
     min: int
     max: int
@@ -200,7 +200,7 @@ def length_stats(lengths: Sequence[int] | np.ndarray) -> LengthStats:
     if values.size == 0:
         raise ValueError("length_stats: no lengths given")
     mean = float(values.mean())
-    std = float(values.std())
+    std = float(values.std(ddof=1)) if values.size > 1 else 0.0
     p50, p90, p99 = (float(p) for p in np.percentile(values, PERCENTILES))
     return LengthStats(
         count=int(values.size),

@@ -104,8 +104,9 @@ def test_length_stats_by_hand():
     stats = length_stats([1, 2, 3, 4])
     assert (stats.count, stats.total, stats.min, stats.max) == (4, 10, 1, 4)
     assert stats.mean == 2.5
-    assert stats.std == pytest.approx(np.sqrt(1.25))
-    assert stats.cv == pytest.approx(np.sqrt(1.25) / 2.5)
+    assert stats.std == pytest.approx(np.sqrt(5 / 3))  # sample std (n - 1)
+    assert stats.cv == pytest.approx(np.sqrt(5 / 3) / 2.5)
+    assert length_stats([7]).std == 0.0
     assert stats.p50 == 2.5
     assert stats.p90 == pytest.approx(3.7)
     with pytest.raises(ValueError, match="no lengths"):

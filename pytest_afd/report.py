@@ -1,0 +1,714 @@
+"""Render a results directory into a Markdown report with PNG plots.
+
+Reads every ``afd-result`` JSON under the directory (validated against
+``schemas/result.schema.json``), groups them by stage (``case_kind``) and by
+stack (``manifest_digest``), and writes one table and a set of plots per
+(stage, stack). Cases run on different stacks are never put in one table or
+plot: the report says how many stacks there are and compares only within one.
+
+Fields read beyond the schema's required ones (all optional, documented in
+``docs/workloads.md``):
+
+- ``metrics.step_time_s`` (a measurement): forward step time; without it the
+  step time is derived as run wall time (logical tokens / prefill tokens/s)
+  divided by the number of forward steps.
+- ``evidence.per_layer_timings.layers``: a list, one mapping per layer of
+  component name -> seconds, for the per-layer breakdown.
+- ``evidence.chunk_plan``: ``SchedulePlan.to_json()`` (``valid``,
+  ``reasons``); a Stage D size with ``valid: false`` is marked invalid.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from pytest_afd.plugin import MARKERS
+from pytest_afd.results import ResultValidationError, is_absent, validate_result
+
+REPORT_DIR_NAME = "report"
+REPORT_FILE_NAME = "report.md"
+PLOTS_DIR_NAME = "plots"
+RESULT_KIND = "afd-result"
+STAGE_KINDS = ("stage_a", "stage_b", "stage_c", "stage_d", "stage_e", "stage_f")
+OTHER_KINDS = ("gate", "benchmark", "other")
+DIGEST_SHORT_CHARS = 12  # after the "sha256:" prefix
+DIGEST_PREFIX = "sha256:"
+UNCHUNKED_LABEL = "unchunked"
+# Keep figures readable: panels beyond these are listed, not drawn.
+MAX_PANELS = 6
+FIGURE_DPI = 100
+PANEL_WIDTH_IN = 4.5
+PANEL_HEIGHT_IN = 3.5
+BAR_GROUP_WIDTH = 0.8
+ERROR_CAPSIZE = 3
+PERCENT = 100.0
+TTFT_PERCENTILE_KEYS = ("p50", "p90", "p95", "p99")
+INVALID_MARKER_Y = 0.0
+# Settings that tell two cases of one stage apart besides the split policy.
+CONDITION_FIELDS = ("routing", "chunk", "prefix_cache", "hit", "quant", "align")
+
+
+@dataclass(frozen=True)
+class LoadedResult:
+    path: Path
+    doc: Mapping[str, Any]
+
+    @property
+    def case_id(self) -> str:
+        return self.doc["case_id"]
+
+    @property
+    def stage(self) -> str:
+        return self.doc["case_kind"]
+
+    @property
+    def digest(self) -> str:
+        return self.doc["manifest_digest"]
+
+    @property
+    def policy(self) -> str:
+        return self.doc["settings"]["split_policy"]
+
+    @property
+    def dataset(self) -> str:
+        return self.doc["workload"]["dataset"]["name"]
+
+
+@dataclass
+class LoadedResults:
+    results: list[LoadedResult] = field(default_factory=list)
+    # (file, reason) for files that could not be used.
+    skipped: list[tuple[Path, str]] = field(default_factory=list)
+
+
+# --- loading ---------------------------------------------------------------------
+def load_results(results_dir: Path, *, exclude: Path | None = None) -> LoadedResults:
+    """Every valid result under ``results_dir``, except files under ``exclude`` (the report)."""
+    loaded = LoadedResults()
+    report_dir = (exclude or results_dir / REPORT_DIR_NAME).resolve()
+    for path in sorted(results_dir.rglob("*.json")):
+        if report_dir in path.resolve().parents:
+            continue
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            loaded.skipped.append((path, f"unreadable JSON: {exc}"))
+            continue
+        if not isinstance(doc, dict) or doc.get("kind") != RESULT_KIND:
+            loaded.skipped.append((path, f"not a result document (kind != {RESULT_KIND!r})"))
+            continue
+        try:
+            validate_result(doc)
+        except ResultValidationError as exc:
+            loaded.skipped.append((path, str(exc).splitlines()[0]))
+            continue
+        loaded.results.append(LoadedResult(path=path, doc=doc))
+    return loaded
+
+
+# --- reading values ------------------------------------------------------------------
+def _measured(value: Any) -> Mapping[str, Any] | None:
+    """The stats of a schema ``measurement``; None when absent."""
+    if value is None or is_absent(value):
+        return None
+    return value["stats"]
+
+
+def median_of(value: Any) -> float | None:
+    stats = _measured(value)
+    return None if stats is None else float(stats["median"])
+
+
+def spread_of(value: Any) -> tuple[float, float] | None:
+    """(median - min, max - median): the dispersion bar of one measurement."""
+    stats = _measured(value)
+    if stats is None:
+        return None
+    return float(stats["median"] - stats["min"]), float(stats["max"] - stats["median"])
+
+
+def ttft_of(doc: Mapping[str, Any], percentile: str) -> Any:
+    ttft = doc["metrics"]["ttft_s"]
+    return None if is_absent(ttft) else ttft[percentile]
+
+
+def step_imbalances(doc: Mapping[str, Any]) -> list[float]:
+    steps = doc["evidence"]["steps"]
+    if is_absent(steps):
+        return []
+    return [float(step["imbalance"]) for step in steps if step["imbalance"] is not None]
+
+
+def mean_imbalance(doc: Mapping[str, Any]) -> float | None:
+    values = step_imbalances(doc)
+    return float(np.mean(values)) if values else None
+
+
+def step_time_s(doc: Mapping[str, Any]) -> float | None:
+    """Median forward step time: recorded, or run wall time / forward steps."""
+    metrics = doc["metrics"]
+    if "step_time_s" in metrics:
+        return median_of(metrics["step_time_s"])
+    tokens = doc["evidence"]["tokens"]
+    steps = doc["evidence"]["steps"]
+    throughput = median_of(metrics["prefill_tokens_per_s"])
+    if is_absent(tokens) or is_absent(steps) or not steps or not throughput:
+        return None
+    return tokens["logical_prompt_tokens"] / throughput / len(steps)
+
+
+def rank_skew(doc: Mapping[str, Any]) -> float | None:
+    """Worst layer's max/mean routed tokens over EP ranks (1.0 = balanced)."""
+    load = doc["evidence"]["expert_load"]
+    if is_absent(load):
+        return None
+    skews = [max(ranks) / np.mean(ranks) for ranks in load["per_rank"] if sum(ranks)]
+    return float(max(skews)) if skews else None
+
+
+def hit_ratios(doc: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    prefix = doc["evidence"]["prefix_cache"]
+    if is_absent(prefix):
+        return None, None
+    requested, realized = prefix["requested_hit_ratio"], prefix["realized_hit_ratio"]
+    return (
+        None if is_absent(requested) else float(requested),
+        None if is_absent(realized) else float(realized),
+    )
+
+
+def chunk_label(doc: Mapping[str, Any]) -> str:
+    chunk = doc["settings"]["chunked_prefill"]
+    return str(chunk["chunk_size"]) if chunk["enabled"] else UNCHUNKED_LABEL
+
+
+def chunk_validity(doc: Mapping[str, Any]) -> tuple[bool, str]:
+    """(valid, reason) from ``evidence.chunk_plan`` when the case recorded one."""
+    evidence = doc["evidence"]
+    if "chunk_plan" not in evidence or is_absent(evidence["chunk_plan"]):
+        return True, ""
+    plan = evidence["chunk_plan"]
+    return bool(plan["valid"]), "; ".join(plan["reasons"])
+
+
+def condition_values(doc: Mapping[str, Any]) -> dict[str, str]:
+    """The settings besides the split policy that define a case's condition."""
+    settings = doc["settings"]
+    requested, _ = hit_ratios(doc)
+    return {
+        "routing": settings["expert_balancing"]["routing"],
+        "chunk": chunk_label(doc),
+        "prefix_cache": "on" if settings["prefix_cache"]["enabled"] else "off",
+        "hit": "-" if requested is None else f"{requested * PERCENT:.0f}%",
+        "quant": settings["quantization"],
+        "align": str(settings["split_constraints"]["split_align"]),
+    }
+
+
+def condition_labels(results: Sequence[LoadedResult]) -> dict[str, str]:
+    """case_id -> 'dataset [differing settings]' so bars of one condition line up."""
+    values = {r.case_id: condition_values(r.doc) for r in results}
+    varying = [name for name in CONDITION_FIELDS if len({v[name] for v in values.values()}) > 1]
+    labels = {}
+    for result in results:
+        extra = " ".join(f"{name}={values[result.case_id][name]}" for name in varying)
+        labels[result.case_id] = f"{result.dataset} {extra}".strip()
+    return labels
+
+
+def per_layer_components(doc: Mapping[str, Any]) -> list[Mapping[str, float]] | None:
+    timings = doc["evidence"]["per_layer_timings"]
+    if is_absent(timings) or not isinstance(timings, Mapping) or "layers" not in timings:
+        return None
+    return timings["layers"]
+
+
+def normalised_expert_heat(doc: Mapping[str, Any]) -> np.ndarray | None:
+    """Per layer, routed tokens per expert / the layer's mean (1.0 = balanced)."""
+    load = doc["evidence"]["expert_load"]
+    if is_absent(load) or not load["per_expert"]:
+        return None
+    matrix = np.asarray(load["per_expert"], dtype=np.float64)
+    means = matrix.mean(axis=1, keepdims=True)
+    return np.divide(matrix, means, out=np.zeros_like(matrix), where=means > 0)
+
+
+# --- formatting -------------------------------------------------------------------
+def short_digest(digest: str) -> str:
+    return digest.removeprefix(DIGEST_PREFIX)[:DIGEST_SHORT_CHARS]
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "—"
+    return f"{value:.{digits}g}"
+
+
+def _fmt_measure(value: Any) -> str:
+    stats = _measured(value)
+    if stats is None:
+        return "—"
+    cv = "—" if stats["cv"] is None else f"{stats['cv'] * PERCENT:.1f}%"
+    return f"{stats['median']:.4g} (cv {cv}, n={stats['n']})"
+
+
+def _fmt_ratio(value: float | None) -> str:
+    return "—" if value is None else f"{value * PERCENT:.1f}%"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("._") or "x"
+
+
+def _labels_text(doc: Mapping[str, Any]) -> str:
+    labels = doc["labels"]
+    parts = []
+    if labels["synthetic"]:
+        parts.append("synthetic")
+    if labels["comparability"] == "exploratory":
+        reason = labels.get("comparability_reason")
+        parts.append(f"exploratory ({reason})" if reason else "exploratory")
+    return ", ".join(parts) or "—"
+
+
+def stack_description(doc: Mapping[str, Any]) -> str:
+    manifest = doc["manifest"]
+    model = manifest["model"]
+    layers = model["num_layers"]
+    layer_text = "? layers" if is_absent(layers) else f"{layers} layers"
+    emulated = " (CPU emulation)" if manifest["hardware"]["emulated"] else ""
+    return (
+        f"backend {manifest['backend']['name']}, model {model['name']} ({layer_text}), "
+        f"topology {manifest['topology']['canonical']}{emulated}"
+    )
+
+
+# --- plots ------------------------------------------------------------------------
+def _new_figure(panels: int) -> tuple[Figure, list[Any]]:
+    columns = min(panels, 3)
+    rows = math.ceil(panels / columns)
+    figure = Figure(figsize=(PANEL_WIDTH_IN * columns, PANEL_HEIGHT_IN * rows), dpi=FIGURE_DPI)
+    axes = [figure.add_subplot(rows, columns, index + 1) for index in range(panels)]
+    return figure, axes
+
+
+def _save(figure: Figure, path: Path) -> Path:
+    FigureCanvasAgg(figure)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png")
+    return path
+
+
+def _policies(results: Iterable[LoadedResult]) -> list[str]:
+    return sorted({r.policy for r in results})
+
+
+def plot_policy_metrics(results: Sequence[LoadedResult], path: Path) -> Path | None:
+    """Prefill throughput and TTFT p50 per condition, one bar per policy, min-max bars."""
+    labels = condition_labels(results)
+    panels = [
+        ("prefill throughput (tokens/s)", lambda doc: doc["metrics"]["prefill_tokens_per_s"]),
+        ("TTFT p50 (s)", lambda doc: ttft_of(doc, "p50")),
+        ("TTFT p99 (s)", lambda doc: ttft_of(doc, "p99")),
+    ]
+    if not any(median_of(read(r.doc)) is not None for r in results for _, read in panels):
+        return None
+    conditions = sorted(set(labels.values()))
+    policies = _policies(results)
+    figure, axes = _new_figure(len(panels))
+    width = BAR_GROUP_WIDTH / len(policies)
+    for axis, (title, read) in zip(axes, panels, strict=True):
+        for offset, policy in enumerate(policies):
+            heights, errors, positions = [], [[], []], []
+            for index, condition in enumerate(conditions):
+                matches = [
+                    r for r in results if r.policy == policy and labels[r.case_id] == condition
+                ]
+                medians = [median_of(read(r.doc)) for r in matches]
+                spreads = [spread_of(read(r.doc)) for r in matches]
+                for value, spread in zip(medians, spreads, strict=True):
+                    if value is None or spread is None:
+                        continue
+                    positions.append(index + (offset - (len(policies) - 1) / 2) * width)
+                    heights.append(value)
+                    errors[0].append(spread[0])
+                    errors[1].append(spread[1])
+            if heights:
+                axis.bar(
+                    positions,
+                    heights,
+                    width=width,
+                    yerr=errors,
+                    capsize=ERROR_CAPSIZE,
+                    label=policy,
+                )
+        axis.set_title(title)
+        axis.set_xticks(range(len(conditions)))
+        axis.set_xticklabels(conditions, rotation=30, ha="right", fontsize="small")
+    axes[0].legend(fontsize="small")
+    return _save(figure, path)
+
+
+def plot_imbalance_vs_step_time(results: Sequence[LoadedResult], path: Path) -> Path | None:
+    points = [(r.policy, mean_imbalance(r.doc), step_time_s(r.doc)) for r in results]
+    points = [(p, x, y) for p, x, y in points if x is not None and y is not None]
+    if not points:
+        return None
+    figure, (axis,) = _new_figure(1)
+    for policy in sorted({p for p, _, _ in points}):
+        xs = [x * PERCENT for p, x, _ in points if p == policy]
+        ys = [y for p, _, y in points if p == policy]
+        axis.scatter(xs, ys, label=policy)
+    axis.set_xlabel("realized ubatch token imbalance, mean over steps (%)")
+    axis.set_ylabel("forward step time (s)")
+    axis.set_title("imbalance vs step time")
+    axis.legend(fontsize="small")
+    return _save(figure, path)
+
+
+def plot_layer_breakdown(results: Sequence[LoadedResult], path: Path) -> Path | None:
+    cases = [(r, per_layer_components(r.doc)) for r in results]
+    cases = [(r, layers) for r, layers in cases if layers]
+    if not cases:
+        return None
+    shown = cases[:MAX_PANELS]
+    figure, axes = _new_figure(len(shown))
+    for axis, (result, layers) in zip(axes, shown, strict=True):
+        components = sorted({name for layer in layers for name in layer})
+        bottom = np.zeros(len(layers))
+        for component in components:
+            values = np.array([float(layer.get(component, 0.0)) for layer in layers])
+            axis.bar(range(len(layers)), values, bottom=bottom, label=component)
+            bottom += values
+        axis.set_title(_wrap_title(result.case_id), fontsize="small")
+        axis.set_xlabel("layer")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.set_ylabel("time (s)")
+        axis.legend(fontsize="x-small")
+    return _save(figure, path)
+
+
+def _wrap_title(text: str, width: int = 48) -> str:
+    return "\n".join(text[i : i + width] for i in range(0, len(text), width))
+
+
+def plot_expert_heat(results: Sequence[LoadedResult], path: Path) -> Path | None:
+    """Mean normalised expert heat per (routing, layers x experts) group."""
+    groups: dict[tuple[str, tuple[int, int]], list[np.ndarray]] = defaultdict(list)
+    for result in results:
+        heat = normalised_expert_heat(result.doc)
+        if heat is not None:
+            routing = result.doc["evidence"]["expert_load"]["routing"]
+            groups[(routing, heat.shape)].append(heat)
+    if not groups:
+        return None
+    shown = sorted(groups.items())[:MAX_PANELS]
+    figure, axes = _new_figure(len(shown))
+    for axis, ((routing, shape), heats) in zip(axes, shown, strict=True):
+        image = axis.imshow(
+            np.mean(heats, axis=0), aspect="auto", cmap="viridis", interpolation="nearest"
+        )
+        synthetic = " (synthetic)" if routing == "forced_balanced" else ""
+        axis.set_title(f"{routing}{synthetic}: {len(heats)} case(s)", fontsize="small")
+        axis.set_xlabel(f"expert (of {shape[1]})")
+        axis.set_ylabel("layer")
+        figure.colorbar(image, ax=axis, label="tokens / layer mean")
+    return _save(figure, path)
+
+
+def _chunk_sort_key(label: str) -> tuple[int, int]:
+    return (1, 0) if label == UNCHUNKED_LABEL else (0, int(label))
+
+
+def plot_chunk_sweep(results: Sequence[LoadedResult], path: Path) -> Path | None:
+    """Throughput per chunk size, one line per (dataset, policy); invalid sizes marked x."""
+    labels = sorted({chunk_label(r.doc) for r in results}, key=_chunk_sort_key)
+    if len(labels) < 2:  # noqa: PLR2004 - a sweep needs two sizes
+        return None
+    figure, (axis,) = _new_figure(1)
+    series: dict[str, list[LoadedResult]] = defaultdict(list)
+    for result in results:
+        series[f"{result.dataset} / {result.policy}"].append(result)
+    invalid_drawn = False
+    for name, members in sorted(series.items()):
+        xs, ys, low, high = [], [], [], []
+        for result in sorted(members, key=lambda r: _chunk_sort_key(chunk_label(r.doc))):
+            valid, _ = chunk_validity(result.doc)
+            x = labels.index(chunk_label(result.doc))
+            measure = result.doc["metrics"]["prefill_tokens_per_s"]
+            if not valid:
+                axis.scatter(
+                    [x],
+                    [INVALID_MARKER_Y],
+                    marker="x",
+                    color="red",
+                    s=80,
+                    zorder=3,
+                    label=None if invalid_drawn else "invalid size (omitted)",
+                )
+                invalid_drawn = True
+                continue
+            value, spread = median_of(measure), spread_of(measure)
+            if value is None or spread is None:
+                continue
+            xs.append(x)
+            ys.append(value)
+            low.append(spread[0])
+            high.append(spread[1])
+        if xs:
+            axis.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=ERROR_CAPSIZE, label=name)
+    axis.set_xticks(range(len(labels)))
+    axis.set_xticklabels(labels)
+    axis.set_xlabel("chunk size (tokens)")
+    axis.set_ylabel("prefill throughput (tokens/s)")
+    axis.set_title("chunk-size sweep")
+    axis.legend(fontsize="x-small")
+    return _save(figure, path)
+
+
+PLOTTERS = (
+    (
+        "policy_metrics",
+        "TTFT and throughput per policy (bars: min-max over repetitions)",
+        plot_policy_metrics,
+    ),
+    (
+        "imbalance_vs_step_time",
+        "Realized imbalance vs forward step time",
+        plot_imbalance_vs_step_time,
+    ),
+    ("layer_breakdown", "Per-layer time breakdown (instrumented runs)", plot_layer_breakdown),
+    ("expert_heat", "Expert heat per layer (tokens / layer mean)", plot_expert_heat),
+    ("chunk_sweep", "Chunk-size sweep (invalid sizes marked x)", plot_chunk_sweep),
+)
+
+
+# --- markdown -----------------------------------------------------------------------
+TABLE_HEADER = (
+    "case",
+    "workload",
+    "policy",
+    "condition",
+    "prefill tokens/s",
+    "TTFT p50 (s)",
+    "TTFT p90 / p95 / p99 (s)",
+    "requests/s",
+    "completed/failed",
+    "peak memory (MiB)",
+    "tokens logical / scheduled / padded",
+    "mean / max imbalance",
+    "hit requested / realized",
+    "rank skew",
+    "labels",
+)
+BYTES_PER_MIB = 1024 * 1024
+
+
+def _tokens_text(doc: Mapping[str, Any]) -> str:
+    tokens = doc["evidence"]["tokens"]
+    if is_absent(tokens):
+        return "—"
+    return (
+        f"{tokens['logical_prompt_tokens']} / {tokens['scheduled_real_tokens']} / "
+        f"{tokens['padded_tokens']}"
+    )
+
+
+def _count_text(value: Any) -> str:
+    return "—" if is_absent(value) else str(value)
+
+
+def _row(result: LoadedResult, condition: str) -> list[str]:
+    doc = result.doc
+    metrics = doc["metrics"]
+    imbalances = step_imbalances(doc)
+    requested, realized = hit_ratios(doc)
+    valid, reason = chunk_validity(doc)
+    labels = _labels_text(doc) if valid else f"invalid chunk size: {reason}"
+    memory = median_of(metrics["peak_memory_bytes"])
+    tails = " / ".join(_fmt(median_of(ttft_of(doc, key)), 4) for key in TTFT_PERCENTILE_KEYS[1:])
+    return [
+        result.case_id,
+        result.dataset,
+        result.policy,
+        condition,
+        _fmt_measure(metrics["prefill_tokens_per_s"]),
+        _fmt_measure(ttft_of(doc, "p50")),
+        tails,
+        _fmt_measure(metrics["request_throughput"]),
+        f"{_count_text(metrics['completed_requests'])}/{_count_text(metrics['failed_requests'])}",
+        _fmt(None if memory is None else memory / BYTES_PER_MIB, 4),
+        _tokens_text(doc),
+        f"{_fmt_ratio(float(np.mean(imbalances)) if imbalances else None)} / "
+        f"{_fmt_ratio(max(imbalances) if imbalances else None)}",
+        f"{_fmt_ratio(requested)} / {_fmt_ratio(realized)}",
+        _fmt(rank_skew(doc)),
+        labels,
+    ]
+
+
+WORKLOAD_HEADER = (
+    "workload",
+    "digest",
+    "requests",
+    "total",
+    "mean",
+    "p50",
+    "p90",
+    "p99",
+    "CV",
+    "min",
+    "max",
+    "arrival",
+)
+
+
+def _workload_table(results: Sequence[LoadedResult]) -> list[str]:
+    """Prompt-length statistics of every dataset the stack ran (Stage C asks for them)."""
+    lines = ["| " + " | ".join(WORKLOAD_HEADER) + " |", "|" + "---|" * len(WORKLOAD_HEADER)]
+    seen: dict[tuple[str, str], Mapping[str, Any]] = {}
+    for result in results:
+        workload = result.doc["workload"]
+        digest = workload["dataset"]["digest"]
+        digest_text = "—" if is_absent(digest) else str(digest)[:DIGEST_SHORT_CHARS]
+        seen.setdefault((result.dataset, digest_text), workload)
+    for (name, digest_text), workload in sorted(seen.items()):
+        lengths = workload["prompt_lengths"]
+        total = sum(lengths["values"]) if "values" in lengths else None
+        cells = [
+            name,
+            f"`{digest_text}`",
+            str(workload["request_count"]),
+            _fmt(total, 8),
+            *(_fmt(lengths[key], 5) for key in ("mean", "p50", "p90", "p99", "cv", "min", "max")),
+            workload["arrival_process"],
+        ]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return lines
+
+
+def _table(results: Sequence[LoadedResult]) -> list[str]:
+    labels = condition_labels(results)
+    lines = ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
+    for result in sorted(results, key=lambda r: (labels[r.case_id], r.policy, r.case_id)):
+        condition = labels[result.case_id].removeprefix(result.dataset).strip() or "—"
+        lines.append("| " + " | ".join(_cell(c) for c in _row(result, condition)) + " |")
+    return lines
+
+
+def _stage_title(stage: str) -> str:
+    return MARKERS.get(stage, stage)
+
+
+def _section(stage: str, stacks: Mapping[str, list[LoadedResult]], report_dir: Path) -> list[str]:
+    lines = [f"## {stage}: {_stage_title(stage)}", ""]
+    if len(stacks) > 1:
+        lines += [
+            f"These results come from {len(stacks)} different stacks (manifest digests); "
+            "they are reported separately and never compared across stacks.",
+            "",
+        ]
+    for digest, results in sorted(stacks.items()):
+        lines += [
+            f"### Stack `{short_digest(digest)}`",
+            "",
+            f"{stack_description(results[0].doc)}; {len(results)} case(s).",
+            "",
+            *_table(results),
+            "",
+            "Workloads:",
+            "",
+            *_workload_table(results),
+            "",
+        ]
+        for name, caption, plotter in PLOTTERS:
+            file_name = f"{_slug(stage)}-{short_digest(digest)}-{name}.png"
+            written = plotter(results, report_dir / PLOTS_DIR_NAME / file_name)
+            if written is not None:
+                relative = written.relative_to(report_dir).as_posix()
+                lines += [f"![{caption}]({relative})", "", f"*{caption}.*", ""]
+    return lines
+
+
+def _stacks_overview(results: Sequence[LoadedResult]) -> list[str]:
+    by_digest: dict[str, LoadedResult] = {}
+    counts: dict[str, int] = defaultdict(int)
+    for result in results:
+        by_digest.setdefault(result.digest, result)
+        counts[result.digest] += 1
+    lines = ["## Stacks", "", "| stack | description | cases |", "|---|---|---|"]
+    for digest, result in sorted(by_digest.items()):
+        lines.append(
+            f"| `{short_digest(digest)}` | {_cell(stack_description(result.doc))} | {counts[digest]} |"
+        )
+    if len(by_digest) > 1:
+        lines += [
+            "",
+            f"{len(by_digest)} stacks are present. Only cases with the same manifest digest "
+            "are compared; each stage section keeps stacks apart.",
+        ]
+    return [*lines, ""]
+
+
+def render_markdown(loaded: LoadedResults, results_dir: Path, report_dir: Path) -> str:
+    lines = [
+        "# pytest-afd report",
+        "",
+        f"Results directory: `{results_dir}`; {len(loaded.results)} result(s), "
+        f"{len(loaded.skipped)} file(s) skipped.",
+        "",
+        "Headline numbers are medians over measured repetitions (after warmup) of "
+        "non-instrumented runs; cv is the coefficient of variation. Imbalance is "
+        "|t0 - t1| / T of the realized ubatches.",
+        "",
+    ]
+    if not loaded.results:
+        lines += ["No result documents were found.", ""]
+    else:
+        lines += _stacks_overview(loaded.results)
+    by_stage: dict[str, dict[str, list[LoadedResult]]] = defaultdict(lambda: defaultdict(list))
+    for result in loaded.results:
+        by_stage[result.stage][result.digest].append(result)
+    for stage in (*STAGE_KINDS, *OTHER_KINDS):
+        if stage in by_stage:
+            lines += _section(stage, by_stage[stage], report_dir)
+    if loaded.skipped:
+        lines += ["## Skipped files", "", "| file | reason |", "|---|---|"]
+        for path, reason in loaded.skipped:
+            lines.append(f"| `{path.relative_to(results_dir)}` | {_cell(reason)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def render(results_dir: str | Path, output_dir: str | Path | None = None) -> Path:
+    """Write ``<results_dir>/report/report.md`` (+ ``plots/*.png``); returns its path."""
+    source = Path(results_dir)
+    if not source.is_dir():
+        raise FileNotFoundError(f"results directory {str(source)!r} does not exist")
+    report_dir = Path(output_dir) if output_dir is not None else source / REPORT_DIR_NAME
+    plots_dir = report_dir / PLOTS_DIR_NAME
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    for stale in plots_dir.glob("*.png"):
+        stale.unlink()
+    loaded = load_results(source, exclude=report_dir)
+    text = render_markdown(loaded, source, report_dir)
+    target = report_dir / REPORT_FILE_NAME
+    target.write_text(text + "\n")
+    return target

@@ -1,0 +1,379 @@
+"""The Markdown + PNG report, from result documents built and validated by pytest_afd.results."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from matplotlib import image as mpimg
+
+from afd_split import SplitConstraints, SplitPolicy, plan_split
+from pytest_afd import report, results
+from pytest_afd.__main__ import main
+from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
+from pytest_afd.manifest import collect_manifest
+from pytest_afd.scheduling import SchedulerConfig, schedule
+from pytest_afd.stats import execution_order
+from pytest_afd.topology import parse_topology
+from pytest_afd.workloads import make_workload
+
+SMALL = {"target_total_tokens": 16384, "scale": 1 / 32, "block_size": 16, "vocab_size": 128}
+REPS = 3
+NUM_EXPERTS = 8
+NUM_LAYERS = 3
+EP_RANKS = 4
+
+
+def _manifest(num_layers=NUM_LAYERS):
+    protocol = {
+        "seed": 0,
+        "warmups": 1,
+        "repetitions": REPS,
+        "run_order": "interleaved",
+        "instrumented": False,
+        "routing": "natural",
+    }
+    return collect_manifest(
+        topology=parse_topology("dp3pcp8-ep8"),
+        backend_name="cpu",
+        backend_description={"model": {"num_layers": num_layers}},
+        model_name="reduced",
+        protocol=protocol,
+        emulated=True,
+        environ={},
+    )
+
+
+def _protocol(case_id):
+    order = execution_order([case_id], REPS, "interleaved", 0)
+    return {
+        "seed": 0,
+        "warmups": 1,
+        "repetitions": REPS,
+        "run_order": "interleaved",
+        "executed_order": [f"{name}#{rep}" for name, rep in order],
+    }
+
+
+def _expert_load(skewed):
+    base = np.full((NUM_LAYERS, NUM_EXPERTS), 10)
+    if skewed:
+        base[:, 0] = 50  # expert 0 is hot: rank 0 holds 60 of 120 tokens per layer
+    return base.tolist()
+
+
+def _runs(workload, policy, *, wall_s, chunk_size=None, timings=None, skewed=False):
+    """REPS synthetic backend runs; wall time grows 10 % per repetition."""
+    lengths = list(workload.prompt_lengths)
+    plan = plan_split(lengths, policy=SplitPolicy(policy), constraints=SplitConstraints())
+    runs = []
+    for rep in range(REPS):
+        wall = wall_s * (1 + 0.1 * rep)
+        requests = [
+            RequestOutput(
+                request_id=p.request_id,
+                num_prompt_tokens=p.num_prompt_tokens,
+                num_cached_tokens=workload.shared_prefix_tokens,
+                next_token=1,
+                ttft_s=wall * (i + 1) / len(lengths),
+            )
+            for i, p in enumerate(workload.prompts())
+        ]
+        runs.append(
+            RunOutputs(
+                requests=requests,
+                steps=[plan.to_evidence()],
+                expert_load=_expert_load(skewed),
+                timings=timings or {},
+                wall_time_s=wall,
+            )
+        )
+    return runs
+
+
+def _result(
+    case_id,
+    kind,
+    workload,
+    policy,
+    *,
+    wall_s=1.0,
+    manifest=None,
+    chunk_size=None,
+    chunk_plan=None,
+    timings=None,
+    routing="natural",
+    skewed=False,
+):
+    runs = _runs(workload, policy, wall_s=wall_s, timings=timings, skewed=skewed)
+    settings = RunSettings(
+        split_policy=policy,
+        chunk_size=chunk_size,
+        routing=routing,
+        prefix_caching=workload.shared_prefix_tokens > 0,
+    )
+    extra = {} if chunk_plan is None else {"chunk_plan": chunk_plan}
+    doc = results.build_result(
+        case_id=case_id,
+        case_kind=kind,
+        backend="cpu",
+        settings=settings,
+        manifest=manifest or _manifest(),
+        workload=results.workload_json(
+            dataset_name=workload.name,
+            prompt_lengths=workload.prompt_lengths,
+            seed=workload.spec.seed,
+            dataset_digest=workload.content_hash,
+        ),
+        protocol=_protocol(case_id),
+        metrics=results.metrics_from_runs(runs),
+        evidence=results.evidence_from_outputs(
+            runs[0],
+            routing=routing,
+            num_ep_ranks=EP_RANKS,
+            requested_hit_ratio=workload.spec.requested_hit_ratio or None,
+            **extra,
+        ),
+    )
+    results.validate_result(doc)
+    return doc
+
+
+def _write(directory, doc):
+    return results.write_result(results.result_path(directory, doc["case_id"]), doc)
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    """One results directory covering stages A, B, D and E, rendered once."""
+    directory = tmp_path_factory.mktemp("results")
+    balanced = make_workload("uniform", **SMALL)
+    long_short = make_workload("long_short", **SMALL)
+    walls = {"none": 2.0, "request_boundary": 1.6, "token_balanced": 1.0}
+    for workload in (balanced, long_short):
+        for policy, wall in walls.items():
+            _write(
+                directory,
+                _result(
+                    f"stage_a/{workload.name}/{policy}", "stage_a", workload, policy, wall_s=wall
+                ),
+            )
+    for ratio in (0.0, 0.5):
+        workload = make_workload("uniform", requested_hit_ratio=ratio, **SMALL)
+        _write(
+            directory, _result(f"stage_b/{workload.name}", "stage_b", workload, "token_balanced")
+        )
+    for chunk, wall in ((64, 1.5), (128, 1.2), (100, None)):
+        plan = schedule(
+            list(balanced.prompt_lengths), config=SchedulerConfig(chunk_size=chunk, page_size=16)
+        )
+        _write(
+            directory,
+            _result(
+                f"stage_d/chunk{chunk}",
+                "stage_d",
+                balanced,
+                "token_balanced",
+                wall_s=wall or 1.0,
+                chunk_size=chunk,
+                chunk_plan=plan.to_json(),
+            ),
+        )
+    _write(directory, _result("stage_d/unchunked", "stage_d", balanced, "token_balanced"))
+    timings = {
+        "layers": [{"attention_s": 0.01 * (i + 1), "moe_s": 0.02} for i in range(NUM_LAYERS)]
+    }
+    for routing, skewed in (("natural", True), ("forced_balanced", False)):
+        _write(
+            directory,
+            _result(
+                f"stage_e/{routing}",
+                "stage_e",
+                long_short,
+                "token_balanced",
+                routing=routing,
+                skewed=skewed,
+                timings=timings,
+            ),
+        )
+    path = report.render(directory)
+    return directory, path, path.read_text()
+
+
+def _section(text, stage):
+    start = text.index(f"## {stage}:")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else len(text)]
+
+
+def test_report_has_one_table_per_stage_with_every_case(rendered):
+    directory, path, text = rendered
+    assert path == directory / "report" / "report.md"
+    for stage in ("stage_a", "stage_b", "stage_d", "stage_e"):
+        section = _section(text, stage)
+        assert section.count("| case | workload | policy |") == 1, stage
+    assert "## stage_c" not in text
+    for result_file in directory.glob("*.json"):
+        assert json.loads(result_file.read_text())["case_id"] in text
+    assert "1 stacks" not in text and "different stacks" not in text
+
+
+def test_table_values_come_from_the_results(rendered):
+    _, _, text = rendered
+    row = next(
+        line
+        for line in text.splitlines()
+        if line.startswith("| stage_a/long_short-fixed/request_boundary |")
+    )
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    tokens = 512  # long_short total after scaling: 16384 / 32
+    assert cells[4].startswith(f"{tokens / (1.6 * 1.1):.4g} ")  # median of 3 reps
+    assert "n=3" in cells[4]
+    # The request-boundary cut on one long + seven short requests.
+    lengths = make_workload("long_short", **SMALL).prompt_lengths
+    expected = abs(2 * lengths[0] - sum(lengths)) / sum(lengths)
+    assert cells[10] == f"{tokens} / {tokens} / 0"
+    assert cells[11] == f"{expected * 100:.1f}% / {expected * 100:.1f}%"
+    none_row = next(
+        line for line in text.splitlines() if line.startswith("| stage_a/long_short-fixed/none |")
+    )
+    assert "— / —" in none_row  # no split: no imbalance
+
+
+def test_workload_statistics_are_listed_once_per_dataset(rendered):
+    _, _, text = rendered
+    section = _section(text, "stage_a")
+    workload = make_workload("long_short", **SMALL)
+    (row,) = [line for line in section.splitlines() if line.startswith("| long_short-fixed | `")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    stats = workload.stats
+    assert cells[1] == f"`{workload.content_hash[:12]}`"
+    assert cells[2:5] == ["8", str(stats.total), f"{stats.mean:.5g}"]
+    assert cells[8] == f"{stats.cv:.5g}"
+    assert cells[-1] == "all-at-once"
+
+
+def test_hit_ratio_rank_skew_and_labels(rendered):
+    _, _, text = rendered
+    hit_row = next(
+        line for line in text.splitlines() if line.startswith("| stage_b/uniform-fixed-hit50 |")
+    )
+    assert "50.0% / 50.0%" in hit_row
+    natural = next(line for line in text.splitlines() if line.startswith("| stage_e/natural |"))
+    forced = next(
+        line for line in text.splitlines() if line.startswith("| stage_e/forced_balanced |")
+    )
+    assert "| 2 |" in natural  # rank 0: 60 of 120 tokens over 4 ranks -> max/mean = 2
+    assert "| 1 |" in forced and "synthetic" in forced and "synthetic" not in natural
+
+
+def test_invalid_chunk_size_is_marked_with_its_reason(rendered):
+    _, _, text = rendered
+    invalid = next(line for line in text.splitlines() if line.startswith("| stage_d/chunk100 |"))
+    assert "invalid chunk size:" in invalid and "100" in invalid
+    valid = next(line for line in text.splitlines() if line.startswith("| stage_d/chunk128 |"))
+    assert "invalid" not in valid
+    assert "chunk_sweep.png" in _section(text, "stage_d")
+
+
+@pytest.mark.parametrize(
+    ("stage", "plots"),
+    [
+        ("stage_a", ("policy_metrics", "imbalance_vs_step_time", "expert_heat")),
+        ("stage_d", ("policy_metrics", "chunk_sweep")),
+        ("stage_e", ("policy_metrics", "layer_breakdown", "expert_heat")),
+    ],
+)
+def test_plots_are_linked_and_open_as_images(rendered, stage, plots):
+    _, path, text = rendered
+    section = _section(text, stage)
+    linked = [
+        line[line.index("](") + 2 : -1] for line in section.splitlines() if line.startswith("![")
+    ]
+    for name in plots:
+        (match,) = [link for link in linked if link.endswith(f"-{name}.png")]
+        pixels = mpimg.imread(path.parent / match)
+        assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
+        assert pixels.std() > 0.01, f"{match} is blank"
+    assert not any(link.endswith("layer_breakdown.png") for link in linked) or stage == "stage_e"
+
+
+def test_step_time_is_derived_from_throughput_and_steps():
+    workload = make_workload("bimodal", **SMALL)
+    doc = _result("x", "stage_a", workload, "token_balanced", wall_s=2.0)
+    median_wall = 2.0 * 1.1
+    assert report.step_time_s(doc) == pytest.approx(median_wall / 1)
+    doc["metrics"]["step_time_s"] = results.measurement([0.5, 0.7, 0.6], "s")
+    assert report.step_time_s(doc) == pytest.approx(0.6)
+
+
+def test_stacks_are_never_mixed(tmp_path):
+    workload = make_workload("bimodal", **SMALL)
+    reduced, full = _manifest(num_layers=3), _manifest(num_layers=61)
+    assert reduced["digest"] != full["digest"]
+    for policy in ("request_boundary", "token_balanced"):
+        for name, manifest in (("reduced", reduced), ("full", full)):
+            _write(
+                tmp_path,
+                _result(f"stage_a/{name}/{policy}", "stage_a", workload, policy, manifest=manifest),
+            )
+    text = report.render(tmp_path).read_text()
+    assert "2 different stacks" in text
+    headings = [line for line in text.splitlines() if line.startswith("### Stack")]
+    assert sorted(headings) == sorted(
+        f"### Stack `{report.short_digest(m['digest'])}`" for m in (reduced, full)
+    )
+    assert "3 layers" in text and "61 layers" in text
+    plots = sorted(p.name for p in (tmp_path / "report" / "plots").glob("*policy_metrics.png"))
+    assert len(plots) == 2
+
+
+def test_bad_and_foreign_files_are_listed_not_fatal(tmp_path):
+    workload = make_workload("uniform", **SMALL)
+    doc = _result("stage_c/ok", "stage_c", workload, "token_balanced")
+    _write(tmp_path, doc)
+    (tmp_path / "torn.json").write_text("{not json")
+    (tmp_path / "summary.json").write_text(json.dumps({"kind": "session-summary"}))
+    broken = json.loads(json.dumps(doc))
+    broken["case_id"] = "stage_c/broken"
+    del broken["metrics"]["ttft_s"]
+    (tmp_path / "broken.json").write_text(json.dumps(broken))
+    text = report.render(tmp_path).read_text()
+    skipped = text[text.index("## Skipped files") :]
+    assert "`torn.json` | unreadable JSON" in skipped
+    assert "`summary.json` | not a result document" in skipped
+    assert "`broken.json` | result 'stage_c/broken' does not match" in skipped
+    assert "| stage_c/ok |" in text and "| stage_c/broken |" not in text
+
+
+def test_empty_directory_and_cli(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 0
+    written = capsys.readouterr().out.strip()
+    assert written == str(tmp_path / "report" / "report.md")
+    assert "No result documents were found." in (tmp_path / "report" / "report.md").read_text()
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "missing" in capsys.readouterr().err
+
+
+def test_python_dash_m_entry_point(tmp_path):
+    workload = make_workload("uniform", **SMALL)
+    _write(tmp_path, _result("stage_a/u/token_balanced", "stage_a", workload, "token_balanced"))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest_afd",
+            "report",
+            str(tmp_path),
+            "--output",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert out.stdout.strip() == str(tmp_path / "out" / "report.md")
+    assert "| stage_a/u/token_balanced |" in (tmp_path / "out" / "report.md").read_text()
+    assert list((tmp_path / "out" / "plots").glob("*.png"))
