@@ -1,6 +1,6 @@
 """The scheduling model: how a prefill chunk flag becomes forward batches.
 
-Implements ``docs/../shared/design/chunk-semantics.md`` layer by layer so that
+Implements the design note ``shared/design/chunk-semantics.md`` layer by layer so that
 a chunk candidate's batch shapes are known before any NPU time is spent:
 
 1. DP folding: ``effective_chunk = global_chunk // dp_size``.
