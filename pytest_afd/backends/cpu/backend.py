@@ -1,0 +1,282 @@
+"""The embedded CPU backend: schedule, plan the split, execute, report evidence.
+
+Each run goes through the same seams a real stack has: the scheduler model
+(``pytest_afd.scheduling``: chunking, page admission, prefix hits), the split
+planner (``afd_split.plan_split``) and the executor over a paged latent KV
+cache whose blocks are reused across runs for prefix hits. Realized cached
+tokens come from what the run actually reused, not from the workload spec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from afd_split import BatchMetadata, SplitConstraints, plan_split
+from pytest_afd.backends.base import (
+    CAP_CHUNKED_PREFILL,
+    CAP_FORCED_ROUTING,
+    CAP_LOGITS,
+    CAP_PREFIX_CACHE,
+    CAP_SPLIT,
+    CAP_W8A8,
+    PromptRequest,
+    RequestOutput,
+    RunOutputs,
+    RunSettings,
+)
+from pytest_afd.backends.cpu.config import ModelConfig
+from pytest_afd.backends.cpu.executor import Executor
+from pytest_afd.backends.cpu.kv_cache import (
+    BlockPool,
+    PagedKVCache,
+    RequestBlocks,
+    validate_block_size,
+)
+from pytest_afd.backends.cpu.model import DeepseekV32Model, num_parameters
+from pytest_afd.scheduling import PrefixCacheIndex, SchedulerConfig, schedule
+
+BACKEND_NAME = "cpu"
+UNUSED_BLOCK = -1
+CAPABILITIES = frozenset(
+    {CAP_SPLIT, CAP_PREFIX_CACHE, CAP_CHUNKED_PREFILL, CAP_W8A8, CAP_FORCED_ROUTING, CAP_LOGITS}
+)
+
+
+@dataclass(frozen=True)
+class SplitLayout:
+    """The split constraints and EP accounting one run uses, and where they came from."""
+
+    split_align: int
+    pcp_size: int
+    num_ep_ranks: int
+    source: str
+
+
+def split_layout(settings: RunSettings, topology) -> SplitLayout:
+    """Settings that differ from the RunSettings default win; otherwise the topology's
+    documented CPU emulation (``Topology.cpu_emulation()``) supplies align / PCP / EP."""
+    defaults = RunSettings()
+    if topology is None:
+        return SplitLayout(settings.split_align, settings.pcp_size, 1, "settings")
+    emulation = topology.cpu_emulation()
+    align = settings.split_align if settings.split_align != defaults.split_align else emulation.split_align
+    pcp = settings.pcp_size if settings.pcp_size != defaults.pcp_size else emulation.pcp_size
+    return SplitLayout(align, pcp, emulation.num_ep_ranks, f"topology {topology.canonical}")
+
+
+def load_per_rank(load: np.ndarray, num_ep_ranks: int) -> np.ndarray:
+    """[layers, experts] -> [layers, ranks]: rank r owns the r-th contiguous expert range."""
+    if num_ep_ranks < 1:
+        raise ValueError(f"num_ep_ranks={num_ep_ranks}; expected >= 1")
+    bounds = [part[0] for part in np.array_split(np.arange(load.shape[1]), num_ep_ranks) if len(part)]
+    return np.add.reduceat(load, bounds, axis=1)
+
+
+def weights_digest(weights: dict[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        digest.update(name.encode())
+        digest.update(weights[name].numpy().tobytes())
+    return digest.hexdigest()
+
+
+@dataclass
+class _CacheState:
+    cache: PagedKVCache
+    pool: BlockPool
+    index: PrefixCacheIndex
+
+
+class CpuBackend:
+    """In-process CPU backend implementing the :class:`~pytest_afd.backends.base.Backend` protocol."""
+
+    name = BACKEND_NAME
+    capabilities = CAPABILITIES
+
+    def __init__(self, model: DeepseekV32Model, *, topology=None, seed: int | None = None,
+                 results_dir: str | Path | None = None) -> None:
+        self.model = model
+        self.config: ModelConfig = model.config
+        self.topology = topology
+        self.seed = seed
+        self.results_dir = None if results_dir is None else Path(results_dir)
+        self._variants: dict[tuple[str, str], DeepseekV32Model] = {
+            (model.quantization, model.routing): model
+        }
+        self._caches: dict[int, _CacheState] = {}
+        self._digest: str | None = None
+
+    # ---- protocol -------------------------------------------------------
+    def run(self, prompts: Sequence[PromptRequest], settings: RunSettings) -> RunOutputs:
+        started = time.perf_counter()
+        token_lists = self._check_prompts(prompts)
+        block_size = validate_block_size(settings.block_size)
+        layout = split_layout(settings, self.topology)
+        state = self._cache_state(block_size)
+        model = self._variant(settings.quantization, settings.routing)
+        executor = Executor(model, state.cache)
+        cached = [state.index.lookup(t) if settings.prefix_caching else 0 for t in token_lists]
+        sched = schedule(
+            [len(t) for t in token_lists],
+            config=SchedulerConfig(
+                chunk_size=settings.chunk_size, cp_size=layout.pcp_size, page_size=block_size,
+                max_batched_tokens=settings.max_num_batched_tokens,
+                max_running_seqs=settings.max_num_seqs,
+            ),
+            cached_tokens=cached,
+        )
+        if not sched.valid:
+            raise ValueError(f"these run settings cannot be scheduled: {'; '.join(sched.reasons)}")
+        constraints = SplitConstraints(align=layout.split_align, pcp_size=layout.pcp_size)
+        blocks = [state.pool.allocate(t, c) for t, c in zip(token_lists, cached, strict=True)]
+        outputs: dict[int, RequestOutput] = {}
+        steps: list[dict[str, Any]] = []
+        total_load = np.zeros((len(self.config.moe_layer_indices), self.config.n_routed_experts),
+                              dtype=np.int64)
+        completed = False
+        try:
+            for step, batch in enumerate(sched.batches):
+                step_started = time.perf_counter()
+                metadata = _batch_metadata(batch, blocks, block_size)
+                ids = np.concatenate([
+                    token_lists[c.request_index][c.num_computed_tokens:c.num_computed_tokens + c.num_tokens]
+                    for c in batch.chunks
+                ])  # fmt: skip
+                plan = plan_split(batch.num_scheduled_tokens, policy=settings.split_policy,
+                                  constraints=constraints, allow_fallback=True,
+                                  num_computed_tokens=batch.num_computed_tokens)
+                result = executor.execute(ids, metadata, plan)
+                total_load += result.expert_load
+                now = time.perf_counter()
+                for position, chunk in enumerate(batch.chunks):
+                    if chunk.is_final:
+                        outputs[chunk.request_index] = self._request_output(
+                            prompts[chunk.request_index], cached[chunk.request_index],
+                            result.last_logits[position], settings, now - started,
+                        )
+                steps.append({
+                    "step": step,
+                    **plan.to_evidence(),
+                    "schedule": batch.to_json(),
+                    "cached_tokens": [cached[c.request_index] for c in batch.chunks],
+                    "expert_load_per_rank": load_per_rank(result.expert_load,
+                                                          layout.num_ep_ranks).tolist(),
+                    "padding_routed_rows": result.padding_routed_rows,
+                    "wall_time_s": now - step_started,
+                })  # fmt: skip
+            completed = True
+        finally:
+            # A failed run must not publish blocks it may not have written.
+            self._finish(state, token_lists, blocks, settings.prefix_caching and completed)
+        return RunOutputs(
+            requests=[outputs[i] for i in range(len(prompts))],
+            steps=steps,
+            expert_load=total_load.tolist(),
+            wall_time_s=time.perf_counter() - started,
+        )
+
+    def reset_prefix_cache(self) -> None:
+        for state in self._caches.values():
+            state.pool.reset()
+            state.index.clear()
+
+    def describe(self) -> dict[str, Any]:
+        if self._digest is None:
+            self._digest = weights_digest(self.model.weights)
+        layout = None if self.topology is None else self.topology.cpu_emulation().to_json()
+        return {
+            "backend": BACKEND_NAME,
+            "device": "cpu",
+            "cpu": platform.processor() or platform.machine(),
+            "torch_version": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "dtype": "float32",
+            "model": {
+                "name": self.config.name,
+                "seed": self.seed,
+                "num_layers": self.config.num_hidden_layers,
+                "moe_layers": list(self.config.moe_layer_indices),
+                "num_parameters": num_parameters(self.config),
+                "weights_sha256": self._digest,
+                "config": asdict(self.config),
+            },
+            "topology_emulation": layout,
+            "capabilities": sorted(self.capabilities),
+        }
+
+    def close(self) -> None:
+        self._caches.clear()
+        self._variants.clear()
+
+    # ---- helpers ----------------------------------------------------------
+    def _check_prompts(self, prompts: Sequence[PromptRequest]) -> list[list[int]]:
+        if not prompts:
+            raise ValueError("prompts is empty; a run needs at least one request")
+        ids = [p.request_id for p in prompts]
+        if len(set(ids)) != len(ids):
+            duplicate = next(i for i in ids if ids.count(i) > 1)
+            raise ValueError(f"request_id {duplicate!r} appears more than once")
+        token_lists = []
+        for prompt in prompts:
+            tokens = list(prompt.prompt_token_ids)
+            if not tokens:
+                raise ValueError(f"request {prompt.request_id!r} has an empty prompt")
+            bad = [t for t in tokens if not 0 <= t < self.config.vocab_size]
+            if bad:
+                raise ValueError(
+                    f"request {prompt.request_id!r}: token id {bad[0]} is outside the "
+                    f"vocabulary [0, {self.config.vocab_size})"
+                )
+            token_lists.append(tokens)
+        return token_lists
+
+    def _variant(self, quantization: str, routing: str) -> DeepseekV32Model:
+        key = (quantization, routing)
+        if key not in self._variants:
+            self._variants[key] = self.model.variant(quantization=quantization, routing=routing)
+        return self._variants[key]
+
+    def _cache_state(self, block_size: int) -> _CacheState:
+        if block_size not in self._caches:
+            cache = PagedKVCache(self.config, block_size)
+            self._caches[block_size] = _CacheState(cache, BlockPool(cache), PrefixCacheIndex(block_size))
+        return self._caches[block_size]
+
+    @staticmethod
+    def _request_output(prompt: PromptRequest, cached: int, logits: torch.Tensor,
+                        settings: RunSettings, ttft: float) -> RequestOutput:
+        return RequestOutput(
+            request_id=prompt.request_id,
+            num_prompt_tokens=prompt.num_prompt_tokens,
+            num_cached_tokens=cached,
+            next_token=int(logits.argmax()),
+            logits=logits.numpy().astype(np.float32) if settings.return_logits else None,
+            ttft_s=ttft,
+        )
+
+    @staticmethod
+    def _finish(state: _CacheState, token_lists: list[list[int]], blocks: list[RequestBlocks],
+                keep_prefix: bool) -> None:
+        for tokens, request_blocks in zip(token_lists, blocks, strict=True):
+            state.pool.finish(tokens, request_blocks, keep_prefix=keep_prefix)
+            if keep_prefix:
+                state.index.insert(tokens)
+
+
+def _batch_metadata(batch, blocks: list[RequestBlocks], block_size: int) -> BatchMetadata:
+    """Metadata of one scheduled forward, addressing each request's own blocks."""
+    rows = [blocks[c.request_index].block_ids for c in batch.chunks]
+    table = np.full((len(rows), max(len(r) for r in rows)), UNUSED_BLOCK, dtype=np.int64)
+    for i, row in enumerate(rows):
+        table[i, :len(row)] = row
+    return BatchMetadata.from_requests(batch.num_scheduled_tokens, batch.num_computed_tokens,
+                                       table, block_size)

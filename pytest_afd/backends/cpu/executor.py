@@ -1,0 +1,136 @@
+"""Runs one forward of the CPU model over ``afd_split`` metadata: unsplit or as a SplitPlan.
+
+Split order per layer is the one AFD's async MoE stages use: attention of
+ubatch 0, attention of ubatch 1 (so the head's KV of a request cut in two is in
+the cache before the tail reads it), then the FFN of each ubatch. Padding rows
+(``UBatch.num_padded_tokens``) run through every token-wise piece, are never
+written to the KV cache and are dropped by ``afd_split.merge_outputs``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from afd_split import BatchMetadata, SplitPlan, gather_ubatch_rows, merge_outputs, split_metadata
+from pytest_afd.backends.cpu.kv_cache import PagedKVCache
+from pytest_afd.backends.cpu.model import DeepseekV32Model, row_positions
+
+# Token id of padding rows (any valid id: their outputs are dropped).
+PAD_TOKEN_ID = 0
+
+
+@dataclass
+class ExecOutput:
+    """Outputs of one forward; request-indexed arrays follow the batch's request order."""
+
+    # [R, vocab] float32 logits of each request's last scheduled token.
+    last_logits: torch.Tensor
+    # [R] greedy next token (argmax of last_logits).
+    next_tokens: torch.Tensor
+    # [num MoE layers, n_routed_experts] routed real tokens per expert (padding excluded).
+    expert_load: np.ndarray
+    # Routed rows of padding per MoE layer (padding costs expert work too).
+    padding_routed_rows: int = 0
+    # Per layer [T, hidden] real-token hidden states after the layer (when requested).
+    layer_hidden: list[torch.Tensor] | None = None
+    ubatch_rows: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Stage:
+    """One ubatch's rows while a forward runs."""
+
+    metadata: BatchMetadata
+    real_rows: np.ndarray | None
+    hidden: torch.Tensor
+    positions: torch.Tensor
+    real_mask: torch.Tensor
+
+
+class Executor:
+    """Executes forwards of ``model`` against ``kv_cache`` (blocks are allocated by the caller)."""
+
+    def __init__(self, model: DeepseekV32Model, kv_cache: PagedKVCache) -> None:
+        if kv_cache.config.num_hidden_layers != model.config.num_hidden_layers:
+            raise ValueError(
+                f"kv cache has {kv_cache.config.num_hidden_layers} layers, model has "
+                f"{model.config.num_hidden_layers}"
+            )
+        self.model = model
+        self.kv_cache = kv_cache
+
+    @torch.inference_mode()
+    def execute(self, input_ids, metadata: BatchMetadata, plan: SplitPlan | None = None, *,
+                return_hidden_states: bool = False) -> ExecOutput:
+        """One forward over the batch's real tokens ``input_ids`` [T]."""
+        ids = torch.as_tensor(np.asarray(input_ids), dtype=torch.int64)
+        if ids.ndim != 1 or len(ids) != metadata.num_tokens:
+            raise ValueError(
+                f"input_ids has shape {tuple(ids.shape)}; metadata has {metadata.num_tokens} tokens"
+            )
+        if metadata.block_size != self.kv_cache.block_size:
+            raise ValueError(
+                f"metadata block_size={metadata.block_size} but the KV cache uses "
+                f"{self.kv_cache.block_size}"
+            )
+        stages = self._stages(ids, metadata, plan)
+        config = self.model.config
+        load = np.zeros((len(config.moe_layer_indices), config.n_routed_experts), dtype=np.int64)
+        padding_routed = 0
+        layer_hidden = [] if return_hidden_states else None
+        for layer in self.model.layers:
+            for stage in stages:
+                stage.hidden = layer.attention(stage.hidden, stage.metadata, self.kv_cache,
+                                               real_rows=stage.real_rows)
+            for stage in stages:
+                stage.hidden, topk_ids = layer.ffn(stage.hidden, stage.positions)
+                if topk_ids is not None:
+                    moe_index = layer.index - config.first_k_dense_replace
+                    real_ids = topk_ids[stage.real_mask].reshape(-1)
+                    load[moe_index] += np.bincount(real_ids.numpy(), minlength=config.n_routed_experts)
+                    padding_routed += int((~stage.real_mask).sum())
+            if layer_hidden is not None:
+                layer_hidden.append(self._merge(plan, stages))
+        hidden = self._merge(plan, stages)
+        last_rows = torch.from_numpy(np.asarray(metadata.query_start_loc[1:]) - 1)
+        logits = self.model.final(hidden[last_rows])
+        return ExecOutput(
+            last_logits=logits,
+            next_tokens=logits.argmax(-1),
+            expert_load=load,
+            padding_routed_rows=padding_routed,
+            layer_hidden=layer_hidden,
+            ubatch_rows=[stage.hidden.shape[0] for stage in stages],
+        )
+
+    def _stages(self, ids: torch.Tensor, metadata: BatchMetadata, plan: SplitPlan | None
+                ) -> list[_Stage]:
+        if plan is None:
+            rows = torch.arange(len(ids))
+            return [_Stage(metadata, None, self.model.embed(ids),
+                           row_positions(metadata, rows, len(ids)),
+                           torch.ones(len(ids), dtype=torch.bool))]
+        if plan.num_tokens != metadata.num_tokens:
+            raise ValueError(
+                f"plan covers {plan.num_tokens} tokens; metadata has {metadata.num_tokens}"
+            )
+        stages = []
+        for index, (ubatch, part) in enumerate(zip(plan.ubatches, split_metadata(plan, metadata),
+                                                   strict=True)):
+            ub_ids = gather_ubatch_rows(plan, index, ids, pad_value=PAD_TOKEN_ID)
+            real_rows = np.asarray(ubatch.real_row_indices)
+            rows = torch.from_numpy(real_rows.astype(np.int64))
+            real_mask = torch.zeros(ubatch.num_rows, dtype=torch.bool)
+            real_mask[rows] = True
+            stages.append(_Stage(part, real_rows, self.model.embed(ub_ids),
+                                 row_positions(part, rows, ubatch.num_rows), real_mask))
+        return stages
+
+    @staticmethod
+    def _merge(plan: SplitPlan | None, stages: list[_Stage]) -> torch.Tensor:
+        if plan is None:
+            return stages[0].hidden
+        return merge_outputs(plan, [stage.hidden for stage in stages])
