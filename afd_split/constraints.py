@@ -18,6 +18,7 @@ class SplitPolicy(str, Enum):
     NONE = "none"
     REQUEST_BOUNDARY = "request_boundary"
     TOKEN_BALANCED = "token_balanced"
+    COST_BALANCED = "cost_balanced"  # modelled two-stage critical path (afd_split.cost)
 
 
 def round_up(value: int, multiple: int) -> int:

@@ -17,6 +17,7 @@ from types import MappingProxyType
 import numpy as np
 
 from afd_split.constraints import SplitConstraints, SplitPolicy
+from afd_split.cost import select_cost_balanced_cut
 from afd_split.policies.request_boundary import select_request_boundary_cut
 from afd_split.policies.token_balanced import select_token_balanced_cut
 
@@ -26,6 +27,7 @@ CUT_SELECTORS: Mapping[SplitPolicy, CutSelector] = MappingProxyType(
     {
         SplitPolicy.REQUEST_BOUNDARY: select_request_boundary_cut,
         SplitPolicy.TOKEN_BALANCED: select_token_balanced_cut,
+        SplitPolicy.COST_BALANCED: select_cost_balanced_cut,
     }
 )
 """Splitting policies; a policy absent here (``none``) runs the batch unsplit."""

@@ -1,7 +1,5 @@
 """Fail-closed validation (before any process group exists) and state restore."""
 
-import subprocess
-import sys
 import types
 
 import pytest
@@ -62,24 +60,22 @@ def test_request_boundary_control_accepts_the_mla_builder_and_none_needs_nothing
     )
 
 
-def test_rejection_happens_before_any_process_group_is_created():
-    # A fresh interpreter, so the check sees this process's own torch.distributed state.
-    code = """
-import torch.distributed as dist
-from afd_split import SplitSupportConfig, UnsupportedSplitError, prepare_split_runtime
-calls = []
-def init_group():
-    calls.append(1)
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:1", rank=0, world_size=1)
-try:
-    prepare_split_runtime(SplitSupportConfig(attention_builder="Unknown"), init_group)
-except UnsupportedSplitError as error:
-    print("rejected", calls == [], dist.is_initialized(), error)
-"""
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
-    )
-    assert out.stdout.startswith("rejected True False split path unsupported: attention builder")
+def test_rejection_happens_before_any_process_group_is_created(tmp_path):
+    import torch.distributed as dist
+
+    initialised_before = dist.is_initialized()
+    calls = []
+
+    def init_group():
+        calls.append("init")
+        dist.init_process_group(
+            "gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1
+        )
+
+    with pytest.raises(UnsupportedSplitError, match="attention builder 'Unknown'"):
+        prepare_split_runtime(SplitSupportConfig(attention_builder="Unknown"), init_group)
+    assert calls == []
+    assert dist.is_initialized() == initialised_before
 
 
 def test_supported_config_creates_the_group_exactly_once():
