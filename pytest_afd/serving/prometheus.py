@@ -17,6 +17,7 @@ PREFIX_CACHE_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cach
 PREFIX_CACHE_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 PROMPT_TOKENS = ("vllm:prompt_tokens_total",)
 REQUEST_SUCCESS = ("vllm:request_success_total",)
+REQUESTS_RUNNING = ("vllm:num_requests_running",)
 
 _SAMPLE_LINE = re.compile(
     r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)"
@@ -96,6 +97,7 @@ class ServerCounters:
     prefix_cache_hits: float
     prompt_tokens: float | None
     request_success: float | None
+    requests_running: float | None = None
 
     @classmethod
     def from_text(cls, text: str) -> ServerCounters:
@@ -112,6 +114,7 @@ class ServerCounters:
             prefix_cache_hits=hits,
             prompt_tokens=sum_metric(samples, PROMPT_TOKENS),
             request_success=sum_metric(samples, REQUEST_SUCCESS),
+            requests_running=sum_metric(samples, REQUESTS_RUNNING),
         )
 
 

@@ -1,0 +1,182 @@
+"""A :class:`~pytest_afd.backends.base.Backend` that drives OpenAI-style servers over HTTP.
+
+Server-side settings (split policy, chunking, prefix caching, ...) are fixed
+when a server starts, so the backend starts servers through a *launcher* and
+restarts them when a run asks for different server-side settings. The
+vLLM-Ascend backend launches ``vllm serve`` processes from a launch plan (or
+attaches to a deployment started by the cluster's job system); tests launch the
+CPU backend's HTTP server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from pytest_afd.backends.base import PromptRequest, RequestOutput, RunOutputs, RunSettings
+from pytest_afd.serving.client import Arrival, ClientError, CompletionsClient
+from pytest_afd.serving.lifecycle import ManagedServer, ServerSpec
+
+# RequestOutput.next_token of a request that produced no token.
+NO_TOKEN = -1
+DEFAULT_CPU_STARTUP_TIMEOUT_S = 120.0
+# Build and CI machines have two cores shared by test workers: one intra-op
+# thread per server keeps a served model from oversubscribing them.
+DEFAULT_CPU_SERVER_THREADS = 1
+
+
+class ServerSession(Protocol):
+    """A running deployment the client can talk to."""
+
+    base_url: str
+    model: str
+
+    def exit_reason(self) -> str | None: ...
+
+    def close(self) -> None: ...
+
+
+Launcher = Callable[[RunSettings], ServerSession]
+
+
+@dataclass
+class AttachedServer:
+    """A deployment someone else started (e.g. the cluster job system): never stopped here."""
+
+    base_url: str
+    model: str
+
+    def exit_reason(self) -> str | None:
+        return None
+
+    def close(self) -> None:
+        """Nothing to stop: the deployment belongs to whoever started it."""
+
+
+@dataclass
+class ManagedSession:
+    """One managed server process (or group) whose API lives at ``base_url``."""
+
+    server: Any  # ManagedServer or ServerGroup
+    base_url: str
+    model: str
+
+    def exit_reason(self) -> str | None:
+        return self.server.exit_reason()
+
+    def close(self) -> None:
+        self.server.stop()
+
+
+def server_side_settings(settings: RunSettings) -> RunSettings:
+    """The part of the settings a server is started with (client-side fields cleared)."""
+    return dataclasses.replace(settings, instrument=False, return_logits=False)
+
+
+def cpu_server_spec(settings: RunSettings, *, name: str, log_dir: Path, topology: str | None,
+                    model_name: str, seed: int,
+                    startup_timeout_s: float = DEFAULT_CPU_STARTUP_TIMEOUT_S,
+                    threads: int = DEFAULT_CPU_SERVER_THREADS) -> ServerSpec:
+    """Spec of the CPU backend served by ``python -m pytest_afd.serving.server`` on loopback."""
+    port_file = Path(log_dir) / f"{name}.port"
+    argv = [sys.executable, "-m", "pytest_afd.serving.server", "--backend", "cpu",
+            "--model-name", model_name, "--seed", str(seed), "--results-dir", str(log_dir),
+            "--port", "0", "--port-file", str(port_file),
+            "--settings-json", json.dumps(dataclasses.asdict(server_side_settings(settings)))]
+    if topology is not None:
+        argv += ["--topology", topology]
+    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    return ServerSpec(name=name, argv=tuple(argv), env=env, port_file=port_file,
+                      startup_timeout_s=startup_timeout_s)
+
+
+def cpu_server_launcher(*, log_dir: Path, topology: str | None, model_name: str, seed: int,
+                        startup_timeout_s: float = DEFAULT_CPU_STARTUP_TIMEOUT_S) -> Launcher:
+    def launch(settings: RunSettings) -> ServerSession:
+        spec = cpu_server_spec(settings, name="cpu-server", log_dir=log_dir, topology=topology,
+                               model_name=model_name, seed=seed, startup_timeout_s=startup_timeout_s)
+        server = ManagedServer(spec, log_dir).start()
+        return ManagedSession(server=server, base_url=server.base_url, model=model_name)
+
+    return launch
+
+
+class HttpBackend:
+    """Backend protocol over HTTP; no logits, steps or expert load cross the wire."""
+
+    def __init__(self, name: str, capabilities: frozenset[str], launcher: Launcher, *,
+                 describe_extra: dict[str, Any] | None = None,
+                 request_timeout_s: float | None = None) -> None:
+        self.name = name
+        self.capabilities = capabilities
+        self._launcher = launcher
+        self._describe_extra = dict(describe_extra or {})
+        self._request_timeout_s = request_timeout_s
+        self._session: ServerSession | None = None
+        self._session_settings: RunSettings | None = None
+        self.launches = 0
+
+    def _client(self, session: ServerSession) -> CompletionsClient:
+        if self._request_timeout_s is None:
+            return CompletionsClient(session.base_url, session.model)
+        return CompletionsClient(session.base_url, session.model,
+                                 request_timeout_s=self._request_timeout_s)
+
+    def session_for(self, settings: RunSettings) -> ServerSession:
+        """The running session for these settings, (re)starting servers when they differ."""
+        wanted = server_side_settings(settings)
+        if self._session is not None and self._session_settings == wanted:
+            reason = self._session.exit_reason()
+            if reason is None:
+                return self._session
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+        self._session = self._launcher(wanted)
+        self._session_settings = wanted
+        self.launches += 1
+        return self._session
+
+    def run(self, prompts: Sequence[PromptRequest], settings: RunSettings) -> RunOutputs:
+        session = self.session_for(settings)
+        started = time.perf_counter()
+        client_run = self._client(session).run(prompts, Arrival(), read_metrics=False,
+                                               server_gone=session.exit_reason)
+        outputs = [
+            RequestOutput(
+                request_id=result.request_id,
+                num_prompt_tokens=result.num_input_tokens,
+                num_cached_tokens=result.num_cached_tokens or 0,
+                next_token=result.token_ids[0] if result.token_ids else NO_TOKEN,
+                ttft_s=result.ttft_s,
+                error=result.error,
+            )
+            for result in client_run.results
+        ]
+        return RunOutputs(requests=outputs, wall_time_s=time.perf_counter() - started)
+
+    def reset_prefix_cache(self) -> None:
+        if self._session is not None:
+            self._client(self._session).reset_prefix_cache()
+
+    def describe(self) -> dict[str, Any]:
+        description: dict[str, Any] = {"backend": self.name, "transport": "http",
+                                       **self._describe_extra}
+        if self._session is not None:
+            description["base_url"] = self._session.base_url
+            try:
+                description["server"] = self._client(self._session).get_json("/afd/describe")
+            except (ClientError, ValueError) as error:
+                description["server_describe_error"] = str(error)
+        return description
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+            self._session = None
