@@ -1,0 +1,203 @@
+"""The vLLM-Ascend backend: ``vllm serve`` processes driven over HTTP.
+
+Two modes. *Launch*: the topology's launch plan fits this node, so the backend
+starts every process itself (all at once, since Attention and FFN rendezvous),
+waits for ``/health``, logs to the results directory and restarts the
+deployment when a case needs other server-side settings. *Attach*: a
+multi-node deployment started by the cluster's job system from the
+``afd-launch-plan`` output; ``AFD_ASCEND_SERVER_URL`` names its API and
+``AFD_ASCEND_SERVER_SETTINGS`` (RunSettings JSON) what it was started with, so a
+case that needs different settings is refused instead of silently measured on
+the wrong configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pytest_afd.backends.base import (
+    CAP_AFD,
+    CAP_CHUNKED_PREFILL,
+    CAP_FORCED_ROUTING,
+    CAP_PREFIX_CACHE,
+    CAP_SPLIT,
+    CAP_W8A8,
+    BackendUnavailable,
+    CapabilityMissing,
+    RunSettings,
+)
+from pytest_afd.backends.vllm_ascend.launch import (
+    POLICY_TO_SPLIT,
+    LaunchOptions,
+    LaunchPlan,
+    LaunchPlanError,
+    build_launch_plan,
+)
+from pytest_afd.serving.http_backend import AttachedServer, HttpBackend, Launcher, ManagedSession
+from pytest_afd.serving.lifecycle import LOOPBACK_HOST, ServerGroup, ServerSpec
+from pytest_afd.topology import Topology
+
+BACKEND_NAME = "vllm-ascend"
+ENV_SERVER_URL = "AFD_ASCEND_SERVER_URL"
+ENV_SERVER_SETTINGS = "AFD_ASCEND_SERVER_SETTINGS"
+ENV_SERVED_MODEL_NAME = "AFD_ASCEND_SERVED_MODEL_NAME"
+ENV_MODEL_PATH = "AFD_ASCEND_MODEL_PATH"  # may contain "{model}" (the --afd-model name)
+ENV_DEVICES_PER_NODE = "AFD_DEVICES_PER_NODE"
+ENV_STARTUP_TIMEOUT = "AFD_ASCEND_STARTUP_TIMEOUT_S"
+# Loading a DeepSeek V3.2 W8A8 checkpoint and joining HCCL groups takes minutes.
+DEFAULT_STARTUP_TIMEOUT_S = 1800.0
+NPU_SMI = "npu-smi"
+NPU_SMI_TIMEOUT_S = 30
+_NPU_COUNT_LINE = re.compile(r"Total Count\s*:\s*(\d+)")
+REQUIRED_MODULES = ("vllm", "vllm_ascend", "torch_npu")
+BASE_CAPABILITIES = frozenset({CAP_SPLIT, CAP_PREFIX_CACHE, CAP_CHUNKED_PREFILL, CAP_W8A8,
+                               CAP_FORCED_ROUTING})
+HINT = (f"run the plan printed by `afd-launch-plan` with the cluster job system and set "
+        f"{ENV_SERVER_URL}=http://HOST:PORT (and {ENV_SERVER_SETTINGS}) to attach to it")
+
+
+def capabilities_for(topology: Topology) -> frozenset[str]:
+    """No logits, per-step evidence or instrumentation cross the HTTP API."""
+    return BASE_CAPABILITIES | ({CAP_AFD} if topology.is_afd else frozenset())
+
+
+def missing_requirements(environ: Mapping[str, str]) -> list[str]:
+    """Why processes cannot be launched on this machine (empty when they can)."""
+    missing = []
+    if shutil.which(NPU_SMI) is None:
+        missing.append(f"`{NPU_SMI}` is not on PATH (no Ascend driver on this machine)")
+    missing += [f"Python package {name} is not installed" for name in REQUIRED_MODULES
+                if importlib.util.find_spec(name) is None]
+    if shutil.which("vllm") is None:
+        missing.append("the `vllm` command is not on PATH")
+    if not environ.get(ENV_MODEL_PATH):
+        missing.append(f"{ENV_MODEL_PATH} (the W8A8 checkpoint directory) is not set")
+    return missing
+
+
+def npu_count_from_smi(text: str) -> int | None:
+    """Device count from ``npu-smi info -l`` output (its "Total Count" line)."""
+    match = _NPU_COUNT_LINE.search(text)
+    return int(match.group(1)) if match else None
+
+
+def devices_per_node(environ: Mapping[str, str]) -> int:
+    if environ.get(ENV_DEVICES_PER_NODE):
+        return int(environ[ENV_DEVICES_PER_NODE])
+    completed = subprocess.run([NPU_SMI, "info", "-l"], capture_output=True, text=True,
+                               timeout=NPU_SMI_TIMEOUT_S, check=False)
+    count = npu_count_from_smi(completed.stdout)
+    if count is None:
+        raise BackendUnavailable(f"`{NPU_SMI} info -l` reported no device count: "
+                                 f"{(completed.stdout + completed.stderr).strip()[:300]!r}")
+    return count
+
+
+def model_path(model_name: str, environ: Mapping[str, str]) -> str:
+    return environ[ENV_MODEL_PATH].replace("{model}", model_name)
+
+
+def launch_options(settings: RunSettings, *, model: str, devices: int) -> LaunchOptions:
+    """RunSettings -> launch options for a single-node deployment on loopback."""
+    if settings.split_policy not in POLICY_TO_SPLIT:
+        raise CapabilityMissing(f"split_policy={settings.split_policy!r} has no async_moe_split "
+                                f"value in the AFD plugin (supported: {sorted(POLICY_TO_SPLIT)})")
+    return LaunchOptions(
+        model=model, devices_per_node=devices, node_addresses=(LOOPBACK_HOST,),
+        split=POLICY_TO_SPLIT[settings.split_policy], chunk_size=settings.chunk_size,
+        prefix_caching=settings.prefix_caching, routing=settings.routing,
+        quantization=settings.quantization, max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_num_seqs=settings.max_num_seqs, block_size=settings.block_size,
+    )
+
+
+def server_specs(plan: LaunchPlan, *, startup_timeout_s: float) -> list[ServerSpec]:
+    """One spec per plan process; headless DP workers have no HTTP endpoint to poll."""
+    specs = []
+    for index, process in enumerate(plan.processes):
+        specs.append(ServerSpec(
+            name=f"{index}-{process.role}-node{process.node}",
+            argv=process.argv, env=dict(process.env), port=process.api_port,
+            health_path=None if process.headless else "/health",
+            startup_timeout_s=startup_timeout_s,
+        ))
+    return specs
+
+
+def local_launcher(topology: Topology, *, model: str, devices: int, log_dir: Path,
+                   startup_timeout_s: float) -> Launcher:
+    def launch(settings: RunSettings) -> ManagedSession:
+        try:
+            plan = build_launch_plan(topology, launch_options(settings, model=model, devices=devices))
+        except LaunchPlanError as error:
+            raise CapabilityMissing(f"{topology.canonical} cannot run these settings: {error}") from error
+        log_dir.mkdir(parents=True, exist_ok=True)
+        (log_dir / "launch-plan.json").write_text(json.dumps(plan.to_json(), indent=2))
+        group = ServerGroup(server_specs(plan, startup_timeout_s=startup_timeout_s), log_dir).start()
+        api = plan.api_process
+        return ManagedSession(server=group, base_url=f"http://{LOOPBACK_HOST}:{api.api_port}",
+                              model=api.flag_values("--served-model-name")[-1])
+
+    return launch
+
+
+def attach_launcher(base_url: str, served_model_name: str, declared: RunSettings) -> Launcher:
+    def attach(settings: RunSettings) -> AttachedServer:
+        if settings != declared:
+            differences = {item.name: (getattr(declared, item.name), getattr(settings, item.name))
+                           for item in dataclasses.fields(RunSettings)
+                           if getattr(declared, item.name) != getattr(settings, item.name)}
+            raise CapabilityMissing(
+                f"the attached deployment at {base_url} was started with other settings "
+                f"(field: (deployment, this case)) {differences}; relaunch it for this case")
+        return AttachedServer(base_url=base_url, model=served_model_name)
+
+    return attach
+
+
+def declared_settings(environ: Mapping[str, str]) -> RunSettings:
+    text = environ.get(ENV_SERVER_SETTINGS)
+    if not text:
+        raise BackendUnavailable(f"{ENV_SERVER_URL} is set but {ENV_SERVER_SETTINGS} is not: "
+                                 "say which RunSettings the deployment was started with (JSON)")
+    values = json.loads(text)
+    return dataclasses.replace(RunSettings(**values), instrument=False, return_logits=False)
+
+
+def create_backend(*, topology: Topology, model_name: str, seed: int, results_dir: str | Path,
+                   environ: Mapping[str, str] | None = None) -> HttpBackend:
+    environ = os.environ if environ is None else environ
+    describe: dict[str, Any] = {"model": {"name": model_name}, "seed": seed,
+                                "topology": topology.canonical}
+    url = environ.get(ENV_SERVER_URL)
+    if url:
+        describe["mode"] = "attach"
+        describe["server_url"] = url
+        served = environ.get(ENV_SERVED_MODEL_NAME, LaunchOptions.served_model_name)
+        launcher = attach_launcher(url, served, declared_settings(environ))
+    else:
+        missing = missing_requirements(environ)
+        if missing:
+            raise BackendUnavailable(f"{BACKEND_NAME}: cannot launch servers here: "
+                                     f"{'; '.join(missing)}. Or {HINT}.")
+        devices = devices_per_node(environ)
+        nodes = topology.nodes_needed(devices)
+        if nodes > 1:
+            raise BackendUnavailable(
+                f"{BACKEND_NAME}: {topology.canonical} needs {nodes} nodes of {devices} NPUs and "
+                f"this backend launches single-node plans only; {HINT}")
+        path = model_path(model_name, environ)
+        describe.update(mode="launch", model_path=path, devices_per_node=devices)
+        timeout = float(environ.get(ENV_STARTUP_TIMEOUT, DEFAULT_STARTUP_TIMEOUT_S))
+        launcher = local_launcher(topology, model=path, devices=devices,
+                                  log_dir=Path(results_dir) / "servers", startup_timeout_s=timeout)
+    return HttpBackend(BACKEND_NAME, capabilities_for(topology), launcher, describe_extra=describe)
