@@ -1,0 +1,142 @@
+"""Topology grammar, rank counts, layout, aliases and the CPU emulation."""
+
+import pytest
+
+from pytest_afd.topology import (
+    DEFAULT_CPU_TOPOLOGY,
+    TopologyError,
+    load_aliases,
+    parse_topology,
+)
+
+# (spec, attention ranks, ffn ranks, is_afd, ratio, nodes of 8)
+SEED_TOPOLOGIES = [
+    ("dp3pcp8-ep8", 24, 8, True, 3.0, 4),
+    ("dp4pcp8", 32, 0, False, None, 4),
+    ("pp2cp8tp8", 16, 0, False, None, 2),
+    ("pp4cp8tp8", 32, 0, False, None, 4),
+    ("dp32ep32", 32, 0, False, None, 4),
+    ("dp16ep16", 16, 0, False, None, 2),
+    ("tp8", 8, 0, False, None, 1),
+    ("pp2tp8", 16, 0, False, None, 2),
+]
+
+
+@pytest.mark.parametrize(("spec", "attn", "ffn", "afd", "ratio", "nodes"), SEED_TOPOLOGIES)
+def test_plugin_seed_topologies(spec, attn, ffn, afd, ratio, nodes):
+    topo = parse_topology(spec)
+    assert topo.attention_ranks == attn
+    assert topo.ffn_ranks == ffn
+    assert topo.is_afd is afd
+    assert topo.attention_ffn_ratio == ratio
+    assert topo.devices_needed == attn + ffn
+    assert topo.nodes_needed(8) == nodes
+    assert len(topo.rank_layout(8)) == attn + ffn
+
+
+def test_plugin_topology_case_insensitive_and_canonical():
+    topo = parse_topology("  DP3PCP8-EP8 ")
+    assert topo.canonical == "dp3pcp8-ep8"
+    assert topo.ratio_label == "3:1"
+    assert topo.nodes_needed(16) == 2
+
+
+MALFORMED = [
+    ("", "empty"),
+    ("dp", "'dp' has no size"),
+    ("dp0pcp8", "'dp0'"),
+    ("dp03", "'dp03'"),
+    ("xp3", "'xp3'"),
+    ("dp3pcp8-ep8-tp2", "'tp2' is extra"),
+    ("-ep8", "attention part is empty"),
+    ("dp3-", "ffn part is empty"),
+    ("dp2dp4", "'dp4'"),
+    ("dp3 pcp8", "whitespace"),
+    ("dp3pcp8_ep8", "'_'"),
+    ("tp8cp3", "cp3 does not divide"),
+    ("dp3ep8", "ep8 does not divide"),
+    ("3dp", "'3'"),
+    ("dp3pcp8-ep", "'ep' has no size"),
+]
+
+
+@pytest.mark.parametrize(("spec", "needle"), MALFORMED)
+def test_plugin_malformed_topology_names_the_token(spec, needle):
+    with pytest.raises(TopologyError) as info:
+        parse_topology(spec)
+    assert needle in str(info.value)
+
+
+def test_plugin_unknown_token_message_shows_grammar():
+    with pytest.raises(TopologyError, match=r"unknown token 'zz4'.*<attention>\[-<ffn>\]"):
+        parse_topology("dp2zz4")
+
+
+def test_plugin_non_string_topology():
+    with pytest.raises(TopologyError, match="must be a string"):
+        parse_topology(32)
+
+
+def test_plugin_rank_layout_afd():
+    topo = parse_topology("dp3pcp8-ep8")
+    layout = topo.rank_layout(8)
+    attention = [r for r in layout if r.role == "attention"]
+    ffn = [r for r in layout if r.role == "ffn"]
+    assert len(attention) == 24 and len(ffn) == 8
+    assert [r.rank for r in layout] == list(range(32))
+    # pcp fastest (tp group is 1), then dp.
+    assert (attention[9].dp, attention[9].pcp) == (1, 1)
+    assert {r.dp for r in attention} == {0, 1, 2}
+    assert [r.ep for r in ffn] == list(range(8))
+    assert {r.node for r in ffn} == {3}
+    assert (layout[10].node, layout[10].device) == (1, 2)
+
+
+def test_plugin_rank_layout_pp_and_group():
+    layout = parse_topology("pp2cp8tp8").rank_layout(8)
+    assert {r.role for r in layout} == {"colocated"}
+    assert [r.pp for r in layout] == [0] * 8 + [1] * 8
+    assert [r.group for r in layout[:8]] == list(range(8))
+    assert layout[15].node == 1
+
+
+def test_plugin_rank_layout_rejects_bad_devices_per_node():
+    with pytest.raises(ValueError, match="devices_per_node=0"):
+        parse_topology("dp4pcp8").rank_layout(0)
+
+
+def test_plugin_cpu_emulation_of_default_topology():
+    topo = parse_topology(DEFAULT_CPU_TOPOLOGY)
+    emu = topo.cpu_emulation()
+    assert (emu.split_align, emu.pcp_size, emu.num_ep_ranks) == (1, 8, 8)
+    assert (emu.attention_processes, emu.ffn_processes) == (1, 1)
+    assert "dp3 -> 1" in emu.note and "24 Attention + 8 FFN" in emu.note
+
+
+def test_plugin_cpu_emulation_non_afd_and_tp():
+    emu = parse_topology("pp2cp8tp8").cpu_emulation()
+    assert emu.split_align == 8 and emu.ffn_processes == 0
+    assert parse_topology("dp32ep32").cpu_emulation().num_ep_ranks == 32
+    assert parse_topology("tp4sp4").cpu_emulation().split_align == 4
+
+
+def test_plugin_builtin_and_file_aliases(tmp_path):
+    assert parse_topology("recipe").canonical == "dp3pcp8-ep8"
+    assert parse_topology("recipe").alias == "recipe"
+    path = tmp_path / "aliases.yaml"
+    path.write_text("aliases:\n  small: dp2pcp2-ep2\n  Big: dp4pcp8\n")
+    aliases = load_aliases(path)
+    assert parse_topology("small", aliases).total_ranks == 6
+    assert parse_topology("BIG", aliases).total_ranks == 32
+
+
+def test_plugin_bad_alias_file_names_alias(tmp_path):
+    path = tmp_path / "aliases.yaml"
+    path.write_text("broken: dp3xx2\n")
+    with pytest.raises(TopologyError, match=r"alias 'broken'.*'xx2'"):
+        load_aliases(path)
+    path.write_text("- not\n- a mapping\n")
+    with pytest.raises(TopologyError, match="expected a mapping"):
+        load_aliases(path)
+    with pytest.raises(TopologyError, match="does not exist"):
+        load_aliases(tmp_path / "missing.yaml")
