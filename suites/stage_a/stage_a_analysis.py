@@ -1,0 +1,109 @@
+"""Stage A analysis: pick the winning policy, and correlate imbalance with step cost.
+
+Pure functions over measured numbers, so they are unit-tested without a backend.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+BASELINE_POLICY = "none"  # no async MoE dual batching
+CONTROL_POLICY = "request_boundary"  # the current two-stage split
+CANDIDATE_POLICY = "token_balanced"  # the RFC's proposal
+POLICIES = (BASELINE_POLICY, CONTROL_POLICY, CANDIDATE_POLICY)
+# A correlation needs at least this many points to mean anything.
+MIN_CORRELATION_POINTS = 3
+# Step evidence an AFD backend's instrumented steps carry (docs/afd-runtime.md names).
+AFD_OVERLAP_KEYS = ("overlap_fraction", "straggler_s", "exposed_bubble_s")
+
+
+def relative_throughput(
+    throughput: Mapping[tuple[str, str], float],
+) -> dict[tuple[str, str], float]:
+    """(workload, policy) -> throughput / the workload's baseline throughput."""
+    relative = {}
+    for (workload, policy), value in throughput.items():
+        baseline = throughput.get((workload, BASELINE_POLICY))
+        if baseline is None or baseline <= 0:
+            raise ValueError(
+                f"workload {workload!r} has no positive {BASELINE_POLICY!r} throughput"
+            )
+        relative[(workload, policy)] = value / baseline
+    return relative
+
+
+def policy_scores(throughput: Mapping[tuple[str, str], float]) -> dict[str, float]:
+    """Geometric mean over workloads of each policy's throughput relative to the baseline."""
+    relative = relative_throughput(throughput)
+    policies = sorted({policy for _, policy in relative})
+    scores = {}
+    for policy in policies:
+        values = [v for (_, p), v in relative.items() if p == policy]
+        scores[policy] = math.exp(sum(math.log(v) for v in values) / len(values))
+    return scores
+
+
+def pick_winner(throughput: Mapping[tuple[str, str], float]) -> str:
+    """The policy with the best geometric-mean relative throughput (ties: name order)."""
+    scores = policy_scores(throughput)
+    return max(sorted(scores), key=lambda policy: scores[policy])
+
+
+def confirmation_policies(winner: str) -> tuple[str, ...]:
+    """The winning and control cases repeated on the full model.
+
+    When the control itself wins, the proposal is kept as the challenger so
+    the full-model run still compares two split policies.
+    """
+    if winner == CONTROL_POLICY:
+        return (CONTROL_POLICY, CANDIDATE_POLICY)
+    return (CONTROL_POLICY, winner)
+
+
+def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Pearson r; None when there are too few points or either side is constant."""
+    if len(xs) != len(ys):
+        raise ValueError(f"pearson: {len(xs)} x values but {len(ys)} y values")
+    if len(xs) < MIN_CORRELATION_POINTS:
+        return None
+    x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+    if np.ptp(x) == 0 or np.ptp(y) == 0:
+        return None
+    return float(np.corrcoef(x, y)[0, 1])
+
+
+def afd_overlap(steps: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
+    """Mean overlap / straggler / bubble over the steps that carry AFD evidence, else None."""
+    carrying = [step for step in steps if all(key in step for key in AFD_OVERLAP_KEYS)]
+    if not carrying:
+        return None
+    return {key: float(np.mean([step[key] for step in carrying])) for key in AFD_OVERLAP_KEYS}
+
+
+def correlation_evidence(points: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Imbalance vs relative step time (and AFD overlap/straggler time when measured).
+
+    Each point: ``workload``, ``policy``, ``imbalance`` (max over steps),
+    ``relative_step_time`` (step time / the workload's baseline step time) and
+    optionally the :data:`AFD_OVERLAP_KEYS`. Only split cases carry an imbalance.
+    """
+    split = [p for p in points if p["imbalance"] is not None]
+    imbalance = [float(p["imbalance"]) for p in split]
+    evidence: dict[str, Any] = {
+        "points": [dict(p) for p in points],
+        "imbalance_vs_relative_step_time_r": pearson(
+            imbalance, [float(p["relative_step_time"]) for p in split]
+        ),
+    }
+    with_afd = [p for p in split if all(key in p for key in AFD_OVERLAP_KEYS)]
+    for key in AFD_OVERLAP_KEYS:
+        evidence[f"imbalance_vs_{key}_r"] = (
+            pearson([float(p["imbalance"]) for p in with_afd], [float(p[key]) for p in with_afd])
+            if with_afd
+            else None
+        )
+    return evidence

@@ -1,0 +1,87 @@
+"""Unit tests of the Stage A analysis (no backend): ranking, correlation, AFD evidence."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from stage_a_analysis import (
+    AFD_OVERLAP_KEYS,
+    afd_overlap,
+    confirmation_policies,
+    correlation_evidence,
+    pearson,
+    pick_winner,
+    policy_scores,
+)
+
+
+def _throughput(values):
+    return {
+        (workload, policy): value
+        for workload, row in values.items()
+        for policy, value in zip(("none", "request_boundary", "token_balanced"), row, strict=True)
+    }
+
+
+def test_stage_a_winner_is_the_best_geometric_mean_over_workloads():
+    throughput = _throughput({"uniform": (100, 110, 120), "long_short": (50, 40, 80)})
+    scores = policy_scores(throughput)
+    assert scores["none"] == pytest.approx(1.0)
+    assert scores["token_balanced"] == pytest.approx(math.sqrt(1.2 * 1.6))
+    assert pick_winner(throughput) == "token_balanced"
+
+
+def test_stage_a_winner_is_not_fooled_by_one_large_workload():
+    # Request-boundary wins on a workload with huge absolute throughput, loses elsewhere.
+    throughput = _throughput({"big": (1000, 1100, 1050), "a": (10, 8, 12), "b": (10, 8, 12)})
+    assert pick_winner(throughput) == "token_balanced"
+
+
+def test_stage_a_ranking_needs_the_baseline():
+    with pytest.raises(ValueError, match="'none'"):
+        policy_scores({("uniform", "token_balanced"): 1.0})
+
+
+def test_stage_a_confirmation_keeps_two_split_policies():
+    assert confirmation_policies("token_balanced") == ("request_boundary", "token_balanced")
+    assert confirmation_policies("none") == ("request_boundary", "none")
+    assert confirmation_policies("request_boundary") == ("request_boundary", "token_balanced")
+
+
+def test_stage_a_pearson():
+    assert pearson([0, 1, 2], [1, 3, 5]) == pytest.approx(1.0)
+    assert pearson([0, 1, 2], [5, 3, 1]) == pytest.approx(-1.0)
+    assert pearson([0, 1], [1, 2]) is None  # too few points
+    assert pearson([1, 1, 1], [1, 2, 3]) is None  # constant side
+    with pytest.raises(ValueError, match="3 x values but 2"):
+        pearson([1, 2, 3], [1, 2])
+
+
+def test_stage_a_afd_overlap_reads_only_steps_with_afd_evidence():
+    assert afd_overlap([{"imbalance": 0.1}]) is None
+    steps = [
+        {"overlap_fraction": 0.5, "straggler_s": 0.2, "exposed_bubble_s": 0.1},
+        {"overlap_fraction": 0.7, "straggler_s": 0.0, "exposed_bubble_s": 0.3},
+        {"imbalance": 0.0},
+    ]
+    assert afd_overlap(steps) == pytest.approx(
+        {"overlap_fraction": 0.6, "straggler_s": 0.1, "exposed_bubble_s": 0.2}
+    )
+
+
+def test_stage_a_correlation_uses_split_cases_and_afd_points_when_present():
+    points = [
+        {"workload": "w", "policy": "none", "imbalance": None, "relative_step_time": 1.0},
+        {"workload": "a", "policy": "rb", "imbalance": 0.6, "relative_step_time": 1.6},
+        {"workload": "b", "policy": "rb", "imbalance": 0.3, "relative_step_time": 1.3},
+        {"workload": "c", "policy": "tb", "imbalance": 0.0, "relative_step_time": 1.0},
+    ]
+    evidence = correlation_evidence(points)
+    assert evidence["imbalance_vs_relative_step_time_r"] == pytest.approx(1.0)
+    assert all(evidence[f"imbalance_vs_{key}_r"] is None for key in AFD_OVERLAP_KEYS)
+    for point, bubble in zip(points[1:], (0.3, 0.2, 0.1), strict=True):
+        point.update(overlap_fraction=1 - bubble, straggler_s=bubble / 2, exposed_bubble_s=bubble)
+    evidence = correlation_evidence(points)
+    assert evidence["imbalance_vs_exposed_bubble_s_r"] == pytest.approx(1.0)
+    assert evidence["imbalance_vs_overlap_fraction_r"] == pytest.approx(-1.0)

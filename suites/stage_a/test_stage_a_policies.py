@@ -1,0 +1,173 @@
+"""Stage A: split-policy validation (RFC "Experiment matrix", Stage A).
+
+none vs request-boundary vs token-balanced on balanced, bimodal, heavy-tailed
+and long+short workloads, on the session's model first (``--afd-model``,
+default the reduced ten-layer one), then the winning and control cases on the
+full model. Realized per-ubatch imbalance is correlated with step cost: the
+relative step time always (non-instrumented step wall time), and Attention/FFN
+overlap, exposed bubble and FFN straggler time when the backend's instrumented
+steps carry AFD evidence.
+
+The smallest size (half the stage scale) runs in the default test run (CI);
+the stage-scale matrix and the full-model repeat are ``slow``.
+"""
+
+from __future__ import annotations
+
+import pytest
+from stage_a_analysis import (
+    BASELINE_POLICY,
+    CANDIDATE_POLICY,
+    CONTROL_POLICY,
+    POLICIES,
+    afd_overlap,
+    confirmation_policies,
+    correlation_evidence,
+    pick_winner,
+    policy_scores,
+)
+
+from pytest_afd.backends.base import CAP_AFD, CAP_INSTRUMENTATION
+from pytest_afd.manifest import absent
+
+pytestmark = pytest.mark.stage_a
+
+# The RFC's four Stage A shapes (pytest_afd.workloads names).
+WORKLOADS = ("uniform", "bimodal", "heavy_tailed", "long_short")
+# Confirmation on the full model: the shape a request-boundary split cannot
+# balance, and the balanced control shape.
+FULL_MODEL_WORKLOADS = ("long_short", "uniform")
+FULL_MODEL = "full"
+# Multipliers on the stage scale: "smallest" is what CI runs.
+SIZES = {"smallest": 0.5, "stage": 1.0}
+# Session-wide store so the full-model repeat can use the matrix's winner.
+WINNER_KEY = pytest.StashKey[str]()
+
+
+def _case_name(workload: str, policy: str) -> str:
+    return f"{workload}/{policy}"
+
+
+def _matrix_cases(stage_runner, size: float, workloads=WORKLOADS, policies=POLICIES):
+    cases = []
+    scale = stage_runner.sizes.scale * size
+    for workload_name in workloads:
+        workload = stage_runner.workload(workload_name, scale=scale)
+        for policy in policies:
+            cases.append(
+                stage_runner.case(
+                    name=_case_name(workload_name, policy),
+                    workload=workload,
+                    settings=stage_runner.settings(split_policy=policy),
+                )
+            )
+    return cases
+
+
+def _overlap_source(backend) -> str:
+    if {CAP_AFD, CAP_INSTRUMENTATION} <= backend.capabilities:
+        return "AFD step evidence of one instrumented run per case (overlap, bubble, straggler)"
+    return (
+        f"step wall time of non-instrumented runs only: backend {backend.name!r} does not declare "
+        f"{CAP_AFD!r} + {CAP_INSTRUMENTATION!r}, so Attention/FFN overlap and FFN straggler time "
+        "are not measured"
+    )
+
+
+def _annotate(measured, workloads, policies, backend) -> dict:
+    """Add the cross-case correlation and the policy ranking to every result's evidence."""
+    throughput = {
+        (w, p): measured[_case_name(w, p)].throughput for w in workloads for p in policies
+    }
+    points = []
+    for workload in workloads:
+        baseline = measured[_case_name(workload, BASELINE_POLICY)].step_time_s
+        for policy in policies:
+            item = measured[_case_name(workload, policy)]
+            point = {
+                "workload": workload,
+                "policy": policy,
+                "imbalance": item.max_imbalance,
+                "relative_step_time": item.step_time_s / baseline,
+            }
+            overlap = afd_overlap(item.instrumented.steps) if item.instrumented else None
+            point.update(overlap or {})
+            points.append(point)
+    correlation = correlation_evidence(points)
+    correlation["source"] = _overlap_source(backend)
+    ranking = {"scores": policy_scores(throughput), "winner": pick_winner(throughput)}
+    for item in measured.values():
+        item.result["evidence"]["stage_a"] = {"correlation": correlation, "ranking": ranking}
+        own = afd_overlap(item.instrumented.steps) if item.instrumented else None
+        item.result["evidence"]["afd_overlap"] = own or absent(correlation["source"])
+    return ranking
+
+
+def _check_matrix(measured, workloads, policies, repetitions) -> None:
+    for name, item in measured.items():
+        metrics = item.result["metrics"]
+        requests = item.case.workload.num_requests
+        assert metrics["failed_requests"] == 0, f"{name}: failed requests"
+        assert metrics["completed_requests"] == requests * repetitions, name
+        tokens = item.result["evidence"]["tokens"]
+        assert tokens["scheduled_real_tokens"] == item.case.workload.total_tokens, (
+            f"{name}: scheduled {tokens['scheduled_real_tokens']} real tokens for a "
+            f"{item.case.workload.total_tokens}-token workload without prefix caching"
+        )
+        ubatches = {len(step["ubatches"]) for step in item.representative.steps}
+        if item.case.settings.split_policy == BASELINE_POLICY:
+            assert ubatches == {1}, f"{name}: the unsplit baseline ran {ubatches} ubatches"
+    for workload in workloads:
+        if CONTROL_POLICY in policies and CANDIDATE_POLICY in policies:
+            control = measured[_case_name(workload, CONTROL_POLICY)].max_imbalance
+            candidate = measured[_case_name(workload, CANDIDATE_POLICY)].max_imbalance
+            # A request-boundary cut is one of the cuts a token split may choose.
+            assert candidate <= control, (
+                f"{workload}: token-balanced imbalance {candidate} > request-boundary {control}"
+            )
+
+
+@pytest.mark.parametrize(
+    "size",
+    [
+        pytest.param("smallest", id="smallest"),
+        pytest.param("stage", id="stage", marks=pytest.mark.slow),
+    ],
+)
+def test_stage_a_policy_matrix(stage_runner, afd_options, pytestconfig, size):
+    """Every policy on every Stage A workload, interleaved; one result per case."""
+    cases = _matrix_cases(stage_runner, SIZES[size])
+    measured = stage_runner.measure(cases, explain=True, write=False)
+    ranking = _annotate(measured, WORKLOADS, POLICIES, stage_runner.backend)
+    stage_runner.write(measured)
+    _check_matrix(measured, WORKLOADS, POLICIES, afd_options.repeats)
+    long_short = {
+        policy: measured[_case_name("long_short", policy)].max_imbalance
+        for policy in (CONTROL_POLICY, CANDIDATE_POLICY)
+    }
+    # One long request holds most tokens: a boundary cut cannot balance it, a token cut can.
+    assert long_short[CANDIDATE_POLICY] < long_short[CONTROL_POLICY], long_short
+    pytestconfig.stash[WINNER_KEY] = ranking["winner"]
+
+
+@pytest.mark.slow
+def test_stage_a_full_model_confirmation(stage_runner, afd_options, pytestconfig):
+    """The winning and control policies again, on the full-depth model."""
+    if afd_options.model == FULL_MODEL:
+        pytest.skip("the session already runs the full model: the matrix is the full-model result")
+    winner = pytestconfig.stash.get(WINNER_KEY, CANDIDATE_POLICY)
+    policies = confirmation_policies(winner)
+    full = stage_runner.on(model_name=FULL_MODEL)
+    cases = _matrix_cases(
+        full, SIZES["smallest"], FULL_MODEL_WORKLOADS, (BASELINE_POLICY, *policies)
+    )
+    measured = full.measure(cases, explain=True, write=False)
+    _annotate(measured, FULL_MODEL_WORKLOADS, (BASELINE_POLICY, *policies), full.backend)
+    for item in measured.values():
+        item.result["evidence"]["stage_a"]["reduced_model_winner"] = winner
+    full.write(measured)
+    _check_matrix(measured, FULL_MODEL_WORKLOADS, (BASELINE_POLICY, *policies), afd_options.repeats)
+    layers = {item.result["manifest"]["model"]["num_layers"] for item in measured.values()}
+    assert layers != {stage_runner.handle.manifest["model"]["num_layers"]}, (
+        f"the full-model results embed the session model's layer count {layers}"
+    )

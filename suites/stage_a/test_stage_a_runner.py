@@ -1,0 +1,212 @@
+"""The shared stage protocol (suites/conftest.py), on a scripted backend.
+
+Warmups are discarded, every case gets the measured repetitions in one
+interleaved schedule, the cache phase is re-established before every run,
+instrumented runs never feed headline metrics, and a missing capability skips.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from pytest_afd.backends.base import (
+    CAP_INSTRUMENTATION,
+    CAP_PREFIX_CACHE,
+    CAP_SPLIT,
+    RequestOutput,
+    RunOutputs,
+    RunSettings,
+)
+from pytest_afd.results import build_result, validate_result
+from pytest_afd.workloads import make_workload
+
+INSTRUMENTED_WALL_S = 4.0
+MEASURED_WALL_S = 2.0
+
+
+class ScriptedBackend:
+    """Records every call; one forward step per run, split in two equal ubatches."""
+
+    name = "scripted"
+
+    def __init__(self, capabilities):
+        self.capabilities = frozenset(capabilities)
+        self.calls: list[tuple[str, object]] = []
+
+    def run(self, prompts, settings):
+        self.calls.append(("run", (len(prompts), settings.instrument)))
+        total = sum(p.num_prompt_tokens for p in prompts)
+        half = total // 2
+        return RunOutputs(
+            requests=[
+                RequestOutput(p.request_id, p.num_prompt_tokens, 0, next_token=0, ttft_s=0.5)
+                for p in prompts
+            ],
+            steps=[
+                {
+                    "policy": settings.split_policy,
+                    "split_token": half,
+                    "ubatches": [
+                        {"num_real_tokens": half, "num_padded_tokens": 0},
+                        {"num_real_tokens": total - half, "num_padded_tokens": 0},
+                    ],
+                    "imbalance": abs(total - 2 * half) / total,
+                }
+            ],
+            expert_load=[],
+            timings={"layers": [{"attention": 0.1}]} if settings.instrument else {},
+            wall_time_s=INSTRUMENTED_WALL_S if settings.instrument else MEASURED_WALL_S,
+        )
+
+    def reset_prefix_cache(self):
+        self.calls.append(("reset", None))
+
+    def describe(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+class CollectingWriter:
+    """A result writer that validates and keeps documents instead of writing files."""
+
+    def __init__(self):
+        self.docs = []
+
+    def build(self, *, case_suffix, **fields):
+        return build_result(
+            case_id=f"runner-test/{case_suffix}", case_kind="stage_a", backend="scripted", **fields
+        )
+
+    def write(self, doc):
+        validate_result(doc)
+        self.docs.append(doc)
+        return None
+
+
+@pytest.fixture
+def make_runner(stage_helpers, afd_options, afd_manifest, npu_topology):
+    def make(capabilities, **option_changes):
+        backend = ScriptedBackend(capabilities)
+        options = dataclasses.replace(
+            afd_options,
+            **{"warmups": 1, "repeats": 3, "run_order": "interleaved", "profile": False}
+            | option_changes,
+        )
+        handle = stage_helpers.BackendHandle(backend, afd_manifest, npu_topology, "reduced")
+        runner = stage_helpers.StageRunner(
+            handle=handle,
+            options=options,
+            writer=CollectingWriter(),
+            sizes=stage_helpers.StageSizes(1 / 64),
+            pool=None,
+        )
+        return runner, backend
+
+    return make
+
+
+def _cases(runner, **settings):
+    workload = runner.workload("uniform", requested_hit_ratio=0.5)
+    return [
+        runner.case(name=name, workload=workload, settings=runner.settings(**settings), phase=phase)
+        for name, phase in (("cold", "cold"), ("steady", "steady"))
+    ]
+
+
+def test_stage_runner_discards_warmups_and_interleaves(make_runner):
+    runner, backend = make_runner({CAP_SPLIT, CAP_PREFIX_CACHE})
+    measured = runner.measure(_cases(runner, prefix_caching=True))
+    assert {name: len(item.runs) for name, item in measured.items()} == {"cold": 3, "steady": 3}
+    protocol = measured["cold"].result["protocol"]
+    assert protocol["executed_order"] == [f"{c}#{r}" for r in range(3) for c in ("cold", "steady")]
+    assert protocol["warmups"] == 1 and protocol["repetitions"] == 3
+    workload_runs = [c for c in backend.calls if c == ("run", (8, False))]
+    assert len(workload_runs) == 2 * (1 + 3)
+    assert len(runner.writer.docs) == 2
+    metrics = measured["cold"].result["metrics"]
+    assert (
+        metrics["prefill_tokens_per_s"]["repetitions"]
+        == [measured["cold"].case.workload.total_tokens / MEASURED_WALL_S] * 3
+    )
+    assert metrics["step_time_s"]["stats"]["median"] == MEASURED_WALL_S
+
+
+def test_stage_runner_sets_the_cache_phase_before_every_run(make_runner):
+    runner, backend = make_runner({CAP_SPLIT, CAP_PREFIX_CACHE})
+    runner.measure(_cases(runner, prefix_caching=True), write=False)
+    # Each run is preceded by a reset; a steady run also by the one-prompt prefix seed.
+    seeds = [i for i, call in enumerate(backend.calls) if call == ("run", (1, False))]
+    assert len(seeds) == 1 + 3  # the steady case's warmup and measured runs
+    for index in seeds:
+        assert backend.calls[index - 1] == ("reset", None)
+    resets = sum(call[0] == "reset" for call in backend.calls)
+    assert resets == 2 * (1 + 3)
+
+
+def test_stage_runner_instrumented_run_only_explains(make_runner):
+    runner, backend = make_runner({CAP_SPLIT, CAP_INSTRUMENTATION})
+    workload = make_workload("bimodal", seed=0, scale=1 / 64, vocab_size=64)
+    case = runner.case(name="c", workload=workload, settings=runner.settings())
+    measured = runner.measure([case], explain=True)["c"]
+    assert backend.calls.count(("run", (8, True))) == 1
+    evidence = measured.result["evidence"]
+    assert evidence["per_layer_timings"] == {"layers": [{"attention": 0.1}]}
+    assert evidence["profiler_overhead"] == INSTRUMENTED_WALL_S / MEASURED_WALL_S
+    walls = measured.result["metrics"]["request_throughput"]["repetitions"]
+    assert walls == [8 / MEASURED_WALL_S] * 3  # no instrumented number in the headline
+
+
+def test_stage_runner_skips_when_a_capability_is_missing(make_runner):
+    runner, _ = make_runner({CAP_SPLIT})
+    with pytest.raises(pytest.skip.Exception, match="prefix_cache"):
+        runner.measure(_cases(runner, prefix_caching=True))
+
+
+def test_stage_runner_rejects_duplicate_case_names(make_runner):
+    runner, _ = make_runner({CAP_SPLIT, CAP_PREFIX_CACHE})
+    case = _cases(runner, prefix_caching=True)[0]
+    with pytest.raises(ValueError, match="unique"):
+        runner.measure([case, case])
+
+
+def test_stage_case_steady_phase_needs_prefix_caching(stage_helpers):
+    workload = make_workload("uniform", scale=1 / 64, vocab_size=64)
+    with pytest.raises(ValueError, match="prefix_caching=True"):
+        stage_helpers.StageCase(name="x", workload=workload, settings=RunSettings(), phase="steady")
+    with pytest.raises(ValueError, match="phase='warm'"):
+        stage_helpers.StageCase(name="x", workload=workload, settings=RunSettings(), phase="warm")
+
+
+def test_stage_sizes_scale_the_recipe(stage_helpers):
+    sizes = stage_helpers.StageSizes(1 / 64)
+    assert (sizes.block_size, sizes.max_batched_tokens, sizes.tokens(8192)) == (2, 2188, 128)
+    assert stage_helpers.StageSizes(1.0).block_size == 128
+    assert stage_helpers.StageSizes(1 / 100).block_size == 1
+    assert stage_helpers.power_of_two_at_most(96) == 64
+
+
+def test_stage_scale_parsing(stage_helpers):
+    assert stage_helpers.parse_scale("1/64", "x") == 1 / 64
+    assert stage_helpers.parse_scale("0.5", "x") == 0.5
+    for bad in ("0", "2", "a/b", "1/0", "nan"):
+        with pytest.raises(pytest.UsageError, match=repr(bad)):
+            stage_helpers.parse_scale(bad, "--afd-stage-scale")
+
+
+def test_stage_required_capabilities(stage_helpers):
+    settings = RunSettings(
+        split_policy="none", prefix_caching=True, chunk_size=64, routing="forced_balanced"
+    )
+    assert stage_helpers.required_capabilities(settings) == [
+        "prefix_cache",
+        "chunked_prefill",
+        "forced_routing",
+    ]
+    assert stage_helpers.required_capabilities(RunSettings(quantization="w8a8")) == [
+        "split",
+        "w8a8",
+    ]
