@@ -1,0 +1,113 @@
+"""Structure of the CI workflows: YAML parses, triggers, required keys and the commands they run."""
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pytest_afd.backends.vllm_ascend.backend import (
+    ENV_MODEL_PATH,
+    ENV_SERVER_SETTINGS,
+    ENV_SERVER_URL,
+)
+from pytest_afd.backends.vllm_ascend.launch import LaunchOptions, build_launch_plan
+from pytest_afd.plugin import MARKERS
+from pytest_afd.topology import parse_topology
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOWS = ROOT / ".github" / "workflows"
+NIGHTLY = WORKFLOWS / "nightly-ascend.yml"
+CPU_CI = WORKFLOWS / "ci.yml"
+CRON_FIELDS = 5
+NODE_NPUS = 16
+
+
+def load(path):
+    doc = yaml.safe_load(path.read_text())
+    # YAML 1.1 reads the bare key `on` as boolean True.
+    doc["on"] = doc.pop(True, doc.get("on"))
+    return doc
+
+
+def steps(job):
+    return job["steps"]
+
+
+def run_lines(job):
+    return "\n".join(step.get("run", "") for step in steps(job))
+
+
+def readme_commands():
+    """The commands in the README's 'Set up and test' bash block, comments stripped."""
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"## Set up and test\s+```bash\n(.*?)```", text, re.S).group(1)
+    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.split("#", 1)[0].strip()]
+
+
+@pytest.mark.parametrize("path", [NIGHTLY, CPU_CI], ids=lambda p: p.name)
+def test_every_step_is_well_formed(path):
+    doc = load(path)
+    assert doc["name"] and doc["jobs"] and doc["permissions"] == {"contents": "read"}
+    for name, job in doc["jobs"].items():
+        assert "runs-on" in job and "timeout-minutes" in job, name
+        for step in steps(job):
+            assert ("uses" in step) != ("run" in step), f"{name}: step needs exactly one of uses/run: {step}"
+    text = path.read_text()
+    assert text.count("${{") == text.count("}}"), "unbalanced ${{ }} expression"
+
+
+def test_nightly_triggers_and_runner():
+    doc = load(NIGHTLY)
+    cron = doc["on"]["schedule"][0]["cron"]
+    assert len(cron.split()) == CRON_FIELDS
+    inputs = doc["on"]["workflow_dispatch"]["inputs"]
+    assert {"npu_topology", "stage", "model", "image", "afd_plugin_ref", "server_url"} <= set(inputs)
+    stage_markers = {name for name in MARKERS if name.startswith("stage_")}
+    assert set(inputs["stage"]["options"]) == stage_markers
+    job = doc["jobs"]["ascend"]
+    assert "self-hosted" in job["runs-on"]
+    assert "vllm-ascend" in job["container"]["image"]
+    assert "/dev/davinci_manager" in job["container"]["options"]
+
+
+def test_nightly_default_topology_launches_on_one_node():
+    inputs = load(NIGHTLY)["on"]["workflow_dispatch"]["inputs"]
+    topology = parse_topology(inputs["npu_topology"]["default"])
+    assert topology.is_afd and topology.nodes_needed(NODE_NPUS) == 1
+    plan = build_launch_plan(topology, LaunchOptions(model="/m", devices_per_node=NODE_NPUS))
+    assert {process.node for process in plan.processes} == {0}
+
+
+def test_nightly_logs_stack_runs_gates_and_stage_and_uploads():
+    job = load(NIGHTLY)["jobs"]["ascend"]
+    script = run_lines(job)
+    assert "npu-smi info" in script and "ascend_toolkit_install.info" in script
+    commands = [shlex.split(line) for line in script.splitlines() if "python3 -m pytest " in line]
+    gate, stage = (command[command.index("pytest") + 1:] for command in commands)
+    for command in (gate, stage):
+        assert command[command.index("--afd-backend") + 1] == "vllm-ascend"
+        assert command[command.index("--npu-topology") + 1] == "$NPU_TOPOLOGY"
+        assert "--afd-require-hardware" in command
+    assert gate[gate.index("-m") + 1] == "gate" and stage[stage.index("-m") + 1] == "$STAGE"
+    assert "requirements-dev.txt" not in script.replace("Not requirements-dev.txt", "")
+    env = job["env"]
+    assert {ENV_MODEL_PATH, ENV_SERVER_URL, ENV_SERVER_SETTINGS} <= set(env)
+    assert env["AFD_RESULTS_DIR"] == "afd-results"
+    report = next(step for step in steps(job) if "pytest_afd report" in step.get("run", ""))
+    upload = next(step for step in steps(job) if step.get("uses", "").startswith("actions/upload-artifact"))
+    assert report["if"] == upload["if"] == "${{ always() }}"
+    assert upload["with"]["path"].rstrip("/") == "afd-results"
+
+
+def test_cpu_workflow_runs_the_readme_commands():
+    job = load(CPU_CI)["jobs"]["test"]
+    runs = [step["run"].strip() for step in steps(job) if "run" in step]
+    commands = readme_commands()
+    assert commands == ["python3 -m pip install -r requirements-dev.txt", "python3 -m pytest"]
+    assert runs[: len(commands)] == commands
+    ci_run = (ROOT / ".ci" / "run").read_text()
+    assert all(command.split()[-1] in ci_run for command in commands)
+    on = load(CPU_CI)["on"]
+    assert "pull_request" in on and "push" in on
