@@ -1,0 +1,65 @@
+"""Gate-local fixtures: the topology sweep, per-topology backends (helpers live in gate_lib)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from gate_lib import (
+    GateBackends,
+    gate_quantization_cases,
+    gate_topology_specs,
+    support_config_for,
+)
+
+from afd_split import unsupported_reasons
+from pytest_afd.backends.base import Backend
+from pytest_afd.plugin import AfdOptions, afd_session
+from pytest_afd.topology import Topology, parse_topology
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``gate_topology`` over the supported topologies; with ``gate_quantization``, the pairs
+    of :func:`gate_lib.gate_quantization_cases`."""
+    if "gate_topology" not in metafunc.fixturenames:
+        return
+    specs = gate_topology_specs(afd_session(metafunc.config).options)
+    if "gate_quantization" in metafunc.fixturenames:
+        cases = gate_quantization_cases(specs)
+        metafunc.parametrize(
+            ("gate_topology", "gate_quantization"),
+            cases,
+            ids=[f"{spec}-{quant}" for spec, quant in cases],
+            scope="session",
+        )
+    else:
+        metafunc.parametrize("gate_topology", specs, ids=specs, scope="session")
+
+
+@pytest.fixture(scope="session")
+def gate_backends(
+    afd_options: AfdOptions, request: pytest.FixtureRequest
+) -> Iterator[GateBackends]:
+    """Backends by (topology, model), created on first use and closed at the end."""
+    backends = GateBackends(afd_options, lambda: request.getfixturevalue("afd_backend"))
+    yield backends
+    backends.close()
+
+
+@pytest.fixture
+def gate_topology_obj(gate_topology: str, afd_options: AfdOptions) -> Topology:
+    """This case's topology; it must pass the split path's fail-closed support check."""
+    topology = parse_topology(gate_topology, afd_options.aliases)
+    reasons = unsupported_reasons(support_config_for(topology, afd_options.backend))
+    assert not reasons, (
+        f"{gate_topology} is listed as supported but the split path rejects it: {reasons}"
+    )
+    return topology
+
+
+@pytest.fixture
+def gate_backend(gate_backends: GateBackends, gate_topology: str) -> Backend:
+    """The backend for this case's topology, with a cold prefix cache."""
+    backend = gate_backends.get(gate_topology)
+    backend.reset_prefix_cache()
+    return backend

@@ -1,0 +1,443 @@
+"""Helpers shared by the gate modules: topologies, settings, prompts, split check, verdict, evidence.
+
+Every gate compares a candidate run with a reference run of the same backend
+and judges it with the ``golden`` fixture's tolerance profile (``w8a8`` for
+W8A8 runs, ``float32`` otherwise). On the CPU backend the judgement also
+includes the split invariant checker (``afd_split.validate_split``) applied to
+exactly the split metadata the executor consumed, so a broken split is caught
+even where it happens not to move the outputs. See docs/gates.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import pytest
+
+from afd_split import (
+    SplitInvariantError,
+    SplitSupportConfig,
+    split_metadata,
+    validate_split,
+)
+from afd_split.support import CPU_REFERENCE_BUILDER
+from pytest_afd import results
+from pytest_afd.backends import create_backend
+from pytest_afd.backends.base import Backend, PromptRequest, RunOutputs, RunSettings
+from pytest_afd.backends.cpu import executor as cpu_executor
+from pytest_afd.golden import GoldenMismatchError, GoldenStore, compare, get_profile
+from pytest_afd.plugin import AfdOptions
+from pytest_afd.topology import Topology, parse_topology
+
+CPU_BACKEND = "cpu"
+# Small KV pages so prompts of a few hundred tokens span many blocks: prefix
+# hits, partial-block reuse and page-aligned chunks all happen at CPU sizes.
+GATE_BLOCK_SIZE = 16
+# Token ids are drawn below the CPU model's vocabulary (real vocabularies are larger).
+PROMPT_VOCAB = 2048
+# The topologies whose split arithmetic the CPU backend emulates exactly
+# (Topology.cpu_emulation): the recipe's AFD and baseline layouts, a TP-aligned
+# AFD layout, and PCP padding combined with TP alignment.
+SUPPORTED_CPU_TOPOLOGIES = ("dp3pcp8-ep8", "dp4pcp8", "dp2tp4-ep8", "dp2pcp2tp2-ep4")
+# Attention builder the split path is validated for on each backend.
+BACKEND_ATTENTION_BUILDERS = {CPU_BACKEND: CPU_REFERENCE_BUILDER}
+NPU_ATTENTION_BUILDER = "AscendSFAMetadataBuilder"
+QUANT_NONE = "none"
+QUANT_W8A8 = "w8a8"
+TOLERANCE_PROFILES = {QUANT_NONE: "float32", QUANT_W8A8: "w8a8"}
+UNSPLIT_POLICY = "none"
+SPLIT_POLICY = "token_balanced"
+
+
+# ---- topologies ------------------------------------------------------------
+
+
+def gate_topology_specs(options: AfdOptions) -> list[str]:
+    """The session's ``--npu-topology`` first, then the other supported CPU topologies.
+
+    A non-CPU backend is one deployment: it runs only the topology it was
+    launched with.
+    """
+    session = options.topology.canonical
+    if options.backend != CPU_BACKEND:
+        return [session]
+    return list(dict.fromkeys((session, *SUPPORTED_CPU_TOPOLOGIES)))
+
+
+def gate_quantization_cases(specs: Sequence[str]) -> list[tuple[str, str]]:
+    """Every topology unquantized, plus W8A8 on the first (the session's) topology.
+
+    The split arithmetic depends on the topology, not on the precision, and
+    W8A8 quantizes per token (row), so a split cannot change what a token sees;
+    one W8A8 topology checks that per-row property at the ``w8a8`` tolerance
+    without doubling the sweep.
+    """
+    return [(spec, QUANT_NONE) for spec in specs] + [(specs[0], QUANT_W8A8)]
+
+
+def support_config_for(
+    topology: Topology, backend_name: str, **overrides: Any
+) -> SplitSupportConfig:
+    """The fail-closed support facts of running the token split on ``topology``."""
+    attention = topology.attention
+    facts = {
+        "attention_builder": BACKEND_ATTENTION_BUILDERS.get(backend_name, NPU_ATTENTION_BUILDER),
+        "pcp_size": attention.size("pcp"),
+        "tp_size": max(attention.size("tp"), attention.size("sp")),
+        "dcp_size": attention.size("dcp"),
+    }
+    return SplitSupportConfig(**{**facts, **overrides})
+
+
+@dataclass
+class GateBackends:
+    """One backend per topology for the CPU backend (created on first use, closed at the end)."""
+
+    options: AfdOptions
+    session_backend: Callable[[], Backend]
+    created: dict[tuple[str, str], Backend] = field(default_factory=dict)
+
+    def get(self, spec: str, model_name: str | None = None) -> Backend:
+        model = model_name or self.options.model
+        topology = parse_topology(spec, self.options.aliases)
+        if self.options.backend != CPU_BACKEND:
+            if topology.canonical != self.options.topology.canonical or model != self.options.model:
+                pytest.skip(
+                    f"backend {self.options.backend!r} serves only --npu-topology "
+                    f"{self.options.topology.canonical} with model {self.options.model}; "
+                    f"{spec} / {model} needs its own deployment"
+                )
+            return self.session_backend()
+        key = (topology.canonical, model)
+        if key not in self.created:
+            self.created[key] = create_backend(
+                CPU_BACKEND,
+                topology=topology,
+                model_name=model,
+                seed=self.options.seed,
+                results_dir=self.options.results_dir,
+            )
+        return self.created[key]
+
+    def close(self) -> None:
+        for backend in self.created.values():
+            backend.close()
+        self.created.clear()
+
+
+def gate_settings(topology: Topology, **overrides: Any) -> RunSettings:
+    """RunSettings for ``topology``: its split alignment / PCP size, small pages, then overrides."""
+    emulation = topology.cpu_emulation()
+    defaults = {
+        "split_align": emulation.split_align,
+        "pcp_size": emulation.pcp_size,
+        "block_size": GATE_BLOCK_SIZE,
+    }
+    return RunSettings(**{**defaults, **overrides})
+
+
+# ---- prompts -----------------------------------------------------------------
+
+
+def make_prompts(
+    lengths: Sequence[int], seed: int, *, prefix: Sequence[int] = (), tag: str = "r"
+) -> list[PromptRequest]:
+    """Deterministic prompts: ``prefix`` followed by ``length`` random ids each."""
+    rng = np.random.default_rng(seed)
+    return [
+        PromptRequest(
+            f"{tag}{index}", tuple(prefix) + tuple(int(t) for t in rng.integers(0, PROMPT_VOCAB, n))
+        )
+        for index, n in enumerate(lengths)
+    ]
+
+
+# ---- the split check and the verdict -----------------------------------------
+
+
+@dataclass
+class ExecutedSplits:
+    """The split plans the CPU executor ran during one run and the invariant violations in them."""
+
+    plans: list[Any] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+    active: bool = True
+
+    @property
+    def num_split(self) -> int:
+        return sum(plan.is_split for plan in self.plans)
+
+
+Splitter = Callable[..., list]
+
+
+@contextmanager
+def checked_splits(
+    backend: Backend, splitter: Splitter = split_metadata, *, validate: bool = True
+) -> Iterator[ExecutedSplits]:
+    """Run the invariant checker on every split the CPU executor consumes inside the block.
+
+    ``splitter`` produces the per-ubatch metadata (the real ``split_metadata``
+    unless a test injects a fault); the executor receives exactly what was
+    checked. Other backends split in their own processes: nothing to hook.
+    """
+    record = ExecutedSplits(active=backend.name == CPU_BACKEND)
+    if not record.active:
+        yield record
+        return
+
+    def checked(plan, metadata, **kwargs):
+        parts = splitter(plan, metadata, **kwargs)
+        if validate:
+            try:
+                validate_split(plan, metadata, parts)
+            except SplitInvariantError as error:
+                record.violations.append(f"forward {len(record.plans)}: {error}")
+        record.plans.append(plan)
+        return parts
+
+    with mock.patch.object(cpu_executor, "split_metadata", checked):
+        yield record
+    if not record.plans:
+        raise AssertionError(
+            "the CPU executor ran no split_metadata call through the gate's checker: "
+            "its split seam moved, so the invariant check would be vacuous"
+        )
+
+
+def run_measured(
+    backend: Backend,
+    prompts: Sequence[PromptRequest],
+    settings: RunSettings,
+    *,
+    seed_prompts: Sequence[Sequence[PromptRequest]] = (),
+    splitter: Splitter = split_metadata,
+    validate: bool = True,
+) -> tuple[RunOutputs, ExecutedSplits]:
+    """Cold cache, seed runs (unsplit, prefix caching on), then the measured run under the checker.
+
+    The seed runs put the same prefix KV in the cache for a candidate and its
+    reference, so the two differ only in what the measured run does.
+    """
+    backend.reset_prefix_cache()
+    seed_settings = replace(settings, split_policy=UNSPLIT_POLICY, prefix_caching=True)
+    for seed in seed_prompts:
+        backend.run(seed, seed_settings)
+    with checked_splits(backend, splitter, validate=validate) as splits:
+        outputs = backend.run(prompts, settings)
+    return outputs, splits
+
+
+def stacked_logits(outputs: RunOutputs) -> np.ndarray:
+    """[R, vocab] last-token logits in request order; a backend without logits fails the gate."""
+    missing = [r.request_id for r in outputs.requests if r.logits is None]
+    if missing:
+        raise AssertionError(f"requests {missing} returned no logits; the gate compares logits")
+    return np.stack([np.asarray(r.logits, dtype=np.float32) for r in outputs.requests])
+
+
+class GateRejected(AssertionError):
+    """The gate's comparison rejected the candidate run (tolerance or invariant)."""
+
+
+@dataclass
+class GateVerdict:
+    """Outcome of comparing a candidate run with its reference."""
+
+    profile: str
+    ok_outputs: bool
+    report: str
+    max_abs_error: float | None
+    max_rel_error: float | None
+    violations: list[str]
+    token_mismatches: list[str]
+    checked_forwards: int
+
+    @property
+    def ok(self) -> bool:
+        return self.ok_outputs and not self.violations
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tolerance_profile": get_profile(self.profile).describe(),
+            "outputs_within_tolerance": self.ok_outputs,
+            "max_abs_error": self.max_abs_error,
+            "max_rel_error": self.max_rel_error,
+            "report": self.report,
+            "invariant_violations": self.violations,
+            "invariant_checked_forwards": self.checked_forwards,
+            "greedy_token_mismatches": self.token_mismatches,
+        }
+
+    def raise_if_rejected(self) -> None:
+        if self.ok:
+            return
+        reasons = []
+        if self.violations:
+            reasons.append("split invariant violated: " + "; ".join(self.violations))
+        if not self.ok_outputs:
+            reasons.append(f"outputs differ beyond {self.profile}: {self.report}")
+        raise GateRejected(" | ".join(reasons))
+
+
+def judge(
+    golden: GoldenStore,
+    name: str,
+    candidate: RunOutputs,
+    reference: RunOutputs,
+    profile: str,
+    splits: ExecutedSplits | None = None,
+) -> GateVerdict:
+    """The gate's comparison: same requests, logits within ``profile``, no invariant violation."""
+    ids = [r.request_id for r in candidate.requests]
+    ref_ids = [r.request_id for r in reference.requests]
+    if ids != ref_ids:
+        raise AssertionError(f"candidate requests {ids} != reference requests {ref_ids}")
+    actual, expected = stacked_logits(candidate), stacked_logits(reference)
+    try:
+        golden.check(name, actual, profile=profile, reference=expected)
+        ok, report = True, ""
+    except GoldenMismatchError as mismatch:
+        ok, report = False, str(mismatch)
+    numbers = compare(actual, expected, profile)
+    tokens = [
+        f"{c.request_id}: {c.next_token} vs {r.next_token}"
+        for c, r in zip(candidate.requests, reference.requests, strict=True)
+        if c.next_token != r.next_token
+    ]
+    return GateVerdict(
+        profile=profile,
+        ok_outputs=ok,
+        report=report,
+        max_abs_error=numbers.max_abs_error,
+        max_rel_error=numbers.max_rel_error,
+        violations=list(splits.violations) if splits is not None else [],
+        token_mismatches=tokens,
+        checked_forwards=len(splits.plans) if splits is not None else 0,
+    )
+
+
+# ---- evidence ------------------------------------------------------------------
+
+
+def record_gate_result(
+    afd_results,
+    *,
+    settings: RunSettings,
+    topology: Topology,
+    prompts: Sequence[PromptRequest],
+    outputs: RunOutputs | None,
+    gate: dict[str, Any],
+    dataset: str,
+    seed: int | None,
+    requested_hit_ratio: float | None = None,
+) -> None:
+    """Write this case's schema-valid result JSON; ``gate`` holds the gate's own evidence."""
+    gate_doc = {
+        **gate,
+        "topology": topology.canonical,
+        "cpu_emulation": topology.cpu_emulation().to_json(),
+    }
+    if outputs is None:
+        evidence = {
+            "steps": results.absent("this gate runs no prefill through the backend"),
+            "tokens": results.absent("this gate runs no prefill through the backend"),
+            "prefix_cache": results.absent("this gate runs no prefill through the backend"),
+            "per_layer_timings": results.absent("correctness gate: not instrumented"),
+            "expert_load": results.absent("this gate runs no prefill through the backend"),
+            "gate": gate_doc,
+        }
+        completed = 0
+    else:
+        evidence = results.evidence_from_outputs(
+            outputs,
+            routing=settings.routing,
+            num_ep_ranks=topology.num_ep_ranks,
+            requested_hit_ratio=requested_hit_ratio,
+            gate=gate_doc,
+        )
+        completed = sum(r.error is None for r in outputs.requests)
+    afd_results.record(
+        settings=settings,
+        workload=results.workload_json(
+            dataset_name=dataset,
+            prompt_lengths=[p.num_prompt_tokens for p in prompts],
+            seed=seed,
+        ),
+        metrics=results.metrics_json(
+            completed_requests=completed,
+            failed_requests=0 if outputs is None else len(outputs.requests) - completed,
+        ),
+        evidence=evidence,
+        notes="correctness gate (docs/gates.md): evidence.gate holds the verdict",
+    )
+
+
+# ---- what the run's own evidence says happened ---------------------------------------
+
+STEP_KEYS = ("is_split", "boundary_request", "schedule")
+SCHEDULE_KEYS = ("requests", "num_scheduled_tokens", "num_computed_tokens")
+
+
+@dataclass(frozen=True)
+class SplitStep:
+    """One split forward as the backend reported it (request indices are the run's)."""
+
+    step: int
+    boundary_request: int | None  # None: the cut fell on a request boundary
+    boundary_computed: int  # tokens already in the KV cache for the boundary request
+    boundary_is_final: bool  # the boundary piece ends its prompt
+    requests: tuple[int, ...]
+
+
+def _require(mapping: dict, keys: Sequence[str], where: str) -> None:
+    missing = [key for key in keys if key not in mapping]
+    if missing:
+        raise AssertionError(f"{where} lacks {missing}: the gate reads the split shape from it")
+
+
+def split_steps(outputs: RunOutputs, prompt_lengths: Sequence[int]) -> list[SplitStep]:
+    """The run's split forwards, from ``RunOutputs.steps`` (plan evidence + schedule)."""
+    found = []
+    for index, step in enumerate(outputs.steps):
+        _require(step, STEP_KEYS, f"step {index} evidence")
+        schedule = step["schedule"]
+        _require(schedule, SCHEDULE_KEYS, f"step {index} schedule evidence")
+        if not step["is_split"]:
+            continue
+        local = step["boundary_request"]
+        requests = tuple(int(r) for r in schedule["requests"])
+        if local is None:
+            found.append(SplitStep(index, None, 0, True, requests))
+            continue
+        request = requests[local]
+        computed = int(schedule["num_computed_tokens"][local])
+        scheduled = int(schedule["num_scheduled_tokens"][local])
+        is_final = computed + scheduled == prompt_lengths[request]
+        found.append(SplitStep(index, request, computed, is_final, requests))
+    return found
+
+
+def final_chunk_tokens(outputs: RunOutputs, prompt_lengths: Sequence[int]) -> dict[int, int]:
+    """Tokens of each request's last scheduled piece, for requests spread over several forwards."""
+    pieces: dict[int, list[int]] = {}
+    for index, step in enumerate(outputs.steps):
+        _require(step, ("schedule",), f"step {index} evidence")
+        schedule = step["schedule"]
+        _require(schedule, SCHEDULE_KEYS, f"step {index} schedule evidence")
+        for request, scheduled in zip(
+            schedule["requests"], schedule["num_scheduled_tokens"], strict=True
+        ):
+            pieces.setdefault(int(request), []).append(int(scheduled))
+    for request, sizes in pieces.items():
+        if sum(sizes) > prompt_lengths[request]:
+            raise AssertionError(
+                f"request {request} was scheduled {sum(sizes)} tokens for a "
+                f"{prompt_lengths[request]}-token prompt"
+            )
+    return {request: sizes[-1] for request, sizes in pieces.items() if len(sizes) > 1}
