@@ -348,7 +348,6 @@ class AfdSession:
     def backend(self) -> Backend:
         """Create the backend once per process; re-raise BackendUnavailable on every call."""
         if not self.backend_tried:
-            self.backend_tried = True
             opts = self.options
             try:
                 backend = self.config.hook.pytest_afd_create_backend(
@@ -368,6 +367,8 @@ class AfdSession:
                 )
             except BackendUnavailable as exc:
                 self.backend_error = exc
+            # Any other error propagates and the next caller tries again.
+            self.backend_tried = True
         if self.backend_error is not None:
             raise self.backend_error
         return self.backend_instance

@@ -332,3 +332,19 @@ def test_plugin_xdist_merges_worker_results(fake):
     workers = {json.loads(open(e["path"]).read())["notes"] for e in summary["results"]}
     assert workers == {"gw0", "gw1"}
     assert len({e["manifest_digest"] for e in summary["results"]}) == 1  # one stack across workers
+
+
+def test_plugin_real_vllm_ascend_backend_skips_here(pytester, monkeypatch):
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is not None:
+        pytest.skip("torch_npu is installed: this checks the no-hardware path")
+    for name in ("AFD_ASCEND_SERVER_URL", "AFD_REQUIRE_HARDWARE", "AFD_BACKEND"):
+        monkeypatch.delenv(name, raising=False)
+    pytester.makepyfile(test_backend="def test_b(afd_backend):\n    pass\n")
+    result = run(pytester, "--afd-backend", "vllm-ascend", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*backend 'vllm-ascend' unavailable: *"])
+    result = run(pytester, "--afd-backend", "vllm-ascend", "--afd-require-hardware")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*--afd-require-hardware: backend 'vllm-ascend' unavailable*"])

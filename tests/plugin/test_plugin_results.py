@@ -171,3 +171,11 @@ def test_plugin_absent_needs_reason_and_expert_ranks_must_divide():
         results.absent(" ")
     with pytest.raises(ValueError, match="8 experts cannot be spread evenly over 3 EP ranks"):
         results.per_rank_load([[1] * 8], 3)
+
+
+def test_plugin_docs_map_every_rfc_field():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "plugin.md").read_text()
+    missing = [pointer for _, pointer in results.RFC_FIELD_POINTERS if f"`{pointer}`" not in text]
+    assert not missing, f"docs/plugin.md does not map {missing}"
