@@ -1,0 +1,315 @@
+"""Child processes of the AFD runtime: spawn, gloo rendezvous, bounded waits, cleanup.
+
+Every Attention and FFN rank is its own OS process (spawned, never forked: a
+forked torch with live intra-op pools deadlocks). The parent is not a member of
+the gloo group; it talks to each rank over a multiprocessing pipe and is the
+watchdog: every wait it does is bounded, it notices a dead child through the
+process sentinel, and any failure tears down every child before the error
+reaches the caller, so no orphan outlives a failed run, a test session or a
+Ctrl-C. Children also ask the kernel to kill them if the parent dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import datetime
+import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import socket
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+LOOPBACK = "127.0.0.1"
+PR_SET_PDEATHSIG = 1
+"""Linux prctl option: signal this process gets when its parent thread exits."""
+
+WATCHDOG_POLL_S = 0.05
+"""How often the parent re-checks child liveness while it waits for replies."""
+
+ROOT_CAUSE_GRACE_S = 0.5
+"""After a rank reports an error, how long to look for a dead peer that caused it."""
+
+SHUTDOWN_JOIN_S = 5.0
+KILL_JOIN_S = 2.0
+
+MSG_READY = "ready"
+MSG_OK = "ok"
+MSG_ERROR = "error"
+MSG_SHUTDOWN = "shutdown"
+
+ROLE_ATTENTION = "attention"
+ROLE_FFN = "ffn"
+
+
+class AfdRuntimeError(RuntimeError):
+    """The AFD runtime failed; the message names the rank(s) responsible."""
+
+
+class AfdRankFailure(AfdRuntimeError):
+    """A rank died, raised, or stopped answering within its bound."""
+
+    def __init__(self, message: str, *, rank_names: Sequence[str]) -> None:
+        super().__init__(message)
+        self.rank_names = tuple(rank_names)
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """One process of the topology: its role, index within the role, and gloo rank."""
+
+    role: str
+    role_index: int
+    global_rank: int
+
+    @property
+    def name(self) -> str:
+        label = "Attention" if self.role == ROLE_ATTENTION else "FFN"
+        return f"{label} rank {self.role_index}"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a child needs to join the group and build its role (picklable)."""
+
+    spec: RankSpec
+    world_size: int
+    master_port: int
+    num_threads: int
+    collective_timeout_s: float
+    role_factory: Callable[..., Any]
+    role_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+def free_loopback_port() -> int:
+    """A TCP port the OS reports free right now (rank 0's store binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this child when the parent dies (no orphans after a hard kill)."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def worker_main(conn: multiprocessing.connection.Connection, config: WorkerConfig) -> None:
+    """Child entry point: pin threads, join gloo, build the role, serve commands."""
+    parent_pid = os.getppid()
+    _die_with_parent()
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+    # Ctrl-C reaches the whole process group; the parent decides how children end.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(config.num_threads)
+    name = config.spec.name
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{LOOPBACK}:{config.master_port}",
+            rank=config.spec.global_rank,
+            world_size=config.world_size,
+            timeout=datetime.timedelta(seconds=config.collective_timeout_s),
+        )
+        role = config.role_factory(config.spec, **config.role_kwargs)
+        conn.send((MSG_READY, {"pid": os.getpid(), "threads": torch.get_num_threads()}))
+    except Exception as exc:
+        conn.send((MSG_ERROR, f"{name} failed to start: {exc!r}\n{traceback.format_exc()}"))
+        return
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the parent went away: nothing left to serve
+            return
+        if message[0] == MSG_SHUTDOWN:
+            break
+        try:
+            conn.send((MSG_OK, role.handle(message)))
+        except Exception as exc:
+            conn.send((MSG_ERROR, f"{name}: {exc}\n{traceback.format_exc()}"))
+            # A failed step leaves the gloo channels in an unknown state; the
+            # parent tears the whole group down, so stop serving.
+            return
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
+
+
+class ProcessGroupHandle:
+    """The parent's view of the rank processes: command fan-out with a watchdog."""
+
+    def __init__(
+        self,
+        specs: Sequence[RankSpec],
+        *,
+        num_threads: int,
+        collective_timeout_s: float,
+        role_factory: Callable[..., Any],
+        role_kwargs_for: Callable[[RankSpec], Mapping[str, Any]],
+    ) -> None:
+        self.specs = tuple(specs)
+        self._num_threads = num_threads
+        self._collective_timeout_s = collective_timeout_s
+        self._role_factory = role_factory
+        self._role_kwargs_for = role_kwargs_for
+        self._processes: dict[int, multiprocessing.process.BaseProcess] = {}
+        self._conns: dict[int, multiprocessing.connection.Connection] = {}
+        self.pids: dict[int, int] = {}
+        self.closed = False
+
+    def spec(self, global_rank: int) -> RankSpec:
+        return self.specs[global_rank]
+
+    def start(self, startup_timeout_s: float) -> None:
+        """Spawn every rank and wait (bounded) until each has joined gloo and built its role."""
+        context = multiprocessing.get_context("spawn")
+        port = free_loopback_port()
+        for spec in self.specs:
+            parent_conn, child_conn = context.Pipe()
+            config = WorkerConfig(
+                spec=spec,
+                world_size=len(self.specs),
+                master_port=port,
+                num_threads=self._num_threads,
+                collective_timeout_s=self._collective_timeout_s,
+                role_factory=self._role_factory,
+                role_kwargs=dict(self._role_kwargs_for(spec)),
+            )
+            # daemon: multiprocessing's own exit hook kills it if close() never runs.
+            process = context.Process(
+                target=worker_main, args=(child_conn, config), name=spec.name, daemon=True
+            )
+            process.start()
+            child_conn.close()
+            self._processes[spec.global_rank] = process
+            self._conns[spec.global_rank] = parent_conn
+            self.pids[spec.global_rank] = process.pid
+        replies = self._gather(list(self._conns), startup_timeout_s, expect=MSG_READY)
+        for rank, info in replies.items():
+            self.pids[rank] = info["pid"]
+
+    def request(self, messages: Mapping[int, Any], timeout_s: float) -> dict[int, Any]:
+        """Send one message to each named rank; return their replies or fail naming the rank."""
+        if self.closed:
+            raise AfdRuntimeError("the AFD runtime is closed (an earlier failure or close())")
+        try:
+            for rank, message in messages.items():
+                self._conns[rank].send(message)
+        except (BrokenPipeError, OSError) as exc:
+            self._fail(f"could not reach a rank: {exc!r}", [])
+        return self._gather(list(messages), timeout_s, expect=MSG_OK)
+
+    def _gather(self, ranks: list[int], timeout_s: float, *, expect: str) -> dict[int, Any]:
+        """Wait for one reply per rank while watching every child; tear down on any failure."""
+        deadline = time.monotonic() + timeout_s
+        pending = set(ranks)
+        replies: dict[int, Any] = {}
+        try:
+            while pending:
+                self._raise_if_any_dead()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    names = [self.spec(r).name for r in sorted(pending)]
+                    self._fail(
+                        f"timed out after {timeout_s:.1f}s waiting for {', '.join(names)}", names
+                    )
+                ready = multiprocessing.connection.wait(
+                    [self._conns[r] for r in pending], timeout=min(remaining, WATCHDOG_POLL_S)
+                )
+                for rank in sorted(pending):
+                    conn = self._conns[rank]
+                    if conn not in ready:
+                        continue
+                    try:
+                        kind, payload = conn.recv()
+                    except EOFError:
+                        self._raise_if_any_dead(grace_s=ROOT_CAUSE_GRACE_S)
+                        name = self.spec(rank).name
+                        self._fail(f"{name} closed its pipe without replying", [name])
+                    if kind == MSG_ERROR:
+                        self._raise_if_any_dead(grace_s=ROOT_CAUSE_GRACE_S, reported=payload)
+                        self._fail(payload, [self.spec(rank).name])
+                    if kind != expect:
+                        name = self.spec(rank).name
+                        self._fail(f"{name} replied {kind!r}, expected {expect!r}", [name])
+                    replies[rank] = payload
+                    pending.discard(rank)
+        except BaseException:  # KeyboardInterrupt included: never leave children behind
+            self.kill_all()
+            raise
+        return replies
+
+    def _raise_if_any_dead(self, grace_s: float = 0.0, reported: str | None = None) -> None:
+        """Fail naming every child that has exited; wait up to grace_s for one to appear."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            dead = [
+                (rank, process)
+                for rank, process in self._processes.items()
+                if not process.is_alive()
+            ]
+            if dead or time.monotonic() >= deadline:
+                break
+            time.sleep(WATCHDOG_POLL_S)
+        if not dead:
+            return
+        parts = [
+            f"{self.spec(rank).name} (pid {process.pid}) died with {_describe_exit(process.exitcode)}"
+            for rank, process in dead
+        ]
+        message = "; ".join(parts)
+        if reported:
+            message += f"\nfirst error reported by a surviving rank: {reported}"
+        self._fail(message, [self.spec(rank).name for rank, _ in dead])
+
+    def _fail(self, message: str, rank_names: Sequence[str]) -> None:
+        self.kill_all()
+        raise AfdRankFailure(f"AFD runtime failed: {message}", rank_names=rank_names)
+
+    def shutdown(self) -> None:
+        """Polite stop (shutdown message, bounded join), then force whatever is left."""
+        if self.closed:
+            return
+        for rank, conn in self._conns.items():
+            if self._processes[rank].is_alive():
+                with contextlib.suppress(BrokenPipeError, OSError):
+                    conn.send((MSG_SHUTDOWN,))
+        deadline = time.monotonic() + SHUTDOWN_JOIN_S
+        for process in self._processes.values():
+            process.join(max(0.0, deadline - time.monotonic()))
+        self.kill_all()
+
+    def kill_all(self) -> None:
+        """SIGKILL every child still running and reap them all; idempotent."""
+        for process in self._processes.values():
+            if process.is_alive():
+                with contextlib.suppress(OSError):
+                    process.kill()
+        for process in self._processes.values():
+            process.join(KILL_JOIN_S)
+        for conn in self._conns.values():
+            conn.close()
+        self.closed = True
+
+    def alive_pids(self) -> list[int]:
+        return [p.pid for p in self._processes.values() if p.is_alive()]
+
+
+def _describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "no exit code yet"
+    if exitcode < 0:
+        return f"signal {signal.Signals(-exitcode).name}"
+    return f"exit code {exitcode}"

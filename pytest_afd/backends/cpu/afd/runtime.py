@@ -1,0 +1,312 @@
+"""``AfdRuntime``: the CPU AFD topology as real processes, reusable across forwards.
+
+Usage::
+
+    with AfdRuntime(config, seed, num_attention=1, num_ffn=1) as runtime:
+        result = runtime.run_forward(input_ids, metadata, plan, instrument=True)
+        result.logits, result.hidden, result.evidence
+
+Spawning costs a few seconds per process (torch import + weights), so one
+runtime serves many forwards; any rank failure closes it (and kills every
+child) and raises ``AfdRankFailure`` naming the rank.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from afd_split import BatchMetadata, SplitPlan
+from pytest_afd.backends.cpu.afd.evidence import Span, as_spans
+from pytest_afd.backends.cpu.afd.procs import (
+    ROLE_ATTENTION,
+    ROLE_FFN,
+    ProcessGroupHandle,
+    RankSpec,
+)
+from pytest_afd.backends.cpu.afd.roles import (
+    COMMAND_FORWARD,
+    COMMAND_RESET_KV,
+    FAULT_MODES,
+    Topology,
+    make_role,
+)
+from pytest_afd.backends.cpu.afd.step_evidence import step_evidence
+from pytest_afd.backends.cpu.config import ModelConfig
+
+DEFAULT_STARTUP_TIMEOUT_S = 180.0
+DEFAULT_STEP_TIMEOUT_S = 600.0
+DEFAULT_PEER_TIMEOUT_S = 120.0
+STEP_TIMEOUT_MARGIN_S = 5.0
+"""The parent's bound outlasts the ranks' own peer waits, so their message (naming the peer) wins."""
+
+QUANTIZATION_NONE = "none"
+ROUTING_NATURAL = "natural"
+
+
+@dataclass
+class AfdForwardResult:
+    """One AFD forward: per-token final hidden rows, the requested logits rows, evidence."""
+
+    hidden: np.ndarray  # [T, hidden] real rows in logical order (before the final norm)
+    logits: np.ndarray  # [len(logits_rows) or T, vocab]
+    expert_load: list[list[int]]  # per MoE layer, real tokens routed to each expert
+    evidence: dict[str, Any] = field(default_factory=dict)
+    wall_time_s: float = 0.0
+    # Instrumented runs: every rank's raw spans by global rank (Attention ranks first).
+    spans: dict[int, list[Span]] = field(default_factory=dict)
+
+
+def default_threads_per_rank(world_size: int) -> int:
+    """Split the visible cores between the ranks so both roles really run at once."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // world_size)
+
+
+class AfdRuntime:
+    """Attention and FFN ranks as separate processes over gloo on loopback."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        seed: int = 0,
+        *,
+        num_attention: int = 1,
+        num_ffn: int = 1,
+        threads_per_rank: int | None = None,
+        peer_timeout_s: float = DEFAULT_PEER_TIMEOUT_S,
+        step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
+        startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+    ) -> None:
+        for name, value in (("num_attention", num_attention), ("num_ffn", num_ffn)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r}; expected an integer >= 1")
+        if num_ffn > config.n_routed_experts:
+            raise ValueError(
+                f"num_ffn={num_ffn} exceeds n_routed_experts={config.n_routed_experts}: "
+                "an FFN rank would own no expert"
+            )
+        for name, value in (("peer_timeout_s", peer_timeout_s), ("step_timeout_s", step_timeout_s)):
+            if not value > 0:
+                raise ValueError(f"{name}={value!r}; expected a positive number of seconds")
+        self.config = config
+        self.seed = seed
+        self.topology = Topology(num_attention, num_ffn, config.n_routed_experts)
+        world = num_attention + num_ffn
+        self.threads_per_rank = threads_per_rank or default_threads_per_rank(world)
+        self.peer_timeout_s = peer_timeout_s
+        self.step_timeout_s = max(step_timeout_s, peer_timeout_s + STEP_TIMEOUT_MARGIN_S)
+        specs = [RankSpec(ROLE_ATTENTION, i, i) for i in range(num_attention)]
+        specs += [RankSpec(ROLE_FFN, f, num_attention + f) for f in range(num_ffn)]
+        role_kwargs = {
+            "config": config,
+            "seed": seed,
+            "topology": self.topology,
+            "peer_timeout_s": peer_timeout_s,
+        }
+        self._group = ProcessGroupHandle(
+            specs,
+            num_threads=self.threads_per_rank,
+            collective_timeout_s=self.step_timeout_s,
+            role_factory=make_role,
+            role_kwargs_for=lambda spec: role_kwargs,
+        )
+        self._steps = itertools.count()
+        self._finalizer = weakref.finalize(self, ProcessGroupHandle.kill_all, self._group)
+        self._group.start(startup_timeout_s)
+
+    # ---- introspection -------------------------------------------------------
+    @property
+    def attention_ranks(self) -> list[int]:
+        return [s.global_rank for s in self._group.specs if s.role == ROLE_ATTENTION]
+
+    @property
+    def ffn_ranks(self) -> list[int]:
+        return [s.global_rank for s in self._group.specs if s.role == ROLE_FFN]
+
+    @property
+    def pids(self) -> dict[str, int]:
+        """Process id of every rank, by rank name."""
+        return {self._group.spec(r).name: pid for r, pid in self._group.pids.items()}
+
+    @property
+    def closed(self) -> bool:
+        return self._group.closed
+
+    def alive_pids(self) -> list[int]:
+        return self._group.alive_pids()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": "afd-cpu-processes",
+            "num_attention": self.topology.num_attention,
+            "num_ffn": self.topology.num_ffn,
+            "expert_ranges": self.topology.expert_ranges(),
+            "threads_per_rank": self.threads_per_rank,
+            "transport": "torch.distributed gloo, TCP loopback",
+            "peer_timeout_s": self.peer_timeout_s,
+            "step_timeout_s": self.step_timeout_s,
+        }
+
+    # ---- running -------------------------------------------------------------
+    def run_forward(
+        self,
+        input_ids,
+        metadata: BatchMetadata,
+        plan: SplitPlan,
+        *,
+        instrument: bool = False,
+        quantization: str = QUANTIZATION_NONE,
+        routing: str = ROUTING_NATURAL,
+        logits_rows: Sequence[int] | None = None,
+        fault: dict | None = None,
+        stage_dense_layers: bool = False,
+    ) -> AfdForwardResult:
+        """One prefill forward on the single Attention rank (1 + F topologies)."""
+        if self.topology.num_attention != 1:
+            raise ValueError(
+                f"run_forward drives one Attention rank; this runtime has "
+                f"{self.topology.num_attention}: use run_dp_forward with one batch per rank"
+            )
+        results = self.run_dp_forward(
+            [(input_ids, metadata, plan, logits_rows)],
+            instrument=instrument,
+            quantization=quantization,
+            routing=routing,
+            fault=fault,
+            stage_dense_layers=stage_dense_layers,
+        )
+        return results[0]
+
+    def run_dp_forward(
+        self,
+        batches: Sequence[tuple],
+        *,
+        instrument: bool = False,
+        quantization: str = QUANTIZATION_NONE,
+        routing: str = ROUTING_NATURAL,
+        fault: dict | None = None,
+        stage_dense_layers: bool = False,
+    ) -> list[AfdForwardResult]:
+        """One step in which Attention rank i runs ``batches[i]`` (data-parallel attention).
+
+        Each batch is ``(input_ids, metadata, plan, logits_rows)``; every rank's
+        MoE ubatches share the FFN ranks. Returns one result per Attention rank;
+        the step's evidence is attached to each.
+        """
+        if len(batches) != self.topology.num_attention:
+            raise ValueError(
+                f"got {len(batches)} batches for {self.topology.num_attention} Attention rank(s)"
+            )
+        if fault is not None:
+            _check_fault(fault, self.topology.num_ffn)
+        step = next(self._steps)
+        messages: dict[int, Any] = {}
+        for rank, (input_ids, metadata, plan, logits_rows) in zip(
+            self.attention_ranks, batches, strict=True
+        ):
+            ids = _check_batch(input_ids, metadata, plan)
+            rows = None if logits_rows is None else np.asarray(logits_rows, dtype=np.int64)
+            messages[rank] = (
+                COMMAND_FORWARD,
+                {
+                    "step": step,
+                    "input_ids": ids,
+                    "metadata": metadata,
+                    "plan": plan,
+                    "instrument": instrument,
+                    "quantization": quantization,
+                    "routing": routing,
+                    "logits_rows": rows,
+                    "stage_dense_layers": stage_dense_layers,
+                },
+            )
+        for ffn_index, rank in enumerate(self.ffn_ranks):
+            rank_fault = fault if fault is not None and fault["ffn_rank"] == ffn_index else None
+            messages[rank] = (
+                COMMAND_FORWARD,
+                {
+                    "step": step,
+                    "instrument": instrument,
+                    "quantization": quantization,
+                    "routing": routing,
+                    "fault": rank_fault,
+                },
+            )
+        replies = self._group.request(messages, self.step_timeout_s)
+        spans = {rank: as_spans(rank, replies[rank]["spans"]) for rank in replies}
+        starts = [replies[r]["step_start"] for r in self.attention_ranks]
+        ends = [replies[r]["step_end"] for r in self.attention_ranks]
+        evidence = step_evidence(
+            topology=self.topology,
+            spans=spans,
+            plans=[batch[2] for batch in batches],
+            expert_loads=[replies[r]["expert_load"] for r in self.attention_ranks],
+            ffn_routed_rows={r: replies[r]["routed_rows"] for r in self.ffn_ranks},
+            step_time_s=max(ends) - min(starts),
+            instrumented=instrument,
+        )
+        return [
+            AfdForwardResult(
+                hidden=replies[rank]["hidden"],
+                logits=replies[rank]["logits"],
+                expert_load=replies[rank]["expert_load"],
+                evidence=evidence,
+                wall_time_s=replies[rank]["step_end"] - replies[rank]["step_start"],
+                spans=spans if instrument else {},
+            )
+            for rank in self.attention_ranks
+        ]
+
+    def reset_kv_cache(self) -> None:
+        """Drop every Attention rank's KV cache (cold prefix cache)."""
+        self._group.request(
+            {rank: (COMMAND_RESET_KV, {}) for rank in self.attention_ranks}, self.step_timeout_s
+        )
+
+    def close(self) -> None:
+        self._group.shutdown()
+        self._finalizer.detach()
+
+    def __enter__(self) -> AfdRuntime:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def _check_batch(input_ids, metadata: BatchMetadata, plan: SplitPlan) -> np.ndarray:
+    """Reject a batch whose ids, metadata and plan disagree, before any rank sees it."""
+    ids = np.asarray(input_ids, dtype=np.int64)
+    if ids.ndim != 1:
+        raise ValueError(f"input_ids must be 1-D token ids, got shape {ids.shape}")
+    if ids.shape[0] != metadata.num_tokens:
+        raise ValueError(
+            f"input_ids has {ids.shape[0]} tokens but metadata has {metadata.num_tokens}"
+        )
+    if plan.num_tokens != metadata.num_tokens:
+        raise ValueError(
+            f"plan covers {plan.num_tokens} tokens but metadata has {metadata.num_tokens}"
+        )
+    scheduled = tuple(np.diff(np.asarray(metadata.query_start_loc)).tolist())
+    if plan.num_scheduled_tokens != scheduled:
+        raise ValueError(
+            f"plan's per-request tokens {plan.num_scheduled_tokens} differ from the "
+            f"metadata's {scheduled}"
+        )
+    return ids
+
+
+def _check_fault(fault: dict, num_ffn: int) -> None:
+    if fault.get("mode") not in FAULT_MODES:
+        raise ValueError(f"fault mode {fault.get('mode')!r}; expected one of {FAULT_MODES}")
+    if not 0 <= fault.get("ffn_rank", -1) < num_ffn:
+        raise ValueError(f"fault ffn_rank {fault.get('ffn_rank')!r}; expected 0..{num_ffn - 1}")
+    if not isinstance(fault.get("layer"), int):
+        raise ValueError(f"fault layer {fault.get('layer')!r}; expected a layer index")
