@@ -148,17 +148,21 @@ class HttpBackend:
         started = time.perf_counter()
         client_run = self._client(session).run(prompts, Arrival(), read_metrics=False,
                                                server_gone=session.exit_reason)
-        outputs = [
-            RequestOutput(
+        outputs = []
+        for result in client_run.results:
+            error = result.error
+            if error is None and not result.token_ids:
+                error = ("the server returned no token ids; it must honour the completions "
+                         "request field return_token_ids")
+            outputs.append(RequestOutput(
                 request_id=result.request_id,
                 num_prompt_tokens=result.num_input_tokens,
+                # vLLM omits cached_tokens when it is 0 (--enable-prompt-tokens-details on).
                 num_cached_tokens=result.num_cached_tokens or 0,
                 next_token=result.token_ids[0] if result.token_ids else NO_TOKEN,
                 ttft_s=result.ttft_s,
-                error=result.error,
-            )
-            for result in client_run.results
-        ]
+                error=error,
+            ))
         return RunOutputs(requests=outputs, wall_time_s=time.perf_counter() - started)
 
     def reset_prefix_cache(self) -> None:

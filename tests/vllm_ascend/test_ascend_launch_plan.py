@@ -90,6 +90,7 @@ def test_token_split_and_chunking_reach_every_role():
         assert process.additional_config()["afd"]["connector_extra_config"]["async_moe_split"] == "token"
         assert single(process.flag_values("--max-num-batched-tokens")) == "16384"
         assert "--enable-chunked-prefill" in process.argv and "--enable-prefix-caching" in process.argv
+        assert "--enable-prompt-tokens-details" in process.argv
 
 
 def test_sequence_parallel_turns_flashcomm_on_attention_only():

@@ -412,6 +412,8 @@ def _role_processes(topology: Topology, options: LaunchOptions, split: str, shap
                  BATCHED_TOKENS_FLAG, str(batched_tokens),
                  "--enable-chunked-prefill" if options.chunk_size is not None else "--no-enable-chunked-prefill",
                  "--enable-prefix-caching" if options.prefix_caching else "--no-enable-prefix-caching",
+                 # usage.prompt_tokens_details.cached_tokens: realized hits per request.
+                 "--enable-prompt-tokens-details",
                  "--seed", str(options.seed), "--trust-remote-code",
                  "--gpu-memory-utilization", str(options.gpu_memory_utilization)]
         if options.quantization == "w8a8":
