@@ -9,9 +9,9 @@ plot: the report says how many stacks there are and compares only within one.
 Fields read beyond the schema's required ones (all optional, documented in
 ``docs/workloads.md``):
 
-- ``metrics.step_time_s`` (a measurement): forward step time; without it the
-  step time is derived as run wall time (logical tokens / prefill tokens/s)
-  divided by the number of forward steps.
+- ``metrics.step_time_s`` (a measurement) or, per step, ``wall_time_s`` (the
+  CPU backend records it): forward step time; without either it is derived as
+  run wall time (logical tokens / prefill tokens/s) / forward steps.
 - ``evidence.per_layer_timings.layers``: a list, one mapping per layer of
   component name -> seconds, for the per-layer breakdown.
 - ``evidence.chunk_plan``: ``SchedulePlan.to_json()`` (``valid``,
@@ -56,6 +56,11 @@ ERROR_CAPSIZE = 3
 PERCENT = 100.0
 TTFT_PERCENTILE_KEYS = ("p50", "p90", "p95", "p99")
 INVALID_MARKER_Y = 0.0
+# Optional fields the report reads when a case recorded them (see the module docstring).
+STEP_TIME_METRIC = "step_time_s"
+STEP_WALL_TIME = "wall_time_s"
+CHUNK_PLAN_KEY = "chunk_plan"
+LAYERS_KEY = "layers"
 # Settings that tell two cases of one stage apart besides the split policy.
 CONDITION_FIELDS = ("routing", "chunk", "prefix_cache", "hit", "quant", "align")
 
@@ -157,14 +162,23 @@ def mean_imbalance(doc: Mapping[str, Any]) -> float | None:
 
 
 def step_time_s(doc: Mapping[str, Any]) -> float | None:
-    """Median forward step time: recorded, or run wall time / forward steps."""
+    """Forward step time, from the best record available.
+
+    In order: ``metrics.step_time_s`` (median over repetitions); the mean of the
+    steps' ``wall_time_s`` (representative run) when every step carries it; else
+    run wall time (logical tokens / median prefill tokens/s) / forward steps.
+    """
     metrics = doc["metrics"]
-    if "step_time_s" in metrics:
-        return median_of(metrics["step_time_s"])
-    tokens = doc["evidence"]["tokens"]
+    if STEP_TIME_METRIC in metrics:
+        return median_of(metrics[STEP_TIME_METRIC])
     steps = doc["evidence"]["steps"]
+    if is_absent(steps) or not steps:
+        return None
+    if all(STEP_WALL_TIME in step for step in steps):
+        return float(np.mean([step[STEP_WALL_TIME] for step in steps]))
+    tokens = doc["evidence"]["tokens"]
     throughput = median_of(metrics["prefill_tokens_per_s"])
-    if is_absent(tokens) or is_absent(steps) or not steps or not throughput:
+    if is_absent(tokens) or not throughput:
         return None
     return tokens["logical_prompt_tokens"] / throughput / len(steps)
 
@@ -197,9 +211,9 @@ def chunk_label(doc: Mapping[str, Any]) -> str:
 def chunk_validity(doc: Mapping[str, Any]) -> tuple[bool, str]:
     """(valid, reason) from ``evidence.chunk_plan`` when the case recorded one."""
     evidence = doc["evidence"]
-    if "chunk_plan" not in evidence or is_absent(evidence["chunk_plan"]):
+    if CHUNK_PLAN_KEY not in evidence or is_absent(evidence[CHUNK_PLAN_KEY]):
         return True, ""
-    plan = evidence["chunk_plan"]
+    plan = evidence[CHUNK_PLAN_KEY]
     return bool(plan["valid"]), "; ".join(plan["reasons"])
 
 
@@ -230,9 +244,9 @@ def condition_labels(results: Sequence[LoadedResult]) -> dict[str, str]:
 
 def per_layer_components(doc: Mapping[str, Any]) -> list[Mapping[str, float]] | None:
     timings = doc["evidence"]["per_layer_timings"]
-    if is_absent(timings) or not isinstance(timings, Mapping) or "layers" not in timings:
+    if is_absent(timings) or not isinstance(timings, Mapping) or LAYERS_KEY not in timings:
         return None
-    return timings["layers"]
+    return timings[LAYERS_KEY]
 
 
 def normalised_expert_heat(doc: Mapping[str, Any]) -> np.ndarray | None:
@@ -428,7 +442,7 @@ def plot_expert_heat(results: Sequence[LoadedResult], path: Path) -> Path | None
         synthetic = " (synthetic)" if routing == "forced_balanced" else ""
         axis.set_title(f"{routing}{synthetic}: {len(heats)} case(s)", fontsize="small")
         axis.set_xlabel(f"expert (of {shape[1]})")
-        axis.set_ylabel("layer")
+        axis.set_ylabel("MoE layer")
         figure.colorbar(image, ax=axis, label="tokens / layer mean")
     return _save(figure, path)
 

@@ -80,7 +80,8 @@ HEAVY_TAIL_MIN_TOKENS = 512
 MAX_CONTEXT_TOKENS = 131072
 LONG_SHORT_LONG_TOKENS = 32768
 LONG_SHORT_SHORT_TOKENS = 1024
-DEFAULT_VOCAB_SIZE = 32000
+# DeepSeek V3.x tokenizer vocabulary; the CPU models are smaller: pass their vocab_size.
+DEFAULT_VOCAB_SIZE = 129280
 DEFAULT_BLOCK_SIZE = 128
 
 # Bumped whenever the token-id generator changes, so old hashes stop matching.

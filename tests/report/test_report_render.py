@@ -304,6 +304,9 @@ def test_step_time_is_derived_from_throughput_and_steps():
     doc = _result("x", "stage_a", workload, "token_balanced", wall_s=2.0)
     median_wall = 2.0 * 1.1
     assert report.step_time_s(doc) == pytest.approx(median_wall / 1)
+    for step, seconds in zip(doc["evidence"]["steps"], [0.25], strict=True):
+        step["wall_time_s"] = seconds
+    assert report.step_time_s(doc) == pytest.approx(0.25)
     doc["metrics"]["step_time_s"] = results.measurement([0.5, 0.7, 0.6], "s")
     assert report.step_time_s(doc) == pytest.approx(0.6)
 
