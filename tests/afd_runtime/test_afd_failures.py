@@ -1,0 +1,90 @@
+"""A dead, hung or interrupted FFN rank: bounded failure naming the rank, no orphans.
+
+Each test needs a fresh runtime (a failure closes it), so they use a small model.
+"""
+
+import _thread
+import threading
+import time
+
+import pytest
+from afd_runtime_helpers import SEED, child_pids, make_batch, plan_for
+
+from pytest_afd.backends.cpu import named_config
+from pytest_afd.backends.cpu.afd import AfdRankFailure, AfdRuntime, AfdRuntimeError
+
+# Failure must surface well inside this bound (the default peer timeout is minutes).
+FAILURE_BOUND_S = 20.0
+PEER_TIMEOUT_S = 2.0
+INTERRUPT_AFTER_S = 1.5
+
+
+@pytest.fixture
+def small_config():
+    return named_config("reduced", num_hidden_layers=4, first_k_dense_replace=1)
+
+
+def _start(config, **kwargs):
+    return AfdRuntime(config, SEED, num_attention=1, num_ffn=1, threads_per_rank=1, **kwargs)
+
+
+def _run_with_fault(runtime, config, mode):
+    ids, metadata = make_batch(config, [40, 24], seed=11)
+    plan = plan_for(metadata, "token_balanced")
+    fault = {"mode": mode, "ffn_rank": 0, "layer": config.moe_layer_indices[1]}
+    # A healthy step first: the fault hits mid-run of a runtime that worked.
+    runtime.run_forward(ids, metadata, plan)
+    start = time.monotonic()
+    try:
+        runtime.run_forward(ids, metadata, plan, fault=fault)
+    finally:
+        elapsed = time.monotonic() - start
+    return elapsed
+
+
+def _assert_no_ranks_left(runtime):
+    pids = set(runtime.pids.values())
+    assert not (pids & child_pids()), f"rank processes {pids & child_pids()} survived"
+    assert runtime.closed
+
+
+def test_killed_ffn_rank_fails_the_step_naming_it(small_config):
+    runtime = _start(small_config)
+    start = time.monotonic()
+    with pytest.raises(AfdRankFailure, match=r"FFN rank 0 \(pid \d+\) died with signal SIGKILL") as info:
+        _run_with_fault(runtime, small_config, "kill")
+    assert time.monotonic() - start < FAILURE_BOUND_S
+    assert "FFN rank 0" in info.value.rank_names
+    _assert_no_ranks_left(runtime)
+    with pytest.raises(AfdRuntimeError, match="closed"):
+        _run_with_fault(runtime, small_config, "kill")
+
+
+def test_hung_ffn_rank_times_out_naming_it(small_config):
+    runtime = _start(small_config, peer_timeout_s=PEER_TIMEOUT_S)
+    start = time.monotonic()
+    with pytest.raises(AfdRankFailure, match=r"timed out.*from FFN rank 0"):
+        _run_with_fault(runtime, small_config, "hang")
+    assert time.monotonic() - start < PEER_TIMEOUT_S + FAILURE_BOUND_S
+    _assert_no_ranks_left(runtime)
+
+
+@pytest.mark.slow  # ~15 s: a fresh runtime per failure
+def test_raising_ffn_rank_reports_its_error(small_config):
+    runtime = _start(small_config)
+    with pytest.raises(AfdRankFailure, match=r"FFN rank 0: injected failure at layer"):
+        _run_with_fault(runtime, small_config, "raise")
+    _assert_no_ranks_left(runtime)
+
+
+@pytest.mark.slow  # ~15 s: a fresh runtime per failure
+def test_ctrl_c_during_a_step_kills_every_rank(small_config):
+    runtime = _start(small_config)
+    timer = threading.Timer(INTERRUPT_AFTER_S, _thread.interrupt_main)
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _run_with_fault(runtime, small_config, "hang")
+    finally:
+        timer.cancel()
+    _assert_no_ranks_left(runtime)
