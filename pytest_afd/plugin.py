@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -718,8 +718,3 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         reporter.write_line(
             f"{len(state.golden_updates)} golden(s) updated in {state.options.golden_dir}"
         )
-
-
-def with_topology(options: AfdOptions, spec: str) -> AfdOptions:
-    """A copy of ``options`` for another topology (suites sweeping topologies)."""
-    return replace(options, topology_spec=spec, topology=parse_topology(spec, options.aliases))

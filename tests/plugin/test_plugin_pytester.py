@@ -46,6 +46,11 @@ def pytest_afd_manifest(config, manifest):
     manifest["hardware"]["rack"] = "r1"
 
 
+def pytest_afd_result_written(config, path, result):
+    with open("written.txt", "a") as handle:
+        handle.write(result["case_id"] + "\\n")
+
+
 @pytest.fixture
 def record_case(afd_backend, afd_options, afd_results, npu_topology):
     from pytest_afd.backends.base import PromptRequest
@@ -79,6 +84,8 @@ def test_probe(afd_options, npu_topology, rank_layout):
         "golden_dir": str(afd_options.golden_dir), "require_hardware": afd_options.require_hardware,
         "layout": len(rank_layout), "settings_routing": afd_options.run_settings().routing,
         "pcp": afd_options.run_settings().pcp_size, "instrument": afd_options.run_settings().instrument,
+        "override": afd_options.run_settings(routing="natural", chunk_size=64).chunk_size,
+        "protocol": afd_options.repeat({"a": lambda: 1.0, "b": lambda: 2.0}).protocol_json(),
     }
     with open("probe.json", "w") as handle:
         json.dump(data, handle)
@@ -119,7 +126,9 @@ def test_plugin_option_defaults(fake):
     assert (data["repeats"], data["warmups"], data["seed"], data["run_order"]) == (3, 1, 0, "interleaved")
     assert data["results_dir"] == str(fake.path / "afd-results")
     assert data["golden_dir"] == str(fake.path / "golden")
-    assert data["pcp"] == 8 and data["profile"] is False
+    assert data["pcp"] == 8 and data["profile"] is False and data["override"] == 64
+    assert data["protocol"] == {"seed": 0, "warmups": 1, "repetitions": 3, "run_order": "interleaved",
+                                "executed_order": ["a#0", "b#0", "a#1", "b#1", "a#2", "b#2"]}
 
 
 def test_plugin_cli_env_ini_precedence(fake, monkeypatch):
@@ -137,6 +146,8 @@ def test_plugin_cli_env_ini_precedence(fake, monkeypatch):
                  "--afd-run-order", "random", "--afd-model", "full", "--afd-require-hardware")
     assert (data["topology"], data["repeats"], data["seed"]) == ("dp32ep32", 5, 9)
     assert (data["run_order"], data["model"], data["require_hardware"]) == ("random", "full", True)
+    assert data["protocol"]["repetitions"] == 5 and data["protocol"]["run_order"] == "random"
+    assert sorted(data["protocol"]["executed_order"]) == sorted(f"{c}#{r}" for c in "ab" for r in range(5))
 
 
 def test_plugin_alias_file_option(fake):
@@ -310,6 +321,8 @@ def test_plugin_results_written_validated_and_summarized(fake):
     assert doc["manifest"]["hardware"]["rack"] == "r1"
     assert doc["manifest"]["topology"]["cpu_emulation"]["num_ep_ranks"] == 8
     assert len(list((fake.path / "afd-results").glob("*.json"))) == 4  # 3 results + summary
+    written = (fake.path / "written.txt").read_text().split()
+    assert written == [f"test_results.py::test_case[{n}]" for n in range(3)]  # the invalid one was not
 
 
 XDIST_USER = """

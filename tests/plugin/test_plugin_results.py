@@ -160,6 +160,30 @@ def test_plugin_atomic_write_keeps_old_file_when_serialization_fails(tmp_path):
     assert os.listdir(tmp_path) == ["x.json"]
 
 
+def test_plugin_atomic_write_never_shows_a_torn_file(tmp_path):
+    import threading
+
+    path = tmp_path / "shared.json"
+    results.atomic_write_json(path, {"n": -1, "pad": "x" * 200_000})
+    stop = threading.Event()
+    seen = []
+
+    def reader():
+        while not stop.is_set():
+            seen.append(json.loads(path.read_text())["n"])  # raises on a partial file
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for n in range(40):
+            results.atomic_write_json(path, {"n": n, "pad": "x" * 200_000})
+    finally:
+        stop.set()
+        thread.join()
+    assert seen and json.loads(path.read_text())["n"] == 39
+    assert os.listdir(tmp_path) == ["shared.json"]
+
+
 def test_plugin_result_path_is_unique_and_safe(tmp_path):
     a = results.result_path(tmp_path, "suites/x.py::t[a/b]")
     b = results.result_path(tmp_path, "suites/x.py::t[a_b]")
