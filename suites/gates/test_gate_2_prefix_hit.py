@@ -1,0 +1,106 @@
+"""Gate 2: prefix-hit output matches the equivalent uncached execution.
+
+A seed run puts prompts' prefixes in the cache; the measured (warm) run of the
+same prompts with prefix caching must produce the same last-token logits,
+within tolerance, as a cold run with prefix caching off. Both use the
+token-balanced split. That the warm run really hit the cache is read from the
+run's own per-request ``num_cached_tokens``, never from how prompts were built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pytest
+from gate_lib import (
+    SPLIT_POLICY,
+    TOLERANCE_PROFILES,
+    gate_settings,
+    judge,
+    make_prompts,
+    record_gate_result,
+    run_measured,
+)
+
+from pytest_afd.backends.base import PromptRequest
+
+
+@dataclass(frozen=True)
+class PrefixWorkload:
+    """Measured prompts; those in ``prefixed`` start with a shared ``shared_prefix``-token prefix."""
+
+    name: str
+    lengths: tuple[int, ...]
+    shared_prefix: int
+    prefixed: tuple[int, ...]
+    # True: the seed run is the measured prompts themselves (a repeated prompt).
+    repeat_prompts: bool = False
+
+    def prompts(self, seed: int) -> tuple[list[PromptRequest], list[list[PromptRequest]]]:
+        prefix = make_prompts([self.shared_prefix], seed, tag="p")[0].prompt_token_ids
+        own = make_prompts(self.lengths, seed + 1)
+        prompts = [
+            replace(p, prompt_token_ids=prefix + p.prompt_token_ids) if i in self.prefixed else p
+            for i, p in enumerate(own)
+        ]
+        if self.repeat_prompts:
+            return prompts, [prompts]
+        seed_suffix = make_prompts([1], seed + 2, prefix=prefix, tag="seed")
+        return prompts, [seed_suffix]
+
+    def expected_hits(self) -> tuple[int, ...]:
+        """Requests that must realize a hit (every prompt when the prompts repeat)."""
+        return tuple(range(len(self.lengths))) if self.repeat_prompts else self.prefixed
+
+
+WORKLOADS = (
+    # Two requests share a five-page prefix with the seed; one is new.
+    PrefixWorkload("shared_prefix", (60, 120, 50), shared_prefix=80, prefixed=(0, 1)),
+    # A 40-token prefix is 2.5 pages: only whole pages hit.
+    PrefixWorkload("partial_page_prefix", (90, 70), shared_prefix=40, prefixed=(0, 1)),
+    # The same prompts again: everything but the last token(s) may hit.
+    PrefixWorkload(
+        "repeated_prompts", (100, 64, 37), shared_prefix=0, prefixed=(), repeat_prompts=True
+    ),
+)
+
+
+@pytest.mark.gate
+@pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.name)
+def test_gate_2_prefix_hit_matches_uncached(
+    gate_topology_obj, gate_quantization, gate_backend, workload, golden, afd_results, afd_options
+):
+    topology = gate_topology_obj
+    profile = TOLERANCE_PROFILES[gate_quantization]
+    settings = gate_settings(
+        topology, split_policy=SPLIT_POLICY, quantization=gate_quantization, prefix_caching=True
+    )
+    prompts, seeds = workload.prompts(afd_options.seed)
+    warm, splits = run_measured(gate_backend, prompts, settings, seed_prompts=seeds)
+    uncached, _ = run_measured(gate_backend, prompts, replace(settings, prefix_caching=False))
+    hits = [r.num_cached_tokens for r in warm.requests]
+    missing = [prompts[i].request_id for i in workload.expected_hits() if hits[i] <= 0]
+    verdict = judge(golden, f"gate2/{workload.name}", warm, uncached, profile, splits)
+    record_gate_result(
+        afd_results,
+        settings=settings,
+        topology=topology,
+        prompts=prompts,
+        outputs=warm,
+        dataset=f"gate2/{workload.name}",
+        seed=afd_options.seed,
+        gate={
+            "gate": 2,
+            "case": workload.name,
+            "reference": "same prompts, cold, prefix caching off, same split policy",
+            "realized_hit_tokens": hits,
+            "reference_hit_tokens": [r.num_cached_tokens for r in uncached.requests],
+            "requests_without_expected_hit": missing,
+            "verdict": verdict.to_json(),
+        },
+    )
+    assert sum(hits) > 0 and not missing, (
+        f"the warm run realized hits {hits}; {missing} should have hit the seeded prefix"
+    )
+    assert all(r.num_cached_tokens == 0 for r in uncached.requests), "the reference was not cold"
+    verdict.raise_if_rejected()
