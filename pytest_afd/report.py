@@ -51,6 +51,7 @@ MAX_PANELS = 6
 FIGURE_DPI = 100
 PANEL_WIDTH_IN = 4.5
 PANEL_HEIGHT_IN = 3.5
+TITLE_WRAP_CHARS = 48
 BAR_GROUP_WIDTH = 0.8
 ERROR_CAPSIZE = 3
 PERCENT = 100.0
@@ -232,13 +233,24 @@ def condition_values(doc: Mapping[str, Any]) -> dict[str, str]:
 
 
 def condition_labels(results: Sequence[LoadedResult]) -> dict[str, str]:
-    """case_id -> 'dataset [differing settings]' so bars of one condition line up."""
+    """case_id -> 'dataset [differing settings]' so bars of one condition line up.
+
+    Cases that would still collide (same condition and policy, e.g. Stage B's
+    cold and steady-state phases) are told apart by their case id with the
+    policy name taken out, which keeps the policies of one condition together.
+    """
     values = {r.case_id: condition_values(r.doc) for r in results}
     varying = [name for name in CONDITION_FIELDS if len({v[name] for v in values.values()}) > 1]
     labels = {}
     for result in results:
         extra = " ".join(f"{name}={values[result.case_id][name]}" for name in varying)
         labels[result.case_id] = f"{result.dataset} {extra}".strip()
+    seen: dict[tuple[str, str], int] = defaultdict(int)
+    for result in results:
+        seen[(labels[result.case_id], result.policy)] += 1
+    for result in results:
+        if seen[(labels[result.case_id], result.policy)] > 1:
+            labels[result.case_id] = result.case_id.replace(result.policy, "").strip("/_-")
     return labels
 
 
@@ -419,7 +431,7 @@ def plot_layer_breakdown(results: Sequence[LoadedResult], path: Path) -> Path | 
     return _save(figure, path)
 
 
-def _wrap_title(text: str, width: int = 48) -> str:
+def _wrap_title(text: str, width: int = TITLE_WRAP_CHARS) -> str:
     return "\n".join(text[i : i + width] for i in range(0, len(text), width))
 
 
@@ -578,6 +590,42 @@ def _row(result: LoadedResult, condition: str) -> list[str]:
     ]
 
 
+# The RFC's control and its proposal: their ratio is the headline comparison.
+CONTROL_POLICY = "request_boundary"
+PROPOSED_POLICY = "token_balanced"
+
+
+def _comparison_table(results: Sequence[LoadedResult]) -> list[str]:
+    """Median prefill tokens/s per condition x policy, plus proposed / control."""
+    policies = _policies(results)
+    if len(policies) < 2:  # noqa: PLR2004 - a comparison needs two policies
+        return []
+    labels = condition_labels(results)
+    cells: dict[tuple[str, str], float | None] = {}
+    for result in results:
+        cells[(labels[result.case_id], result.policy)] = median_of(
+            result.doc["metrics"]["prefill_tokens_per_s"]
+        )
+    with_ratio = CONTROL_POLICY in policies and PROPOSED_POLICY in policies
+    header = ["condition", *policies]
+    if with_ratio:
+        header.append(f"{PROPOSED_POLICY} / {CONTROL_POLICY}")
+    lines = [
+        "Median prefill tokens/s per policy:",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for condition in sorted(set(labels.values())):
+        row = [condition, *(_fmt(cells.get((condition, p)), 4) for p in policies)]
+        if with_ratio:
+            proposed = cells.get((condition, PROPOSED_POLICY))
+            control = cells.get((condition, CONTROL_POLICY))
+            row.append(_fmt(proposed / control if proposed and control else None, 3))
+        lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
+    return [*lines, ""]
+
+
 WORKLOAD_HEADER = (
     "workload",
     "digest",
@@ -647,6 +695,7 @@ def _section(stage: str, stacks: Mapping[str, list[LoadedResult]], report_dir: P
             "",
             *_table(results),
             "",
+            *_comparison_table(results),
             "Workloads:",
             "",
             *_workload_table(results),

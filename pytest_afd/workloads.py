@@ -106,6 +106,7 @@ _SECONDS_PER_HOUR = 3600
 _SECONDS_PER_MINUTE = 60
 
 PERCENTILES = (50, 90, 99)
+P90 = 90
 
 
 @dataclass(frozen=True)
@@ -614,7 +615,7 @@ class BoundaryImbalance:
 
     @property
     def p90(self) -> float:
-        return float(np.percentile(self.per_batch, 90))
+        return float(np.percentile(self.per_batch, P90))
 
     @property
     def unsplittable_fraction(self) -> float:

@@ -380,3 +380,40 @@ def test_python_dash_m_entry_point(tmp_path):
     assert out.stdout.strip() == str(tmp_path / "out" / "report.md")
     assert "| stage_a/u/token_balanced |" in (tmp_path / "out" / "report.md").read_text()
     assert list((tmp_path / "out" / "plots").glob("*.png"))
+
+
+def test_policy_comparison_table_gives_the_proposed_over_control_ratio(rendered):
+    _, _, text = rendered
+    section = _section(text, "stage_a")
+    table = section[section.index("Median prefill tokens/s per policy:") :]
+    header = next(line for line in table.splitlines() if line.startswith("| condition |"))
+    assert header.endswith("| token_balanced / request_boundary |")
+    row = next(line for line in table.splitlines() if line.startswith("| long_short-fixed |"))
+    assert row.endswith("| 1.6 |")  # walls 1.6 s vs 1.0 s for the same tokens
+
+
+def test_condition_labels_separate_phases_and_keep_policies_together():
+    workload = make_workload("uniform", requested_hit_ratio=0.5, **SMALL)
+    loaded = [
+        report.LoadedResult(
+            path=None, doc=_result(f"stage_b/{phase}/{policy}", "stage_b", workload, policy)
+        )
+        for phase in ("cold", "steady")
+        for policy in ("request_boundary", "token_balanced")
+    ]
+    labels = report.condition_labels(loaded)
+    assert labels == {
+        "stage_b/cold/request_boundary": "stage_b/cold",
+        "stage_b/cold/token_balanced": "stage_b/cold",
+        "stage_b/steady/request_boundary": "stage_b/steady",
+        "stage_b/steady/token_balanced": "stage_b/steady",
+    }
+    chunked = _result("stage_d/c64", "stage_d", workload, "token_balanced", chunk_size=64)
+    plain = _result("stage_d/none", "stage_d", workload, "token_balanced")
+    labels = report.condition_labels(
+        [report.LoadedResult(path=None, doc=d) for d in (chunked, plain)]
+    )
+    assert labels == {
+        "stage_d/c64": "uniform-fixed-hit50 chunk=64",
+        "stage_d/none": "uniform-fixed-hit50 chunk=unchunked",
+    }

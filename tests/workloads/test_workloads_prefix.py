@@ -81,3 +81,19 @@ def test_prefix_leaving_no_unique_token_is_rejected():
             target_total_tokens=64,
             block_size=16,
         )
+
+
+@pytest.mark.parametrize("ratio", STAGE_B_HIT_RATIOS)
+def test_scheduler_prefix_index_realizes_the_designed_ratio(ratio):
+    """Cross-check with the project's full-block PrefixCacheIndex: cold 0, steady = designed."""
+    from pytest_afd.scheduling import PrefixCacheIndex
+
+    workload = make_workload("heavy_tailed", requested_hit_ratio=ratio, seed=2, **SMALL)
+    index = PrefixCacheIndex(BLOCK)
+    prompts = workload.prompts()
+    assert all(index.lookup(p.prompt_token_ids) == 0 for p in prompts)  # cold phase
+    for warmup in workload.prefix_warmup_prompts():
+        index.insert(warmup.prompt_token_ids)
+    hits = [index.lookup(p.prompt_token_ids) for p in prompts]
+    assert hits == [workload.shared_prefix_tokens] * len(prompts)
+    assert sum(hits) / workload.total_tokens == pytest.approx(workload.designed_hit_ratio)
