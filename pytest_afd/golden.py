@@ -1,6 +1,7 @@
 """Golden-output tolerance comparisons (the ``golden`` fixture).
 
-A golden is ``<dir>/<name>.npz`` (array under key ``value``) plus
+A golden is ``<dir>/<name>.npz`` (array under key ``value``; or
+``<name>.safetensors`` with ``file_format="safetensors"``) plus
 ``<dir>/<name>.json``, a sidecar recording the profile, dtype, shape, the
 SHA-256 of the ``.npz`` bytes and the manifest digest of the run that produced
 it. A missing golden, a missing/corrupt sidecar or a checksum mismatch is an
@@ -23,11 +24,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import io
 import json
 import os
 import re
 import tempfile
-import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,73 +247,108 @@ def assert_matches(
     return result
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+GOLDEN_FORMATS = ("npz", "safetensors")
+
+
+def _serialize(array: np.ndarray, file_format: str) -> bytes:
+    if file_format == "safetensors":
+        from safetensors.numpy import save  # optional dependency, imported on use
+
+        return save({NPZ_KEY: np.ascontiguousarray(array)})
+    buffer = io.BytesIO()
+    np.savez(buffer, **{NPZ_KEY: array})
+    return buffer.getvalue()
+
+
+def _deserialize(data: bytes, file_format: str) -> np.ndarray:
+    if file_format == "safetensors":
+        from safetensors.numpy import load
+
+        return load(data)[NPZ_KEY]
+    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
+        return archive[NPZ_KEY]
 
 
 @dataclass
 class GoldenStore:
-    """Goldens under ``directory``; ``manifest_digest`` may be a string or a callable giving one."""
+    """Goldens under ``directory``; ``manifest_digest`` may be a string or a callable giving one.
+
+    ``file_format`` (``"npz"`` or ``"safetensors"``) applies to goldens written
+    by this store; reading follows the format the sidecar records.
+    """
 
     directory: Path
     update: bool = False
     manifest_digest: str | Callable[[], str] | None = None
+    file_format: str = "npz"
     updated: list[str] = field(default_factory=list)
 
-    def paths(self, name: str) -> tuple[Path, Path]:
+    def __post_init__(self) -> None:
+        if self.file_format not in GOLDEN_FORMATS:
+            raise ValueError(f"file_format={self.file_format!r}; expected one of {GOLDEN_FORMATS}")
+
+    def _base(self, name: str) -> Path:
         if not _NAME_PATTERN.match(name) or ".." in name.split("/"):
             raise ValueError(
                 f"golden name {name!r} must be path segments of letters, digits, '_', '.', '-'"
             )
-        base = Path(self.directory) / name
-        return base.with_name(base.name + ".npz"), base.with_name(base.name + ".json")
+        return Path(self.directory) / name
+
+    def paths(self, name: str, file_format: str | None = None) -> tuple[Path, Path]:
+        """(data file, JSON sidecar) of golden ``name``."""
+        base = self._base(name)
+        suffix = file_format or self.file_format
+        return base.with_name(f"{base.name}.{suffix}"), base.with_name(base.name + ".json")
 
     def _digest(self) -> str | None:
         digest = self.manifest_digest
         return digest() if callable(digest) else digest
 
     def save(self, name: str, value: Any, profile: str | ToleranceProfile = "float32") -> Path:
-        """Write ``<name>.npz`` and its sidecar atomically (temp files, fsync, rename)."""
+        """Write the data file and its sidecar atomically (temp file, fsync, rename)."""
         prof = get_profile(profile)
         array = to_numpy(value)
-        npz_path, json_path = self.paths(name)
-        npz_path.parent.mkdir(parents=True, exist_ok=True)
+        payload = _serialize(array, self.file_format)
+        data_path, json_path = self.paths(name)
+        data_path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(
-            prefix=f".{npz_path.name}.", suffix=".tmp", dir=npz_path.parent
+            prefix=f".{data_path.name}.", suffix=".tmp", dir=data_path.parent
         )
         try:
             with os.fdopen(fd, "wb") as handle:
-                np.savez(handle, **{NPZ_KEY: array})
+                handle.write(payload)
                 handle.flush()
                 os.fsync(handle.fileno())
-            sidecar = {
-                "format_version": GOLDEN_FORMAT_VERSION,
-                "name": name,
-                "profile": prof.name,
-                "dtype": str(array.dtype),
-                "shape": list(array.shape),
-                "sha256": _sha256(Path(tmp_name)),
-                "manifest_digest": self._digest(),
-                "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
-            }
-            os.replace(tmp_name, npz_path)
+            os.replace(tmp_name, data_path)
         except BaseException:
             Path(tmp_name).unlink(missing_ok=True)
             raise
+        sidecar = {
+            "format_version": GOLDEN_FORMAT_VERSION,
+            "format": self.file_format,
+            "name": name,
+            "profile": prof.name,
+            "dtype": str(array.dtype),
+            "shape": list(array.shape),
+            "sha256": hashlib.sha256(payload).hexdigest(),
+            "manifest_digest": self._digest(),
+            "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        }
         atomic_write_json(json_path, sidecar)
         self.updated.append(name)
-        return npz_path
+        return data_path
 
-    def load(self, name: str) -> tuple[np.ndarray, dict[str, Any]]:
-        """The stored array and its sidecar; raises a :class:`GoldenError` when it cannot be trusted."""
-        npz_path, json_path = self.paths(name)
-        if not npz_path.exists() and not json_path.exists():
+    def _sidecar(self, name: str) -> dict[str, Any]:
+        data_path, json_path = self.paths(name)
+        if not json_path.exists():
+            present = [p for f in GOLDEN_FORMATS if (p := self.paths(name, f)[0]).exists()]
+            if present:
+                raise GoldenCorruptError(
+                    f"golden {name!r} is incomplete: {json_path} is missing next to {present[0]}"
+                )
             raise GoldenMissingError(
-                f"golden {name!r} not found at {npz_path}; record it with --afd-update-golden"
+                f"golden {name!r} not found at {data_path}; record it with --afd-update-golden"
             )
-        for path in (npz_path, json_path):
-            if not path.exists():
-                raise GoldenCorruptError(f"golden {name!r} is incomplete: {path} is missing")
         try:
             sidecar = json.loads(json_path.read_text())
         except (OSError, ValueError) as exc:
@@ -323,17 +359,30 @@ class GoldenStore:
             raise GoldenCorruptError(
                 f"golden {name!r}: sidecar {json_path} lacks the 'sha256' field"
             )
-        actual_sha = _sha256(npz_path)
+        if sidecar.get("format", "npz") not in GOLDEN_FORMATS:
+            raise GoldenCorruptError(
+                f"golden {name!r}: sidecar format {sidecar.get('format')!r} is not one of {GOLDEN_FORMATS}"
+            )
+        return sidecar
+
+    def load(self, name: str) -> tuple[np.ndarray, dict[str, Any]]:
+        """The stored array and its sidecar; raises a :class:`GoldenError` when it cannot be trusted."""
+        sidecar = self._sidecar(name)
+        file_format = sidecar.get("format", "npz")
+        data_path, _ = self.paths(name, file_format)
+        if not data_path.exists():
+            raise GoldenCorruptError(f"golden {name!r} is incomplete: {data_path} is missing")
+        data = data_path.read_bytes()
+        actual_sha = hashlib.sha256(data).hexdigest()
         if actual_sha != sidecar["sha256"]:
             raise GoldenCorruptError(
-                f"golden {name!r}: {npz_path} sha256 {actual_sha[:12]}… does not match the sidecar's "
+                f"golden {name!r}: {data_path} sha256 {actual_sha[:12]}… does not match the sidecar's "
                 f"{str(sidecar['sha256'])[:12]}… (edited or torn write); re-record with --afd-update-golden"
             )
         try:
-            with np.load(npz_path, allow_pickle=False) as data:
-                array = data[NPZ_KEY]
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
-            raise GoldenCorruptError(f"golden {name!r}: cannot read {npz_path}: {exc}") from exc
+            array = _deserialize(data, file_format)
+        except Exception as exc:  # any reader failure means the file cannot be trusted
+            raise GoldenCorruptError(f"golden {name!r}: cannot read {data_path}: {exc}") from exc
         return array, sidecar
 
     def check(

@@ -130,3 +130,27 @@ def test_plugin_store_unreadable_npz_with_matching_checksum(tmp_path):
 def test_plugin_store_rejects_bad_names(tmp_path):
     with pytest.raises(ValueError, match=r"golden name '\.\./x'"):
         GoldenStore(tmp_path).check("../x", [1])
+
+
+def test_plugin_store_safetensors_round_trip(tmp_path):
+    logits = np.arange(12, dtype=np.float32).reshape(3, 4)
+    GoldenStore(tmp_path, update=True, file_format="safetensors").check("l", logits)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["l.json", "l.safetensors"]
+    # Reading follows the sidecar's format whatever the store writes.
+    assert GoldenStore(tmp_path).check("l", logits).ok
+    with pytest.raises(GoldenMismatchError):
+        GoldenStore(tmp_path).check("l", logits + 1)
+    (tmp_path / "l.json").unlink()
+    with pytest.raises(GoldenCorruptError, match=r"l\.json is missing next to .*l\.safetensors"):
+        GoldenStore(tmp_path).check("l", logits)
+    with pytest.raises(ValueError, match="file_format='pt'"):
+        GoldenStore(tmp_path, file_format="pt")
+
+
+def test_plugin_store_unknown_sidecar_format(tmp_path):
+    GoldenStore(tmp_path, update=True).check("t", [1, 2], profile="exact")
+    sidecar = json.loads((tmp_path / "t.json").read_text())
+    sidecar["format"] = "pickle"
+    (tmp_path / "t.json").write_text(json.dumps(sidecar))
+    with pytest.raises(GoldenCorruptError, match="'pickle' is not one of"):
+        GoldenStore(tmp_path).check("t", [1, 2], profile="exact")

@@ -203,3 +203,24 @@ def test_plugin_docs_map_every_rfc_field():
     text = (Path(__file__).resolve().parents[2] / "docs" / "plugin.md").read_text()
     missing = [pointer for _, pointer in results.RFC_FIELD_POINTERS if f"`{pointer}`" not in text]
     assert not missing, f"docs/plugin.md does not map {missing}"
+
+
+def test_plugin_manifest_reads_npu_smi(tmp_path, monkeypatch):
+    from pytest_afd import manifest as manifest_module
+
+    fake = tmp_path / "npu-smi"
+    fake.write_text(
+        "#!/bin/sh\n"
+        "echo '        NPU ID                         : 0'\n"
+        "echo '        Software Version               : 24.1.rc2'\n"
+        "echo '        Firmware Version               : 7.5.0.1.129'\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(manifest_module, "DRIVER_VERSION_FILE", tmp_path / "none.info")
+    monkeypatch.setattr(manifest_module, "FIRMWARE_VERSION_FILE", tmp_path / "none.info")
+    assert manifest_module.driver_version() == "24.1.rc2"
+    assert manifest_module.firmware_version() == "7.5.0.1.129"
+    (tmp_path / "version.info").write_text('Version="25.0.0"\n')
+    monkeypatch.setattr(manifest_module, "DRIVER_VERSION_FILE", tmp_path / "version.info")
+    assert manifest_module.driver_version() == "25.0.0"
