@@ -232,7 +232,7 @@ class CompletionsClient:
             result.success = True
 
     # -- server endpoints ----------------------------------------------------
-    def _get(self, path: str) -> str:
+    def get_text(self, path: str) -> str:
         connection = self._connection(METRICS_TIMEOUT_S)
         try:
             connection.request("GET", path)
@@ -247,10 +247,10 @@ class CompletionsClient:
         return body.decode("utf-8", errors="replace")
 
     def scrape_counters(self) -> ServerCounters:
-        return ServerCounters.from_text(self._get("/metrics"))
+        return ServerCounters.from_text(self.get_text("/metrics"))
 
     def get_json(self, path: str) -> Any:
-        return json.loads(self._get(path))
+        return json.loads(self.get_text(path))
 
     def reset_prefix_cache(self) -> None:
         connection = self._connection(METRICS_TIMEOUT_S)
