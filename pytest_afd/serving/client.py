@@ -51,6 +51,7 @@ class Arrival:
     rate: float | None = None  # requests/s, Poisson only
     seed: int = 0
     offsets: tuple[float, ...] = ()  # trace only
+    label: str = ""  # where a trace came from (e.g. a workload's arrival process)
 
     def __post_init__(self) -> None:
         if self.kind not in ARRIVAL_KINDS:
@@ -71,6 +72,15 @@ class Arrival:
     def trace(cls, offsets: Sequence[float]) -> Arrival:
         return cls(kind="trace", offsets=tuple(float(offset) for offset in offsets))
 
+    @classmethod
+    def from_workload(cls, workload: Any) -> Arrival:
+        """Replay a :class:`pytest_afd.workloads.Workload`'s own arrival times."""
+        process = workload.spec.arrival
+        if process == "all_at_once":
+            return cls()
+        return cls(kind="trace", offsets=tuple(float(t) for t in workload.arrival_times_s),
+                   seed=workload.spec.seed, label=f"workload {workload.name}: {process}")
+
     def schedule(self, num_requests: int) -> list[float]:
         """Send offsets for ``num_requests`` requests (deterministic for a seed)."""
         if self.kind == "all_at_once":
@@ -85,7 +95,8 @@ class Arrival:
         return list(self.offsets)
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "rate": self.rate, "seed": self.seed, "offsets": list(self.offsets)}
+        return {"kind": self.kind, "rate": self.rate, "seed": self.seed,
+                "offsets": list(self.offsets), "label": self.label}
 
 
 @dataclass

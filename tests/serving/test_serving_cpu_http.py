@@ -11,6 +11,7 @@ from pytest_afd.serving.client import Arrival, CompletionsClient
 from pytest_afd.serving.http_backend import cpu_server_spec
 from pytest_afd.serving.lifecycle import ManagedServer
 from pytest_afd.topology import parse_topology
+from pytest_afd.workloads import WorkloadSpec, build_workload
 
 SERVER_TOPOLOGY = "dp3pcp8-ep8"
 SERVER_MODEL = "reduced"
@@ -157,3 +158,20 @@ def test_client_records_http_errors_per_request(client):
     bad = PromptRequest("oov", (5000,))
     result = client.complete(bad)
     assert not result.success and result.error.startswith("HTTP 500") and "vocabulary" in result.error
+
+
+def test_workload_with_requested_hits_reports_realized_ratio(client):
+    """A Stage-B-shaped run: warm the shared prefix, replay the workload's Poisson arrivals."""
+    spec = WorkloadSpec(distribution="bimodal", num_requests=4, seed=5, scale=1 / 128,
+                        vocab_size=1000, requested_hit_ratio=0.5, block_size=16,
+                        arrival="poisson", arrival_rate=50.0)
+    workload = build_workload(spec)
+    arrival = Arrival.from_workload(workload)
+    assert arrival.schedule(workload.num_requests) == list(workload.arrival_times_s)
+    client.reset_prefix_cache()
+    assert all(r.success for r in client.run(workload.prefix_warmup_prompts(), Arrival()).results)
+    run = client.run(workload.prompts(), arrival)
+    assert all(r.success for r in run.results)
+    assert run.prefix_cache.hit_tokens == workload.designed_hit_tokens
+    assert run.prefix_cache.hit_ratio == pytest.approx(workload.designed_hit_ratio)
+    assert run.summary()["arrival"]["label"] == "workload " + workload.name + ": poisson"
