@@ -1,0 +1,128 @@
+"""Gate 4: full-layer, natural-routing accuracy smoke test.
+
+The ``full`` model (all 61 layers) with natural routing, run the way the study
+runs it (token-balanced split, with and without chunked prefill), must give the
+same greedy next token for every prompt of a fixed set as the same model run
+unsplit and unchunked. Forced-balanced routing changes routed expert ids and so
+the outputs: it is synthetic and this gate refuses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from gate_lib import (
+    QUANT_NONE,
+    QUANT_W8A8,
+    SPLIT_POLICY,
+    TOLERANCE_PROFILES,
+    UNSPLIT_POLICY,
+    gate_settings,
+    judge,
+    make_prompts,
+    record_gate_result,
+    run_measured,
+)
+
+from pytest_afd.backends.base import RunSettings
+from pytest_afd.topology import Topology
+
+FULL_MODEL = "full"
+NATURAL_ROUTING = "natural"
+FORCED_ROUTING = "forced_balanced"
+# The fixed prompt set: mixed lengths, one long enough to be cut inside.
+PROMPT_LENGTHS = (64, 120, 24, 150)
+PROMPT_SET_SEED_OFFSET = 4
+CHUNK_TOKENS = 96
+CANDIDATES = {"token_balanced": None, f"token_balanced_chunk{CHUNK_TOKENS}": CHUNK_TOKENS}
+
+
+def accuracy_settings(
+    topology: Topology, *, routing: str = NATURAL_ROUTING, **overrides
+) -> RunSettings:
+    """Settings for an accuracy claim: natural routing only (forced-balanced is synthetic)."""
+    settings = gate_settings(topology, routing=routing, **overrides)
+    if settings.synthetic:
+        raise ValueError(
+            f"routing={routing!r} is synthetic (forced-balanced routing changes routed expert ids "
+            "and outputs); the accuracy gate needs natural routing"
+        )
+    return settings
+
+
+@pytest.fixture(scope="module")
+def full_backend(gate_backends, afd_options):
+    return gate_backends.get(afd_options.topology.canonical, FULL_MODEL)
+
+
+@pytest.fixture(scope="module")
+def references(full_backend, afd_options):
+    """Unsplit, unchunked natural-routing outputs per quantization, computed once."""
+    topology = afd_options.topology
+    prompts = make_prompts(PROMPT_LENGTHS, afd_options.seed + PROMPT_SET_SEED_OFFSET)
+    cache = {}
+
+    def get(quantization):
+        if quantization not in cache:
+            settings = accuracy_settings(
+                topology, split_policy=UNSPLIT_POLICY, quantization=quantization
+            )
+            cache[quantization], _ = run_measured(full_backend, prompts, settings)
+        return cache[quantization]
+
+    return prompts, get
+
+
+@pytest.mark.gate
+@pytest.mark.parametrize("quantization", (QUANT_NONE, QUANT_W8A8))
+@pytest.mark.parametrize("candidate", sorted(CANDIDATES))
+def test_gate_4_full_natural_greedy_tokens_match_unsplit(
+    full_backend, references, candidate, quantization, golden, afd_results, afd_options
+):
+    topology = afd_options.topology
+    prompts, reference_for = references
+    settings = accuracy_settings(
+        topology,
+        split_policy=SPLIT_POLICY,
+        quantization=quantization,
+        chunk_size=CANDIDATES[candidate],
+    )
+    assert settings.routing == NATURAL_ROUTING and not settings.synthetic
+    outputs, splits = run_measured(full_backend, prompts, settings)
+    reference = reference_for(quantization)
+    verdict = judge(
+        golden, f"gate4/{candidate}", outputs, reference, TOLERANCE_PROFILES[quantization], splits
+    )
+    record_gate_result(
+        afd_results,
+        settings=settings,
+        topology=topology,
+        prompts=prompts,
+        outputs=outputs,
+        dataset="gate4/fixed-prompt-set",
+        seed=afd_options.seed + PROMPT_SET_SEED_OFFSET,
+        gate={
+            "gate": 4,
+            "case": candidate,
+            "model": FULL_MODEL,
+            "routing": settings.routing,
+            "reference": "same full model and prompts, unsplit and unchunked, natural routing",
+            "next_tokens": [r.next_token for r in outputs.requests],
+            "reference_next_tokens": [r.next_token for r in reference.requests],
+            "split_forwards": splits.num_split,
+            "verdict": verdict.to_json(),
+        },
+    )
+    assert splits.num_split > 0 or not splits.active, "no forward was split"
+    assert not verdict.violations, verdict.violations
+    assert not verdict.token_mismatches, (
+        f"greedy next tokens differ from the unsplit unchunked run: {verdict.token_mismatches}"
+    )
+
+
+@pytest.mark.gate
+def test_gate_4_refuses_forced_balanced_routing(afd_options):
+    with pytest.raises(ValueError, match=r"forced_balanced.*synthetic"):
+        accuracy_settings(afd_options.topology, routing=FORCED_ROUTING)
+    assert replace(accuracy_settings(afd_options.topology), routing=FORCED_ROUTING).synthetic
