@@ -19,11 +19,13 @@ from pytest_afd.backends.vllm_ascend.backend import (
     ENV_SERVED_MODEL_NAME,
     ENV_SERVER_SETTINGS,
     ENV_SERVER_URL,
+    checkpoint_facts,
     devices_per_node,
     launch_options,
     missing_requirements,
     model_path,
     npu_count_from_smi,
+    npu_product_from_smi,
     server_specs,
 )
 from pytest_afd.backends.vllm_ascend.launch import LaunchOptions, build_launch_plan
@@ -69,9 +71,18 @@ def test_missing_requirements_lists_each_gap(tmp_path, clean_env):
     assert any("`vllm` command" in item for item in missing)
 
 
-def test_npu_count_model_path_and_devices_override():
+def test_npu_facts_model_path_and_devices_override(tmp_path):
     assert npu_count_from_smi(NPU_SMI_LIST) == 16
     assert npu_count_from_smi("no devices") is None
+    assert npu_product_from_smi(NPU_SMI_LIST) == "Ascend910"
+    assert devices_per_node({}, NPU_SMI_LIST) == 16
+    with pytest.raises(BackendUnavailable, match="no device count"):
+        devices_per_node({}, "npu-smi: command failed")
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"num_hidden_layers": 61, "quantization_config": {"quant_method": "ascend"}}))
+    assert checkpoint_facts(str(tmp_path)) == {
+        "tokenizer": str(tmp_path), "num_layers": 61, "quantization": {"quant_method": "ascend"}}
+    assert checkpoint_facts(str(tmp_path / "missing")) == {}
     assert model_path("full", {ENV_MODEL_PATH: "/models/ds32-{model}-w8a8"}) == "/models/ds32-full-w8a8"
     assert devices_per_node({"AFD_DEVICES_PER_NODE": "16"}) == 16
 

@@ -58,6 +58,7 @@ DEFAULT_STARTUP_TIMEOUT_S = 1800.0
 NPU_SMI = "npu-smi"
 NPU_SMI_TIMEOUT_S = 30
 _NPU_COUNT_LINE = re.compile(r"Total Count\s*:\s*(\d+)")
+_NPU_PRODUCT_LINE = re.compile(r"Product Name\s*:\s*(\S.*?)\s*$", re.M)
 REQUIRED_MODULES = ("vllm", "vllm_ascend", "torch_npu")
 BASE_CAPABILITIES = frozenset({CAP_SPLIT, CAP_PREFIX_CACHE, CAP_CHUNKED_PREFILL, CAP_W8A8,
                                CAP_FORCED_ROUTING})
@@ -90,16 +91,40 @@ def npu_count_from_smi(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def devices_per_node(environ: Mapping[str, str]) -> int:
-    if environ.get(ENV_DEVICES_PER_NODE):
-        return int(environ[ENV_DEVICES_PER_NODE])
+def npu_product_from_smi(text: str) -> str | None:
+    """First "Product Name" of ``npu-smi info -l`` (the manifest's device type)."""
+    match = _NPU_PRODUCT_LINE.search(text)
+    return match.group(1) if match else None
+
+
+def npu_smi_list() -> str:
     completed = subprocess.run([NPU_SMI, "info", "-l"], capture_output=True, text=True,
                                timeout=NPU_SMI_TIMEOUT_S, check=False)
-    count = npu_count_from_smi(completed.stdout)
+    return completed.stdout + completed.stderr
+
+
+def devices_per_node(environ: Mapping[str, str], smi_text: str = "") -> int:
+    if environ.get(ENV_DEVICES_PER_NODE):
+        return int(environ[ENV_DEVICES_PER_NODE])
+    count = npu_count_from_smi(smi_text)
     if count is None:
         raise BackendUnavailable(f"`{NPU_SMI} info -l` reported no device count: "
-                                 f"{(completed.stdout + completed.stderr).strip()[:300]!r}")
+                                 f"{smi_text.strip()[:300]!r}")
     return count
+
+
+def checkpoint_facts(path: str) -> dict[str, Any]:
+    """Manifest facts from the checkpoint's ``config.json`` (layer count, quantization)."""
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        return {}
+    config = json.loads(config_file.read_text())
+    facts: dict[str, Any] = {"tokenizer": path}
+    if "num_hidden_layers" in config:
+        facts["num_layers"] = config["num_hidden_layers"]
+    if "quantization_config" in config:
+        facts["quantization"] = config["quantization_config"]
+    return facts
 
 
 def model_path(model_name: str, environ: Mapping[str, str]) -> str:
@@ -189,7 +214,11 @@ def create_backend(*, topology: Topology, model_name: str, seed: int, results_di
         if missing:
             raise BackendUnavailable(f"{BACKEND_NAME}: cannot launch servers here: "
                                      f"{'; '.join(missing)}. Or {HINT}.")
-        devices = devices_per_node(environ)
+        smi_text = npu_smi_list()
+        devices = devices_per_node(environ, smi_text)
+        device_type = npu_product_from_smi(smi_text)
+        if device_type is not None:
+            describe["device_type"] = device_type
         nodes = topology.nodes_needed(devices)
         if nodes > 1:
             raise BackendUnavailable(
@@ -197,6 +226,7 @@ def create_backend(*, topology: Topology, model_name: str, seed: int, results_di
                 f"this backend launches single-node plans only; {HINT}")
         path = model_path(model_name, environ)
         describe.update(mode="launch", model_path=path, devices_per_node=devices)
+        describe["model"].update(checkpoint_facts(path))
         timeout = float(environ.get(ENV_STARTUP_TIMEOUT, DEFAULT_STARTUP_TIMEOUT_S))
         launcher = local_launcher(topology, model=path, devices=devices,
                                   log_dir=Path(results_dir) / "servers", startup_timeout_s=timeout)
