@@ -443,6 +443,46 @@ class StageRunner:
         for item in measured.values():
             item.path = self.writer.write(item.result)
 
+    def record_omitted(
+        self,
+        *,
+        name: str,
+        workload: Workload,
+        settings: RunSettings,
+        reason: str,
+        evidence: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """Write the result of a case ruled out before running (e.g. an invalid chunk size).
+
+        Its settings, workload and the reason are recorded; every measurement
+        is absent with that reason, so reports can mark it instead of dropping it.
+        """
+        not_run = afd_result_docs.absent(f"omitted, not measured: {reason}")
+        metrics = afd_result_docs.metrics_json(
+            completed_requests=not_run,
+            failed_requests=not_run,
+            prefill_tokens_per_s=not_run,
+            request_throughput=not_run,
+            ttft_s=not_run,
+            peak_memory_bytes=not_run,
+        )
+        evidence_doc = dict.fromkeys(
+            ("steps", "tokens", "prefix_cache", "per_layer_timings", "expert_load"), not_run
+        )
+        settings_doc = afd_result_docs.settings_json(settings)
+        settings_doc["stage_sizes"] = self.sizes.to_json()
+        doc = self.writer.build(
+            case_suffix=name,
+            settings=settings_doc,
+            manifest=self.handle.manifest,
+            workload=self.workload_doc(workload),
+            metrics=metrics,
+            evidence={**evidence_doc, **evidence},
+            notes=f"omitted: {reason}",
+        )
+        self.writer.write(doc)
+        return doc
+
     def _result(
         self,
         case: StageCase,

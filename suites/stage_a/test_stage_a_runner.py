@@ -210,3 +210,21 @@ def test_stage_required_capabilities(stage_helpers):
         "split",
         "w8a8",
     ]
+
+
+def test_stage_runner_records_an_omitted_case_with_its_reason(make_runner):
+    runner, backend = make_runner({CAP_SPLIT})
+    workload = runner.workload("bimodal")
+    doc = runner.record_omitted(
+        name="chunk100",
+        workload=workload,
+        settings=runner.settings(chunk_size=100),
+        reason="chunk 100 is not a multiple of page size 16",
+        evidence={"chunk_plan": {"valid": False, "reasons": ["not a multiple"]}},
+    )
+    assert backend.calls == []  # nothing ran
+    assert runner.writer.docs == [doc]  # validated against the schema
+    reason = doc["metrics"]["prefill_tokens_per_s"]["absent_reason"]
+    assert reason == "omitted, not measured: chunk 100 is not a multiple of page size 16"
+    assert doc["evidence"]["chunk_plan"]["valid"] is False
+    assert doc["settings"]["chunked_prefill"] == {"enabled": True, "chunk_size": 100}
