@@ -11,10 +11,11 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
+from types import MappingProxyType
 
 import numpy as np
 
-from afd_split.constraints import SplitConstraints, SplitPolicy, round_up
+from afd_split.constraints import MIN_PCP_FOR_ZIGZAG, SplitConstraints, SplitPolicy
 from afd_split.errors import SplitRejectedError
 from afd_split.policies import CUT_SELECTORS
 
@@ -22,6 +23,11 @@ NUM_SPLIT_UBATCHES = 2
 """The RFC supports exactly two stages."""
 
 DEFAULT_CONSTRAINTS = SplitConstraints()
+
+INT64 = np.dtype(np.int64)
+
+POLICY_BY_VALUE = MappingProxyType({policy.value: policy for policy in SplitPolicy})
+"""Policy lookup by string without the cost of an Enum call on the per-step path."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -162,17 +168,21 @@ class SplitPlan:
 
 
 def as_token_counts(values, *, name: str, minimum: int) -> np.ndarray:
-    """Per-request counts as a read-only int64 vector; the error names the first bad entry."""
-    array = np.asarray(values)
-    if array.ndim != 1 or array.size == 0:
+    """Per-request counts as a read-only int64 vector; the error names the first bad entry.
+
+    An int64 ndarray (what a model runner holds) is wrapped in a read-only view,
+    not copied, so planning stays O(1) numpy calls beyond the minimum check.
+    """
+    array = values if type(values) is np.ndarray else np.asarray(values)
+    if array.ndim != 1 or not array.size:
         raise ValueError(f"{name} must be a non-empty 1-D sequence, got shape {array.shape}")
-    if array.dtype != np.int64:
+    if array.dtype != INT64:
         if array.dtype.kind not in "iu":
             raise ValueError(f"{name} must hold integers, got dtype {array.dtype}")
         array = array.astype(np.int64)
-    elif array.flags.writeable:
+    else:
         array = array.view()
-    if int(array.min()) < minimum:
+    if np.minimum.reduce(array) < minimum:
         bad = int(np.flatnonzero(array < minimum)[0])
         raise ValueError(f"{name}[{bad}]={int(array[bad])} is below the minimum {minimum}")
     array.flags.writeable = False
@@ -193,7 +203,7 @@ def plan_split(
     ``allow_fallback=True`` the batch runs unsplit instead and the plan records
     ``fallback_reason``. Invalid inputs raise ``ValueError`` naming the value.
     """
-    policy = SplitPolicy(policy)
+    policy = POLICY_BY_VALUE.get(policy) or SplitPolicy(policy)
     tokens = as_token_counts(num_scheduled_tokens, name="num_scheduled_tokens", minimum=1)
     computed = None
     if num_computed_tokens is not None:
@@ -203,19 +213,32 @@ def plan_split(
                 f"num_computed_tokens has {computed.size} entries but num_scheduled_tokens "
                 f"has {tokens.size}"
             )
-    cu_tokens = tokens.cumsum()
-    num_tokens = int(cu_tokens[-1])
-    unsplit_rows = constraints.total_rows_for(num_tokens)
+    cu_tokens = np.add.accumulate(tokens)
+    if constraints.padded_total is not None:
+        constraints.total_rows_for(int(cu_tokens[-1]))  # ValueError when below round_up(T)
     selector = CUT_SELECTORS.get(policy)
     if selector is None:
-        return _unsplit_plan(policy, tokens, constraints, unsplit_rows, None)
+        return _unsplit_plan(policy, tokens, cu_tokens, constraints, None)
     try:
         cut = selector(tokens, cu_tokens, constraints, computed)
         return _split_plan(policy, tokens, cu_tokens, constraints, cut)
     except SplitRejectedError as rejection:
         if not allow_fallback:
             raise
-        return _unsplit_plan(policy, tokens, constraints, unsplit_rows, str(rejection))
+        return _unsplit_plan(policy, tokens, cu_tokens, constraints, str(rejection))
+
+
+def _built(cls, fields: dict):
+    """Instance of a frozen dataclass from already-validated fields, skipping ``__init__``.
+
+    The generated frozen ``__init__`` sets each field through
+    ``object.__setattr__``; on the per-step planning path that is about half of
+    the plan's construction time, so trusted internal builds fill ``__dict__``
+    directly. Public construction still goes through ``__init__``.
+    """
+    instance = object.__new__(cls)
+    instance.__dict__.update(fields)
+    return instance
 
 
 def _piece_layout(pieces: np.ndarray, row_multiple: int) -> tuple[np.ndarray, int]:
@@ -230,8 +253,10 @@ def _piece_layout(pieces: np.ndarray, row_multiple: int) -> tuple[np.ndarray, in
 
 def _ubatch(
     index: int,
-    tokens: tuple[int, int],
-    requests: tuple[int, int],
+    token_start: int,
+    token_stop: int,
+    request_start: int,
+    request_stop: int,
     pieces: np.ndarray | None,
     constraints: SplitConstraints,
     rows: int | None,
@@ -240,45 +265,50 @@ def _ubatch(
 
     Raises ``SplitRejectedError`` when ``rows`` cannot hold that layout.
     """
-    num_real = tokens[1] - tokens[0]
+    num_real = token_stop - token_start
+    align = constraints.align
     row_multiple = constraints.pcp_row_multiple
     piece_row_starts = None
     if row_multiple == 1:
-        needed = round_up(num_real, constraints.align)
+        needed = -(-num_real // align) * align
         pieces = None
     else:
         piece_row_starts, piece_rows = _piece_layout(pieces, row_multiple)
-        needed = round_up(piece_rows, constraints.align)
+        needed = -(-piece_rows // align) * align
     if rows is None:
         rows = needed
     elif rows < needed:
         raise SplitRejectedError(
-            f"ubatch {index} gets {rows} rows (padded_total={constraints.padded_total}) "
-            f"but its {num_real} tokens need {needed} rows under align={constraints.align}, "
+            f"ubatch {index} would get {rows} rows (padded_total={constraints.padded_total}) "
+            f"but its {num_real} tokens need {needed} rows under align={align}, "
             f"pcp_size={constraints.pcp_size}"
         )
-    return UBatch(
-        index=index,
-        token_slice=slice(*tokens),
-        request_slice=slice(*requests),
-        num_real_tokens=num_real,
-        num_padded_tokens=rows - num_real,
-        piece_tokens=pieces,
-        piece_row_starts=piece_row_starts,
+    return _built(
+        UBatch,
+        {
+            "index": index,
+            "token_slice": slice(token_start, token_stop),
+            "request_slice": slice(request_start, request_stop),
+            "num_real_tokens": num_real,
+            "num_padded_tokens": rows - num_real,
+            "piece_tokens": pieces,
+            "piece_row_starts": piece_row_starts,
+        },
     )
 
 
 def _unsplit_plan(
     policy: SplitPolicy,
     tokens: np.ndarray,
+    cu_tokens: np.ndarray,
     constraints: SplitConstraints,
-    rows: int,
     fallback_reason: str | None,
 ) -> SplitPlan:
-    """The whole batch as one padded ubatch."""
-    num_tokens = int(tokens.sum())
-    explicit_rows = None if constraints.padded_total is None else rows
-    ubatch = _ubatch(0, (0, num_tokens), (0, tokens.size), tokens, constraints, explicit_rows)
+    """The whole batch as one padded ubatch (padded_total rows when given)."""
+    num_tokens = int(cu_tokens[-1])
+    ubatch = _ubatch(
+        0, 0, num_tokens, 0, tokens.size, tokens, constraints, constraints.padded_total
+    )
     return SplitPlan(
         policy=policy,
         token_counts=tokens,
@@ -312,26 +342,30 @@ def _split_plan(
     else:
         boundary, head_stop, tail_tokens = straddling, straddling + 1, request_end - cut
     head_pieces = tail_pieces = None
-    if constraints.pcp_row_multiple > 1:
+    if constraints.pcp_size >= MIN_PCP_FOR_ZIGZAG:
         head_pieces = tokens[:head_stop].copy()
         tail_pieces = tokens[straddling:].copy()
         if boundary is not None:
             head_pieces[-1] = head_tokens
             tail_pieces[0] = tail_tokens
-    head = _ubatch(0, (0, cut), (0, head_stop), head_pieces, constraints, None)
+    head = _ubatch(0, 0, cut, 0, head_stop, head_pieces, constraints, None)
     tail_rows = None
     if constraints.padded_total is not None:
         tail_rows = constraints.padded_total - head.num_rows
     tail = _ubatch(
-        1, (cut, num_tokens), (straddling, num_requests), tail_pieces, constraints, tail_rows
+        1, cut, num_tokens, straddling, num_requests, tail_pieces, constraints, tail_rows
     )
-    return SplitPlan(
-        policy=policy,
-        token_counts=tokens,
-        constraints=constraints,
-        split_token=cut,
-        ubatches=(head, tail),
-        boundary_request=boundary,
-        head_tokens=head_tokens,
-        tail_tokens=tail_tokens,
+    return _built(
+        SplitPlan,
+        {
+            "policy": policy,
+            "token_counts": tokens,
+            "constraints": constraints,
+            "split_token": cut,
+            "ubatches": (head, tail),
+            "boundary_request": boundary,
+            "head_tokens": head_tokens,
+            "tail_tokens": tail_tokens,
+            "fallback_reason": None,
+        },
     )

@@ -32,22 +32,24 @@ def select_request_boundary_cut(
     min_tokens = constraints.min_ubatch_tokens
     # Interior boundaries are cu_tokens[0 .. R-2]; boundary k puts k + 1 requests in the head.
     interior = cu_tokens[:-1]
-    # Integer cu values: ">= x" is searchsorted(x, "left"), "<= y" is searchsorted(y + 1) - 1.
-    first_ok, upper, past_last_ok = interior.searchsorted(
-        (min_tokens, (num_tokens + 1) // 2, num_tokens - min_tokens + 1)
-    ).tolist()
-    last_ok = past_last_ok - 1
+    last = num_requests - 2
+    # Integer cu values: ">= x" is searchsorted(x), "<= y" is searchsorted(y + 1) - 1; the
+    # common min_ubatch_tokens that every boundary satisfies skips both searches.
+    first_ok = 0 if interior[0] >= min_tokens else int(interior.searchsorted(min_tokens))
+    last_ok = (
+        last
+        if num_tokens - interior[last] >= min_tokens
+        else int(interior.searchsorted(num_tokens - min_tokens + 1)) - 1
+    )
     if first_ok > last_ok:
         raise SplitRejectedError(
             f"request_boundary: no request boundary leaves min_ubatch_tokens={min_tokens} "
             f"in both ubatches of a {num_tokens}-token batch"
         )
-    best_key = None
-    best_cut = 0
-    for boundary in {min(max(upper - 1, first_ok), last_ok), min(max(upper, first_ok), last_ok)}:
-        cut = int(interior[boundary])
-        head_requests = boundary + 1
-        key = (abs(2 * cut - num_tokens), abs(2 * head_requests - num_requests), head_requests)
-        if best_key is None or key < best_key:
-            best_key, best_cut = key, cut
-    return best_cut
+    upper = int(interior.searchsorted((num_tokens + 1) // 2))
+    below = min(max(upper - 1, first_ok), last_ok)
+    above = min(max(upper, first_ok), last_ok)
+    cut_below, cut_above = int(interior[below]), int(interior[above])
+    key_below = (abs(2 * cut_below - num_tokens), abs(2 * below + 2 - num_requests), below)
+    key_above = (abs(2 * cut_above - num_tokens), abs(2 * above + 2 - num_requests), above)
+    return cut_below if key_below <= key_above else cut_above
