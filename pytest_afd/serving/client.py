@@ -208,6 +208,9 @@ class CompletionsClient:
             self._read_stream(response, result, started)
         except (OSError, http.client.HTTPException) as error:
             result.error = f"{type(error).__name__}: {error}"
+        except (ValueError, KeyError, TypeError) as error:  # a chunk outside the API contract
+            result.success = False
+            result.error = f"malformed stream chunk: {type(error).__name__}: {error}"
         finally:
             connection.close()
             result.latency_s = time.perf_counter() - started

@@ -96,7 +96,11 @@ class PrefillEngine:
         done: Future[None] = Future()
 
         def reset() -> None:
-            self.backend.reset_prefix_cache()
+            try:
+                self.backend.reset_prefix_cache()
+            except Exception as error:  # reported to the caller; the engine keeps running
+                done.set_exception(error)
+                return
             done.set_result(None)
 
         self._queue.put(reset)
@@ -149,19 +153,24 @@ class PrefillEngine:
                 pending.future.set_exception(error)
             return
         by_id = outputs.by_id()
+        missing = RuntimeError("the backend returned no output for this request")
         with self._lock:
             self._counters.running = 0
             self._counters.batches += 1
             for pending in batch:
-                output = by_id[pending.prompt.request_id]
-                if output.error is None:
+                output = by_id.get(pending.prompt.request_id)
+                if output is not None and output.error is None:
                     self._counters.request_success += 1
                     self._counters.prompt_tokens += output.num_prompt_tokens
                     self._counters.cached_tokens += output.num_cached_tokens
                 else:
                     self._counters.request_failure += 1
         for pending in batch:
-            pending.future.set_result(by_id[pending.prompt.request_id])
+            output = by_id.get(pending.prompt.request_id)
+            if output is None:
+                pending.future.set_exception(missing)
+            else:
+                pending.future.set_result(output)
 
     def metrics_text(self, model_name: str) -> str:
         """vLLM's counter names, so the same scraper reads this server and vLLM."""
@@ -283,7 +292,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         if self.path == "/reset_prefix_cache":
-            self.server.engine.reset_prefix_cache()
+            try:
+                self.server.engine.reset_prefix_cache()
+            except Exception as error:
+                self._send_error_json(HTTPStatus.INTERNAL_SERVER_ERROR, f"reset failed: {error}")
+                return
             self._send_json(HTTPStatus.OK, {"reset": True})
             return
         if self.path != "/v1/completions":
