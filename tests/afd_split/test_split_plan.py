@@ -243,3 +243,24 @@ def test_bad_constraints_are_rejected_on_construction(kwargs, match):
 def test_padded_total_below_the_aligned_batch_is_rejected():
     with pytest.raises(ValueError, match="padded_total=8 is below"):
         plan_split([9], policy=TB, constraints=SplitConstraints(align=4, padded_total=8))
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        plan_split([4096, 120, 7000], policy=TB, constraints=SplitConstraints(align=8)),
+        plan_split([5, 9], policy=RB, constraints=SplitConstraints(align=4, pcp_size=2)),
+        plan_split([8], policy=TB, constraints=SplitConstraints(align=8), allow_fallback=True),
+        plan_split([3, 4], policy="none"),
+    ],
+    ids=["token", "boundary-pcp", "fallback", "none"],
+)
+def test_evidence_validates_against_the_result_schema_step(plan):
+    import pathlib
+
+    import jsonschema
+
+    schema_path = pathlib.Path(__file__).resolve().parents[2] / "schemas/result.schema.json"
+    schema = json.loads(schema_path.read_text())
+    step = {"$ref": "#/$defs/step", "$defs": schema["$defs"]}
+    jsonschema.Draft202012Validator(step).validate(json.loads(json.dumps(plan.to_evidence())))
