@@ -77,6 +77,10 @@ class CollectingWriter:
         self.docs = []
 
     def build(self, *, case_suffix, **fields):
+        # Like the plugin's writer: the session protocol unless the case gives its own.
+        fields.setdefault(
+            "protocol", {"seed": 0, "warmups": 1, "repetitions": 3, "run_order": "interleaved"}
+        )
         return build_result(
             case_id=f"runner-test/{case_suffix}", case_kind="stage_a", backend="scripted", **fields
         )
