@@ -178,7 +178,7 @@ Splitter = Callable[..., list]
 
 @contextmanager
 def checked_splits(
-    backend: Backend, splitter: Splitter = split_metadata, *, validate: bool = True
+    backend_name: str, splitter: Splitter = split_metadata, *, validate: bool = True
 ) -> Iterator[ExecutedSplits]:
     """Run the invariant checker on every split the CPU executor consumes inside the block.
 
@@ -186,7 +186,7 @@ def checked_splits(
     unless a test injects a fault); the executor receives exactly what was
     checked. Other backends split in their own processes: nothing to hook.
     """
-    record = ExecutedSplits(active=backend.name == CPU_BACKEND)
+    record = ExecutedSplits(active=backend_name == CPU_BACKEND)
     if not record.active:
         yield record
         return
@@ -228,7 +228,7 @@ def run_measured(
     seed_settings = replace(settings, split_policy=UNSPLIT_POLICY, prefix_caching=True)
     for seed in seed_prompts:
         backend.run(seed, seed_settings)
-    with checked_splits(backend, splitter, validate=validate) as splits:
+    with checked_splits(backend.name, splitter, validate=validate) as splits:
         outputs = backend.run(prompts, settings)
     return outputs, splits
 
