@@ -63,6 +63,7 @@ DEFAULT_RESULTS_DIR = "afd-results"
 DEFAULT_GOLDEN_DIR = "golden"
 SUMMARY_FILE = "summary.json"
 WORKEROUTPUT_KEY = "afd_results"
+AFD_SESSION_PLUGIN = "afd-session"
 ENV_NUM_NODES = "AFD_NUM_NODES"
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off", "")
@@ -328,7 +329,7 @@ def resolve_options(config: pytest.Config) -> AfdOptions:
     )
 
 
-@dataclass
+@dataclass(eq=False)  # identity-hashed: it is registered as a pytest plugin
 class AfdSession:
     """Per-process plugin state (one per xdist worker), kept in ``config.stash``."""
 
@@ -340,6 +341,8 @@ class AfdSession:
     manifest_doc: dict[str, Any] | None = None
     written: list[dict[str, Any]] = field(default_factory=list)
     golden_updates: list[str] = field(default_factory=list)
+    # Test outcome per node id (controller side under xdist: it sees every report).
+    outcomes: dict[str, str] = field(default_factory=dict)
 
     @property
     def emulated(self) -> bool:
@@ -396,6 +399,13 @@ class AfdSession:
             self.manifest_doc = manifest
         return self.manifest_doc
 
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Remember each test's outcome for the results table (setup/teardown failure = error)."""
+        if report.when == "call":
+            self.outcomes[report.nodeid] = report.outcome
+        elif report.failed:
+            self.outcomes[report.nodeid] = "error"
+
     def close(self) -> None:
         if self.backend_instance is not None:
             backend, self.backend_instance = self.backend_instance, None
@@ -441,7 +451,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, help_text in MARKERS.items():
         config.addinivalue_line("markers", f"{MARKER_SIGNATURES.get(name, name)}: {help_text}")
-    config.stash[AFD_SESSION_KEY] = AfdSession(config=config, options=resolve_options(config))
+    state = AfdSession(config=config, options=resolve_options(config))
+    config.stash[AFD_SESSION_KEY] = state
+    # Registered as a plugin so it receives every test report (outcome column).
+    config.pluginmanager.register(state, AFD_SESSION_PLUGIN)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -611,6 +624,7 @@ class ResultWriter:
         self.state.written.append(
             {
                 "case_id": doc["case_id"],
+                "nodeid": self.case_id,
                 "case_kind": doc["case_kind"],
                 "path": str(path),
                 "metric": metric,
@@ -656,6 +670,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         }
         return
     if state.written:
+        for entry in state.written:
+            entry["outcome"] = state.outcomes.get(entry["nodeid"], "unknown")
         summary = {
             "results_dir": str(state.options.results_dir),
             "results": sorted(state.written, key=lambda entry: entry["case_id"]),
@@ -689,6 +705,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         (
             entry["case_id"],
             entry["case_kind"],
+            state.outcomes.get(entry["nodeid"], "unknown"),
             f"{entry['metric']} {_format_value(entry['median'])} {entry['unit']}".strip(),
             _format_value(entry["cv"]),
             ",".join(
@@ -703,7 +720,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         )
         for entry in sorted(state.written, key=lambda e: e["case_id"])
     ]
-    header = ("case", "kind", "headline (median)", "CV", "labels")
+    header = ("case", "kind", "outcome", "headline (median)", "CV", "labels")
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         reporter.write_line(

@@ -487,6 +487,8 @@ def headline(doc: Mapping[str, Any]) -> tuple[str, float | None, float | None, s
     value = doc["metrics"].get(name)
     if isinstance(value, Mapping) and "stats" in value:
         return name, value["stats"]["median"], value["stats"]["cv"], value["unit"]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return name, float(value), None, ""
     return name, None, None, ""
 
 

@@ -296,6 +296,11 @@ import pytest
 def test_case(record_case, n):
     record_case()
 
+@pytest.mark.stage_b
+def test_fails_after_writing(record_case):
+    record_case()
+    assert False, "verdict after the evidence"
+
 @pytest.mark.gate
 def test_invalid(afd_results, afd_options):
     doc = afd_results.build(settings=afd_options.run_settings(), workload={}, metrics={}, evidence={})
@@ -306,23 +311,28 @@ def test_invalid(afd_results, afd_options):
 def test_plugin_results_written_validated_and_summarized(fake):
     fake.makepyfile(test_results=RESULTS_USER)
     result = run(fake, "--afd-routing", "forced")
-    result.assert_outcomes(passed=3, failed=1)
+    result.assert_outcomes(passed=3, failed=2)
+    result.stdout.fnmatch_lines(["*test_results.py::test_fails_after_writing*stage_b*failed*",
+                                 "4 result JSON file(s) in *"], consecutive=True)
     result.stdout.fnmatch_lines([
         "*result 'test_results.py::test_invalid' does not match result.schema.json:*",
         "*pytest-afd results*",
-        "case*kind*headline (median)*CV*labels*",
-        "test_results.py::test_case?0?*stage_a*prefill_tokens_per_s 128 tokens/s*0*synthetic*",
-        "3 result JSON file(s) in *afd-results (summary: *summary.json)",
+        "case*kind*outcome*headline (median)*CV*labels*",
+        "test_results.py::test_case?0?*stage_a*passed*prefill_tokens_per_s 128 tokens/s*0*synthetic*",
+        "4 result JSON file(s) in *afd-results (summary: *summary.json)",
     ])
     summary = json.loads((fake.path / "afd-results" / "summary.json").read_text())
-    assert [e["case_id"] for e in summary["results"]] == [f"test_results.py::test_case[{n}]" for n in range(3)]
+    assert [e["case_id"] for e in summary["results"]] == [
+        *(f"test_results.py::test_case[{n}]" for n in range(3)), "test_results.py::test_fails_after_writing"]
+    assert [e["outcome"] for e in summary["results"]] == ["passed"] * 3 + ["failed"]
     doc = json.loads(open(summary["results"][0]["path"]).read())
     assert doc["labels"]["synthetic"] is True and doc["case_kind"] == "stage_a"
     assert doc["manifest"]["hardware"]["rack"] == "r1"
     assert doc["manifest"]["topology"]["cpu_emulation"]["num_ep_ranks"] == 8
-    assert len(list((fake.path / "afd-results").glob("*.json"))) == 4  # 3 results + summary
+    assert len(list((fake.path / "afd-results").glob("*.json"))) == 5  # 4 results + summary
     written = (fake.path / "written.txt").read_text().split()
-    assert written == [f"test_results.py::test_case[{n}]" for n in range(3)]  # the invalid one was not
+    assert sorted(written) == sorted([*(f"test_results.py::test_case[{n}]" for n in range(3)),
+                                      "test_results.py::test_fails_after_writing"])  # not the invalid one
 
 
 XDIST_USER = """
@@ -342,6 +352,7 @@ def test_plugin_xdist_merges_worker_results(fake):
     summary = json.loads((fake.path / "afd-results" / "summary.json").read_text())
     assert sorted(e["case_id"] for e in summary["results"]) == sorted(
         f"test_results.py::test_case[{n}]" for n in range(6))
+    assert {e["outcome"] for e in summary["results"]} == {"passed"}  # controller saw every report
     workers = {json.loads(open(e["path"]).read())["notes"] for e in summary["results"]}
     assert workers == {"gw0", "gw1"}
     assert len({e["manifest_digest"] for e in summary["results"]}) == 1  # one stack across workers
