@@ -1,0 +1,65 @@
+"""Stage E: full layers and natural expert routing (RFC "Experiment matrix", Stage E).
+
+The RFC's four diagnostic pairs: reduced/full depth x forced-balanced/natural
+routing. Natural routing keeps the router's expert ids; every result records
+per-layer expert heat and EP-rank skew. Forced-balanced results are labelled
+synthetic (performance only, never an accuracy claim). A backend without
+forced routing runs the natural cases and skips the forced ones with the reason.
+"""
+
+from __future__ import annotations
+
+import pytest
+from stage_e_heat import heat_summary
+
+from pytest_afd.backends.base import CAP_FORCED_ROUTING
+
+pytestmark = [pytest.mark.stage_e, pytest.mark.slow]
+
+DEPTHS = ("reduced", "full")
+ROUTINGS = ("natural", "forced_balanced")
+WORKLOAD = "trace_conv"  # production-like lengths from the Azure conversation trace
+POLICY = "token_balanced"
+# Multiplier on the stage scale: the full model is ~6x the reduced one's cost.
+SIZE = 0.5
+
+
+@pytest.mark.parametrize("depth", DEPTHS)
+def test_stage_e_depth_x_routing(stage_runner, depth):
+    runner = stage_runner.on(model_name=depth)
+    workload = runner.workload(WORKLOAD, scale=runner.sizes.scale * SIZE)
+    forced_supported = CAP_FORCED_ROUTING in runner.backend.capabilities
+    routings = ROUTINGS if forced_supported else ("natural",)
+    cases = [
+        runner.case(
+            name=f"{depth}/{routing}",
+            workload=workload,
+            settings=runner.settings(split_policy=POLICY, routing=routing),
+            notes="synthetic: forced-balanced routing, performance only (no accuracy claim)"
+            if routing == "forced_balanced"
+            else None,
+        )
+        for routing in routings
+    ]
+    measured = runner.measure(cases, write=False)
+    for item in measured.values():
+        evidence = item.result["evidence"]
+        load = evidence["expert_load"]
+        assert load["routing"] == item.case.settings.routing
+        evidence["expert_heat"] = heat_summary(load["per_expert"], load["per_rank"])
+    runner.write(measured)
+    for name, item in measured.items():
+        forced = item.case.settings.routing == "forced_balanced"
+        assert item.result["labels"]["synthetic"] is forced, name
+        assert item.result["manifest"]["model"]["name"] == depth, name
+        assert item.result["metrics"]["failed_requests"] == 0, name
+    if not forced_supported:
+        pytest.skip(
+            f"natural routing measured; forced-balanced skipped: backend "
+            f"{runner.backend.name!r} does not declare {CAP_FORCED_ROUTING!r}"
+        )
+    natural = measured[f"{depth}/natural"].result["evidence"]["expert_heat"]
+    forced = measured[f"{depth}/forced_balanced"].result["evidence"]["expert_heat"]
+    assert forced["worst_expert_max_over_mean"] <= natural["worst_expert_max_over_mean"], (
+        f"forced-balanced routing is hotter than natural: {forced} vs {natural}"
+    )
