@@ -74,9 +74,22 @@ class ManagedSession:
         self.server.stop()
 
 
-def server_side_settings(settings: RunSettings) -> RunSettings:
-    """The part of the settings a server is started with (client-side fields cleared)."""
-    return dataclasses.replace(settings, instrument=False, return_logits=False)
+# Fields only the client side uses: changing them never needs another server.
+CLIENT_SIDE_FIELDS = ("instrument", "return_logits")
+
+
+def server_side_settings(settings: RunSettings,
+                         server_fields: tuple[str, ...] | None = None) -> RunSettings:
+    """The part of the settings a server is started with; other fields take their defaults.
+
+    ``server_fields`` None means every field except :data:`CLIENT_SIDE_FIELDS`.
+    ``return_logits`` is always off: no logits cross the HTTP API.
+    """
+    defaults = RunSettings()
+    names = [item.name for item in dataclasses.fields(RunSettings)]
+    keep = set(server_fields) if server_fields is not None else set(names) - set(CLIENT_SIDE_FIELDS)
+    reset = {name: getattr(defaults, name) for name in names if name not in keep}
+    return dataclasses.replace(settings, **{**reset, "return_logits": False})
 
 
 def cpu_server_spec(settings: RunSettings, *, name: str, log_dir: Path, topology: str | None,
@@ -112,12 +125,14 @@ class HttpBackend:
 
     def __init__(self, name: str, capabilities: frozenset[str], launcher: Launcher, *,
                  describe_extra: dict[str, Any] | None = None,
-                 request_timeout_s: float | None = None) -> None:
+                 request_timeout_s: float | None = None,
+                 server_fields: tuple[str, ...] | None = None) -> None:
         self.name = name
         self.capabilities = capabilities
         self._launcher = launcher
         self._describe_extra = dict(describe_extra or {})
         self._request_timeout_s = request_timeout_s
+        self._server_fields = server_fields
         self._session: ServerSession | None = None
         self._session_settings: RunSettings | None = None
         self.launches = 0
@@ -130,7 +145,7 @@ class HttpBackend:
 
     def session_for(self, settings: RunSettings) -> ServerSession:
         """The running session for these settings, (re)starting servers when they differ."""
-        wanted = server_side_settings(settings)
+        wanted = server_side_settings(settings, self._server_fields)
         if self._session is not None and self._session_settings == wanted:
             reason = self._session.exit_reason()
             if reason is None:

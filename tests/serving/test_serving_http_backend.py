@@ -53,3 +53,5 @@ def test_attached_server_is_never_restarted_or_stopped():
 
 def test_server_side_settings_drop_client_fields():
     assert server_side_settings(RunSettings(instrument=True)) == RunSettings(return_logits=False)
+    chosen = server_side_settings(RunSettings(split_align=4, chunk_size=256), ("chunk_size",))
+    assert chosen == RunSettings(chunk_size=256, return_logits=False)

@@ -118,7 +118,9 @@ def test_attached_deployment_runs_and_refuses_other_settings(tmp_path, clean_env
         try:
             assert CAP_AFD in backend.capabilities and CAP_LOGITS not in backend.capabilities
             prompts = [PromptRequest("x", tuple(range(1, 50)))]
-            case = dataclasses.replace(deployed, return_logits=True)  # client-side only
+            # Client-side fields and the CPU emulation's split_align / pcp_size do not
+            # change a vllm serve command line.
+            case = dataclasses.replace(deployed, return_logits=True, split_align=8, pcp_size=8)
             outputs = backend.run(prompts, case)
             assert outputs.requests[0].error is None and outputs.requests[0].next_token >= 0
             assert backend.run(prompts, case).requests[0].num_cached_tokens == 48

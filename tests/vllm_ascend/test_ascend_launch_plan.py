@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from pytest_afd.backends.base import RunSettings
 from pytest_afd.backends.vllm_ascend.launch import (
     LaunchOptions,
     LaunchPlanError,
@@ -168,3 +169,13 @@ def test_cli_rejects_invalid_combination_with_exit_code_2():
         capture_output=True, text=True, timeout=60)
     assert completed.returncode == 2
     assert "native DBO" in completed.stderr and completed.stdout == ""
+
+
+def test_plan_says_how_to_attach_the_harness():
+    plan = build_launch_plan("dp3pcp8-ep8", recipe_options(split="token", chunk_size=16384))
+    env = plan.attach_env()
+    assert env["AFD_ASCEND_SERVER_URL"] == "http://10.0.0.1:8000"
+    declared = RunSettings(**json.loads(env["AFD_ASCEND_SERVER_SETTINGS"]))
+    assert (declared.split_policy, declared.chunk_size, declared.max_num_batched_tokens) == (
+        "token_balanced", 16384, 140000)
+    assert "AFD_ASCEND_SERVER_SETTINGS=" in plan.format_text().splitlines()[1]

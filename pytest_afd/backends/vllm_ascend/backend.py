@@ -36,19 +36,27 @@ from pytest_afd.backends.base import (
     RunSettings,
 )
 from pytest_afd.backends.vllm_ascend.launch import (
+    ENV_ATTACH_SETTINGS,
+    ENV_ATTACH_URL,
     POLICY_TO_SPLIT,
     LaunchOptions,
     LaunchPlan,
     LaunchPlanError,
     build_launch_plan,
 )
-from pytest_afd.serving.http_backend import AttachedServer, HttpBackend, Launcher, ManagedSession
+from pytest_afd.serving.http_backend import (
+    AttachedServer,
+    HttpBackend,
+    Launcher,
+    ManagedSession,
+    server_side_settings,
+)
 from pytest_afd.serving.lifecycle import LOOPBACK_HOST, ServerGroup, ServerSpec
 from pytest_afd.topology import Topology
 
 BACKEND_NAME = "vllm-ascend"
-ENV_SERVER_URL = "AFD_ASCEND_SERVER_URL"
-ENV_SERVER_SETTINGS = "AFD_ASCEND_SERVER_SETTINGS"
+ENV_SERVER_URL = ENV_ATTACH_URL
+ENV_SERVER_SETTINGS = ENV_ATTACH_SETTINGS
 ENV_SERVED_MODEL_NAME = "AFD_ASCEND_SERVED_MODEL_NAME"
 ENV_MODEL_PATH = "AFD_ASCEND_MODEL_PATH"  # may contain "{model}" (the --afd-model name)
 ENV_DEVICES_PER_NODE = "AFD_DEVICES_PER_NODE"
@@ -60,6 +68,11 @@ NPU_SMI_TIMEOUT_S = 30
 _NPU_COUNT_LINE = re.compile(r"Total Count\s*:\s*(\d+)")
 _NPU_PRODUCT_LINE = re.compile(r"Product Name\s*:\s*(\S.*?)\s*$", re.M)
 REQUIRED_MODULES = ("vllm", "vllm_ascend", "torch_npu")
+# RunSettings fields that change a ``vllm serve`` command line. split_align and
+# pcp_size are the CPU emulation's view of the topology: on NPUs the topology
+# itself fixes them, so they never trigger a relaunch or an attach mismatch.
+LAUNCH_FIELDS = ("split_policy", "chunk_size", "prefix_caching", "routing", "quantization",
+                 "max_num_batched_tokens", "max_num_seqs", "block_size")
 BASE_CAPABILITIES = frozenset({CAP_SPLIT, CAP_PREFIX_CACHE, CAP_CHUNKED_PREFILL, CAP_W8A8,
                                CAP_FORCED_ROUTING})
 HINT = (f"run the plan printed by `afd-launch-plan` with the cluster job system and set "
@@ -194,8 +207,7 @@ def declared_settings(environ: Mapping[str, str]) -> RunSettings:
     if not text:
         raise BackendUnavailable(f"{ENV_SERVER_URL} is set but {ENV_SERVER_SETTINGS} is not: "
                                  "say which RunSettings the deployment was started with (JSON)")
-    values = json.loads(text)
-    return dataclasses.replace(RunSettings(**values), instrument=False, return_logits=False)
+    return server_side_settings(RunSettings(**json.loads(text)), LAUNCH_FIELDS)
 
 
 def create_backend(*, topology: Topology, model_name: str, seed: int, results_dir: str | Path,
@@ -230,4 +242,5 @@ def create_backend(*, topology: Topology, model_name: str, seed: int, results_di
         timeout = float(environ.get(ENV_STARTUP_TIMEOUT, DEFAULT_STARTUP_TIMEOUT_S))
         launcher = local_launcher(topology, model=path, devices=devices,
                                   log_dir=Path(results_dir) / "servers", startup_timeout_s=timeout)
-    return HttpBackend(BACKEND_NAME, capabilities_for(topology), launcher, describe_extra=describe)
+    return HttpBackend(BACKEND_NAME, capabilities_for(topology), launcher, describe_extra=describe,
+                       server_fields=LAUNCH_FIELDS)

@@ -36,6 +36,9 @@ ASYNC_MOE_NUM_UBATCHES = 2
 # RunSettings.split_policy -> connector_extra_config.async_moe_split (None: no ubatching).
 SPLIT_TO_ASYNC_MOE = {"none": None, "request": "request", "token": "token"}
 POLICY_TO_SPLIT = {"none": "none", "request_boundary": "request", "token_balanced": "token"}
+SPLIT_TO_POLICY = {split: policy for policy, split in POLICY_TO_SPLIT.items()}
+ENV_ATTACH_URL = "AFD_ASCEND_SERVER_URL"
+ENV_ATTACH_SETTINGS = "AFD_ASCEND_SERVER_SETTINGS"
 # DeepSeek V3.2 routed experts; FFN ranks must divide them evenly (connector guide).
 DEEPSEEK_V3_2_ROUTED_EXPERTS = 256
 NATIVE_DBO_FLAGS = ("--enable-dbo", "--dbo-decode-token-threshold", "--dbo-prefill-token-threshold")
@@ -144,6 +147,9 @@ class LaunchPlan:
     node_addresses: tuple[str, ...]
     split: str
     processes: tuple[ProcessPlan, ...]
+    # The RunSettings fields this deployment fixes: what a harness attaching to
+    # it must declare in AFD_ASCEND_SERVER_SETTINGS.
+    run_settings: Mapping[str, Any] = field(default_factory=dict)
 
     def by_role(self, role: str) -> list[ProcessPlan]:
         return [process for process in self.processes if process.role == role]
@@ -163,12 +169,21 @@ class LaunchPlan:
             "devices_per_node": self.devices_per_node, "nodes": list(self.node_addresses),
             "split": self.split, "api": {"node": self.api_process.node_address,
                                          "port": self.api_process.api_port},
+            "run_settings": dict(self.run_settings), "attach_env": self.attach_env(),
             "processes": [process.to_json() for process in self.processes],
         }
 
+    def attach_env(self) -> dict[str, str]:
+        """Environment for ``--afd-backend vllm-ascend`` to attach to this deployment."""
+        api = self.api_process
+        return {ENV_ATTACH_URL: f"http://{api.node_address}:{api.api_port}",
+                ENV_ATTACH_SETTINGS: json.dumps(dict(self.run_settings), sort_keys=True)}
+
     def format_text(self) -> str:
         lines = [f"# {self.topology}: {len(self.processes)} processes on "
-                 f"{len(self.node_addresses)} node(s), split={self.split}"]
+                 f"{len(self.node_addresses)} node(s), split={self.split}",
+                 "# attach the harness with: "
+                 + shlex.join([f"{key}={value}" for key, value in self.attach_env().items()])]
         for node, address in enumerate(self.node_addresses):
             lines.append(f"\n## node {node} ({address})")
             for process in self.on_node(node):
@@ -431,6 +446,16 @@ def _role_processes(topology: Topology, options: LaunchOptions, split: str, shap
     return processes
 
 
+def _run_settings(options: LaunchOptions, split: str) -> dict[str, Any]:
+    return {
+        "split_policy": SPLIT_TO_POLICY[split], "chunk_size": options.chunk_size,
+        "prefix_caching": options.prefix_caching, "routing": options.routing,
+        "quantization": options.quantization,
+        "max_num_batched_tokens": options.max_num_batched_tokens,
+        "max_num_seqs": options.max_num_seqs, "block_size": options.block_size,
+    }
+
+
 def build_launch_plan(topology: Topology | str, options: LaunchOptions) -> LaunchPlan:
     """The whole deployment for ``topology``; raises LaunchPlanError when it cannot work."""
     if isinstance(topology, str):
@@ -461,7 +486,7 @@ def build_launch_plan(topology: Topology | str, options: LaunchOptions) -> Launc
     plan = LaunchPlan(topology=topology.canonical, is_afd=topology.is_afd,
                       devices_per_node=options.devices_per_node,
                       node_addresses=tuple(addresses[:num_nodes]), split=split,
-                      processes=tuple(processes))
+                      processes=tuple(processes), run_settings=_run_settings(options, split))
     validate_plan(plan)
     return plan
 
