@@ -1,6 +1,8 @@
 """Topology grammar, rank counts, layout, aliases and the CPU emulation."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pytest_afd.topology import (
     DEFAULT_CPU_TOPOLOGY,
@@ -140,3 +142,55 @@ def test_plugin_bad_alias_file_names_alias(tmp_path):
         load_aliases(path)
     with pytest.raises(TopologyError, match="does not exist"):
         load_aliases(tmp_path / "missing.yaml")
+
+
+# --- properties -------------------------------------------------------------------------------
+
+SIZES = st.sampled_from([1, 2, 3, 4, 8])
+
+
+@st.composite
+def valid_parts(draw):
+    group = draw(st.sampled_from([1, 2, 4, 8]))
+    dims = {"dp": draw(SIZES), "pcp": draw(SIZES), "pp": draw(st.sampled_from([1, 2, 4]))}
+    for dim in ("tp", "cp", "sp", "dcp"):
+        if draw(st.booleans()):
+            dims[dim] = draw(st.sampled_from([d for d in (1, 2, 4, 8) if group % d == 0]))
+    dims["tp"] = group if "tp" not in dims and group > 1 else dims.get("tp", 1)
+    dense = dims["dp"] * dims["pcp"] * max(dims.get(d, 1) for d in ("tp", "cp", "sp", "dcp"))
+    dims["ep"] = draw(st.sampled_from([d for d in range(1, dense + 1) if dense % d == 0]))
+    keep = {d: s for d, s in dims.items() if s > 1 or d == "dp"}
+    order = draw(st.permutations(list(keep)))
+    return {d: keep[d] for d in order}
+
+
+def render(dims, upper):
+    text = "".join(f"{d}{s}" for d, s in dims.items())
+    return text.upper() if upper else text
+
+
+@settings(max_examples=60, deadline=None)
+@given(attention=valid_parts(), ffn=st.one_of(st.none(), st.sampled_from([1, 2, 4, 8, 16])),
+       upper=st.booleans())
+def test_plugin_property_valid_topologies_parse_and_count(attention, ffn, upper):
+    spec = render(attention, upper) + ("" if ffn is None else f"-ep{ffn}")
+    topo = parse_topology(spec)
+    group = max(attention.get(d, 1) for d in ("tp", "cp", "sp", "dcp"))
+    expected = attention.get("pp", 1) * attention["dp"] * attention.get("pcp", 1) * group
+    assert topo.attention_ranks == expected
+    assert topo.ffn_ranks == (0 if ffn is None else ffn)
+    assert parse_topology(topo.canonical).canonical == topo.canonical
+    layout = topo.rank_layout(8)
+    assert [r.rank for r in layout] == list(range(topo.total_ranks))
+    assert len({(r.node, r.device) for r in layout}) == topo.total_ranks
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="dpcteso0123456789-_ xP", max_size=16))
+def test_plugin_property_arbitrary_strings_parse_or_raise_topology_error(text):
+    try:
+        topo = parse_topology(text)
+    except TopologyError as exc:
+        assert "topology" in str(exc)
+    else:
+        assert topo.total_ranks >= 1
