@@ -68,7 +68,7 @@ def test_missing_requirements_lists_each_gap(tmp_path, clean_env):
     clean_env.setenv("PATH", str(tmp_path))
     missing = missing_requirements({})
     assert any("torch_npu" in item for item in missing)
-    assert any("`vllm` command" in item for item in missing)
+    assert any("vLLM command 'vllm' is not on PATH" in item for item in missing)
 
 
 def test_npu_facts_model_path_and_devices_override(tmp_path):

@@ -61,6 +61,7 @@ ENV_SERVED_MODEL_NAME = "AFD_ASCEND_SERVED_MODEL_NAME"
 ENV_MODEL_PATH = "AFD_ASCEND_MODEL_PATH"  # may contain "{model}" (the --afd-model name)
 ENV_DEVICES_PER_NODE = "AFD_DEVICES_PER_NODE"
 ENV_STARTUP_TIMEOUT = "AFD_ASCEND_STARTUP_TIMEOUT_S"
+ENV_VLLM_EXECUTABLE = "AFD_ASCEND_VLLM"
 # Loading a DeepSeek V3.2 W8A8 checkpoint and joining HCCL groups takes minutes.
 DEFAULT_STARTUP_TIMEOUT_S = 1800.0
 NPU_SMI = "npu-smi"
@@ -91,8 +92,9 @@ def missing_requirements(environ: Mapping[str, str]) -> list[str]:
         missing.append(f"`{NPU_SMI}` is not on PATH (no Ascend driver on this machine)")
     missing += [f"Python package {name} is not installed" for name in REQUIRED_MODULES
                 if importlib.util.find_spec(name) is None]
-    if shutil.which("vllm") is None:
-        missing.append("the `vllm` command is not on PATH")
+    vllm = environ.get(ENV_VLLM_EXECUTABLE, "vllm")
+    if shutil.which(vllm) is None:
+        missing.append(f"the vLLM command {vllm!r} is not on PATH (set {ENV_VLLM_EXECUTABLE})")
     if not environ.get(ENV_MODEL_PATH):
         missing.append(f"{ENV_MODEL_PATH} (the W8A8 checkpoint directory) is not set")
     return missing
@@ -144,8 +146,12 @@ def model_path(model_name: str, environ: Mapping[str, str]) -> str:
     return environ[ENV_MODEL_PATH].replace("{model}", model_name)
 
 
-def launch_options(settings: RunSettings, *, model: str, devices: int) -> LaunchOptions:
-    """RunSettings -> launch options for a single-node deployment on loopback."""
+def launch_options(settings: RunSettings, *, model: str, devices: int,
+                   overrides: Mapping[str, Any] | None = None) -> LaunchOptions:
+    """RunSettings -> launch options for a single-node deployment on loopback.
+
+    ``overrides`` sets further LaunchOptions fields (ports, the vLLM executable).
+    """
     if settings.split_policy not in POLICY_TO_SPLIT:
         raise CapabilityMissing(f"split_policy={settings.split_policy!r} has no async_moe_split "
                                 f"value in the AFD plugin (supported: {sorted(POLICY_TO_SPLIT)})")
@@ -155,6 +161,7 @@ def launch_options(settings: RunSettings, *, model: str, devices: int) -> Launch
         prefix_caching=settings.prefix_caching, routing=settings.routing,
         quantization=settings.quantization, max_num_batched_tokens=settings.max_num_batched_tokens,
         max_num_seqs=settings.max_num_seqs, block_size=settings.block_size,
+        **dict(overrides or {}),
     )
 
 
@@ -172,10 +179,11 @@ def server_specs(plan: LaunchPlan, *, startup_timeout_s: float) -> list[ServerSp
 
 
 def local_launcher(topology: Topology, *, model: str, devices: int, log_dir: Path,
-                   startup_timeout_s: float) -> Launcher:
+                   startup_timeout_s: float, overrides: Mapping[str, Any] | None = None) -> Launcher:
     def launch(settings: RunSettings) -> ManagedSession:
         try:
-            plan = build_launch_plan(topology, launch_options(settings, model=model, devices=devices))
+            options = launch_options(settings, model=model, devices=devices, overrides=overrides)
+            plan = build_launch_plan(topology, options)
         except LaunchPlanError as error:
             raise CapabilityMissing(f"{topology.canonical} cannot run these settings: {error}") from error
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -240,7 +248,9 @@ def create_backend(*, topology: Topology, model_name: str, seed: int, results_di
         describe.update(mode="launch", model_path=path, devices_per_node=devices)
         describe["model"].update(checkpoint_facts(path))
         timeout = float(environ.get(ENV_STARTUP_TIMEOUT, DEFAULT_STARTUP_TIMEOUT_S))
+        overrides = {"vllm_executable": environ[ENV_VLLM_EXECUTABLE]} if environ.get(ENV_VLLM_EXECUTABLE) else {}
         launcher = local_launcher(topology, model=path, devices=devices,
-                                  log_dir=Path(results_dir) / "servers", startup_timeout_s=timeout)
+                                  log_dir=Path(results_dir) / "servers", startup_timeout_s=timeout,
+                                  overrides=overrides)
     return HttpBackend(BACKEND_NAME, capabilities_for(topology), launcher, describe_extra=describe,
                        server_fields=LAUNCH_FIELDS)

@@ -77,6 +77,8 @@ class LaunchOptions:
 
     model: str
     devices_per_node: int = DEFAULT_DEVICES_PER_NODE
+    # The vLLM CLI: a name on PATH or a wrapper's path (e.g. one that enters the container).
+    vllm_executable: str = "vllm"
     node_addresses: tuple[str, ...] = ()  # default: node0, node1, ...
     split: str | None = None  # none | request | token; None: request for AFD, none otherwise
     chunk_size: int | None = None  # None: chunked prefill disabled
@@ -406,7 +408,7 @@ def _role_processes(topology: Topology, options: LaunchOptions, split: str, shap
     for position, (node, node_ranks) in enumerate(groups):
         headless = position > 0
         local_dp = len(node_ranks) // shape.ranks_per_replica
-        argv = ["vllm", "serve", options.model]
+        argv = [options.vllm_executable, "serve", options.model]
         if not headless:
             argv += ["--host", "0.0.0.0", "--port", str(api_port)]
         argv += ["--served-model-name", options.served_model_name, "--enforce-eager",
