@@ -227,6 +227,9 @@ class StageCase:
     labels: Mapping[str, Any] | None = None
     evidence: Mapping[str, Any] = field(default_factory=dict)
     notes: str | None = None
+    # Where the case runs (None: the runner's backend); lets one schedule
+    # interleave cases on different backends (Stage F: AFD vs PP layout).
+    handle: BackendHandle | None = None
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
@@ -332,10 +335,9 @@ class StageRunner:
         )
 
     # ---- building blocks ------------------------------------------------------------
-    @staticmethod
-    def case(**fields: Any) -> StageCase:
-        """A :class:`StageCase` (test modules cannot import conftest names reliably)."""
-        return StageCase(**fields)
+    def case(self, **fields: Any) -> StageCase:
+        """A :class:`StageCase` on this runner's backend (test modules cannot import conftest)."""
+        return StageCase(**{"handle": self.handle, **fields})
 
     def workload(self, distribution: str, **spec_fields: Any) -> Workload:
         fields = {
@@ -366,27 +368,30 @@ class StageRunner:
         constraints = {"split_align": emulation.split_align, "pcp_size": emulation.pcp_size}
         return self.options.run_settings(**{**scaled, **constraints, **overrides})
 
-    def require(self, settings: RunSettings) -> None:
+    def require(self, settings: RunSettings, handle: BackendHandle | None = None) -> None:
         """Skip (with the reason) when the backend cannot run ``settings``."""
-        missing = missing_capabilities(self.backend, settings)
+        backend = (handle or self.handle).backend
+        missing = missing_capabilities(backend, settings)
         if missing:
-            pytest.skip(
-                f"backend {self.backend.name!r} does not declare {missing} needed by {settings}"
-            )
+            pytest.skip(f"backend {backend.name!r} does not declare {missing} needed by {settings}")
+
+    def _handle(self, case: StageCase) -> BackendHandle:
+        return case.handle or self.handle
 
     # ---- measuring ----------------------------------------------------------------------
     def _prepare(self, case: StageCase) -> None:
         """Put the prefix cache in the case's phase: every run starts from the same state."""
+        backend = self._handle(case).backend
         if case.settings.prefix_caching:
-            self.backend.reset_prefix_cache()
+            backend.reset_prefix_cache()
             if case.phase == PHASE_STEADY:
                 seed_prompts = case.workload.prefix_warmup_prompts()
                 if seed_prompts:
-                    self.backend.run(seed_prompts, case.settings)
+                    backend.run(seed_prompts, case.settings)
 
     def _run_once(self, case: StageCase, settings: RunSettings) -> RunOutputs:
         self._prepare(case)
-        return self.backend.run(case.workload.prompts(), settings)
+        return self._handle(case).backend.run(case.workload.prompts(), settings)
 
     def measure(
         self, cases: Sequence[StageCase], *, explain: bool = False, write: bool = True
@@ -403,7 +408,7 @@ class StageRunner:
         if len(set(names)) != len(names):
             raise ValueError(f"case names must be unique within one measurement: {names}")
         for case in cases:
-            self.require(case.settings)
+            self.require(case.settings, case.handle)
         warmups = self.options.warmups
         calls: dict[str, int] = dict.fromkeys(names, 0)
         measured: dict[str, list[RunOutputs]] = {name: [] for name in names}
@@ -422,11 +427,11 @@ class StageRunner:
             return call
 
         repeated = self.options.repeat({name: make_call(name) for name in names})
-        instrument = (explain or self.options.profile) and (
-            CAP_INSTRUMENTATION in self.backend.capabilities
-        )
         done = {}
         for case in cases:
+            instrument = (explain or self.options.profile) and (
+                CAP_INSTRUMENTATION in self._handle(case).backend.capabilities
+            )
             instrumented = (
                 self._run_once(case, replace(case.settings, instrument=True))
                 if instrument
@@ -498,7 +503,7 @@ class StageRunner:
         evidence = afd_result_docs.evidence_from_outputs(
             runs[-1],
             routing=case.settings.routing,
-            num_ep_ranks=self.topology.num_ep_ranks,
+            num_ep_ranks=self._handle(case).topology.num_ep_ranks,
             requested_hit_ratio=case.workload.spec.requested_hit_ratio
             if case.settings.prefix_caching
             else None,
@@ -520,7 +525,7 @@ class StageRunner:
         return self.writer.build(
             case_suffix=case.name,
             settings=settings_doc,
-            manifest=self.handle.manifest,
+            manifest=self._handle(case).manifest,
             workload=self.workload_doc(case.workload),
             protocol=protocol,
             metrics=metrics,
