@@ -113,7 +113,8 @@ def load_results(results_dir: Path, *, exclude: Path | None = None) -> LoadedRes
             loaded.skipped.append((path, f"unreadable JSON: {exc}"))
             continue
         if not isinstance(doc, dict) or doc.get("kind") != RESULT_KIND:
-            loaded.skipped.append((path, f"not a result document (kind != {RESULT_KIND!r})"))
+            kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
+            loaded.skipped.append((path, f"not a result document (kind={kind!r})"))
             continue
         try:
             validate_result(doc)

@@ -596,8 +596,21 @@ def prefix_cache_workloads(
     ]
 
 
+def workload_matrix(
+    distributions: Sequence[str] = DISTRIBUTIONS,
+    orders: Sequence[str] = ORDERS,
+    **spec_fields: Any,
+) -> list[Workload]:
+    """Stage C: every distribution in every order, sharing seed, total and scale."""
+    return [
+        build_workload(WorkloadSpec(distribution=distribution, order=order, **spec_fields))
+        for distribution in distributions
+        for order in orders
+    ]
+
+
 def workload_from_json(text: str) -> Workload:
-    """Rebuild a workload from ``json.dumps(workload.spec.to_dict())``."""
+    """Rebuild a workload from ``json.dumps(workload.spec.to_dict())`` (e.g. from a result)."""
     return build_workload(WorkloadSpec(**json.loads(text)))
 
 

@@ -20,6 +20,7 @@ from pytest_afd.workloads import (
     build_workload,
     make_workload,
     workload_from_json,
+    workload_matrix,
 )
 
 SMALL = {"target_total_tokens": 65536, "scale": 1 / 64}
@@ -173,3 +174,12 @@ def test_bad_spec_names_the_bad_value(fields, named):
     with pytest.raises(ValueError) as info:
         WorkloadSpec(**fields)
     assert named in str(info.value)
+
+
+def test_stage_c_matrix_shares_the_total_and_pairs_orders():
+    matrix = workload_matrix(seed=3, **SMALL)
+    assert [(w.spec.distribution, w.spec.order) for w in matrix] == [
+        (d, o) for d in DISTRIBUTIONS for o in ORDERS
+    ]
+    assert {w.total_tokens for w in matrix} == {1024}
+    assert len({w.content_hash for w in matrix}) == len(matrix)
