@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import pytest
 from gate_lib import (
     GateBackends,
+    afd_topology_specs,
     gate_quantization_cases,
     gate_topology_specs,
     support_config_for,
@@ -19,8 +20,11 @@ from pytest_afd.topology import Topology, parse_topology
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """``gate_topology`` over the supported topologies; with ``gate_quantization``, the pairs
-    of :func:`gate_lib.gate_quantization_cases`."""
+    """``gate_topology`` over the supported topologies (with ``gate_quantization``: the pairs
+    of :func:`gate_lib.gate_quantization_cases`); ``gate_afd_topology`` over the AFD ones."""
+    if "gate_afd_topology" in metafunc.fixturenames:
+        specs = afd_topology_specs(afd_session(metafunc.config).options)
+        metafunc.parametrize("gate_afd_topology", specs, ids=specs, scope="session")
     if "gate_topology" not in metafunc.fixturenames:
         return
     specs = gate_topology_specs(afd_session(metafunc.config).options)

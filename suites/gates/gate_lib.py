@@ -69,6 +69,17 @@ def gate_topology_specs(options: AfdOptions) -> list[str]:
     return list(dict.fromkeys((session, *SUPPORTED_CPU_TOPOLOGIES)))
 
 
+def afd_topology_specs(options: AfdOptions) -> list[str]:
+    """The AFD (Attention + FFN) topologies among the gate topologies: the CPU AFD runtime's.
+
+    Only the CPU backend has the in-repo process-pair runtime; elsewhere the
+    backend's own AFD deployment is covered through ``Backend.run``.
+    """
+    if options.backend != CPU_BACKEND:
+        return []
+    return [s for s in gate_topology_specs(options) if parse_topology(s, options.aliases).is_afd]
+
+
 def gate_quantization_cases(specs: Sequence[str]) -> list[tuple[str, str]]:
     """Every topology unquantized, plus W8A8 on the first (the session's) topology.
 
