@@ -65,6 +65,10 @@ SUMMARY_FILE = "summary.json"
 WORKEROUTPUT_KEY = "afd_results"
 AFD_SESSION_PLUGIN = "afd-session"
 ENV_NUM_NODES = "AFD_NUM_NODES"
+DEFAULT_NUM_NODES = 1
+# Marker defaults: npu() alone means one NPU, multi_node() alone means two nodes.
+DEFAULT_NPU_DEVICES = 1
+DEFAULT_MULTI_NODE_NODES = 2
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off", "")
 
@@ -213,8 +217,8 @@ class AfdOptions:
     update_golden: bool
     require_hardware: bool
     devices_per_node: int
+    topology: Topology
     aliases: Mapping[str, str] = field(default_factory=dict)
-    topology: Topology | None = None
 
     def run_settings(self, **overrides: Any) -> RunSettings:
         """RunSettings defaults from the options (routing, profile, split constraints), then overrides."""
@@ -476,10 +480,27 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return lines
 
 
-def _hardware_skip_reason(item: pytest.Item, opts: AfdOptions) -> str | None:
+def _marker_count(marker: pytest.Mark, key: str, default: int) -> int:
+    """``marker(key=N)`` or ``marker(N)`` as a positive int; anything else fails the test, naming it."""
+    value = marker.kwargs.get(key, marker.args[0] if marker.args else default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise pytest.UsageError(
+            f"@pytest.mark.{marker.name}({key}={value!r}): expected a positive int"
+        )
+    return value
+
+
+def _available_nodes() -> int:
+    text = os.environ.get(ENV_NUM_NODES, "").strip() or str(DEFAULT_NUM_NODES)
+    if not text.isdigit() or int(text) < 1:
+        pytest.fail(f"${ENV_NUM_NODES}={text!r}: expected a positive integer", pytrace=False)
+    return int(text)
+
+
+def _hardware_skip_reason(item: pytest.Item) -> str | None:
     npu = item.get_closest_marker("npu")
     if npu is not None:
-        devices = int(npu.kwargs.get("devices", npu.args[0] if npu.args else 1))
+        devices = _marker_count(npu, "devices", DEFAULT_NPU_DEVICES)
         soc = npu.kwargs.get("soc")
         available, found_soc, why = detect_npus()
         if available < devices:
@@ -488,8 +509,8 @@ def _hardware_skip_reason(item: pytest.Item, opts: AfdOptions) -> str | None:
             return f"needs SoC {soc!r} (npu marker), found {found_soc!r}"
     multi = item.get_closest_marker("multi_node")
     if multi is not None:
-        nodes = int(multi.kwargs.get("nodes", multi.args[0] if multi.args else 2))
-        have = int(os.environ.get(ENV_NUM_NODES, "1") or "1")
+        nodes = _marker_count(multi, "nodes", DEFAULT_MULTI_NODE_NODES)
+        have = _available_nodes()
         if have < nodes:
             return f"needs {nodes} nodes (multi_node marker), {ENV_NUM_NODES}={have}"
     return None
@@ -512,7 +533,7 @@ def detect_npus() -> tuple[int, str | None, str]:
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
     opts = afd_session(item.config).options
-    reason = _hardware_skip_reason(item, opts)
+    reason = _hardware_skip_reason(item)
     if reason is None:
         return
     if opts.require_hardware:

@@ -229,6 +229,27 @@ def test_plugin_hardware_markers_skip_then_fail_when_required(fake, monkeypatch)
     result.stdout.fnmatch_lines(["*--afd-require-hardware: needs 16 NPU devices*"])
     monkeypatch.setenv("AFD_NUM_NODES", "4")
     run(fake, "-k", "nodes").assert_outcomes(passed=1, deselected=4)
+    monkeypatch.setenv("AFD_NUM_NODES", "four")
+    result = run(fake, "-k", "nodes")
+    result.assert_outcomes(errors=1, deselected=4)
+    result.stdout.fnmatch_lines(["*$AFD_NUM_NODES='four': expected a positive integer*"])
+
+
+def test_plugin_bad_marker_arguments_fail_naming_them(fake):
+    fake.makepyfile(test_bad="""
+import pytest
+
+@pytest.mark.npu(devices="many")
+def test_npu(): pass
+
+@pytest.mark.multi_node(0)
+def test_nodes(): pass
+""")
+    result = run(fake)
+    result.assert_outcomes(errors=2)
+    result.stdout.fnmatch_lines(["*@pytest.mark.npu(devices='many'): expected a positive int*",
+                                 "*@pytest.mark.multi_node(nodes=0): expected a positive int*"],
+                                consecutive=False)
 
 
 BACKEND_USER = """
