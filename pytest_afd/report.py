@@ -13,7 +13,8 @@ Fields read beyond the schema's required ones (all optional, documented in
   CPU backend records it): forward step time; without either it is derived as
   run wall time (logical tokens / prefill tokens/s) / forward steps.
 - ``evidence.per_layer_timings.layers``: a list, one mapping per layer of
-  component name -> seconds, for the per-layer breakdown.
+  component name -> seconds, for the per-layer breakdown
+  (:func:`layer_breakdown_from_tables` makes it from the AFD runtime's tables).
 - ``evidence.chunk_plan``: ``SchedulePlan.to_json()`` (``valid``,
   ``reasons``); a Stage D size with ``valid: false`` is marked invalid.
 """
@@ -62,6 +63,7 @@ STEP_TIME_METRIC = "step_time_s"
 STEP_WALL_TIME = "wall_time_s"
 CHUNK_PLAN_KEY = "chunk_plan"
 LAYERS_KEY = "layers"
+TABLE_INDEX_KEYS = frozenset({"layer", "ubatch"})
 # Settings that tell two cases of one stage apart besides the split policy.
 CONDITION_FIELDS = ("routing", "chunk", "prefix_cache", "hit", "quant", "align")
 
@@ -260,6 +262,26 @@ def per_layer_components(doc: Mapping[str, Any]) -> list[Mapping[str, float]] | 
     if is_absent(timings) or not isinstance(timings, Mapping) or LAYERS_KEY not in timings:
         return None
     return timings[LAYERS_KEY]
+
+
+def layer_breakdown_from_tables(
+    tables: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> dict[str, Any]:
+    """``{"layers": [...]}`` from per-role tables of (layer, ubatch, kind seconds) rows.
+
+    The AFD runtime's instrumented step evidence holds such tables (``per_layer``:
+    ``{"attention": rows, "ffn": rows}``); ubatches are summed and each
+    component is named ``role/kind`` so both sides share one stacked bar.
+    """
+    totals: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for role, rows in tables.items():
+        for row in rows:
+            for kind, seconds in row.items():
+                if kind not in TABLE_INDEX_KEYS:
+                    totals[int(row["layer"])][f"{role}/{kind}"] += float(seconds)
+    if not totals:
+        return {LAYERS_KEY: []}
+    return {LAYERS_KEY: [dict(sorted(totals[layer].items())) for layer in range(max(totals) + 1)]}
 
 
 def normalised_expert_heat(doc: Mapping[str, Any]) -> np.ndarray | None:

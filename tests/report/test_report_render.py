@@ -417,3 +417,22 @@ def test_condition_labels_separate_phases_and_keep_policies_together():
         "stage_d/c64": "uniform-fixed-hit50 chunk=64",
         "stage_d/none": "uniform-fixed-hit50 chunk=unchunked",
     }
+
+
+def test_layer_breakdown_from_afd_runtime_tables():
+    tables = {
+        "attention": [
+            {"layer": 0, "ubatch": 0, "attention": 0.25, "wait": 0.5},
+            {"layer": 0, "ubatch": 1, "attention": 0.25},
+            {"layer": 2, "ubatch": 0, "attention": 1.0},
+        ],
+        "ffn": [{"layer": 0, "ubatch": 0, "routed_moe": 2.0}],
+    }
+    assert report.layer_breakdown_from_tables(tables) == {
+        "layers": [
+            {"attention/attention": 0.5, "attention/wait": 0.5, "ffn/routed_moe": 2.0},
+            {},
+            {"attention/attention": 1.0},
+        ]
+    }
+    assert report.layer_breakdown_from_tables({}) == {"layers": []}
