@@ -49,6 +49,7 @@ def test_afd_dp3pcp8_ep8_matches_recipe_shape():
         assert single(process.flag_values("--tensor-parallel-size")) == "1"
         assert single(process.flag_values("--data-parallel-address")) == RECIPE_NODES[0]
         assert dict(process.env)["VLLM_ASCEND_ENABLE_CONTEXT_PARALLEL"] == "1"
+        assert dict(process.env)["VLLM_SERVER_DEV_MODE"] == "1"  # POST /reset_prefix_cache
     assert single(attention1.flag_values("--data-parallel-start-rank")) == "2"
     assert "--headless" in attention1.argv and "--port" not in attention1.argv
     assert single(ffn.flag_values("--data-parallel-size")) == "8"

@@ -379,6 +379,9 @@ def _environment(topology: Topology, shape: _RoleShape, options: LaunchOptions, 
     }
     if shape.pcp > 1:
         env["VLLM_ASCEND_ENABLE_CONTEXT_PARALLEL"] = "1"
+    if shape.role != ROLE_FFN:
+        # Exposes POST /reset_prefix_cache, which cold-cache phases need (RFC Stage B).
+        env["VLLM_SERVER_DEV_MODE"] = "1"
     if topology.is_afd:
         env["VLLM_PLUGINS"] = "ascend,afd"
         env["HCCL_BUFFSIZE"] = str(AFD_HCCL_BUFFSIZE_MB)
