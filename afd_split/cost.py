@@ -28,13 +28,23 @@ import numpy as np
 
 from afd_split.constraints import SplitConstraints
 from afd_split.errors import SplitRejectedError
-from afd_split.policies.token_balanced import token_balanced_cut_range
+from afd_split.policies.token_balanced import (
+    select_token_balanced_cut,
+    token_balanced_cut_range,
+)
 
 NUM_UBATCHES = 2
 """The pipeline this models has exactly two stages (the RFC's scope)."""
 
 DEFAULT_NUM_MOE_LAYERS = 8
 """Pipeline depth assumed when the caller does not say (the reduced ten-layer model's MoE layers)."""
+
+MIN_MODELLED_GAIN = 0.02
+"""Leave token_balanced's cut only for a modelled makespan at least this much (relative) shorter.
+
+Why: where the modelled makespan is flat (one role dominates), the argmin moves
+on model error alone; measured runs then lose to the plain token-balanced cut.
+"""
 
 
 @dataclass(frozen=True)
@@ -244,7 +254,8 @@ def select_cost_balanced_cut(
 
     Candidates are the cuts token_balanced may choose from (multiples of align
     leaving min_ubatch_tokens on each side), so this policy differs from
-    token_balanced only in where inside that range it cuts.
+    token_balanced only in where inside that range it cuts, and only when the
+    model predicts a gain of at least ``MIN_MODELLED_GAIN``.
     """
     model = active_cost_model()
     num_tokens = int(cu_tokens[-1])
@@ -269,6 +280,10 @@ def select_cost_balanced_cut(
     makespan = two_stage_makespan([a0, a1], [f0, f1], model.num_moe_layers)
     # Last index of the minimum: the tail carries padding and the boundary's KV read.
     best = len(cuts) - 1 - int(np.argmin(makespan[::-1]))
+    balanced_cut = select_token_balanced_cut(scheduled_tokens, cu_tokens, constraints, None)
+    balanced = int((balanced_cut - lowest) // align)
+    if makespan[best] > makespan[balanced] * (1.0 - MIN_MODELLED_GAIN):
+        return balanced_cut
     return int(cuts[best])
 
 

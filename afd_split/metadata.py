@@ -38,7 +38,7 @@ def _read_only_int64(name: str, value) -> np.ndarray:
         return array
     else:
         array = array.view()
-    array.flags.writeable = False
+    array.setflags(write=False)
     return array
 
 
@@ -273,7 +273,7 @@ def _slots(
 
 
 def _frozen(array: np.ndarray) -> np.ndarray:
-    array.flags.writeable = False
+    array.setflags(write=False)
     return array
 
 
@@ -319,12 +319,12 @@ def split_metadata(plan: SplitPlan, metadata: BatchMetadata, *, validate: bool =
         if already_done:
             computed = computed.copy()
             computed[0] += already_done
-            computed.flags.writeable = False
+            computed.setflags(write=False)
         left_over = qsl[req_stop] - token_stop
         if left_over:
             seq_lens = seq_lens.copy()
             seq_lens[-1] -= left_over
-            seq_lens.flags.writeable = False
+            seq_lens.setflags(write=False)
         parts.append(
             _from_trusted_arrays(
                 query_start_loc=_frozen(local_qsl),

@@ -67,7 +67,7 @@ class UBatch:
             token_starts = np.cumsum(self.piece_tokens) - self.piece_tokens
             shift = np.repeat(self.piece_row_starts - token_starts, self.piece_tokens)
             rows = np.arange(self.num_real_tokens, dtype=np.int64) + shift
-        rows.flags.writeable = False
+        rows.setflags(write=False)
         return rows
 
     def to_dict(self) -> dict:
@@ -185,7 +185,7 @@ def as_token_counts(values, *, name: str, minimum: int) -> np.ndarray:
     if np.minimum.reduce(array) < minimum:
         bad = int(np.flatnonzero(array < minimum)[0])
         raise ValueError(f"{name}[{bad}]={int(array[bad])} is below the minimum {minimum}")
-    array.flags.writeable = False
+    array.setflags(write=False)
     return array
 
 
@@ -215,7 +215,7 @@ def plan_split(
             )
     cu_tokens = np.add.accumulate(tokens)
     if constraints.padded_total is not None:
-        constraints.total_rows_for(int(cu_tokens[-1]))  # ValueError when below round_up(T)
+        constraints.total_rows_for(cu_tokens.item(-1))  # ValueError when below round_up(T)
     selector = CUT_SELECTORS.get(policy)
     if selector is None:
         return _unsplit_plan(policy, tokens, cu_tokens, constraints, None)
@@ -245,9 +245,9 @@ def _piece_layout(pieces: np.ndarray, row_multiple: int) -> tuple[np.ndarray, in
     """Row start of each request piece and the rows they need under PCP padding."""
     piece_rows = -(-pieces // row_multiple) * row_multiple
     ends = piece_rows.cumsum()
-    ends.flags.writeable = False
+    ends.setflags(write=False)
     starts = ends - piece_rows
-    starts.flags.writeable = False
+    starts.setflags(write=False)
     return starts, int(ends[-1])
 
 
@@ -305,7 +305,7 @@ def _unsplit_plan(
     fallback_reason: str | None,
 ) -> SplitPlan:
     """The whole batch as one padded ubatch (padded_total rows when given)."""
-    num_tokens = int(cu_tokens[-1])
+    num_tokens = cu_tokens.item(-1)
     ubatch = _ubatch(
         0, 0, num_tokens, 0, tokens.size, tokens, constraints, constraints.padded_total
     )
@@ -330,13 +330,13 @@ def _split_plan(
     cut: int,
 ) -> SplitPlan:
     """Derive request slices, the boundary request and padding rows from a cut."""
-    num_tokens = int(cu_tokens[-1])
+    num_tokens = cu_tokens.item(-1)
     num_requests = tokens.size
     if not 0 < cut < num_tokens:
         raise SplitRejectedError(f"cut at token {cut} leaves an empty ubatch of {num_tokens}")
-    straddling = int(cu_tokens.searchsorted(cut, side="right"))
-    request_end = int(cu_tokens[straddling])
-    head_tokens = cut - (request_end - int(tokens[straddling]))
+    straddling = int(cu_tokens.searchsorted(cut + 1))  # first request ending after the cut
+    request_end = cu_tokens.item(straddling)
+    head_tokens = cut - (request_end - tokens.item(straddling))
     if head_tokens == 0:
         boundary, head_stop, tail_tokens = None, straddling, 0
     else:

@@ -8,7 +8,7 @@ interleaved sample by sample so machine noise hits both sides alike:
     tie-broken by request-count balance, min tokens per ubatch) over a list;
   * plan_split(request_boundary) and plan_split(token_balanced) on the numpy
     per-request counts a model runner already holds;
-  * plan_split(token_balanced) + split_metadata (and + validate, for reference).
+  * plan_split(token_balanced) + split_metadata (and, with a few samples, + validate).
 Prints median and p90 per call in microseconds and the baseline / numpy ratio.
 Targets (2-core CPU): planning at 512 requests >= 10x the baseline; plan +
 split_metadata at 512 requests < 100 us median. Timings read the thread's CPU
@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import itertools
 import json
 import os
 import platform
+import random
 import time
 from pathlib import Path
 
@@ -41,6 +43,7 @@ TRACE = (
 SPEEDUP_TARGET = 10.0
 PLAN_AND_SPLIT_TARGET_US = 100.0
 TARGET_REQUESTS = 512
+VALIDATE_SAMPLES = 10
 
 
 def baseline_request_boundary(tokens: list[int], min_tokens: int = 1) -> int | None:
@@ -81,18 +84,29 @@ def prompt_lengths(num_requests: int, rng: np.random.Generator) -> np.ndarray:
     return lengths
 
 
-def time_interleaved(callables: dict, samples: int, calls_per_sample: int) -> dict:
-    """Per-call microseconds for each callable, sampled round-robin so load hits all alike."""
+def time_interleaved(callables: dict, samples: int, calls_per_sample: int, seed: int) -> dict:
+    """Per-call microseconds for each callable: rounds of one sample each, in a shuffled order
+    per round so no callable always follows the same neighbour; GC off while timing, as timeit."""
     per_call = {name: [] for name in callables}
+    names = list(callables)
+    order_rng = random.Random(seed)
     for fn in callables.values():  # warm-up
         for _ in range(calls_per_sample):
             fn()
-    for _ in range(samples):
-        for name, fn in callables.items():
-            start = time.thread_time_ns()
-            for _ in range(calls_per_sample):
-                fn()
-            per_call[name].append((time.thread_time_ns() - start) / calls_per_sample / 1000)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(samples):
+            order_rng.shuffle(names)
+            for name in names:
+                fn = callables[name]
+                start = time.thread_time_ns()
+                for _ in range(calls_per_sample):
+                    fn()
+                per_call[name].append((time.thread_time_ns() - start) / calls_per_sample / 1000)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     return {name: np.array(values) for name, values in per_call.items()}
 
 
@@ -111,7 +125,7 @@ def speedup(baseline: np.ndarray, candidate: np.ndarray) -> dict:
     }
 
 
-def bench_batch(num_requests: int, samples: int, rng: np.random.Generator) -> dict:
+def bench_batch(num_requests: int, samples: int, rng: np.random.Generator, seed: int) -> dict:
     tokens = prompt_lengths(num_requests, rng)
     computed = np.where(rng.random(num_requests) < 0.5, 0, rng.integers(0, 4096, num_requests))
     token_list = tokens.tolist()
@@ -144,10 +158,16 @@ def bench_batch(num_requests: int, samples: int, rng: np.random.Generator) -> di
                 tokens, policy="token_balanced", constraints=constraints
             ),
             "plan_and_split_metadata": plan_and_split,
-            "plan_split_metadata_and_validate": plan_split_validate,
         },
         samples,
         calls,
+        seed,
+    )
+    # O(T) invariant checking is for tests and debugging; a few samples are enough to size it.
+    samples_us.update(
+        time_interleaved(
+            {"plan_split_metadata_and_validate": plan_split_validate}, VALIDATE_SAMPLES, 1, seed
+        )
     )
     base = samples_us["baseline_python_request_boundary"]
     token_plan = plan_split(tokens, policy="token_balanced", constraints=constraints)
@@ -176,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
-    results = [bench_batch(size, args.samples, rng) for size in BATCH_SIZES]
+    results = [bench_batch(size, args.samples, rng, args.seed) for size in BATCH_SIZES]
     at_target = next(r for r in results if r["num_requests"] == TARGET_REQUESTS)
     plan_speedups = at_target["speedup_vs_baseline"]
     report = {

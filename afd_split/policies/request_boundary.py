@@ -28,17 +28,17 @@ def select_request_boundary_cut(
         raise SplitRejectedError(
             f"request_boundary: a batch of {num_requests} request(s) has no interior boundary"
         )
-    num_tokens = int(cu_tokens[-1])
+    num_tokens = cu_tokens.item(-1)
     min_tokens = constraints.min_ubatch_tokens
     # Interior boundaries are cu_tokens[0 .. R-2]; boundary k puts k + 1 requests in the head.
     interior = cu_tokens[:-1]
     last = num_requests - 2
     # Integer cu values: ">= x" is searchsorted(x), "<= y" is searchsorted(y + 1) - 1; the
     # common min_ubatch_tokens that every boundary satisfies skips both searches.
-    first_ok = 0 if interior[0] >= min_tokens else int(interior.searchsorted(min_tokens))
+    first_ok = 0 if interior.item(0) >= min_tokens else int(interior.searchsorted(min_tokens))
     last_ok = (
         last
-        if num_tokens - interior[last] >= min_tokens
+        if num_tokens - interior.item(last) >= min_tokens
         else int(interior.searchsorted(num_tokens - min_tokens + 1)) - 1
     )
     if first_ok > last_ok:
@@ -49,7 +49,7 @@ def select_request_boundary_cut(
     upper = int(interior.searchsorted((num_tokens + 1) // 2))
     below = min(max(upper - 1, first_ok), last_ok)
     above = min(max(upper, first_ok), last_ok)
-    cut_below, cut_above = int(interior[below]), int(interior[above])
+    cut_below, cut_above = interior.item(below), interior.item(above)
     key_below = (abs(2 * cut_below - num_tokens), abs(2 * below + 2 - num_requests), below)
     key_above = (abs(2 * cut_above - num_tokens), abs(2 * above + 2 - num_requests), above)
     return cut_below if key_below <= key_above else cut_above

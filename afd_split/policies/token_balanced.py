@@ -28,7 +28,7 @@ def select_token_balanced_cut(
     head's KV for the boundary request, so it is the one to keep lighter.
     The choice is arithmetic (O(1)); the request layout is derived afterwards.
     """
-    num_tokens = int(cu_tokens[-1])
+    num_tokens = cu_tokens.item(-1)
     align = constraints.align
     if align >= num_tokens:
         raise SplitRejectedError(
