@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
@@ -583,11 +584,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         plan = build_launch_plan(args.npu_topology, options_from_args(args))
     except LaunchPlanError as error:
         parser.exit(2, f"afd-launch-plan: error: {error}\n")
-    if args.json:
-        json.dump(plan.to_json(), sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(plan.format_text())
+    text = json.dumps(plan.to_json(), indent=2) + "\n" if args.json else plan.format_text()
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `afd-launch-plan ... | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 
