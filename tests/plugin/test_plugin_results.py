@@ -224,3 +224,17 @@ def test_plugin_manifest_reads_npu_smi(tmp_path, monkeypatch):
     (tmp_path / "version.info").write_text('Version="25.0.0"\n')
     monkeypatch.setattr(manifest_module, "DRIVER_VERSION_FILE", tmp_path / "version.info")
     assert manifest_module.driver_version() == "25.0.0"
+
+
+def test_plugin_schemas_are_valid_2020_12_with_id_and_version():
+    from jsonschema import Draft202012Validator
+
+    from pytest_afd.manifest import MANIFEST_SCHEMA_VERSION
+
+    for file_name, version in (("manifest.schema.json", MANIFEST_SCHEMA_VERSION),
+                               ("result.schema.json", results.SCHEMA_VERSION)):
+        schema = results.load_schema(file_name)
+        Draft202012Validator.check_schema(schema)
+        assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+        assert schema["$id"].startswith("urn:pytest-afd:schema:")
+        assert schema["properties"]["schema_version"] == {"const": version}
