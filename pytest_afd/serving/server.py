@@ -34,7 +34,7 @@ from typing import Any
 from pytest_afd.backends.base import Backend, PromptRequest, RequestOutput, RunSettings
 
 PREFILL_MAX_TOKENS = 1
-LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
 ENGINE_IDLE_POLL_S = 0.2
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SSE_DONE = b"data: [DONE]\n\n"
@@ -368,6 +368,19 @@ def settings_from_json(text: str) -> RunSettings:
     return RunSettings(**values)
 
 
+def _argument(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """argparse shows an ArgumentTypeError's message (a ValueError's becomes "invalid value")."""
+
+    def parse_argument(text: str) -> Any:
+        try:
+            return parse(text)
+        except (ValueError, TypeError) as error:
+            raise argparse.ArgumentTypeError(str(error)) from error
+
+    parse_argument.__name__ = parse.__name__
+    return parse_argument
+
+
 def _write_port_file(path: Path, port: int) -> None:
     """Atomic, so the parent never reads a half-written port."""
     temporary = path.with_name(path.name + ".tmp")
@@ -383,11 +396,11 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--served-model-name", default=None, help="defaults to --model-name")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results-dir", type=Path, default=Path("afd-results"))
-    parser.add_argument("--host", default="127.0.0.1", type=check_loopback)
+    parser.add_argument("--host", default="127.0.0.1", type=_argument(check_loopback))
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--port-file", type=Path, default=None,
                         help="write the bound port here once listening")
-    parser.add_argument("--settings-json", type=settings_from_json, default=RunSettings(),
+    parser.add_argument("--settings-json", type=_argument(settings_from_json), default=RunSettings(),
                         help="RunSettings as a JSON object (dataclasses.asdict)")
     return parser
 

@@ -1,0 +1,55 @@
+"""The CPU server's command-line contract: loopback only, RunSettings JSON validated."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pytest_afd.backends.base import RunSettings
+from pytest_afd.serving.server import (
+    BadRequest,
+    check_loopback,
+    parse_completion_request,
+    settings_from_json,
+)
+
+
+def test_settings_round_trip_and_bad_values():
+    settings = RunSettings(split_policy="request_boundary", chunk_size=256, block_size=16)
+    assert settings_from_json(json.dumps(dataclasses.asdict(settings))) == settings
+    with pytest.raises(ValueError, match=r"unknown RunSettings fields \['chunk'\]"):
+        settings_from_json('{"chunk": 8}')
+    with pytest.raises(ValueError, match="split_policy='diagonal'"):
+        settings_from_json('{"split_policy": "diagonal"}')
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        settings_from_json("[1]")
+
+
+def test_only_loopback_hosts_are_served():
+    assert check_loopback("127.0.0.1") == "127.0.0.1"
+    with pytest.raises(ValueError, match=r"host='0\.0\.0\.0'; this unauthenticated server binds loopback only"):
+        check_loopback("0.0.0.0")
+
+
+def test_completion_request_contract():
+    assert parse_completion_request({"prompt": [1, 2], "stream": True,
+                                     "stream_options": {"include_usage": True}}, "m") == ((1, 2), True, True)
+    with pytest.raises(BadRequest, match="stream='yes'"):
+        parse_completion_request({"prompt": [1], "stream": "yes"}, "m")
+    with pytest.raises(BadRequest, match="list of token ids"):
+        parse_completion_request({"prompt": [True]}, "m")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--host", "0.0.0.0"], "binds loopback only"),
+        (["--settings-json", '{"routing": "skewed"}'], "routing='skewed'"),
+    ],
+)
+def test_cli_refuses_bad_arguments_before_loading_anything(arguments, message):
+    completed = subprocess.run([sys.executable, "-m", "pytest_afd.serving.server", *arguments],
+                               capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 2 and message in completed.stderr
