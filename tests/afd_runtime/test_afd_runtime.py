@@ -70,6 +70,38 @@ def test_chunked_continuation_with_padding_reads_earlier_kv(runtime_1p1, referen
     expected = reference_forward(reference_model, [(first_ids, first), (second_ids, second)], plans)
     for got, want in zip(results, expected, strict=True):
         np.testing.assert_array_equal(got.logits, want.last_logits.numpy())
+        assert got.padding_routed_rows == want.padding_routed_rows
+
+
+def test_copied_prefix_block_is_read_by_the_next_step(runtime_1p1, reference_model, afd_config):
+    """copy_kv_slots lets a parent-side BlockPool reuse a partial prefix block on the rank."""
+    import torch
+    from afd_runtime_helpers import BLOCK_SIZE, THREADS_PER_RANK
+
+    from afd_split import BatchMetadata
+    from pytest_afd.backends.cpu import Executor, PagedKVCache
+
+    seed_ids, _ = make_batch(afd_config, [40], seed=12)
+    seeded = BatchMetadata.from_requests([40], [0], np.array([[0, 1, 2]]), BLOCK_SIZE)
+    # The new request shares 20 prefix tokens: block 0 whole, 4 slots of block 1 copied to block 5.
+    src = np.arange(BLOCK_SIZE, BLOCK_SIZE + 4)
+    dst = np.arange(5 * BLOCK_SIZE, 5 * BLOCK_SIZE + 4)
+    new_ids, _ = make_batch(afd_config, [30], seed=13)
+    cont = BatchMetadata.from_requests([30], [20], np.array([[0, 5, 6, 7]]), BLOCK_SIZE)
+    plan_seed, plan_cont = plan_for(seeded, "none"), plan_for(cont, "none")
+    runtime_1p1.reset_kv_cache()
+    runtime_1p1.run_forward(seed_ids, seeded, plan_seed, stage_dense_layers=True)
+    runtime_1p1.copy_kv_slots(src, dst, block_size=BLOCK_SIZE)
+    got = runtime_1p1.run_forward(new_ids, cont, plan_cont, stage_dense_layers=True)
+    torch.set_num_threads(THREADS_PER_RANK)
+    cache = PagedKVCache(afd_config, BLOCK_SIZE, num_blocks=8)
+    executor = Executor(reference_model, cache)
+    executor.execute(seed_ids, seeded, plan_seed)
+    cache.copy_slots(torch.from_numpy(src), torch.from_numpy(dst))
+    want = executor.execute(new_ids, cont, plan_cont)
+    np.testing.assert_array_equal(got.logits, want.last_logits.numpy())
+    with pytest.raises(ValueError, match="src has shape"):
+        runtime_1p1.copy_kv_slots(src, dst[:2], block_size=BLOCK_SIZE)
 
 
 def test_instrumented_step_evidence(runtime_1p1, afd_config):

@@ -50,6 +50,7 @@ from pytest_afd.backends.cpu.model import DeepseekV32Model, build_model, row_pos
 
 COMMAND_FORWARD = "forward"
 COMMAND_RESET_KV = "reset_kv"
+COMMAND_COPY_KV = "copy_kv"
 
 FAULT_KILL = "kill"  # SIGKILL itself: a crashed rank
 FAULT_HANG = "hang"  # stop answering: a hung rank
@@ -158,10 +159,22 @@ class AttentionRole:
         if command == COMMAND_RESET_KV:
             self.kv_cache = None
             return {}
+        if command == COMMAND_COPY_KV:
+            with torch.inference_mode():  # the cache's tensors were made in inference mode
+                return self.copy_kv(**body)
         if command != COMMAND_FORWARD:
             raise ValueError(f"unknown command {command!r}")
         with torch.inference_mode():
             return self.forward(**body)
+
+    def copy_kv(self, *, block_size: int, src: np.ndarray, dst: np.ndarray) -> dict:
+        """Copy KV slots in every layer (a partially reused prefix block, see BlockPool)."""
+        if self.kv_cache is None or self.kv_cache.block_size != block_size:
+            self.kv_cache = PagedKVCache(self.config, block_size)
+        highest = int(max(src.max(initial=0), dst.max(initial=0)))
+        self.kv_cache.ensure_blocks(highest // block_size + 1)
+        self.kv_cache.copy_slots(torch.from_numpy(src), torch.from_numpy(dst))
+        return {}
 
     def _cache_for(self, metadata) -> PagedKVCache:
         block_size = metadata.block_size
@@ -344,7 +357,7 @@ class FfnRole:
 
     def handle(self, message: tuple) -> Any:
         command, body = message
-        if command == COMMAND_RESET_KV:
+        if command in (COMMAND_RESET_KV, COMMAND_COPY_KV):  # the KV cache lives on Attention ranks
             return {}
         if command != COMMAND_FORWARD:
             raise ValueError(f"unknown command {command!r}")

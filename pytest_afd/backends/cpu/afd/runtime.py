@@ -31,6 +31,7 @@ from pytest_afd.backends.cpu.afd.procs import (
     RankSpec,
 )
 from pytest_afd.backends.cpu.afd.roles import (
+    COMMAND_COPY_KV,
     COMMAND_FORWARD,
     COMMAND_RESET_KV,
     FAULT_MODES,
@@ -57,6 +58,7 @@ class AfdForwardResult:
     hidden: np.ndarray  # [T, hidden] real rows in logical order (before the final norm)
     logits: np.ndarray  # [len(logits_rows) or T, vocab]
     expert_load: list[list[int]]  # per MoE layer, real tokens routed to each expert
+    padding_routed_rows: int = 0  # padding rows that went through the experts (all MoE layers)
     evidence: dict[str, Any] = field(default_factory=dict)
     wall_time_s: float = 0.0
     # Instrumented runs: every rank's raw spans by global rank (Attention ranks first).
@@ -257,12 +259,32 @@ class AfdRuntime:
                 hidden=replies[rank]["hidden"],
                 logits=replies[rank]["logits"],
                 expert_load=replies[rank]["expert_load"],
+                padding_routed_rows=sum(u.num_padded_tokens for u in plan.ubatches)
+                * len(self.config.moe_layer_indices),
                 evidence=evidence,
                 wall_time_s=replies[rank]["step_end"] - replies[rank]["step_start"],
                 spans=spans if instrument else {},
             )
-            for rank in self.attention_ranks
+            for rank, (_, _, plan, _) in zip(self.attention_ranks, batches, strict=True)
         ]
+
+    def copy_kv_slots(self, src, dst, *, block_size: int, attention_rank: int = 0) -> None:
+        """``PagedKVCache.copy_slots`` on an Attention rank's cache (BlockPool's partial prefix block).
+
+        A parent-side ``BlockPool`` can drive the ranks' cache through a small proxy
+        whose ``copy_slots`` calls this and whose ``ensure_blocks`` does nothing
+        (each forward grows the rank's cache to its block table).
+        """
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        if src.shape != dst.shape:
+            raise ValueError(f"copy_kv_slots: src has shape {src.shape}, dst {dst.shape}")
+        if not 0 <= attention_rank < self.topology.num_attention:
+            raise ValueError(
+                f"attention_rank={attention_rank}; expected 0..{self.topology.num_attention - 1}"
+            )
+        message = (COMMAND_COPY_KV, {"block_size": block_size, "src": src, "dst": dst})
+        self._group.request({self.attention_ranks[attention_rank]: message}, self.step_timeout_s)
 
     def reset_kv_cache(self) -> None:
         """Drop every Attention rank's KV cache (cold prefix cache)."""
