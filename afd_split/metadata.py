@@ -166,8 +166,9 @@ class BatchMetadata:
 
         Checks: shapes agree; query_start_loc starts at 0, ends at num_tokens and
         has no empty request entry; seq_len - query_len == num_computed_tokens;
-        positions continue each request's computed prefix; slot_mapping addresses
-        each token's block through the request's block-table row.
+        1-D positions continue each request's computed prefix (M-RoPE rows are
+        shape-checked only); slot_mapping addresses each token's block through
+        the request's block-table row.
         """
         _check_shapes(self)
         qsl = self.query_start_loc
@@ -195,10 +196,9 @@ class BatchMetadata:
             )
         request_of_token = np.repeat(np.arange(self.num_reqs), query_lens)
         expected = np.arange(self.num_tokens) - qsl[request_of_token] + computed[request_of_token]
-        if self.positions.ndim == 1:
-            wrong = self.positions != expected
-        else:
-            wrong = (self.positions != expected).all(axis=0)
+        # M-RoPE rows follow image grids, so only 1-D positions have a checkable value;
+        # 2-D ones were shape-checked above and split_metadata slices them like 1-D ones.
+        wrong = self.positions != expected if self.positions.ndim == 1 else np.zeros(0, bool)
         if wrong.any():
             token = int(np.flatnonzero(wrong)[0])
             raise SplitInvariantError(

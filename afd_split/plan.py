@@ -19,9 +19,6 @@ from afd_split.constraints import MIN_PCP_FOR_ZIGZAG, SplitConstraints, SplitPol
 from afd_split.errors import SplitRejectedError
 from afd_split.policies import CUT_SELECTORS
 
-NUM_SPLIT_UBATCHES = 2
-"""The RFC supports exactly two stages."""
-
 DEFAULT_CONSTRAINTS = SplitConstraints()
 
 INT64 = np.dtype(np.int64)

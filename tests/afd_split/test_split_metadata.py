@@ -302,3 +302,12 @@ def test_merge_rejects_wrong_row_counts_and_mixed_types():
 def test_from_requests_rejects_a_too_small_block_table():
     with pytest.raises(ValueError, match="needs 2 blocks"):
         BatchMetadata.from_requests([20], block_table=[[0]], block_size=16)
+
+
+def test_mrope_image_positions_are_not_mistaken_for_broken_positions():
+    meta = make([10, 30], mrope=True)
+    image_like = meta.positions.copy()
+    image_like[1:, 3:7] = [[0, 0, 1, 1], [0, 1, 0, 1]]  # an image's height/width grid rows
+    dataclasses.replace(meta, positions=image_like).validate()
+    with pytest.raises(SplitInvariantError, match=r"positions has shape \(3, 39\)"):
+        dataclasses.replace(meta, positions=image_like[:, 1:]).validate()

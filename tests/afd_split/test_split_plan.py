@@ -183,6 +183,8 @@ def test_fingerprint_is_stable_and_sensitive_to_inputs_and_decision():
     tokens = np.array([4096, 120, 7000])
     a = plan_split(tokens, policy=TB, constraints=SplitConstraints(align=8))
     b = plan_split(tokens.tolist(), policy="token_balanced", constraints=SplitConstraints(align=8))
+    c = plan_split(tokens.astype(np.int32), policy=TB, constraints=SplitConstraints(align=8))
+    assert a.fingerprint() == c.fingerprint()
     assert a.fingerprint() == b.fingerprint()
     assert a.fingerprint() != plan_split(tokens, policy=RB).fingerprint()
     assert (
