@@ -23,7 +23,12 @@ import numpy as np
 from pytest_afd import results
 from pytest_afd.backends.base import RunSettings
 from pytest_afd.manifest import absent, collect_manifest
-from pytest_afd.serving.prometheus import PrefixCacheDelta
+from pytest_afd.serving.prometheus import (
+    MetricsFormatError,
+    PrefixCacheDelta,
+    ServerCounters,
+    prefix_cache_delta,
+)
 from pytest_afd.topology import DEFAULT_DEVICES_PER_NODE, parse_topology
 
 BACKEND_NAME = "vllm-ascend"
@@ -222,11 +227,35 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warmups", type=int, default=0)
     parser.add_argument("--results-dir", type=Path, default=Path("afd-results"))
+    parser.add_argument("--metrics-before", type=Path, default=None,
+                        help="/metrics text saved before the bench run (curl -s HOST:PORT/metrics)")
+    parser.add_argument("--metrics-after", type=Path, default=None,
+                        help="/metrics text saved after the bench run")
+    parser.add_argument("--requested-hit-ratio", type=float, default=None)
     return parser
 
 
+def realized_from_scrapes(before: Path, after: Path) -> PrefixCacheDelta:
+    """Realized prefix-cache work between two saved ``/metrics`` scrapes."""
+    return prefix_cache_delta(ServerCounters.from_text(before.read_text()),
+                              ServerCounters.from_text(after.read_text()))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if (args.metrics_before is None) != (args.metrics_after is None):
+        parser.error("--metrics-before and --metrics-after go together")
+    try:
+        path = _import(args)
+    except (BenchImportError, MetricsFormatError, results.ResultValidationError, ValueError,
+            OSError) as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    print(path)
+    return 0
+
+
+def _import(args: argparse.Namespace) -> Path:
     settings = RunSettings(split_policy=args.split_policy, chunk_size=args.chunk_size,
                            prefix_caching=args.prefix_caching, routing=args.routing,
                            quantization=args.quantization,
@@ -240,12 +269,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend_description={"imported_from": SOURCE},
         model_name=args.model_name or str(first.get("model_id")), protocol=protocol,
         emulated=False, devices_per_node=args.devices_per_node)
+    realized = (realized_from_scrapes(args.metrics_before, args.metrics_after)
+                if args.metrics_before is not None else None)
     doc = import_bench_runs(args.files, case_id=args.case_id, settings=settings, manifest=manifest,
                             dataset_name=args.dataset_name, case_kind=args.case_kind,
-                            seed=args.seed, warmups=args.warmups)
-    path = results.write_result(results.result_path(args.results_dir, args.case_id), doc)
-    print(path)
-    return 0
+                            seed=args.seed, warmups=args.warmups, realized_prefix_cache=realized,
+                            requested_hit_ratio=args.requested_hit_ratio)
+    return results.write_result(results.result_path(args.results_dir, args.case_id), doc)
 
 
 if __name__ == "__main__":

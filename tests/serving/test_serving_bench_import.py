@@ -120,3 +120,28 @@ def test_cli_writes_a_valid_result(tmp_path, capsys):
                  "--devices-per-node", "16", "--results-dir", str(tmp_path)]) == 0
     written = Path(capsys.readouterr().out.strip())
     assert results.read_result(written)["manifest"]["hardware"]["node_count"] == 2
+
+
+def test_cli_reads_saved_metrics_scrapes(tmp_path, capsys):
+    before, after = tmp_path / "before.prom", tmp_path / "after.prom"
+    before.write_text('vllm:prefix_cache_queries_total{engine="0"} 1000\n'
+                      'vllm:prefix_cache_hits_total{engine="0"} 0\n')
+    after.write_text('vllm:prefix_cache_queries_total{engine="0"} 31000\n'
+                     'vllm:prefix_cache_hits_total{engine="0"} 15000\n')
+    assert main([str(BENCH_FILE), "--case-id", "stage_b/50", "--npu-topology", "dp3pcp8-ep8",
+                 "--results-dir", str(tmp_path), "--prefix-caching", "--requested-hit-ratio", "0.5",
+                 "--metrics-before", str(before), "--metrics-after", str(after)]) == 0
+    doc = results.read_result(Path(capsys.readouterr().out.strip()))
+    assert doc["evidence"]["prefix_cache"]["realized_hit_ratio"] == 0.5
+    assert doc["evidence"]["prefix_cache"]["requested_hit_ratio"] == 0.5
+
+
+def test_cli_reports_a_bad_file_without_a_traceback(tmp_path, capsys):
+    bad = tmp_path / "summary_only.json"
+    doc = json.loads(BENCH_FILE.read_text())
+    del doc["ttfts"]
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(SystemExit) as raised:
+        main([str(bad), "--case-id", "x", "--npu-topology", "dp3pcp8-ep8", "--results-dir", str(tmp_path)])
+    assert raised.value.code == 2
+    assert "--save-detailed" in capsys.readouterr().err
