@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -39,7 +40,19 @@ from pytest_afd.manifest import absent, manifest_digest
 from pytest_afd.stats import summarize
 
 SCHEMA_VERSION = "1.0.0"
-SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
+# The checked-in schemas live in the repository's schemas/ (next to pytest_afd/
+# in a checkout or editable install); a wheel installs them as data files.
+SOURCE_SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
+INSTALLED_SCHEMAS_DIR = Path(sys.prefix) / "share" / "pytest-afd" / "schemas"
+
+
+def schemas_dir() -> Path:
+    """Where the schemas are: the source tree first, then the installed data files."""
+    if SOURCE_SCHEMAS_DIR.is_dir():
+        return SOURCE_SCHEMAS_DIR
+    return INSTALLED_SCHEMAS_DIR
+
+
 MANIFEST_SCHEMA_FILE = "manifest.schema.json"
 RESULT_SCHEMA_FILE = "result.schema.json"
 CASE_KINDS = (
@@ -78,12 +91,12 @@ def is_absent(value: Any) -> bool:
 
 @functools.cache
 def load_schema(file_name: str) -> dict[str, Any]:
-    path = SCHEMAS_DIR / file_name
+    path = schemas_dir() / file_name
     try:
         return json.loads(path.read_text())
     except FileNotFoundError as exc:
         raise FileNotFoundError(
-            f"schema {path} is missing (schemas/ ships next to pytest_afd/)"
+            f"schema {path} is missing (schemas/ ships next to pytest_afd/ or under <prefix>/share/pytest-afd/schemas)"
         ) from exc
 
 
