@@ -309,7 +309,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise BadRequest(f"body must be a JSON object, got {type(body).__name__}")
             token_ids, stream, include_usage = parse_completion_request(
                 body, self.server.served_model_name)
-        except (BadRequest, json.JSONDecodeError) as error:
+        except ValueError as error:  # BadRequest, bad JSON or a bad Content-Length
             self._send_error_json(HTTPStatus.BAD_REQUEST, str(error))
             return
         request_id = self.headers.get("X-Request-Id") or f"cmpl-{uuid.uuid4().hex}"
