@@ -311,8 +311,11 @@ def split_metadata(plan: SplitPlan, metadata: BatchMetadata, *, validate: bool =
     for ubatch in plan.ubatches:
         token_start, token_stop = ubatch.token_slice.start, ubatch.token_slice.stop
         req_start, req_stop = ubatch.request_slice.start, ubatch.request_slice.stop
-        local_qsl = qsl[req_start : req_stop + 1].clip(token_start, token_stop)
-        local_qsl -= token_start
+        # qsl is sorted and the slice holds exactly the overlapping requests, so only its
+        # two ends can fall outside [token_start, token_stop]: rebase, then pin the ends.
+        local_qsl = qsl[req_start : req_stop + 1] - token_start
+        local_qsl[0] = 0
+        local_qsl[-1] = token_stop - token_start
         computed = metadata.num_computed_tokens[req_start:req_stop]
         seq_lens = metadata.seq_lens[req_start:req_stop]
         already_done = token_start - qsl[req_start]
