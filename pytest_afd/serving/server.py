@@ -36,6 +36,10 @@ from pytest_afd.backends.base import Backend, PromptRequest, RequestOutput, RunS
 PREFILL_MAX_TOKENS = 1
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
 ENGINE_IDLE_POLL_S = 0.2
+# How long the engine keeps collecting after the first waiting request. A burst
+# of concurrent clients reaches the server over a few milliseconds; without a
+# window the first request of an all-at-once burst would be prefilled alone.
+DEFAULT_BATCH_WINDOW_S = 0.02
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -64,9 +68,12 @@ class _Counters:
 class PrefillEngine:
     """Owns the backend: every backend call happens on this one thread."""
 
-    def __init__(self, backend: Backend, settings: RunSettings) -> None:
+    def __init__(self, backend: Backend, settings: RunSettings,
+                 batch_window_s: float = DEFAULT_BATCH_WINDOW_S) -> None:
         self.backend = backend
         self.settings = settings
+        self.batch_window_s = batch_window_s
+        self._deferred: Callable[[], None] | None = None
         self._queue: queue.Queue[_Pending | Callable[[], None]] = queue.Queue()
         self._lock = threading.Lock()
         self._counters = _Counters()
@@ -111,6 +118,10 @@ class PrefillEngine:
             return dataclasses.replace(self._counters)
 
     def _next_batch(self) -> list[_Pending] | Callable[[], None] | None:
+        """The next control item, or the requests that arrive within the batch window."""
+        if self._deferred is not None:
+            control, self._deferred = self._deferred, None
+            return control
         try:
             first = self._queue.get(timeout=ENGINE_IDLE_POLL_S)
         except queue.Empty:
@@ -118,14 +129,14 @@ class PrefillEngine:
         if not isinstance(first, _Pending):
             return first
         batch = [first]
+        deadline = time.monotonic() + self.batch_window_s
         while len(batch) < self.settings.max_num_seqs:
             try:
-                item = self._queue.get_nowait()
+                item = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))
             except queue.Empty:
                 break
             if not isinstance(item, _Pending):
-                # Keep control items in order: run them after this batch.
-                self._queue.put(item)
+                self._deferred = item  # runs right after this batch
                 break
             batch.append(item)
         return batch
@@ -400,6 +411,8 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--port-file", type=Path, default=None,
                         help="write the bound port here once listening")
+    parser.add_argument("--batch-window-s", type=float, default=DEFAULT_BATCH_WINDOW_S,
+                        help="how long to collect requests after the first one of a batch")
     parser.add_argument("--settings-json", type=_argument(settings_from_json), default=RunSettings(),
                         help="RunSettings as a JSON object (dataclasses.asdict)")
     return parser
@@ -418,9 +431,10 @@ def make_backend(args: argparse.Namespace) -> Backend:
 
 
 def serve(backend: Backend, settings: RunSettings, *, host: str, port: int,
-          served_model_name: str, port_file: Path | None = None) -> None:
+          served_model_name: str, port_file: Path | None = None,
+          batch_window_s: float = DEFAULT_BATCH_WINDOW_S) -> None:
     """Serve until SIGTERM/SIGINT; the backend is closed on the way out."""
-    engine = PrefillEngine(backend, settings)
+    engine = PrefillEngine(backend, settings, batch_window_s)
     engine.start()
     httpd = AfdHTTPServer((host, port), engine, served_model_name)
 
@@ -445,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     backend = make_backend(args)
     serve(backend, args.settings_json, host=args.host, port=args.port,
-          served_model_name=args.served_model_name or args.model_name, port_file=args.port_file)
+          served_model_name=args.served_model_name or args.model_name, port_file=args.port_file,
+          batch_window_s=args.batch_window_s)
     return 0
 
 

@@ -10,6 +10,7 @@ from pytest_afd.backends.base import PromptRequest, RunSettings
 from pytest_afd.serving.client import Arrival, CompletionsClient
 from pytest_afd.serving.http_backend import cpu_server_spec
 from pytest_afd.serving.lifecycle import ManagedServer
+from pytest_afd.serving.prometheus import parse_prometheus, sum_metric
 from pytest_afd.topology import parse_topology
 from pytest_afd.workloads import WorkloadSpec, build_workload
 
@@ -55,9 +56,16 @@ def client(cpu_server):
     return CompletionsClient(cpu_server.base_url, SERVER_MODEL)
 
 
+def batches_run(client):
+    return sum_metric(parse_prometheus(client.get_text("/metrics")), ("afd:prefill_batches_total",))
+
+
 def test_all_at_once_streams_every_request(client):
     batch = prompts("a", 4)
+    batches_before = batches_run(client)
     run = client.run(batch, Arrival())
+    # The engine batches a burst (batch window) instead of prefilling one request at a time.
+    assert batches_run(client) - batches_before < len(batch)
     assert [r.request_id for r in run.results] == [p.request_id for p in batch]
     for result in run.results:
         assert result.success, result.error
