@@ -6,7 +6,10 @@ Later releases turned ``seq_lens_cpu`` / ``num_computed_tokens_cpu`` into
 deprecated properties; the drift test in tests/afd_split checks the installed
 vLLM against this list so a layout change fails loudly instead of silently.
 Positions are not part of ``CommonAttentionMetadata`` (the model runner holds
-them), so they travel next to it.
+them), so they travel next to it. This path reads slot_mapping and the block
+table to the host so every ubatch can be validated: right for the CPU harness
+and for debugging production batches; a device-resident slicing path (views of
+the device tensors by the plan's slices) is the follow-up for the hot path.
 """
 
 from __future__ import annotations

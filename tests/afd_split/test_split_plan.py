@@ -266,3 +266,11 @@ def test_evidence_validates_against_the_result_schema_step(plan):
     schema = json.loads(schema_path.read_text())
     step = {"$ref": "#/$defs/step", "$defs": schema["$defs"]}
     jsonschema.Draft202012Validator(step).validate(json.loads(json.dumps(plan.to_evidence())))
+
+
+def test_every_splitting_policy_has_a_cut_selector():
+    from afd_split.policies import CUT_SELECTORS
+
+    assert set(CUT_SELECTORS) == set(SplitPolicy) - {SplitPolicy.NONE}
+    with pytest.raises(TypeError):
+        CUT_SELECTORS[SplitPolicy.NONE] = None  # the table is read-only
