@@ -34,7 +34,8 @@ class UBatch:
     Real tokens keep their logical order inside the ubatch's rows. Without PCP
     they occupy the first ``num_real_tokens`` rows and padding follows; with PCP
     each request piece starts at ``piece_row_starts[i]`` and is padded to a
-    multiple of 2 * pcp.
+    multiple of 2 * pcp (rows of the ubatch's global layout, before the zigzag
+    hands 2 chunks of each piece to every PCP rank).
     """
 
     index: int
