@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any
 from unittest import mock
 
@@ -45,11 +46,11 @@ PROMPT_VOCAB = 2048
 # AFD layout, and PCP padding combined with TP alignment.
 SUPPORTED_CPU_TOPOLOGIES = ("dp3pcp8-ep8", "dp4pcp8", "dp2tp4-ep8", "dp2pcp2tp2-ep4")
 # Attention builder the split path is validated for on each backend.
-BACKEND_ATTENTION_BUILDERS = {CPU_BACKEND: CPU_REFERENCE_BUILDER}
+BACKEND_ATTENTION_BUILDERS = MappingProxyType({CPU_BACKEND: CPU_REFERENCE_BUILDER})
 NPU_ATTENTION_BUILDER = "AscendSFAMetadataBuilder"
 QUANT_NONE = "none"
 QUANT_W8A8 = "w8a8"
-TOLERANCE_PROFILES = {QUANT_NONE: "float32", QUANT_W8A8: "w8a8"}
+TOLERANCE_PROFILES = MappingProxyType({QUANT_NONE: "float32", QUANT_W8A8: "w8a8"})
 UNSPLIT_POLICY = "none"
 SPLIT_POLICY = "token_balanced"
 
@@ -141,13 +142,43 @@ class GateBackends:
         self.created.clear()
 
 
-def gate_settings(topology: Topology, **overrides: Any) -> RunSettings:
-    """RunSettings for ``topology``: its split alignment / PCP size, small pages, then overrides."""
+@dataclass(frozen=True)
+class PageScale:
+    """Token counts are written for 16-token CPU pages; scaled to the backend's KV page.
+
+    Cases are about pages (a prefix of six whole pages, a chunk tail shorter
+    than a page), so on a backend with 128-token pages every count grows by 8
+    and each case keeps its shape.
+    """
+
+    block_size: int
+
+    @property
+    def factor(self) -> int:
+        return self.block_size // GATE_BLOCK_SIZE
+
+    def tokens(self, count: int | None) -> int | None:
+        return None if count is None else count * self.factor
+
+    def lengths(self, counts: Sequence[int]) -> tuple[int, ...]:
+        return tuple(count * self.factor for count in counts)
+
+
+def page_scale(backend_name: str) -> PageScale:
+    """16-token pages on the CPU backend; the deployment's default page elsewhere."""
+    block_size = GATE_BLOCK_SIZE if backend_name == CPU_BACKEND else RunSettings().block_size
+    if block_size % GATE_BLOCK_SIZE:
+        raise ValueError(f"block_size={block_size} is not a multiple of {GATE_BLOCK_SIZE}")
+    return PageScale(block_size)
+
+
+def gate_settings(topology: Topology, pages: PageScale, **overrides: Any) -> RunSettings:
+    """RunSettings for ``topology``: its split alignment / PCP size, the page size, overrides."""
     emulation = topology.cpu_emulation()
     defaults = {
         "split_align": emulation.split_align,
         "pcp_size": emulation.pcp_size,
-        "block_size": GATE_BLOCK_SIZE,
+        "block_size": pages.block_size,
     }
     return RunSettings(**{**defaults, **overrides})
 

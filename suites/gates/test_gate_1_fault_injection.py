@@ -23,6 +23,7 @@ from gate_lib import (
     gate_settings,
     judge,
     make_prompts,
+    page_scale,
     run_measured,
     split_steps,
 )
@@ -72,7 +73,11 @@ def fault_case(gate_backends, afd_options):
     topology = afd_options.topology
     backend = gate_backends.get(topology.canonical)
     settings = gate_settings(
-        topology, split_policy=SPLIT_POLICY, quantization=QUANTIZATION, prefix_caching=True
+        topology,
+        page_scale(CPU_BACKEND),
+        split_policy=SPLIT_POLICY,
+        quantization=QUANTIZATION,
+        prefix_caching=True,
     )
     prefix = make_prompts([SHARED_PREFIX_TOKENS], afd_options.seed, tag="p")[0].prompt_token_ids
     new, hit = make_prompts(MEASURED_LENGTHS, afd_options.seed + 1)

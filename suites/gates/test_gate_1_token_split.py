@@ -24,6 +24,7 @@ from gate_lib import (
     TOLERANCE_PROFILES,
     UNSPLIT_POLICY,
     ExecutedSplits,
+    PageScale,
     SplitStep,
     gate_settings,
     judge,
@@ -86,17 +87,21 @@ class SplitWorkload:
     prefixed: tuple[int, ...] = ()
     chunk_size: int | None = None
 
-    def prompts(self, seed: int) -> tuple[list[PromptRequest], list[list[PromptRequest]]]:
+    def prompts(
+        self, seed: int, pages: PageScale
+    ) -> tuple[list[PromptRequest], list[list[PromptRequest]]]:
         """(measured prompts, seed runs that put the shared prefix in the cache)."""
-        prefix = [p.prompt_token_ids for p in make_prompts([self.shared_prefix], seed, tag="p")]
-        own = make_prompts(self.lengths, seed + 1)
+        prefix_tokens = pages.tokens(self.shared_prefix)
+        prefix = [p.prompt_token_ids for p in make_prompts([prefix_tokens], seed, tag="p")]
+        own = make_prompts(pages.lengths(self.lengths), seed + 1)
         prompts = [
             replace(p, prompt_token_ids=prefix[0] + p.prompt_token_ids) if i in self.prefixed else p
             for i, p in enumerate(own)
         ]
         if not self.shared_prefix:
             return prompts, []
-        seed_prompt = make_prompts([PREFIX_SEED_SUFFIX], seed + 2, prefix=prefix[0], tag="seed")
+        suffix = pages.tokens(PREFIX_SEED_SUFFIX)
+        seed_prompt = make_prompts([suffix], seed + 2, prefix=prefix[0], tag="seed")
         return prompts, [seed_prompt]
 
 
@@ -121,19 +126,27 @@ WORKLOADS = (
 @pytest.mark.gate
 @pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.name)
 def test_gate_1_token_balanced_matches_unsplit(
-    gate_topology_obj, gate_quantization, gate_backend, workload, golden, afd_results, afd_options
+    gate_topology_obj,
+    gate_quantization,
+    gate_backend,
+    gate_pages,
+    workload,
+    golden,
+    afd_results,
+    afd_options,
 ):
     topology = gate_topology_obj
     quantization = gate_quantization
     profile = TOLERANCE_PROFILES[quantization]
     settings = gate_settings(
         topology,
+        gate_pages,
         split_policy=SPLIT_POLICY,
         quantization=quantization,
-        chunk_size=workload.chunk_size,
+        chunk_size=gate_pages.tokens(workload.chunk_size),
         prefix_caching=bool(workload.shared_prefix),
     )
-    prompts, seeds = workload.prompts(afd_options.seed)
+    prompts, seeds = workload.prompts(afd_options.seed, gate_pages)
     candidate, splits = run_measured(gate_backend, prompts, settings, seed_prompts=seeds)
     reference, _ = run_measured(
         gate_backend, prompts, replace(settings, split_policy=UNSPLIT_POLICY), seed_prompts=seeds
@@ -259,11 +272,18 @@ def executor_reference(model, prompts, case: AfdCase, block_size):
 @pytest.mark.gate
 @pytest.mark.parametrize("case", AFD_CASES, ids=lambda c: c.name)
 def test_gate_1_afd_runtime_split_matches_unsplit(
-    gate_afd_topology, afd_runtime, reference_model, case, golden, afd_results, afd_options
+    gate_afd_topology,
+    gate_pages,
+    afd_runtime,
+    reference_model,
+    case,
+    golden,
+    afd_results,
+    afd_options,
 ):
     """The token split through the AFD process pair vs the unsplit in-process executor."""
     topology = parse_topology(gate_afd_topology, afd_options.aliases)
-    settings = gate_settings(topology, split_policy=SPLIT_POLICY)
+    settings = gate_settings(topology, gate_pages, split_policy=SPLIT_POLICY)
     constraints = SplitConstraints(align=settings.split_align, pcp_size=settings.pcp_size)
     prompts = make_prompts(case.lengths, afd_options.seed)
     block_size = settings.block_size

@@ -15,6 +15,7 @@ import pytest
 from gate_lib import (
     SPLIT_POLICY,
     TOLERANCE_PROFILES,
+    PageScale,
     gate_settings,
     judge,
     make_prompts,
@@ -23,6 +24,9 @@ from gate_lib import (
 )
 
 from pytest_afd.backends.base import PromptRequest
+
+# The seed prompt is the prefix plus one token (its own request, so nothing else is cached).
+SEED_SUFFIX_TOKENS = 1
 
 
 @dataclass(frozen=True)
@@ -36,16 +40,19 @@ class PrefixWorkload:
     # True: the seed run is the measured prompts themselves (a repeated prompt).
     repeat_prompts: bool = False
 
-    def prompts(self, seed: int) -> tuple[list[PromptRequest], list[list[PromptRequest]]]:
-        prefix = make_prompts([self.shared_prefix], seed, tag="p")[0].prompt_token_ids
-        own = make_prompts(self.lengths, seed + 1)
+    def prompts(
+        self, seed: int, pages: PageScale
+    ) -> tuple[list[PromptRequest], list[list[PromptRequest]]]:
+        prefix_tokens = pages.tokens(self.shared_prefix)
+        prefix = make_prompts([prefix_tokens], seed, tag="p")[0].prompt_token_ids
+        own = make_prompts(pages.lengths(self.lengths), seed + 1)
         prompts = [
             replace(p, prompt_token_ids=prefix + p.prompt_token_ids) if i in self.prefixed else p
             for i, p in enumerate(own)
         ]
         if self.repeat_prompts:
             return prompts, [prompts]
-        seed_suffix = make_prompts([1], seed + 2, prefix=prefix, tag="seed")
+        seed_suffix = make_prompts([SEED_SUFFIX_TOKENS], seed + 2, prefix=prefix, tag="seed")
         return prompts, [seed_suffix]
 
     def expected_hits(self) -> tuple[int, ...]:
@@ -68,14 +75,25 @@ WORKLOADS = (
 @pytest.mark.gate
 @pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.name)
 def test_gate_2_prefix_hit_matches_uncached(
-    gate_topology_obj, gate_quantization, gate_backend, workload, golden, afd_results, afd_options
+    gate_topology_obj,
+    gate_quantization,
+    gate_backend,
+    gate_pages,
+    workload,
+    golden,
+    afd_results,
+    afd_options,
 ):
     topology = gate_topology_obj
     profile = TOLERANCE_PROFILES[gate_quantization]
     settings = gate_settings(
-        topology, split_policy=SPLIT_POLICY, quantization=gate_quantization, prefix_caching=True
+        topology,
+        gate_pages,
+        split_policy=SPLIT_POLICY,
+        quantization=gate_quantization,
+        prefix_caching=True,
     )
-    prompts, seeds = workload.prompts(afd_options.seed)
+    prompts, seeds = workload.prompts(afd_options.seed, gate_pages)
     warm, splits = run_measured(gate_backend, prompts, settings, seed_prompts=seeds)
     uncached, _ = run_measured(gate_backend, prompts, replace(settings, prefix_caching=False))
     hits = [r.num_cached_tokens for r in warm.requests]

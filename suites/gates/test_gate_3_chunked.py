@@ -13,7 +13,6 @@ from dataclasses import replace
 
 import pytest
 from gate_lib import (
-    GATE_BLOCK_SIZE,
     SPLIT_POLICY,
     TOLERANCE_PROFILES,
     final_chunk_tokens,
@@ -27,25 +26,38 @@ from gate_lib import (
 PROMPT_LENGTHS = (100, 30, 69)
 CHUNK_SIZES = (32, 48, 64)
 # Sizes that must leave a final piece shorter than one page: 100 = 3 * 32 + 4 = 2 * 48 + 4.
+# (Counts are for 16-token pages; gate_lib.PageScale grows them with the backend's page.)
 SMALL_TAIL_CHUNK_SIZES = (32, 48)
-SMALL_TAIL_TOKENS = GATE_BLOCK_SIZE
 
 
 @pytest.mark.gate
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES)
 def test_gate_3_chunked_matches_unchunked(
-    gate_topology_obj, gate_quantization, gate_backend, chunk_size, golden, afd_results, afd_options
+    gate_topology_obj,
+    gate_quantization,
+    gate_backend,
+    gate_pages,
+    chunk_size,
+    golden,
+    afd_results,
+    afd_options,
 ):
     topology = gate_topology_obj
     profile = TOLERANCE_PROFILES[gate_quantization]
     settings = gate_settings(
-        topology, split_policy=SPLIT_POLICY, quantization=gate_quantization, chunk_size=chunk_size
+        topology,
+        gate_pages,
+        split_policy=SPLIT_POLICY,
+        quantization=gate_quantization,
+        chunk_size=gate_pages.tokens(chunk_size),
     )
-    prompts = make_prompts(PROMPT_LENGTHS, afd_options.seed)
+    lengths = gate_pages.lengths(PROMPT_LENGTHS)
+    prompts = make_prompts(lengths, afd_options.seed)
     chunked, splits = run_measured(gate_backend, prompts, settings)
     unchunked, _ = run_measured(gate_backend, prompts, replace(settings, chunk_size=None))
-    tails = final_chunk_tokens(chunked, PROMPT_LENGTHS)
-    small_tails = {r: n for r, n in tails.items() if n < SMALL_TAIL_TOKENS}
+    tails = final_chunk_tokens(chunked, lengths)
+    small_tail_tokens = gate_pages.block_size
+    small_tails = {r: n for r, n in tails.items() if n < small_tail_tokens}
     verdict = judge(golden, f"gate3/chunk{chunk_size}", chunked, unchunked, profile, splits)
     record_gate_result(
         afd_results,
@@ -57,7 +69,7 @@ def test_gate_3_chunked_matches_unchunked(
         seed=afd_options.seed,
         gate={
             "gate": 3,
-            "case": f"chunk_size={chunk_size}",
+            "case": f"chunk_size={settings.chunk_size}",
             "reference": "same prompts unchunked (chunk_size=None), same split policy",
             "forwards": len(chunked.steps),
             "reference_forwards": len(unchunked.steps),
@@ -66,10 +78,10 @@ def test_gate_3_chunked_matches_unchunked(
             "verdict": verdict.to_json(),
         },
     )
-    assert tails, f"chunk_size={chunk_size}: no request was spread over several forwards"
+    assert tails, f"chunk_size={settings.chunk_size}: no request spread over several forwards"
     if chunk_size in SMALL_TAIL_CHUNK_SIZES:
         assert small_tails, (
-            f"chunk_size={chunk_size} should leave a final piece under {SMALL_TAIL_TOKENS} "
+            f"chunk_size={settings.chunk_size} should leave a final piece under {small_tail_tokens} "
             f"tokens; final pieces were {tails}"
         )
     verdict.raise_if_rejected()

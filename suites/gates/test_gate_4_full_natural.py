@@ -18,6 +18,7 @@ from gate_lib import (
     SPLIT_POLICY,
     TOLERANCE_PROFILES,
     UNSPLIT_POLICY,
+    PageScale,
     gate_settings,
     judge,
     make_prompts,
@@ -39,10 +40,10 @@ CANDIDATES = {"token_balanced": None, f"token_balanced_chunk{CHUNK_TOKENS}": CHU
 
 
 def accuracy_settings(
-    topology: Topology, *, routing: str = NATURAL_ROUTING, **overrides
+    topology: Topology, pages: PageScale, *, routing: str = NATURAL_ROUTING, **overrides
 ) -> RunSettings:
     """Settings for an accuracy claim: natural routing only (forced-balanced is synthetic)."""
-    settings = gate_settings(topology, routing=routing, **overrides)
+    settings = gate_settings(topology, pages, routing=routing, **overrides)
     if settings.synthetic:
         raise ValueError(
             f"routing={routing!r} is synthetic (forced-balanced routing changes routed expert ids "
@@ -57,16 +58,17 @@ def full_backend(gate_backends, afd_options):
 
 
 @pytest.fixture(scope="module")
-def references(full_backend, afd_options):
+def references(full_backend, gate_pages, afd_options):
     """Unsplit, unchunked natural-routing outputs per quantization, computed once."""
     topology = afd_options.topology
-    prompts = make_prompts(PROMPT_LENGTHS, afd_options.seed + PROMPT_SET_SEED_OFFSET)
+    lengths = gate_pages.lengths(PROMPT_LENGTHS)
+    prompts = make_prompts(lengths, afd_options.seed + PROMPT_SET_SEED_OFFSET)
     cache = {}
 
     def get(quantization):
         if quantization not in cache:
             settings = accuracy_settings(
-                topology, split_policy=UNSPLIT_POLICY, quantization=quantization
+                topology, gate_pages, split_policy=UNSPLIT_POLICY, quantization=quantization
             )
             cache[quantization], _ = run_measured(full_backend, prompts, settings)
         return cache[quantization]
@@ -78,15 +80,16 @@ def references(full_backend, afd_options):
 @pytest.mark.parametrize("quantization", (QUANT_NONE, QUANT_W8A8))
 @pytest.mark.parametrize("candidate", sorted(CANDIDATES))
 def test_gate_4_full_natural_greedy_tokens_match_unsplit(
-    full_backend, references, candidate, quantization, golden, afd_results, afd_options
+    full_backend, references, gate_pages, candidate, quantization, golden, afd_results, afd_options
 ):
     topology = afd_options.topology
     prompts, reference_for = references
     settings = accuracy_settings(
         topology,
+        gate_pages,
         split_policy=SPLIT_POLICY,
         quantization=quantization,
-        chunk_size=CANDIDATES[candidate],
+        chunk_size=gate_pages.tokens(CANDIDATES[candidate]),
     )
     assert settings.routing == NATURAL_ROUTING and not settings.synthetic
     outputs, splits = run_measured(full_backend, prompts, settings)
@@ -122,7 +125,8 @@ def test_gate_4_full_natural_greedy_tokens_match_unsplit(
 
 
 @pytest.mark.gate
-def test_gate_4_refuses_forced_balanced_routing(afd_options):
+def test_gate_4_refuses_forced_balanced_routing(afd_options, gate_pages):
+    topology = afd_options.topology
     with pytest.raises(ValueError, match=r"forced_balanced.*synthetic"):
-        accuracy_settings(afd_options.topology, routing=FORCED_ROUTING)
-    assert replace(accuracy_settings(afd_options.topology), routing=FORCED_ROUTING).synthetic
+        accuracy_settings(topology, gate_pages, routing=FORCED_ROUTING)
+    assert replace(accuracy_settings(topology, gate_pages), routing=FORCED_ROUTING).synthetic

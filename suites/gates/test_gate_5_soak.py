@@ -44,6 +44,7 @@ from gate_lib import (
     checked_splits,
     gate_settings,
     make_prompts,
+    page_scale,
     record_gate_result,
 )
 
@@ -277,7 +278,9 @@ def test_gate_5_soak_mixed_partial_splits(afd_options, afd_results):
     record_gate_result(
         afd_results,
         settings=gate_settings(
-            parse_topology(SUPPORTED_CPU_TOPOLOGIES[0]), split_policy=SPLIT_POLICY
+            parse_topology(SUPPORTED_CPU_TOPOLOGIES[0]),
+            page_scale(CPU_BACKEND),
+            split_policy=SPLIT_POLICY,
         ),
         topology=afd_options.topology,
         prompts=make_prompts(PROBE_LENGTHS, probe_seed, tag="probe"),
