@@ -56,3 +56,18 @@ def _check_policy(runtime, afd_config, reference_model, num_ffn, policy):
                     for f in range(num_ffn)]
         assert all(n > 0 for n in served.values()) and sum(per_rank) > 0
         assert evidence["straggler_s"] >= 0.0
+
+
+@pytest.mark.slow  # a fresh runtime: ~15 s
+def test_runtime_loads_pretrained_weights(tmp_path, afd_config):
+    from pytest_afd.backends.cpu import DeepseekV32Model, init_weights, save_pretrained
+
+    weights = init_weights(afd_config, SEED + 1)  # not the runtime's seed: must come from disk
+    save_pretrained(afd_config, weights, tmp_path)
+    model = DeepseekV32Model(afd_config, weights)
+    ids, metadata = make_batch(afd_config, [30, 20], seed=31)
+    plan = plan_for(metadata, "token_balanced")
+    with AfdRuntime(afd_config, SEED, threads_per_rank=THREADS_PER_RANK, model_dir=str(tmp_path)) as runtime:
+        result = runtime.run_forward(ids, metadata, plan, stage_dense_layers=True)
+    (expected,) = reference_forward(model, [(ids, metadata)], [plan])
+    np.testing.assert_array_equal(result.logits, expected.last_logits.numpy())

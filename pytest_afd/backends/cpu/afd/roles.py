@@ -47,6 +47,7 @@ from pytest_afd.backends.cpu.config import ModelConfig
 from pytest_afd.backends.cpu.executor import PAD_TOKEN_ID
 from pytest_afd.backends.cpu.kv_cache import PagedKVCache
 from pytest_afd.backends.cpu.model import DeepseekV32Model, build_model, row_positions
+from pytest_afd.backends.cpu.weights import load_pretrained
 
 COMMAND_FORWARD = "forward"
 COMMAND_RESET_KV = "reset_kv"
@@ -90,10 +91,20 @@ class Topology:
 
 
 class _ModelVariants:
-    """Builds the seeded model once per process and keeps one variant per (quant, routing)."""
+    """Builds the model once per process and keeps one variant per (quant, routing).
 
-    def __init__(self, config: ModelConfig, seed: int) -> None:
-        self._base = build_model(config, seed)
+    Weights are seeded (``build_model``) or, with ``model_dir``, loaded from a
+    Hugging Face-style directory, so every rank holds the same weights.
+    """
+
+    def __init__(self, config: ModelConfig, seed: int, model_dir: str | None = None) -> None:
+        if model_dir is None:
+            self._base = build_model(config, seed)
+        else:
+            loaded_config, weights = load_pretrained(model_dir, name=config.name)
+            if loaded_config != config:
+                raise ValueError(f"{model_dir!r} holds {loaded_config}, expected {config}")
+            self._base = DeepseekV32Model(config, weights)
         self._variants: dict[tuple[str, str], DeepseekV32Model] = {}
 
     def get(self, quantization: str, routing: str) -> DeepseekV32Model:
@@ -146,12 +157,13 @@ class AttentionRole:
         seed: int,
         topology: Topology,
         peer_timeout_s: float,
+        model_dir: str | None = None,
     ) -> None:
         self.spec = spec
         self.config = config
         self.topology = topology
         self.peer_timeout_s = peer_timeout_s
-        self.models = _ModelVariants(config, seed)
+        self.models = _ModelVariants(config, seed, model_dir)
         self.kv_cache: PagedKVCache | None = None
 
     def handle(self, message: tuple) -> Any:
@@ -210,6 +222,7 @@ class AttentionRole:
         layers = model.layers
         expert_load = []
         step_start = time.perf_counter()
+        cpu_start = time.process_time()
         ids = torch.from_numpy(np.asarray(input_ids, dtype=np.int64))
         first_moe = next((layer.index for layer in layers if layer.is_moe), len(layers))
         if any(not layer.is_moe for layer in layers[first_moe:]):
@@ -250,6 +263,7 @@ class AttentionRole:
             logits = model.final(hidden[torch.from_numpy(np.asarray(logits_rows, dtype=np.int64))])
         step_end = time.perf_counter()
         return {
+            "cpu_time_s": time.process_time() - cpu_start,
             "hidden": hidden.numpy(),
             "logits": logits.numpy(),
             "expert_load": expert_load,
@@ -348,12 +362,13 @@ class FfnRole:
         seed: int,
         topology: Topology,
         peer_timeout_s: float,
+        model_dir: str | None = None,
     ) -> None:
         self.spec = spec
         self.config = config
         self.topology = topology
         self.peer_timeout_s = peer_timeout_s
-        self.models = _ModelVariants(config, seed)
+        self.models = _ModelVariants(config, seed, model_dir)
 
     def handle(self, message: tuple) -> Any:
         command, body = message
@@ -376,6 +391,7 @@ class FfnRole:
         """Serve a2e messages until every Attention rank sent its end marker."""
         model = self.models.get(quantization, routing)
         timeline = Timeline(instrument)
+        cpu_start = time.process_time()
         ended = 0
         served = 0
         sends = []
@@ -416,7 +432,12 @@ class FfnRole:
             served += 1
         for work, _ in sends:
             work.wait()
-        return {"spans": timeline.spans, "served": served, "routed_rows": routed_rows}
+        return {
+            "spans": timeline.spans,
+            "served": served,
+            "routed_rows": routed_rows,
+            "cpu_time_s": time.process_time() - cpu_start,
+        }
 
     @staticmethod
     def _compute(layer, payload: connector.A2EPayload, timeline: Timeline):

@@ -85,7 +85,10 @@ class AfdRuntime:
         peer_timeout_s: float = DEFAULT_PEER_TIMEOUT_S,
         step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
+        model_dir: str | None = None,
     ) -> None:
+        """``model_dir``: load weights from a Hugging Face-style directory whose
+        ``config.json`` equals ``config`` instead of seeding them."""
         for name, value in (("num_attention", num_attention), ("num_ffn", num_ffn)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}; expected an integer >= 1")
@@ -111,6 +114,7 @@ class AfdRuntime:
             "seed": seed,
             "topology": self.topology,
             "peer_timeout_s": peer_timeout_s,
+            "model_dir": None if model_dir is None else str(model_dir),
         }
         self._group = ProcessGroupHandle(
             specs,
@@ -253,6 +257,7 @@ class AfdRuntime:
             ffn_routed_rows={r: replies[r]["routed_rows"] for r in self.ffn_ranks},
             step_time_s=max(ends) - min(starts),
             instrumented=instrument,
+            cpu_time_s={r: replies[r]["cpu_time_s"] for r in replies},
         )
         return [
             AfdForwardResult(

@@ -87,6 +87,12 @@ def _straggler_s(ffn_spans: Mapping[int, list[Span]]) -> float:
     return total
 
 
+def _rank_name(topology, global_rank: int) -> str:
+    if global_rank < topology.num_attention:
+        return topology.attention_name(global_rank)
+    return topology.ffn_name(global_rank - topology.num_attention)
+
+
 def step_evidence(
     *,
     topology,
@@ -96,6 +102,7 @@ def step_evidence(
     ffn_routed_rows: Mapping[int, int],
     step_time_s: float,
     instrumented: bool,
+    cpu_time_s: Mapping[int, float],
 ) -> dict:
     """JSON-able evidence of one step; timing detail only when the step was instrumented."""
     attention_ranks = list(range(topology.num_attention))
@@ -110,6 +117,10 @@ def step_evidence(
         "ffn_rows_served": {
             topology.ffn_name(r - topology.num_attention): n for r, n in ffn_routed_rows.items()
         },
+        # CPU seconds each rank's process used during the step (all its threads). On a
+        # shared host, Attention busy wall time well above its CPU time means the OS
+        # ran something else: interference, not the split, explains that part.
+        "cpu_time_s": {_rank_name(topology, r): t for r, t in sorted(cpu_time_s.items())},
     }
     if not instrumented:
         return evidence
