@@ -311,6 +311,15 @@ def split_metadata(plan: SplitPlan, metadata: BatchMetadata, *, validate: bool =
     for ubatch in plan.ubatches:
         token_start, token_stop = ubatch.token_slice.start, ubatch.token_slice.stop
         req_start, req_stop = ubatch.request_slice.start, ubatch.request_slice.stop
+        if not (
+            qsl.item(req_start) <= token_start < qsl.item(req_start + 1)
+            and qsl.item(req_stop - 1) < token_stop <= qsl.item(req_stop)
+        ):
+            raise ValueError(
+                f"ubatch {ubatch.index}: metadata query_start_loc does not place tokens "
+                f"{ubatch.token_slice} in requests {ubatch.request_slice}; the plan was made "
+                "for a different batch"
+            )
         # qsl is sorted and the slice holds exactly the overlapping requests, so only its
         # two ends can fall outside [token_start, token_stop]: rebase, then pin the ends.
         local_qsl = qsl[req_start : req_stop + 1] - token_start

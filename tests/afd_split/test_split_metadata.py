@@ -118,6 +118,10 @@ def test_split_rejects_metadata_of_a_different_batch():
     plan = plan_split([10, 10], policy=TB)
     with pytest.raises(ValueError, match="plan was made for"):
         split_metadata(plan, make([10, 11]))
+    # Same request and token totals, different request lengths.
+    plan = plan_split([4, 16], policy=TB)
+    with pytest.raises(ValueError, match="for a different batch"):
+        split_metadata(plan, make([16, 4]))
 
 
 # --- Regressions: each bug seen in other splitters is caught by the invariant checker ---
