@@ -352,14 +352,17 @@ def stack_description(doc: Mapping[str, Any]) -> str:
 def _new_figure(panels: int) -> tuple[Figure, list[Any]]:
     columns = min(panels, 3)
     rows = math.ceil(panels / columns)
-    figure = Figure(figsize=(PANEL_WIDTH_IN * columns, PANEL_HEIGHT_IN * rows), dpi=FIGURE_DPI)
+    figure = Figure(
+        figsize=(PANEL_WIDTH_IN * columns, PANEL_HEIGHT_IN * rows),
+        dpi=FIGURE_DPI,
+        layout="constrained",
+    )
     axes = [figure.add_subplot(rows, columns, index + 1) for index in range(panels)]
     return figure, axes
 
 
 def _save(figure: Figure, path: Path) -> Path:
     FigureCanvasAgg(figure)
-    figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="png")
     return path

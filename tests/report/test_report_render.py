@@ -136,11 +136,11 @@ def _result(
             **extra,
         ),
     )
-    results.validate_result(doc)
     return doc
 
 
 def _write(directory, doc):
+    """write_result validates against the schema first (an invalid doc raises)."""
     return results.write_result(results.result_path(directory, doc["case_id"]), doc)
 
 
@@ -328,6 +328,19 @@ def test_stacks_are_never_mixed(tmp_path):
         f"### Stack `{report.short_digest(m['digest'])}`" for m in (reduced, full)
     )
     assert "3 layers" in text and "61 layers" in text
+    for manifest, name in ((reduced, "reduced"), (full, "full")):
+        start = text.index(f"### Stack `{report.short_digest(manifest['digest'])}`")
+        end = text.find("### Stack", start + 1)
+        block = text[start : end if end >= 0 else len(text)]
+        rows = [
+            line.split("|")[1].strip()
+            for line in block.splitlines()
+            if line.startswith("| stage_a/")
+        ]
+        assert sorted(rows) == [
+            f"stage_a/{name}/request_boundary",
+            f"stage_a/{name}/token_balanced",
+        ]
     plots = sorted(p.name for p in (tmp_path / "report" / "plots").glob("*policy_metrics.png"))
     assert len(plots) == 2
 
