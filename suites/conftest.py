@@ -44,7 +44,7 @@ from pytest_afd.backends.base import (
 )
 from pytest_afd.manifest import collect_manifest, manifest_digest
 from pytest_afd.plugin import afd_session
-from pytest_afd.results import validate_manifest
+from pytest_afd.results import is_absent, validate_manifest
 from pytest_afd.stats import summarize
 from pytest_afd.topology import Topology, parse_topology
 from pytest_afd.workloads import Workload, make_workload
@@ -69,6 +69,7 @@ PHASES = (PHASE_COLD, PHASE_STEADY)
 
 STAGE_KINDS = ("stage_a", "stage_b", "stage_c", "stage_d", "stage_e", "stage_f")
 THROUGHPUT_METRIC = "prefill_tokens_per_s"
+NO_STEP_EVIDENCE = "the backend reported no per-step split evidence"
 
 
 # --- options -------------------------------------------------------------------------
@@ -258,12 +259,17 @@ class MeasuredCase:
         return self.runs[-1]
 
     @property
-    def max_imbalance(self) -> float | None:
-        return self.result["evidence"]["tokens"]["max_imbalance"]
+    def has_step_evidence(self) -> bool:
+        return not is_absent(self.result["evidence"]["steps"])
 
     @property
-    def step_time_s(self) -> float:
-        return float(self.result["metrics"]["step_time_s"]["stats"]["median"])
+    def has_expert_load(self) -> bool:
+        return not is_absent(self.result["evidence"]["expert_load"])
+
+    @property
+    def max_imbalance(self) -> float | None:
+        tokens = self.result["evidence"]["tokens"]
+        return None if is_absent(tokens) else tokens["max_imbalance"]
 
     @property
     def realized_hit_ratio(self) -> float:
@@ -295,6 +301,17 @@ def mean_step_time(run: RunOutputs) -> float:
     if not run.steps:
         raise ValueError("the backend reported no forward steps for a run")
     return run.wall_time_s / len(run.steps)
+
+
+def step_metrics(runs: Sequence[RunOutputs]) -> dict[str, Any]:
+    """``step_time_s`` and ``forward_steps``, absent when the backend reports no steps."""
+    if not all(run.steps for run in runs):
+        missing = afd_result_docs.absent(NO_STEP_EVIDENCE)
+        return {"step_time_s": missing, "forward_steps": missing}
+    return {
+        "step_time_s": afd_result_docs.measurement([mean_step_time(run) for run in runs], "s"),
+        "forward_steps": len(runs[-1].steps),
+    }
 
 
 class StageRunner:
@@ -374,6 +391,24 @@ class StageRunner:
         missing = missing_capabilities(backend, settings)
         if missing:
             pytest.skip(f"backend {backend.name!r} does not declare {missing} needed by {settings}")
+
+    @staticmethod
+    def require_evidence(measured: Mapping[str, MeasuredCase], kind: str) -> None:
+        """Skip the evidence checks (results are already written) when a case lacks ``kind``.
+
+        ``kind`` is ``"steps"`` (per-step split evidence) or ``"expert_load"``;
+        a backend behind an HTTP API, for one, reports neither.
+        """
+        checks = {
+            "steps": lambda item: item.has_step_evidence,
+            "expert_load": lambda item: item.has_expert_load,
+        }
+        lacking = sorted(name for name, item in measured.items() if not checks[kind](item))
+        if lacking:
+            pytest.skip(
+                f"results written; {kind} checks skipped: the backend reported no {kind} "
+                f"for {lacking}"
+            )
 
     def _handle(self, case: StageCase) -> BackendHandle:
         return case.handle or self.handle
@@ -495,11 +530,7 @@ class StageRunner:
         instrumented: RunOutputs | None,
         protocol: dict[str, Any],
     ) -> dict[str, Any]:
-        metrics = afd_result_docs.metrics_from_runs(runs)
-        metrics["step_time_s"] = afd_result_docs.measurement(
-            [mean_step_time(run) for run in runs], "s"
-        )
-        metrics["forward_steps"] = len(runs[-1].steps)
+        metrics = {**afd_result_docs.metrics_from_runs(runs), **step_metrics(runs)}
         evidence = afd_result_docs.evidence_from_outputs(
             runs[-1],
             routing=case.settings.routing,
@@ -509,6 +540,9 @@ class StageRunner:
             else None,
             **case.evidence,
         )
+        if not runs[-1].steps:
+            # Empty steps would read as zero scheduled tokens: say they are unknown.
+            evidence["steps"] = evidence["tokens"] = afd_result_docs.absent(NO_STEP_EVIDENCE)
         evidence["prefix_cache"]["phase"] = case.phase
         evidence["prefix_cache"]["designed_hit_ratio"] = case.workload.designed_hit_ratio
         if instrumented is not None:

@@ -85,18 +85,18 @@ def afd_overlap(steps: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
 
 
 def correlation_evidence(points: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Imbalance vs relative step time (and AFD overlap/straggler time when measured).
+    """Imbalance vs relative run time (and AFD overlap/straggler time when measured).
 
     Each point: ``workload``, ``policy``, ``imbalance`` (max over steps),
-    ``relative_step_time`` (step time / the workload's baseline step time) and
+    ``relative_run_time`` (run time / the workload's unsplit run time) and
     optionally the :data:`AFD_OVERLAP_KEYS`. Only split cases carry an imbalance.
     """
     split = [p for p in points if p["imbalance"] is not None]
     imbalance = [float(p["imbalance"]) for p in split]
     evidence: dict[str, Any] = {
         "points": [dict(p) for p in points],
-        "imbalance_vs_relative_step_time_r": pearson(
-            imbalance, [float(p["relative_step_time"]) for p in split]
+        "imbalance_vs_relative_run_time_r": pearson(
+            imbalance, [float(p["relative_run_time"]) for p in split]
         ),
     }
     with_afd = [p for p in split if all(key in p for key in AFD_OVERLAP_KEYS)]

@@ -72,13 +72,13 @@ def test_stage_a_afd_overlap_reads_only_steps_with_afd_evidence():
 
 def test_stage_a_correlation_uses_split_cases_and_afd_points_when_present():
     points = [
-        {"workload": "w", "policy": "none", "imbalance": None, "relative_step_time": 1.0},
-        {"workload": "a", "policy": "rb", "imbalance": 0.6, "relative_step_time": 1.6},
-        {"workload": "b", "policy": "rb", "imbalance": 0.3, "relative_step_time": 1.3},
-        {"workload": "c", "policy": "tb", "imbalance": 0.0, "relative_step_time": 1.0},
+        {"workload": "w", "policy": "none", "imbalance": None, "relative_run_time": 1.0},
+        {"workload": "a", "policy": "rb", "imbalance": 0.6, "relative_run_time": 1.6},
+        {"workload": "b", "policy": "rb", "imbalance": 0.3, "relative_run_time": 1.3},
+        {"workload": "c", "policy": "tb", "imbalance": 0.0, "relative_run_time": 1.0},
     ]
     evidence = correlation_evidence(points)
-    assert evidence["imbalance_vs_relative_step_time_r"] == pytest.approx(1.0)
+    assert evidence["imbalance_vs_relative_run_time_r"] == pytest.approx(1.0)
     assert all(evidence[f"imbalance_vs_{key}_r"] is None for key in AFD_OVERLAP_KEYS)
     for point, bubble in zip(points[1:], (0.3, 0.2, 0.1), strict=True):
         point.update(overlap_fraction=1 - bubble, straggler_s=bubble / 2, exposed_bubble_s=bubble)

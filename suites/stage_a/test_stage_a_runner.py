@@ -31,8 +31,9 @@ class ScriptedBackend:
 
     name = "scripted"
 
-    def __init__(self, capabilities):
+    def __init__(self, capabilities, report_steps=True):
         self.capabilities = frozenset(capabilities)
+        self.report_steps = report_steps
         self.calls: list[tuple[str, object]] = []
 
     def run(self, prompts, settings):
@@ -54,7 +55,9 @@ class ScriptedBackend:
                     ],
                     "imbalance": abs(total - 2 * half) / total,
                 }
-            ],
+            ]
+            if self.report_steps
+            else [],
             expert_load=[],
             timings={"layers": [{"attention": 0.1}]} if settings.instrument else {},
             wall_time_s=INSTRUMENTED_WALL_S if settings.instrument else MEASURED_WALL_S,
@@ -93,8 +96,8 @@ class CollectingWriter:
 
 @pytest.fixture
 def make_runner(stage_helpers, afd_options, afd_manifest, npu_topology):
-    def make(capabilities, **option_changes):
-        backend = ScriptedBackend(capabilities)
+    def make(capabilities, report_steps=True, **option_changes):
+        backend = ScriptedBackend(capabilities, report_steps)
         options = dataclasses.replace(
             afd_options,
             **{"warmups": 1, "repeats": 3, "run_order": "interleaved", "profile": False}
@@ -232,3 +235,24 @@ def test_stage_runner_records_an_omitted_case_with_its_reason(make_runner):
     assert reason == "omitted, not measured: chunk 100 is not a multiple of page size 16"
     assert doc["evidence"]["chunk_plan"]["valid"] is False
     assert doc["settings"]["chunked_prefill"] == {"enabled": True, "chunk_size": 100}
+
+
+def test_stage_runner_marks_missing_step_evidence_absent(make_runner):
+    runner, _ = make_runner({CAP_SPLIT}, report_steps=False)
+    workload = runner.workload("bimodal")
+    measured = runner.measure(
+        [runner.case(name="c", workload=workload, settings=runner.settings())]
+    )
+    result = measured["c"].result
+    assert result["metrics"]["step_time_s"]["absent_reason"] == (
+        "the backend reported no per-step split evidence"
+    )
+    assert result["evidence"]["tokens"]["value"] is None  # not "0 tokens scheduled"
+    assert measured["c"].max_imbalance is None and not measured["c"].has_step_evidence
+    with pytest.raises(pytest.skip.Exception, match="steps checks skipped"):
+        runner.require_evidence(measured, "steps")
+    runner_with_steps, _ = make_runner({CAP_SPLIT})
+    with_steps = runner_with_steps.measure(
+        [runner_with_steps.case(name="c", workload=workload, settings=runner.settings())]
+    )
+    runner.require_evidence(with_steps, "steps")  # no skip

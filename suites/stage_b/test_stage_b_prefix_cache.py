@@ -53,13 +53,6 @@ def test_stage_b_hit_ratio_sweep(stage_runner):
     )
     measured = stage_runner.measure(_cases(stage_runner, workloads, notes))
     for name, item in measured.items():
-        evidence = item.result["evidence"]
-        tokens, prefix = evidence["tokens"], evidence["prefix_cache"]
-        assert tokens["logical_prompt_tokens"] == item.case.workload.total_tokens, name
-        assert tokens["scheduled_real_tokens"] == prefix["computed_tokens"], (
-            f"{name}: newly scheduled tokens {tokens['scheduled_real_tokens']} != logical - hits "
-            f"{prefix['computed_tokens']}"
-        )
         assert item.result["metrics"]["failed_requests"] == 0, name
     for ratio in workloads:
         label = ratio_label(ratio)
@@ -68,3 +61,12 @@ def test_stage_b_hit_ratio_sweep(stage_runner):
         assert steady >= cold, f"{label}: steady-state hit ratio {steady} < cold {cold}"
         if ratio > 0:
             assert steady > 0, f"{label}: the runtime reported no cache hit in the steady phase"
+    stage_runner.require_evidence(measured, "steps")
+    for name, item in measured.items():
+        evidence = item.result["evidence"]
+        tokens, prefix = evidence["tokens"], evidence["prefix_cache"]
+        assert tokens["logical_prompt_tokens"] == item.case.workload.total_tokens, name
+        assert tokens["scheduled_real_tokens"] == prefix["computed_tokens"], (
+            f"{name}: newly scheduled tokens {tokens['scheduled_real_tokens']} != logical - hits "
+            f"{prefix['computed_tokens']}"
+        )

@@ -51,6 +51,7 @@ def test_stage_c_distribution_matrix(stage_runner):
         assert set(STATISTICS) <= set(workload_doc["stats"]), case_name
         assert workload_doc["dataset"]["digest"] == item.case.workload.content_hash
         assert item.result["metrics"]["failed_requests"] == 0, case_name
+    stage_runner.require_evidence(measured, "steps")
     for name in DISTRIBUTIONS:
         for order in ORDERS:
             control = measured[f"{name}/{order}/request_boundary"].max_imbalance
