@@ -54,7 +54,8 @@ def test_token_indexed_arrays_follow_the_token_slice_and_block_table_the_request
     assert np.array_equal(np.concatenate([head.positions, tail.positions]), parent.positions)
     # Positions and slots of the split request continue across the cut.
     assert head.positions[-1] + 1 == tail.positions[0] == 64 + 40
-    assert head.slot_mapping[-1] + 1 == tail.slot_mapping[0] or (tail.positions[0] % BLOCK == 0)
+    assert tail.positions[0] % BLOCK != 0  # the cut falls inside a KV block ...
+    assert head.slot_mapping[-1] + 1 == tail.slot_mapping[0]  # ... so the slots are adjacent
     assert np.array_equal(head.block_table, parent.block_table[0:2])
     assert np.array_equal(tail.block_table, parent.block_table[1:3])
 
