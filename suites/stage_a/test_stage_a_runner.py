@@ -256,3 +256,15 @@ def test_stage_runner_marks_missing_step_evidence_absent(make_runner):
         [runner_with_steps.case(name="c", workload=workload, settings=runner.settings())]
     )
     runner.require_evidence(with_steps, "steps")  # no skip
+
+
+def test_backend_pool_gives_another_topology_its_own_backend_and_manifest(backend_pool):
+    session = backend_pool.session
+    assert backend_pool.get() is session
+    assert backend_pool.get(model_name=session.model_name) is session
+    spec = next(s for s in ("dp4pcp8", "pp4pcp8") if s != session.topology.canonical)
+    other = backend_pool.get(topology_spec=spec)
+    assert other is not session and other.backend is not session.backend
+    assert other.manifest["topology"]["canonical"] == spec
+    assert other.manifest["digest"] != session.manifest["digest"]
+    assert backend_pool.get(topology_spec=spec) is other  # made once per session
