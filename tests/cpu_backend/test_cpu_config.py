@@ -70,13 +70,18 @@ def test_hf_config_rejects_unsupported_rope():
         config_from_hf_dict(hf)
 
 
-def test_transformers_config_accepts_our_fields():
-    transformers = pytest.importorskip("transformers")
-    hf = REDUCED.to_hf_dict()
-    cfg = transformers.DeepseekV32Config(**{k: v for k, v in hf.items() if k != "model_type"})
-    assert cfg.qk_head_dim == REDUCED.qk_head_dim
-    assert cfg.mlp_layer_types.count("sparse") == 7
-
-
 def test_config_is_hashable_value():
     assert ModelConfig(name="reduced") == REDUCED
+
+
+def test_model_name_overrides():
+    from pytest_afd.backends.cpu import parse_model_name
+
+    config = parse_model_name("reduced:index_topk=65536,routed_scaling_factor=1.5")
+    assert config.index_topk == 65536 and config.routed_scaling_factor == 1.5
+    assert config.num_hidden_layers == 10
+    assert parse_model_name("full") is FULL
+    with pytest.raises(ValueError, match="'bogus=1'"):
+        parse_model_name("reduced:bogus=1")
+    with pytest.raises(ValueError, match="kv_lora_rank=0"):
+        parse_model_name("reduced:kv_lora_rank=0")

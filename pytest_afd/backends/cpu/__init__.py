@@ -19,6 +19,7 @@ from pytest_afd.backends.cpu.config import (
     config_from_hf_dict,
     load_hf_config,
     named_config,
+    parse_model_name,
 )
 from pytest_afd.backends.cpu.executor import ExecOutput, Executor
 from pytest_afd.backends.cpu.kv_cache import DEFAULT_BLOCK_SIZE, BlockPool, PagedKVCache
@@ -36,11 +37,12 @@ def create(*, topology, model_name: str, seed: int, results_dir: str | Path | No
            ) -> CpuBackend:
     """Backend factory used by ``pytest_afd.backends.create_backend("cpu", ...)``.
 
-    ``model_name`` is a named config (``reduced`` / ``full``, seeded weights) or a
-    directory holding a Hugging Face-style ``config.json`` + ``*.safetensors``.
+    ``model_name`` is a named config (``reduced`` / ``full``, seeded weights),
+    optionally with overrides (``reduced:index_topk=65536``), or a directory
+    holding a Hugging Face-style ``config.json`` + ``*.safetensors``.
     """
-    if model_name in NAMED_CONFIGS:
-        model = build_model(named_config(model_name), seed)
+    if model_name.partition(":")[0] in NAMED_CONFIGS:
+        model = build_model(parse_model_name(model_name), seed)
     elif Path(model_name).is_dir():
         config, weights = load_pretrained(model_name, name=Path(model_name).name)
         model = DeepseekV32Model(config, weights)
@@ -75,6 +77,7 @@ __all__ = [
     "load_per_rank",
     "load_pretrained",
     "named_config",
+    "parse_model_name",
     "save_pretrained",
     "select_topk",
     "split_layout",

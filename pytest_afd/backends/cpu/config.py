@@ -164,6 +164,34 @@ def named_config(name: str, **overrides: Any) -> ModelConfig:
     return NAMED_CONFIGS[name].replace(**overrides) if overrides else NAMED_CONFIGS[name]
 
 
+OVERRIDE_SEPARATOR = ":"
+
+
+def parse_model_name(model_name: str) -> ModelConfig:
+    """A named config, optionally with field overrides after a colon.
+
+    Example: ``reduced:index_topk=65536`` keeps the V3.2 indexer dense for prompts
+    up to 64k tokens (what exactness gates need); values are JSON literals.
+    """
+    name, _, overrides_text = model_name.partition(OVERRIDE_SEPARATOR)
+    overrides: dict[str, Any] = {}
+    known = {f.name for f in dataclasses.fields(ModelConfig)} - {"name"}
+    for item in filter(None, overrides_text.split(",")):
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq or key not in known:
+            raise ValueError(
+                f"model override {item!r} in {model_name!r}; expected field=value with a field of "
+                f"ModelConfig"
+            )
+        try:
+            overrides[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            overrides[key] = raw
+    config = named_config(name, **overrides)
+    return config.replace(name=model_name) if overrides else config
+
+
 def config_from_hf_dict(hf: dict[str, Any], *, name: str = "custom") -> ModelConfig:
     """Read the fields we model from a Hugging Face DeepSeek V3/V3.2 ``config.json``."""
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}

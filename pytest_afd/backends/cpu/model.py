@@ -69,6 +69,28 @@ class Linear:
         return F.linear(qx, self.qweight) * x_scale * self.weight_scale
 
 
+class GroupedLinear:
+    """One :class:`Linear` per expert, applied to every expert's rows in one batched matmul.
+
+    ``weight`` is [experts, out, in]; inputs are [experts, rows, in] (rows padded
+    to the busiest expert). Quantization is per expert and output channel.
+    """
+
+    def __init__(self, weight: torch.Tensor, quantization: str = QUANT_NONE) -> None:
+        self.weight_t = weight.transpose(1, 2)
+        self.quantized = quantization == QUANT_W8A8
+        if self.quantized:
+            qweight, scale = quantize_rows(weight)
+            self.qweight_t = qweight.transpose(1, 2)
+            self.weight_scale = scale.transpose(1, 2)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.quantized:
+            return torch.bmm(x, self.weight_t)
+        qx, x_scale = quantize_rows(x)
+        return torch.bmm(qx, self.qweight_t) * x_scale * self.weight_scale
+
+
 def rope_tables(config: ModelConfig, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin of each position's rotary angles, shape [N, qk_rope_head_dim / 2]."""
     dim = config.qk_rope_head_dim
@@ -142,9 +164,8 @@ class DecoderLayer:
             # The router gate stays in float32, as in the W8A8 checkpoints.
             self.gate_weight = w[m + "gate.weight"]
             self.gate_bias = w[m + "gate.e_score_correction_bias"]
-            gate_up, down = w[m + "experts.gate_up_proj"], w[m + "experts.down_proj"]
-            self.expert_gate_up = [Linear(gate_up[e], quantization) for e in range(c.n_routed_experts)]
-            self.expert_down = [Linear(down[e], quantization) for e in range(c.n_routed_experts)]
+            self.expert_gate_up = GroupedLinear(w[m + "experts.gate_up_proj"], quantization)
+            self.expert_down = GroupedLinear(w[m + "experts.down_proj"], quantization)
             self.shared = None
             if c.n_shared_experts:
                 self.shared = tuple(
@@ -281,23 +302,22 @@ class DecoderLayer:
     # ---- FFN side ---------------------------------------------------------
     def experts(self, normed: torch.Tensor, topk_ids: torch.Tensor,
                 topk_weights: torch.Tensor) -> torch.Tensor:
-        """Routed experts; contributions are added in ascending expert order."""
+        """Routed experts; a token's contributions are added in ascending expert order."""
+        num_experts = self.config.n_routed_experts
         k = topk_ids.shape[1]
         flat = topk_ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.config.n_routed_experts).tolist()
+        experts = flat[order]
+        counts = torch.bincount(flat, minlength=num_experts)
+        starts = torch.cumsum(counts, 0) - counts
+        slots = torch.arange(len(flat)) - starts[experts]
         tokens = order // k
-        weights = topk_weights.reshape(-1)[order]
+        grouped = normed.new_zeros((num_experts, int(counts.max()), normed.shape[1]))
+        grouped[experts, slots] = normed[tokens]
+        gate, up = self.expert_gate_up(grouped).chunk(2, dim=-1)
+        expert_out = self.expert_down(F.silu(gate) * up)[experts, slots]
         out = torch.zeros_like(normed)
-        start = 0
-        for expert, count in enumerate(counts):
-            if not count:
-                continue
-            idx = tokens[start:start + count]
-            gate, up = self.expert_gate_up[expert](normed[idx]).chunk(2, dim=-1)
-            expert_out = self.expert_down[expert](F.silu(gate) * up)
-            out.index_add_(0, idx, expert_out * weights[start:start + count, None])
-            start += count
+        out.index_add_(0, tokens, expert_out * topk_weights.reshape(-1)[order, None])
         return out
 
     def shared_experts(self, normed: torch.Tensor) -> torch.Tensor:
