@@ -89,11 +89,16 @@ def ubatch_keys(plan) -> list[int]:
 
 
 def calibration_samples(evidence, plan) -> list[StageSample]:
-    """Per (MoE layer, ubatch): rows, keys and the measured stage times."""
+    """Per (MoE layer, ubatch): rows, keys and the stage's thread-CPU seconds.
+
+    CPU time, not wall time: on a shared host wall time includes whatever else
+    the OS ran, and a cost model fitted to that noise would steer the cut by it.
+    """
     keys = ubatch_keys(plan)
-    ffn_rows = {(r["layer"], r["ubatch"]): r for r in evidence["per_layer"]["ffn"]}
+    table = evidence["per_layer_cpu"]
+    ffn_rows = {(r["layer"], r["ubatch"]): r for r in table["ffn"]}
     samples = []
-    for row in evidence["per_layer"]["attention"]:
+    for row in table["attention"]:
         if row["ubatch"] < 0 or (row["layer"], row["ubatch"]) not in ffn_rows:
             continue
         ffn = ffn_rows[(row["layer"], row["ubatch"])]
@@ -148,6 +153,9 @@ def summarize_instrumented(runs) -> dict:
         "overlap_fraction": med(r["overlap_fraction"] for r in runs),
         "critical_path_s": med(r["critical_path_s"] for r in runs),
         "critical_path_by_kind_s": last["critical_path_by_kind_s"],
+        "attention_busy_cpu_s": med(
+            sum(v for k, v in r["totals_cpu_s"]["attention"].items() if k != "wait") for r in runs
+        ),
         "attention_busy_s": med(
             sum(v for k, v in r["totals_s"]["attention"].items() if k != "wait") for r in runs
         ),

@@ -93,8 +93,8 @@ def test_disabled_timeline_records_nothing_and_enabled_labels_spans():
     on = Timeline(True)
     with on.span(ATTENTION, 3, 1, 5):
         pass
-    (kind, layer, ubatch, start, end, peer) = on.spans[0]
-    assert (kind, layer, ubatch, peer) == (ATTENTION, 3, 1, 5) and end >= start
+    (kind, layer, ubatch, start, end, peer, cpu) = on.spans[0]
+    assert (kind, layer, ubatch, peer) == (ATTENTION, 3, 1, 5) and end >= start and cpu >= 0
 
 
 def test_per_layer_table_sums_by_layer_and_ubatch():

@@ -121,6 +121,11 @@ def test_instrumented_step_evidence(runtime_1p1, afd_config):
     assert 0 <= evidence["overlap_fraction"] <= 1
     assert 0 < evidence["critical_path_s"] <= step * 1.01
     assert evidence["straggler_s"] == 0.0  # one FFN rank has nobody to straggle against
+    # Thread-CPU seconds never exceed the wall time of the same spans (beyond clock granularity).
+    wall, cpu = evidence["totals_s"]["attention"], evidence["totals_cpu_s"]["attention"]
+    assert 0 < cpu["attention"] <= wall["attention"] * 1.05 + 1e-3
+    assert {row["layer"] for row in evidence["per_layer_cpu"]["ffn"]} == set(moe_layers)
+    assert set(evidence["cpu_time_s"]) == {"Attention rank 0", "FFN rank 0"}
     load = evidence["load"]["per_layer"]
     assert len(load) == len(moe_layers)
     for layer_load, counts in zip(load, result.expert_load, strict=True):

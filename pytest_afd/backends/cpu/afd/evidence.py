@@ -40,7 +40,12 @@ NO_LAYER = -1
 NO_UBATCH = -1
 NO_PEER = -1
 
-SPAN_FIELDS = ("kind", "layer", "ubatch", "start", "end", "peer")
+SPAN_FIELDS = ("kind", "layer", "ubatch", "start", "end", "peer", "cpu")
+"""``cpu``: the recording thread's CPU seconds inside the span (``time.thread_time``).
+
+With one intra-op thread the torch work of a span runs on that thread, so
+``cpu`` is what the work cost and ``end - start - cpu`` is time the OS gave to
+other processes: the measure that separates interference from the split."""
 # A message's receiver waits (WAIT_KIND) for the sender's span (SENDER_KIND).
 SENDER_KIND = {WAIT: SEND, FFN_IDLE: DISPATCH}
 
@@ -61,17 +66,19 @@ class Timeline:
             yield
             return
         start = time.perf_counter()
+        cpu_start = time.thread_time()
         try:
             yield
         finally:
-            self.spans.append((kind, layer, ubatch, start, time.perf_counter(), peer))
+            cpu = time.thread_time() - cpu_start
+            self.spans.append((kind, layer, ubatch, start, time.perf_counter(), peer, cpu))
 
     def add(
         self, kind: str, layer: int, ubatch: int, start: float, end: float, peer: int = NO_PEER
     ) -> None:
         """Record a span whose labels are known only after it ended (an idle wait)."""
         if self.enabled:
-            self.spans.append((kind, layer, ubatch, start, end, peer))
+            self.spans.append((kind, layer, ubatch, start, end, peer, 0.0))
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,7 @@ class Span:
     start: float
     end: float
     peer: int = NO_PEER
+    cpu: float = 0.0
 
     @property
     def duration(self) -> float:
@@ -194,21 +202,21 @@ def load_stats(counts: Sequence[float]) -> dict:
     }
 
 
-def per_layer_table(spans: Iterable[Span]) -> list[dict]:
-    """Time per (role, layer, ubatch, kind), summed over the ranks of a role (seconds)."""
+def per_layer_table(spans: Iterable[Span], *, cpu: bool = False) -> list[dict]:
+    """Wall (or, with ``cpu``, thread-CPU) seconds per (layer, ubatch, kind), summed over ranks."""
     table: dict[tuple[int, int], dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for span in spans:
         if span.layer == NO_LAYER:
             continue
-        table[(span.layer, span.ubatch)][span.kind] += span.duration
+        table[(span.layer, span.ubatch)][span.kind] += span.cpu if cpu else span.duration
     return [
         {"layer": layer, "ubatch": ubatch, **{k: round(v, 9) for k, v in sorted(kinds.items())}}
         for (layer, ubatch), kinds in sorted(table.items())
     ]
 
 
-def totals_by_kind(spans: Iterable[Span]) -> dict[str, float]:
+def totals_by_kind(spans: Iterable[Span], *, cpu: bool = False) -> dict[str, float]:
     totals: dict[str, float] = defaultdict(float)
     for span in spans:
-        totals[span.kind] += span.duration
+        totals[span.kind] += span.cpu if cpu else span.duration
     return dict(sorted(totals.items()))

@@ -137,6 +137,10 @@ def step_evidence(
             "overlap_fraction": overlap_fraction(attention_spans, ffn_spans),
             "straggler_s": _straggler_s({r: spans[r] for r in ffn_ranks}),
             **critical_path({r: spans[r] for r in attention_ranks + ffn_ranks}),
+            "totals_cpu_s": {
+                "attention": totals_by_kind(attention_spans, cpu=True),
+                "ffn": totals_by_kind(ffn_spans, cpu=True),
+            },
             "totals_s": {
                 "attention": totals_by_kind(attention_spans),
                 "ffn": totals_by_kind(ffn_spans),
@@ -144,6 +148,10 @@ def step_evidence(
             "per_layer": {
                 "attention": per_layer_table(attention_spans),
                 "ffn": per_layer_table(ffn_spans),
+            },
+            "per_layer_cpu": {
+                "attention": per_layer_table(attention_spans, cpu=True),
+                "ffn": per_layer_table(ffn_spans, cpu=True),
             },
         }
     )
