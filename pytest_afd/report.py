@@ -99,6 +99,8 @@ class LoadedResults:
     results: list[LoadedResult] = field(default_factory=list)
     # (file, reason) for files that could not be used.
     skipped: list[tuple[Path, str]] = field(default_factory=list)
+    # JSON that is not a result (the session summary, manifests): named, not an error.
+    ignored: list[Path] = field(default_factory=list)
 
 
 # --- loading ---------------------------------------------------------------------
@@ -115,13 +117,13 @@ def load_results(results_dir: Path, *, exclude: Path | None = None) -> LoadedRes
             loaded.skipped.append((path, f"unreadable JSON: {exc}"))
             continue
         if not isinstance(doc, dict) or doc.get("kind") != RESULT_KIND:
-            kind = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
-            loaded.skipped.append((path, f"not a result document (kind={kind!r})"))
+            loaded.ignored.append(path)
             continue
         try:
             validate_result(doc)
         except ResultValidationError as exc:
-            loaded.skipped.append((path, str(exc).splitlines()[0]))
+            first_lines = [line.strip() for line in str(exc).splitlines()[:2]]
+            loaded.skipped.append((path, " ".join(first_lines)))
             continue
         loaded.results.append(LoadedResult(path=path, doc=doc))
     return loaded
@@ -368,6 +370,12 @@ def _save(figure: Figure, path: Path) -> Path:
     return path
 
 
+def _legend(axis: Any, fontsize: str = "small") -> None:
+    """A legend only where something is labelled (matplotlib warns otherwise)."""
+    if axis.get_legend_handles_labels()[0]:
+        axis.legend(fontsize=fontsize)
+
+
 def _policies(results: Iterable[LoadedResult]) -> list[str]:
     return sorted({r.policy for r in results})
 
@@ -414,7 +422,10 @@ def plot_policy_metrics(results: Sequence[LoadedResult], path: Path) -> Path | N
         axis.set_title(title)
         axis.set_xticks(range(len(conditions)))
         axis.set_xticklabels(conditions, rotation=30, ha="right", fontsize="small")
-    axes[0].legend(fontsize="small")
+    for axis in axes:
+        if axis.get_legend_handles_labels()[0]:
+            axis.legend(fontsize="small")
+            break
     return _save(figure, path)
 
 
@@ -431,7 +442,7 @@ def plot_imbalance_vs_step_time(results: Sequence[LoadedResult], path: Path) -> 
     axis.set_xlabel("realized ubatch token imbalance, mean over steps (%)")
     axis.set_ylabel("forward step time (s)")
     axis.set_title("imbalance vs step time")
-    axis.legend(fontsize="small")
+    _legend(axis)
     return _save(figure, path)
 
 
@@ -453,7 +464,7 @@ def plot_layer_breakdown(results: Sequence[LoadedResult], path: Path) -> Path | 
         axis.set_xlabel("layer")
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.set_ylabel("time (s)")
-        axis.legend(fontsize="x-small")
+        _legend(axis, "x-small")
     return _save(figure, path)
 
 
@@ -531,7 +542,7 @@ def plot_chunk_sweep(results: Sequence[LoadedResult], path: Path) -> Path | None
     axis.set_xlabel("chunk size (tokens)")
     axis.set_ylabel("prefill throughput (tokens/s)")
     axis.set_title("chunk-size sweep")
-    axis.legend(fontsize="x-small")
+    _legend(axis, "x-small")
     return _save(figure, path)
 
 
@@ -594,6 +605,13 @@ def _row(result: LoadedResult, condition: str) -> list[str]:
     requested, realized = hit_ratios(doc)
     valid, reason = chunk_validity(doc)
     labels = _labels_text(doc) if valid else f"invalid chunk size: {reason}"
+    throughput = metrics["prefill_tokens_per_s"]
+    if valid and is_absent(throughput):
+        labels = (
+            f"{labels}; {throughput['absent_reason']}"
+            if labels != "—"
+            else throughput["absent_reason"]
+        )
     memory = median_of(metrics["peak_memory_bytes"])
     tails = " / ".join(_fmt(median_of(ttft_of(doc, key)), 4) for key in TTFT_PERCENTILE_KEYS[1:])
     return [
@@ -763,6 +781,11 @@ def render_markdown(loaded: LoadedResults, results_dir: Path, report_dir: Path) 
         f"Results directory: `{results_dir}`; {len(loaded.results)} result(s), "
         f"{len(loaded.skipped)} file(s) skipped.",
         "",
+    ]
+    if loaded.ignored:
+        names = ", ".join(f"`{path.relative_to(results_dir)}`" for path in loaded.ignored)
+        lines += [f"Other JSON files (not results, not read): {names}.", ""]
+    lines += [
         "Headline numbers are medians over measured repetitions (after warmup) of "
         "non-instrumented runs; cv is the coefficient of variation. Imbalance is "
         "|t0 - t1| / T of the realized ubatches.",

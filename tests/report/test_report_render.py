@@ -345,6 +345,16 @@ def test_stacks_are_never_mixed(tmp_path):
     assert len(plots) == 2
 
 
+def test_a_case_without_measurements_shows_why(tmp_path):
+    workload = make_workload("uniform", **SMALL)
+    doc = _result("stage_b/hit95", "stage_b", workload, "token_balanced")
+    doc["metrics"]["prefill_tokens_per_s"] = results.absent("omitted, not measured: not realizable")
+    _write(tmp_path, doc)
+    text = report.render(tmp_path).read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| stage_b/hit95 |"))
+    assert row.endswith("| omitted, not measured: not realizable |")
+
+
 def test_bad_and_foreign_files_are_listed_not_fatal(tmp_path):
     workload = make_workload("uniform", **SMALL)
     doc = _result("stage_c/ok", "stage_c", workload, "token_balanced")
@@ -358,8 +368,10 @@ def test_bad_and_foreign_files_are_listed_not_fatal(tmp_path):
     text = report.render(tmp_path).read_text()
     skipped = text[text.index("## Skipped files") :]
     assert "`torn.json` | unreadable JSON" in skipped
-    assert "`summary.json` | not a result document" in skipped
+    assert "summary.json" not in skipped
+    assert "Other JSON files (not results, not read): `summary.json`." in text
     assert "`broken.json` | result 'stage_c/broken' does not match" in skipped
+    assert "/metrics" in skipped and "ttft_s" in skipped
     assert "| stage_c/ok |" in text and "| stage_c/broken |" not in text
 
 
