@@ -53,7 +53,11 @@ class SplitSupportConfig:
 
 def unsupported_reasons(config: SplitSupportConfig) -> list[str]:
     """Every reason ``config`` may not split; empty when it is supported."""
-    policy = SplitPolicy(config.split_policy)
+    try:
+        policy = SplitPolicy(config.split_policy)
+    except ValueError:
+        known = [member.value for member in SplitPolicy]
+        return [f"unknown split policy {config.split_policy!r} (known: {known})"]
     if policy is SplitPolicy.NONE:
         return []
     reasons = []

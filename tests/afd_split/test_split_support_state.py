@@ -36,6 +36,7 @@ def test_supported_configuration_passes():
         ({"compute_gate_on_attention": False}, "gate must run on the attention side"),
         ({"native_dbo": True}, "native DBO"),
         ({"tp_size": 0}, "invalid topology"),
+        ({"split_policy": "halves"}, "unknown split policy 'halves'"),
     ],
 )
 def test_unsupported_combinations_fail_closed_naming_the_reason(change, reason):
