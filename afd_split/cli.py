@@ -97,6 +97,11 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(
                 f"--computed has {len(args.computed)} entries but --tokens has {len(args.tokens)}"
             )
+        if args.align > sum(args.tokens):
+            # Any policy: an SP unit wider than the whole batch means mis-typed input.
+            raise ValueError(
+                f"--align={args.align} is larger than the batch's {sum(args.tokens)} tokens"
+            )
         constraints = SplitConstraints(
             align=args.align,
             padded_total=args.padded_total,
