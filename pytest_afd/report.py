@@ -237,6 +237,24 @@ def condition_values(doc: Mapping[str, Any]) -> dict[str, str]:
     }
 
 
+def case_id_prefix(results: Sequence[LoadedResult]) -> str:
+    """The path-like prefix every case id of a stack shares (pytest node ids are long)."""
+    ids = [r.case_id for r in results]
+    if len(ids) < 2:  # noqa: PLR2004 - one case keeps its whole id
+        return ""
+    shortest = min(ids, key=len)
+    common = next(
+        (shortest[:i] for i, char in enumerate(shortest) if any(x[i] != char for x in ids)),
+        shortest,
+    )
+    cut = max(common.rfind("/"), common.rfind("::") + 1)
+    return common[: cut + 1] if cut >= 0 else ""
+
+
+def short_case_id(result: LoadedResult, prefix: str) -> str:
+    return result.case_id.removeprefix(prefix) or result.case_id
+
+
 def condition_labels(results: Sequence[LoadedResult]) -> dict[str, str]:
     """case_id -> 'dataset [differing settings]' so bars of one condition line up.
 
@@ -245,6 +263,7 @@ def condition_labels(results: Sequence[LoadedResult]) -> dict[str, str]:
     policy name taken out, which keeps the policies of one condition together.
     """
     values = {r.case_id: condition_values(r.doc) for r in results}
+    prefix = case_id_prefix(results)
     varying = [name for name in CONDITION_FIELDS if len({v[name] for v in values.values()}) > 1]
     labels = {}
     for result in results:
@@ -255,7 +274,8 @@ def condition_labels(results: Sequence[LoadedResult]) -> dict[str, str]:
         seen[(labels[result.case_id], result.policy)] += 1
     for result in results:
         if seen[(labels[result.case_id], result.policy)] > 1:
-            labels[result.case_id] = result.case_id.replace(result.policy, "").strip("/_-")
+            short = short_case_id(result, prefix)
+            labels[result.case_id] = short.replace(result.policy, "").strip("/_-:") or short
     return labels
 
 
@@ -452,6 +472,7 @@ def plot_layer_breakdown(results: Sequence[LoadedResult], path: Path) -> Path | 
     if not cases:
         return None
     shown = cases[:MAX_PANELS]
+    prefix = case_id_prefix(results)
     figure, axes = _new_figure(len(shown))
     for axis, (result, layers) in zip(axes, shown, strict=True):
         components = sorted({name for layer in layers for name in layer})
@@ -460,7 +481,7 @@ def plot_layer_breakdown(results: Sequence[LoadedResult], path: Path) -> Path | 
             values = np.array([float(layer.get(component, 0.0)) for layer in layers])
             axis.bar(range(len(layers)), values, bottom=bottom, label=component)
             bottom += values
-        axis.set_title(_wrap_title(result.case_id), fontsize="small")
+        axis.set_title(_wrap_title(short_case_id(result, prefix)), fontsize="small")
         axis.set_xlabel("layer")
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.set_ylabel("time (s)")
@@ -598,7 +619,7 @@ def _count_text(value: Any) -> str:
     return "—" if is_absent(value) else str(value)
 
 
-def _row(result: LoadedResult, condition: str) -> list[str]:
+def _row(result: LoadedResult, condition: str, prefix: str) -> list[str]:
     doc = result.doc
     metrics = doc["metrics"]
     imbalances = step_imbalances(doc)
@@ -615,7 +636,7 @@ def _row(result: LoadedResult, condition: str) -> list[str]:
     memory = median_of(metrics["peak_memory_bytes"])
     tails = " / ".join(_fmt(median_of(ttft_of(doc, key)), 4) for key in TTFT_PERCENTILE_KEYS[1:])
     return [
-        result.case_id,
+        short_case_id(result, prefix),
         result.dataset,
         result.policy,
         condition,
@@ -712,10 +733,13 @@ def _workload_table(results: Sequence[LoadedResult]) -> list[str]:
 
 def _table(results: Sequence[LoadedResult]) -> list[str]:
     labels = condition_labels(results)
-    lines = ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
+    prefix = case_id_prefix(results)
+    lines = [f"Case ids below follow `{prefix}`.", ""] if prefix else []
+    lines += ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
     for result in sorted(results, key=lambda r: (labels[r.case_id], r.policy, r.case_id)):
         condition = labels[result.case_id].removeprefix(result.dataset).strip() or "—"
-        lines.append("| " + " | ".join(_cell(c) for c in _row(result, condition)) + " |")
+        cells = _row(result, condition, prefix)
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return lines
 
 
