@@ -14,7 +14,7 @@ import sys
 
 from afd_split.constraints import SplitConstraints, SplitPolicy
 from afd_split.metadata import DEFAULT_BLOCK_SIZE, BatchMetadata, split_metadata
-from afd_split.plan import SplitPlan, plan_split
+from afd_split.plan import SplitPlan, as_token_counts, plan_split
 
 EXIT_BAD_INPUT = 2
 """Same status argparse uses for usage errors."""
@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(
                 f"--computed has {len(args.computed)} entries but --tokens has {len(args.tokens)}"
             )
+        as_token_counts(args.tokens, name="--tokens", minimum=1)
         if args.align > sum(args.tokens):
             # Any policy: an SP unit wider than the whole batch means mis-typed input.
             raise ValueError(

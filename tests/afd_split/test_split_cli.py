@@ -85,9 +85,9 @@ def test_text_output(capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--tokens", "5,-1"], "num_scheduled_tokens[1]=-1"),
+        (["--tokens", "5,-1"], "--tokens[1]=-1"),
         (["--tokens", "5,6", "--computed", "1"], "--computed has 1 entries"),
-        (["--tokens", "0"], "num_scheduled_tokens[0]=0"),
+        (["--tokens", "0"], "--tokens[0]=0"),
         (["--tokens", "5,6", "--align", "16"], "--align=16 is larger than the batch's 11"),
         (["--tokens", "5,6", "--align", "16", "--policy", "none"], "--align=16 is larger"),
         (["--tokens", "5,6", "--align", "11"], "align=11 is not below"),
