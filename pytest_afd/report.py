@@ -449,19 +449,43 @@ def plot_policy_metrics(results: Sequence[LoadedResult], path: Path) -> Path | N
     return _save(figure, path)
 
 
+def step_time_spread(doc: Mapping[str, Any]) -> tuple[float, float]:
+    """Min-max bar of the recorded step time; (0, 0) when only a point value exists."""
+    metrics = doc["metrics"]
+    spread = spread_of(metrics[STEP_TIME_METRIC]) if STEP_TIME_METRIC in metrics else None
+    return spread or (0.0, 0.0)
+
+
 def plot_imbalance_vs_step_time(results: Sequence[LoadedResult], path: Path) -> Path | None:
-    points = [(r.policy, mean_imbalance(r.doc), step_time_s(r.doc)) for r in results]
-    points = [(p, x, y) for p, x, y in points if x is not None and y is not None]
+    """One point per split case (unsplit cases have no imbalance), labelled by condition."""
+    labels = condition_labels(results)
+    points = [(r, mean_imbalance(r.doc), step_time_s(r.doc)) for r in results]
+    points = [(r, x, y) for r, x, y in points if x is not None and y is not None]
     if not points:
         return None
     figure, (axis,) = _new_figure(1)
-    for policy in sorted({p for p, _, _ in points}):
-        xs = [x * PERCENT for p, x, _ in points if p == policy]
-        ys = [y for p, _, y in points if p == policy]
-        axis.scatter(xs, ys, label=policy)
+    for policy in sorted({r.policy for r, _, _ in points}):
+        mine = [(r, x, y) for r, x, y in points if r.policy == policy]
+        spreads = [step_time_spread(r.doc) for r, _, _ in mine]
+        axis.errorbar(
+            [x * PERCENT for _, x, _ in mine],
+            [y for _, _, y in mine],
+            yerr=[[low for low, _ in spreads], [high for _, high in spreads]],
+            fmt="o",
+            capsize=ERROR_CAPSIZE,
+            label=policy,
+        )
+        for result, x, y in mine:
+            axis.annotate(
+                labels[result.case_id],
+                (x * PERCENT, y),
+                fontsize="xx-small",
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
     axis.set_xlabel("realized ubatch token imbalance, mean over steps (%)")
     axis.set_ylabel("forward step time (s)")
-    axis.set_title("imbalance vs step time")
+    axis.set_title("imbalance vs step time (bars: min-max)")
     _legend(axis)
     return _save(figure, path)
 

@@ -1,5 +1,7 @@
 """Trace-derived workloads, trace arrivals, statistics and the issue-2 motivation."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -149,3 +151,14 @@ def test_issue2_motivation_numbers_documented_in_docs(name, mean, p90):
     assert summary.per_batch[:50].tolist() == pytest.approx(
         [_brute_force_imbalance(b) for b in batches]
     )
+
+
+def test_trace_imbalance_command_prints_the_documented_numbers(capsys):
+    from pytest_afd.__main__ import main
+
+    assert main(["trace-imbalance", "--max-batch-requests", "8"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["traces"]["conv"]["batches"] == 2421
+    assert printed["traces"]["conv"]["mean"] == trace_boundary_imbalance("conv").mean
+    assert main(["trace-imbalance", "--max-batch-requests", "0"]) == 2
+    assert "max_batch_requests=0" in capsys.readouterr().err
