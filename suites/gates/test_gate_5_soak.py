@@ -225,16 +225,22 @@ def soak_worker(soak: Soak, steps: int, splits: ExecutedSplits, progress: SoakPr
         progress.finished = True
 
 
-def watch(thread: threading.Thread, progress: SoakProgress) -> str | None:
+def watch(
+    thread: threading.Thread,
+    progress: SoakProgress,
+    *,
+    step_timeout_s: float = STEP_TIMEOUT_S,
+    soak_timeout_s: float = SOAK_TIMEOUT_S,
+) -> str | None:
     """Wait for the soak, bounded; the reason it hung, or None."""
     started = time.monotonic()
     while thread.is_alive():
         thread.join(WATCHDOG_POLL_S)
         now = time.monotonic()
-        if now - progress.last_progress > STEP_TIMEOUT_S:
-            return f"step {progress.steps_done} made no progress for {STEP_TIMEOUT_S:.0f} s"
-        if now - started > SOAK_TIMEOUT_S:
-            return f"the soak exceeded {SOAK_TIMEOUT_S:.0f} s at step {progress.steps_done}"
+        if now - progress.last_progress > step_timeout_s:
+            return f"step {progress.steps_done} made no progress for {step_timeout_s:g} s"
+        if now - started > soak_timeout_s:
+            return f"the soak exceeded {soak_timeout_s:g} s at step {progress.steps_done}"
     return None
 
 
@@ -318,3 +324,35 @@ def test_gate_5_soak_mixed_partial_splits(afd_options, afd_results):
         f"only {len(continuation)} partial splits had non-zero computed tokens"
     )
     assert probe_identical, "the probe batch's outputs changed across the soak"
+
+
+@pytest.mark.gate
+def test_gate_5_watchdog_reports_a_stalled_step():
+    """The soak's hang detector fires on a worker that stops making progress."""
+    stall_s = 0.2
+    release = threading.Event()
+    progress = SoakProgress(steps_done=7)
+    thread = threading.Thread(target=release.wait, daemon=True)
+    thread.start()
+    try:
+        hang = watch(thread, progress, step_timeout_s=stall_s)
+    finally:
+        release.set()
+    assert hang is not None and "step 7 made no progress" in hang
+
+
+@pytest.mark.gate
+def test_gate_5_leak_detector_sees_state_left_behind(afd_options):
+    """An attribute a forward leaves on the executor or a layer differs from a fresh executor."""
+    model = build_model(named_config(SOAK_MODEL, **SOAK_LAYER_OVERRIDES), afd_options.seed)
+    executor = Executor(model, PagedKVCache(model.config, GATE_BLOCK_SIZE))
+    fresh = executor_state(Executor(model, executor.kv_cache))
+    assert first_difference(executor_state(executor), fresh) == ""
+    executor.last_plan = "ubatch 1"
+    assert "executor" in first_difference(executor_state(executor), fresh)
+    del executor.last_plan
+    model.layers[-1].stage_metadata = "tail"
+    try:
+        assert "layers" in first_difference(executor_state(executor), fresh)
+    finally:
+        del model.layers[-1].stage_metadata
