@@ -36,7 +36,7 @@ GLOO_WORLD_SIZE = 1
 @dataclass(frozen=True)
 class Unsupported:
     name: str
-    kind: str  # builder / graph_mode / speculative / staging / topology
+    kind: str  # builder / graph_mode / speculative / staging (incl. policy) / topology
     expect: str  # a fragment the error must contain (names the offending value)
     overrides: dict = field(default_factory=dict)
     topology: str | None = None  # None: the session topology
@@ -57,6 +57,7 @@ CASES = (
     Unsupported("gate_on_ffn_side", "staging", "compute_gate_on_attention",
                 {"compute_gate_on_attention": False}),
     Unsupported("native_dbo", "staging", "DBO", {"native_dbo": True}),
+    Unsupported("unknown_policy", "staging", "'three_way'", {"split_policy": "three_way"}),
     Unsupported("dcp4_afd", "topology", "dcp_size=4", topology="dp2dcp4tp4-ep8"),
     Unsupported("dcp2_colocated", "topology", "dcp_size=2", topology="dcp2tp2"),
     Unsupported("dcp2_with_graph", "topology", "dcp_size=2", {"graph_mode": "full"},
