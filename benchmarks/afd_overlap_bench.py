@@ -48,6 +48,7 @@ from afd_split.cost import (
 )
 from pytest_afd.backends.cpu import named_config
 from pytest_afd.backends.cpu.afd import AfdRuntime
+from pytest_afd.backends.cpu.afd.evidence import ATTENTION, Timeline
 
 WORKLOADS = {
     "balanced": [192] * 8,
@@ -114,6 +115,23 @@ def calibration_samples(evidence, plan) -> list[StageSample]:
     return samples
 
 
+SPAN_COST_SAMPLES = 20_000
+
+
+def span_cost_s() -> float:
+    """Seconds one instrumentation span costs (two clocks read twice, one append).
+
+    Measured directly because the end-to-end overhead (instrumented vs headline
+    medians) is below this host's run-to-run noise.
+    """
+    timeline = Timeline(True)
+    started = time.perf_counter()
+    for _ in range(SPAN_COST_SAMPLES):
+        with timeline.span(ATTENTION, 0, 0):
+            pass
+    return (time.perf_counter() - started) / SPAN_COST_SAMPLES
+
+
 def dispersion(values):
     ordered = sorted(values)
     q1, _, q3 = statistics.quantiles(ordered, n=4) if len(ordered) > 1 else (ordered[0],) * 3
@@ -178,9 +196,14 @@ def run_model(model_name, overrides, args, rng) -> dict:
     with AfdRuntime(config, args.seed, threads_per_rank=args.threads_per_rank) as runtime:
         startup_s = time.perf_counter() - started
 
+        span_counts = []
+
         def step(workload, plan, instrument):
             ids, metadata = batches[workload]
-            return runtime.run_forward(ids, metadata, plan, instrument=instrument).evidence
+            result = runtime.run_forward(ids, metadata, plan, instrument=instrument)
+            if instrument:
+                span_counts.append([len(spans) for spans in result.spans.values()])
+            return result.evidence
 
         # Phase 1: warm-up + calibration.
         samples = []
@@ -262,6 +285,9 @@ def run_model(model_name, overrides, args, rng) -> dict:
         - 1.0
         for case in cases
     ]
+    spans_per_step = statistics.median(sum(counts) for counts in span_counts)
+    per_span = span_cost_s()
+    step_median = statistics.median(e["step_time_s"] for runs in headline.values() for e in runs)
     return {
         "config": {
             "name": model_name,
@@ -274,7 +300,13 @@ def run_model(model_name, overrides, args, rng) -> dict:
         "runtime": runtime.describe(),
         "startup_s": startup_s,
         "cost_model": cost_model.to_evidence(),
-        "profiler_overhead": {"median": statistics.median(overhead), "per_case": overhead},
+        "profiler_overhead": {
+            "median": statistics.median(overhead),
+            "per_case": overhead,
+            "span_cost_s": per_span,
+            "spans_per_step": spans_per_step,
+            "direct_overhead_fraction": per_span * spans_per_step / step_median,
+        },
         "workloads": workloads,
         "run_order": run_order,
     }
@@ -283,8 +315,9 @@ def run_model(model_name, overrides, args, rng) -> dict:
 def print_table(result) -> None:
     for model_name, model in result["models"].items():
         print(
-            f"\n== {model_name} (startup {model['startup_s']:.1f}s, profiler overhead "
-            f"{100 * model['profiler_overhead']['median']:+.1f}%)"
+            f"\n== {model_name} (startup {model['startup_s']:.1f}s, profiler overhead: "
+            f"end-to-end {100 * model['profiler_overhead']['median']:+.1f}%, direct "
+            f"{100 * model['profiler_overhead']['direct_overhead_fraction']:.3f}%)"
         )
         header = (
             f"{'workload':11} {'policy':17} {'cut':>5} {'imbal':>6} {'step med':>9} {'rel IQR':>8} "

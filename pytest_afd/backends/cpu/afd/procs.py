@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LOOPBACK = "127.0.0.1"
+LOOPBACK_INTERFACE = "lo"
+GLOO_INTERFACE_ENV = "GLOO_SOCKET_IFNAME"
+ADDRESS_IN_USE = "address already in use"
 PR_SET_PDEATHSIG = 1
 """Linux prctl option: signal this process gets when its parent thread exits."""
 
@@ -115,6 +118,9 @@ def worker_main(conn: multiprocessing.connection.Connection, config: WorkerConfi
     import torch.distributed as dist
 
     torch.set_num_threads(config.num_threads)
+    # Gloo picks its transport address from the hostname unless told otherwise;
+    # the ranks live on one host, so pin the transport to loopback.
+    os.environ.setdefault(GLOO_INTERFACE_ENV, LOOPBACK_INTERFACE)
     name = config.spec.name
     try:
         dist.init_process_group(

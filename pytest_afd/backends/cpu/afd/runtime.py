@@ -25,8 +25,10 @@ import numpy as np
 from afd_split import BatchMetadata, SplitPlan
 from pytest_afd.backends.cpu.afd.evidence import Span, as_spans
 from pytest_afd.backends.cpu.afd.procs import (
+    ADDRESS_IN_USE,
     ROLE_ATTENTION,
     ROLE_FFN,
+    AfdRankFailure,
     ProcessGroupHandle,
     RankSpec,
 )
@@ -116,16 +118,29 @@ class AfdRuntime:
             "peer_timeout_s": peer_timeout_s,
             "model_dir": None if model_dir is None else str(model_dir),
         }
-        self._group = ProcessGroupHandle(
+        self._group = self._new_group(specs, role_kwargs)
+        self._steps = itertools.count()
+        self._finalizer = weakref.finalize(self, ProcessGroupHandle.kill_all, self._group)
+        try:
+            self._group.start(startup_timeout_s)
+        except AfdRankFailure as failure:
+            # The free port can be taken between probing and binding (parallel test
+            # workers): one retry on a fresh port and fresh processes.
+            if ADDRESS_IN_USE not in str(failure).lower():
+                raise
+            self._group = self._new_group(specs, role_kwargs)
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, ProcessGroupHandle.kill_all, self._group)
+            self._group.start(startup_timeout_s)
+
+    def _new_group(self, specs, role_kwargs) -> ProcessGroupHandle:
+        return ProcessGroupHandle(
             specs,
             num_threads=self.threads_per_rank,
             collective_timeout_s=self.step_timeout_s,
             role_factory=make_role,
             role_kwargs_for=lambda spec: role_kwargs,
         )
-        self._steps = itertools.count()
-        self._finalizer = weakref.finalize(self, ProcessGroupHandle.kill_all, self._group)
-        self._group.start(startup_timeout_s)
 
     # ---- introspection -------------------------------------------------------
     @property
