@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import SimpleNamespace
+from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -59,7 +59,7 @@ WORKLOAD_VOCAB_SIZE = 1024
 STAGE_SCALE_ENV = "AFD_STAGE_SCALE"
 STAGE_SCALE_OPTION = "--afd-stage-scale"
 # Backends that need scaled-down stages to run in minutes; the rest run at 1.
-DEFAULT_STAGE_SCALES = {"cpu": 1 / 64}
+DEFAULT_STAGE_SCALES = MappingProxyType({"cpu": 1 / 64})
 FULL_SCALE = 1.0
 
 # --- cache phases ------------------------------------------------------------------
@@ -586,9 +586,6 @@ class StageRunner:
 
 
 # --- fixtures ------------------------------------------------------------------------------
-_POOL_KEY = pytest.StashKey[BackendPool]()
-
-
 @pytest.fixture(scope="session")
 def stage_sizes(pytestconfig: pytest.Config, afd_options) -> StageSizes:
     """The stage scale and the recipe sizes at that scale."""
@@ -601,7 +598,6 @@ def backend_pool(pytestconfig: pytest.Config, afd_backend, afd_manifest, afd_opt
     pool = BackendPool(
         pytestconfig, BackendHandle(afd_backend, afd_manifest, npu_topology, afd_options.model)
     )
-    pytestconfig.stash[_POOL_KEY] = pool
     yield pool
     pool.close()
 
