@@ -541,6 +541,53 @@ def plot_expert_heat(results: Sequence[LoadedResult], path: Path) -> Path | None
     return _save(figure, path)
 
 
+def plot_hit_ratio(results: Sequence[LoadedResult], path: Path) -> Path | None:
+    """Realized vs requested hit ratio, and throughput vs realized ratio, per policy."""
+    points = []
+    for result in results:
+        requested, realized = hit_ratios(result.doc)
+        if requested is not None and realized is not None:
+            points.append((result, requested, realized))
+    if len({requested for _, requested, _ in points}) < 2:  # noqa: PLR2004 - a sweep
+        return None
+    figure, (ratio_axis, throughput_axis) = _new_figure(2)
+    ratio_axis.plot([0, PERCENT], [0, PERCENT], color="grey", linestyle="--", label="requested")
+    for policy in sorted({r.policy for r, _, _ in points}):
+        mine = [(r, req, real) for r, req, real in points if r.policy == policy]
+        ratio_axis.scatter(
+            [req * PERCENT for _, req, _ in mine],
+            [real * PERCENT for _, _, real in mine],
+            label=policy,
+        )
+        measured = [
+            (
+                real,
+                median_of(r.doc["metrics"]["prefill_tokens_per_s"]),
+                spread_of(r.doc["metrics"]["prefill_tokens_per_s"]),
+            )
+            for r, _, real in mine
+        ]
+        measured = [(x, y, e) for x, y, e in measured if y is not None and e is not None]
+        if measured:
+            throughput_axis.errorbar(
+                [x * PERCENT for x, _, _ in measured],
+                [y for _, y, _ in measured],
+                yerr=[[e[0] for _, _, e in measured], [e[1] for _, _, e in measured]],
+                fmt="o",
+                capsize=ERROR_CAPSIZE,
+                label=policy,
+            )
+    ratio_axis.set_xlabel("requested hit ratio (%)")
+    ratio_axis.set_ylabel("realized hit ratio (%)")
+    ratio_axis.set_title("prefix-cache hits: realized vs requested")
+    throughput_axis.set_xlabel("realized hit ratio (%)")
+    throughput_axis.set_ylabel("prefill throughput (tokens/s)")
+    throughput_axis.set_title("throughput vs realized hits (min-max)")
+    _legend(ratio_axis)
+    _legend(throughput_axis)
+    return _save(figure, path)
+
+
 def _chunk_sort_key(label: str) -> tuple[int, int]:
     return (1, 0) if label == UNCHUNKED_LABEL else (0, int(label))
 
@@ -605,6 +652,7 @@ PLOTTERS = (
     ("layer_breakdown", "Per-layer time breakdown (instrumented runs)", plot_layer_breakdown),
     ("expert_heat", "Expert heat per layer (tokens / layer mean)", plot_expert_heat),
     ("chunk_sweep", "Chunk-size sweep (invalid sizes marked x)", plot_chunk_sweep),
+    ("hit_ratio", "Prefix-cache hit ratio: realized vs requested, and throughput", plot_hit_ratio),
 )
 
 

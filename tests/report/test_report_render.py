@@ -159,7 +159,7 @@ def rendered(tmp_path_factory):
                     f"stage_a/{workload.name}/{policy}", "stage_a", workload, policy, wall_s=wall
                 ),
             )
-    for ratio in (0.0, 0.5):
+    for ratio in (0.0, 0.25, 0.5):
         workload = make_workload("uniform", requested_hit_ratio=ratio, **SMALL)
         _write(
             directory, _result(f"stage_b/{workload.name}", "stage_b", workload, "token_balanced")
@@ -276,12 +276,16 @@ def test_invalid_chunk_size_is_marked_with_its_reason(rendered):
     assert "chunk_sweep.png" in _section(text, "stage_d")
 
 
+COMMON_PLOTS = ("policy_metrics", "imbalance_vs_step_time", "expert_heat")
+
+
 @pytest.mark.parametrize(
     ("stage", "plots"),
     [
-        ("stage_a", ("policy_metrics", "imbalance_vs_step_time", "expert_heat")),
-        ("stage_d", ("policy_metrics", "chunk_sweep")),
-        ("stage_e", ("policy_metrics", "layer_breakdown", "expert_heat")),
+        ("stage_a", COMMON_PLOTS),
+        ("stage_b", (*COMMON_PLOTS, "hit_ratio")),  # a sweep of requested ratios
+        ("stage_d", (*COMMON_PLOTS, "chunk_sweep")),  # several chunk sizes
+        ("stage_e", (*COMMON_PLOTS, "layer_breakdown")),  # the only instrumented cases
     ],
 )
 def test_plots_are_linked_and_open_as_images(rendered, stage, plots):
@@ -290,12 +294,12 @@ def test_plots_are_linked_and_open_as_images(rendered, stage, plots):
     linked = [
         line[line.index("](") + 2 : -1] for line in section.splitlines() if line.startswith("![")
     ]
-    for name in plots:
-        (match,) = [link for link in linked if link.endswith(f"-{name}.png")]
-        pixels = mpimg.imread(path.parent / match)
+    names = sorted(link.rsplit("-", 1)[1].removesuffix(".png") for link in linked)
+    assert names == sorted(plots)
+    for link in linked:
+        pixels = mpimg.imread(path.parent / link)
         assert pixels.ndim == 3 and pixels.shape[0] > 100 and pixels.shape[1] > 100
-        assert pixels.std() > 0.01, f"{match} is blank"
-    assert not any(link.endswith("layer_breakdown.png") for link in linked) or stage == "stage_e"
+        assert pixels.std() > 0.01, f"{link} is blank"
 
 
 def test_step_time_is_derived_from_throughput_and_steps():
