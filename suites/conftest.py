@@ -83,6 +83,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.hookimpl(trylast=True)  # after the plugin resolved the --afd-* options
+def pytest_configure(config: pytest.Config) -> None:
+    """A bad stage scale is a usage error at start-up, not a failure in every stage test."""
+    stage_scale(config, afd_session(config).options.backend)
+
+
 def parse_scale(text: str, source: str) -> float:
     """A positive factor, given as a float or a fraction like ``1/64``."""
     try:
