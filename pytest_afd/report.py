@@ -191,11 +191,8 @@ def step_time_s(doc: Mapping[str, Any]) -> float | None:
 
 def rank_skew(doc: Mapping[str, Any]) -> float | None:
     """Worst layer's max/mean routed tokens over EP ranks (1.0 = balanced)."""
-    load = doc["evidence"]["expert_load"]
-    if is_absent(load):
-        return None
-    skews = [max(ranks) / np.mean(ranks) for ranks in load["per_rank"] if sum(ranks)]
-    return float(max(skews)) if skews else None
+    skews = per_layer_rank_skew(doc)
+    return max(skews) if skews else None
 
 
 def hit_ratios(doc: Mapping[str, Any]) -> tuple[float | None, float | None]:
@@ -588,6 +585,46 @@ def plot_hit_ratio(results: Sequence[LoadedResult], path: Path) -> Path | None:
     return _save(figure, path)
 
 
+def per_layer_rank_skew(doc: Mapping[str, Any]) -> list[float] | None:
+    """Per MoE layer: max / mean routed tokens over EP ranks (1.0 = balanced)."""
+    load = doc["evidence"]["expert_load"]
+    if is_absent(load) or not load["per_rank"]:
+        return None
+    return [max(ranks) / float(np.mean(ranks)) if sum(ranks) else 1.0 for ranks in load["per_rank"]]
+
+
+def plot_rank_skew(results: Sequence[LoadedResult], path: Path) -> Path | None:
+    """Mean per-layer EP-rank skew per routing mode, min-max over cases."""
+    groups: dict[tuple[str, int], list[list[float]]] = defaultdict(list)
+    for result in results:
+        skew = per_layer_rank_skew(result.doc)
+        if skew is not None:
+            routing = result.doc["evidence"]["expert_load"]["routing"]
+            groups[(routing, len(skew))].append(skew)
+    if not groups:
+        return None
+    figure, (axis,) = _new_figure(1)
+    for (routing, layers), skews in sorted(groups.items()):
+        matrix = np.asarray(skews)
+        mean = matrix.mean(axis=0)
+        synthetic = " (synthetic)" if routing == "forced_balanced" else ""
+        axis.errorbar(
+            range(layers),
+            mean,
+            yerr=[mean - matrix.min(axis=0), matrix.max(axis=0) - mean],
+            marker="o",
+            capsize=ERROR_CAPSIZE,
+            label=f"{routing}{synthetic}, {len(skews)} case(s)",
+        )
+    axis.axhline(1.0, color="grey", linestyle="--")
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axis.set_xlabel("MoE layer")
+    axis.set_ylabel("EP-rank load max / mean")
+    axis.set_title("rank skew per layer (bars: min-max over cases)")
+    _legend(axis, "x-small")
+    return _save(figure, path)
+
+
 def _chunk_sort_key(label: str) -> tuple[int, int]:
     return (1, 0) if label == UNCHUNKED_LABEL else (0, int(label))
 
@@ -651,6 +688,7 @@ PLOTTERS = (
     ),
     ("layer_breakdown", "Per-layer time breakdown (instrumented runs)", plot_layer_breakdown),
     ("expert_heat", "Expert heat per layer (tokens / layer mean)", plot_expert_heat),
+    ("rank_skew", "EP-rank skew per layer (max / mean routed tokens)", plot_rank_skew),
     ("chunk_sweep", "Chunk-size sweep (invalid sizes marked x)", plot_chunk_sweep),
     ("hit_ratio", "Prefix-cache hit ratio: realized vs requested, and throughput", plot_hit_ratio),
 )

@@ -276,7 +276,7 @@ def test_invalid_chunk_size_is_marked_with_its_reason(rendered):
     assert "chunk_sweep.png" in _section(text, "stage_d")
 
 
-COMMON_PLOTS = ("policy_metrics", "imbalance_vs_step_time", "expert_heat")
+COMMON_PLOTS = ("policy_metrics", "imbalance_vs_step_time", "expert_heat", "rank_skew")
 
 
 @pytest.mark.parametrize(
@@ -462,3 +462,14 @@ def test_layer_breakdown_from_afd_runtime_tables():
         ]
     }
     assert report.layer_breakdown_from_tables({}) == {"layers": []}
+
+
+def test_per_layer_rank_skew():
+    workload = make_workload("uniform", **SMALL)
+    skewed = _result("e/n", "stage_e", workload, "token_balanced", skewed=True)
+    assert report.per_layer_rank_skew(skewed) == [2.0] * NUM_LAYERS
+    balanced = _result("e/f", "stage_e", workload, "token_balanced", routing="forced_balanced")
+    assert report.per_layer_rank_skew(balanced) == [1.0] * NUM_LAYERS
+    balanced["evidence"]["expert_load"] = results.absent("no load")
+    assert report.per_layer_rank_skew(balanced) is None
+    assert report.rank_skew(balanced) is None
