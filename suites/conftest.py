@@ -469,16 +469,20 @@ class StageRunner:
 
         repeated = self.options.repeat({name: make_call(name) for name in names})
         done = {}
+        wanted = explain or self.options.profile
         for case in cases:
-            instrument = (explain or self.options.profile) and (
-                CAP_INSTRUMENTATION in self._handle(case).backend.capabilities
-            )
+            backend = self._handle(case).backend
             instrumented = (
                 self._run_once(case, replace(case.settings, instrument=True))
-                if instrument
+                if wanted and CAP_INSTRUMENTATION in backend.capabilities
                 else None
             )
             doc = self._result(case, measured[case.name], instrumented, repeated.protocol_json())
+            if wanted and instrumented is None:
+                doc["evidence"]["per_layer_timings"] = afd_result_docs.absent(
+                    f"an instrumented run was asked for, but backend {backend.name!r} does not "
+                    f"declare {CAP_INSTRUMENTATION!r}"
+                )
             done[case.name] = MeasuredCase(case, measured[case.name], instrumented, doc)
         if write:
             self.write(done)

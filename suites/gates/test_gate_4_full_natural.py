@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from gate_lib import (
     QUANT_NONE,
@@ -26,7 +27,7 @@ from gate_lib import (
     run_measured,
 )
 
-from pytest_afd.backends.base import RunSettings
+from pytest_afd.backends.base import RunOutputs, RunSettings
 from pytest_afd.topology import Topology
 
 FULL_MODEL = "full"
@@ -50,6 +51,11 @@ def accuracy_settings(
             "and outputs); the accuracy gate needs natural routing"
         )
     return settings
+
+
+def top2_margins(outputs: RunOutputs) -> list[float]:
+    """Top-1 minus top-2 logit per request: how close a greedy choice was to flipping."""
+    return [float(np.diff(np.sort(r.logits)[-2:])[0]) for r in outputs.requests]
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +118,7 @@ def test_gate_4_full_natural_greedy_tokens_match_unsplit(
             "routing": settings.routing,
             "reference": "same full model and prompts, unsplit and unchunked, natural routing",
             "next_tokens": [r.next_token for r in outputs.requests],
+            "reference_top2_margins": top2_margins(reference),
             "reference_next_tokens": [r.next_token for r in reference.requests],
             "split_forwards": splits.num_split,
             "verdict": verdict.to_json(),
@@ -120,7 +127,8 @@ def test_gate_4_full_natural_greedy_tokens_match_unsplit(
     assert splits.num_split > 0 or not splits.active, "no forward was split"
     assert not verdict.violations, verdict.violations
     assert not verdict.token_mismatches, (
-        f"greedy next tokens differ from the unsplit unchunked run: {verdict.token_mismatches}"
+        f"greedy next tokens differ from the unsplit unchunked run: {verdict.token_mismatches} "
+        f"(reference top-1/top-2 logit margins {top2_margins(reference)})"
     )
 
 

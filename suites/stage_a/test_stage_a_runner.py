@@ -268,3 +268,14 @@ def test_backend_pool_gives_another_topology_its_own_backend_and_manifest(backen
     assert other.manifest["topology"]["canonical"] == spec
     assert other.manifest["digest"] != session.manifest["digest"]
     assert backend_pool.get(topology_spec=spec) is other  # made once per session
+
+
+def test_stage_runner_says_why_there_is_no_instrumented_run(make_runner):
+    runner, backend = make_runner({CAP_SPLIT}, profile=True)
+    workload = make_workload("bimodal", seed=0, scale=1 / 64, vocab_size=64)
+    measured = runner.measure(
+        [runner.case(name="c", workload=workload, settings=runner.settings())]
+    )
+    assert all(not instrument for _, (_, instrument) in backend.calls)
+    reason = measured["c"].result["evidence"]["per_layer_timings"]["absent_reason"]
+    assert "does not declare 'instrumentation'" in reason
