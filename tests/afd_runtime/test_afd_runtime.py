@@ -175,3 +175,50 @@ def test_bad_batches_are_rejected_before_the_ranks_see_them(runtime_1p1, afd_con
     # The runtime is still healthy.
     result = runtime_1p1.run_forward(other_ids, other, plan_for(other, "none"))
     assert result.logits.shape == (2, afd_config.vocab_size)
+
+
+def _prefix_cached_steps(executor, pool, config):
+    """Prompt A, then prompt B sharing A's first 3 blocks; B reuses 40 tokens (2.5 blocks).
+
+    The half block is BlockPool's partial reuse: copied into a fresh block first.
+    """
+    from afd_runtime_helpers import BLOCK_SIZE
+
+    from afd_split import BatchMetadata
+
+    rng = np.random.default_rng(40)
+    prompt_a = rng.integers(0, config.vocab_size, 64).tolist()
+    prompt_b = prompt_a[:48] + rng.integers(0, config.vocab_size, 22).tolist()
+    outputs = []
+    for prompt, cached in ((prompt_a, 0), (prompt_b, 40)):
+        blocks = pool.allocate(prompt, cached)
+        scheduled = len(prompt) - cached
+        table = np.array([blocks.block_ids])
+        metadata = BatchMetadata.from_requests([scheduled], [cached], table, BLOCK_SIZE)
+        plan = plan_for(metadata, "token_balanced")
+        outputs.append(executor.execute(np.array(prompt[cached:]), metadata, plan))
+        pool.finish(prompt, blocks, keep_prefix=True)
+    return outputs
+
+
+def test_afd_executor_and_rank_cache_drive_prefix_caching_like_the_executor(
+    runtime_1p1, reference_model, afd_config
+):
+    import torch
+    from afd_runtime_helpers import BLOCK_SIZE, THREADS_PER_RANK
+
+    from pytest_afd.backends.cpu import BlockPool, Executor, PagedKVCache
+    from pytest_afd.backends.cpu.afd.adapter import AfdExecutor, RankKVCache
+
+    runtime_1p1.reset_kv_cache()
+    afd = AfdExecutor(runtime_1p1, instrument=True)
+    got = _prefix_cached_steps(afd, BlockPool(RankKVCache(runtime_1p1, afd_config, BLOCK_SIZE)), afd_config)
+    torch.set_num_threads(THREADS_PER_RANK)
+    cache = PagedKVCache(afd_config, BLOCK_SIZE)
+    want = _prefix_cached_steps(Executor(reference_model, cache), BlockPool(cache), afd_config)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.last_logits, w.last_logits, rtol=0, atol=0)
+        assert g.next_tokens.tolist() == w.next_tokens.tolist()
+        np.testing.assert_array_equal(g.expert_load, w.expert_load)
+        assert g.ubatch_rows == w.ubatch_rows
+    assert afd.last_evidence["instrumented"] and afd.last_evidence["plans"][0]["split_token"] == 15

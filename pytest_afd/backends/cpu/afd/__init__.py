@@ -4,7 +4,15 @@ See docs/afd-runtime.md. Import ``AfdRuntime`` from here; the submodules are the
 process group (``procs``), the a2e/e2a connector, the rank roles and evidence.
 """
 
+from pytest_afd.backends.cpu.afd.adapter import AfdExecutor, RankKVCache
 from pytest_afd.backends.cpu.afd.procs import AfdRankFailure, AfdRuntimeError
 from pytest_afd.backends.cpu.afd.runtime import AfdForwardResult, AfdRuntime
 
-__all__ = ["AfdForwardResult", "AfdRankFailure", "AfdRuntime", "AfdRuntimeError"]
+__all__ = [
+    "AfdExecutor",
+    "AfdForwardResult",
+    "AfdRankFailure",
+    "AfdRuntime",
+    "AfdRuntimeError",
+    "RankKVCache",
+]
