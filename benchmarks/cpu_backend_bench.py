@@ -189,6 +189,8 @@ def measure_w8a8(seeds: list[int], models: list[str]) -> dict:
                         backend.run(prompts, settings)
                     out = _logits(backend.run(prompts, settings))
                     diff = np.abs(out - ref)
+                    print(f"{model_name} seed {seed} {workload} {variant}: "
+                          f"{float(np.abs(out - ref).max()):.3g}", file=sys.stderr, flush=True)
                     cases.append({
                         "model": model_name, "seed": seed, "workload": list(workload),
                         "variant": variant,
@@ -204,6 +206,8 @@ def measure_w8a8(seeds: list[int], models: list[str]) -> dict:
         "measurement": "w8a8_tolerance",
         "num_cases": len(cases),
         "w8a8_shape_variation_max_abs": max(c["max_abs"] for c in shape_cases),
+        "w8a8_shape_variation_bitwise_equal_cases": sum(c["max_abs"] == 0 for c in shape_cases),
+        "w8a8_shape_variation_cases": len(shape_cases),
         "w8a8_shape_variation_p50_abs": float(np.median([c["max_abs"] for c in shape_cases])),
         "w8a8_vs_float32_max_abs": max(c["max_abs"] for c in quant_cases),
         "w8a8_vs_float32_argmax_agree_min": min(c["argmax_agree"] for c in quant_cases),

@@ -46,11 +46,13 @@ FLOAT32_RTOL = 1.3e-6
 FLOAT32_ATOL = 1e-5
 BFLOAT16_RTOL = 1.6e-2
 BFLOAT16_ATOL = 1e-5
-# W8A8 tolerance on last-token logits. First value, to be replaced by the
-# measured value of the CPU W8A8 emulation recorded in docs/tolerance.md (the
-# CPU-backend engineer owns these two constants).
-W8A8_ATOL = 5e-2
-W8A8_RTOL = 5e-2
+# W8A8 tolerance on last-token logits, measured (docs/tolerance.md; owned by the
+# CPU-backend engineer): the CPU W8A8 emulation is bitwise batch-invariant
+# (split / chunked / prefix-cached runs equal the unsplit run in 144 of 144
+# measured cases), so W8A8-vs-W8A8 comparisons get the float32 allowance and no
+# more. W8A8 vs float32 differs by up to 5.6 in logits: never a gate criterion.
+W8A8_ATOL = FLOAT32_ATOL
+W8A8_RTOL = FLOAT32_RTOL
 # k of the top-k cross-containment check (vLLM's check_logprobs_close uses the
 # number of logprobs requested; 5 is its common test setting).
 TOPK_LOGPROB_K = 5

@@ -153,3 +153,21 @@ def test_input_mismatch_errors(reduced_model, prompts):
         runner.executor.execute(np.zeros(149, dtype=np.int64), md)
     with pytest.raises(ValueError, match="token id 4096"):
         runner.executor.execute(np.full(150, 4096), md)
+
+
+@pytest.mark.parametrize("quantization", ["none", "w8a8"])
+def test_split_chunked_cached_runs_are_bitwise_equal(reduced_model, prompts, quantization):
+    """Kernels are called with row counts / key lengths whose per-row rounding does not
+    depend on the batch (MIN_KERNEL_ROWS, KEY_BLOCK), so every way of cutting the work
+    gives the same bits; W8A8 then makes the same rounding decisions too."""
+    model = reduced_model.variant(quantization=quantization, routing="natural")
+    whole, _ = Runner(model).whole(prompts)
+    split, _ = Runner(model).whole(prompts, "token_balanced", SplitConstraints(align=8))
+    runner = Runner(model)
+    blocks = runner.allocate(prompts)
+    runner.forward(prompts, blocks, [(2, 0, 3), (0, 0, 64)])
+    runner.forward(prompts, blocks, [(2, 3, 125), (0, 64, 1)], "token_balanced")
+    chunked, _ = runner.forward(prompts, blocks, [(0, 65, 85), (1, 0, 37), (2, 128, 132)],
+                                "token_balanced")
+    assert torch.equal(split.last_logits, whole.last_logits)
+    assert torch.equal(chunked.last_logits, whole.last_logits)

@@ -37,6 +37,31 @@ INDEXER_KEY_NORM_EPS = 1e-6
 # Query rows attended per block: bounds the score matrix and skips the
 # causally masked half of long prefills.
 QUERY_BLOCK = 512
+# CPU GEMM / attention kernels take another code path (other rounding) for
+# fewer rows than this; padding to it keeps every row's result independent of
+# how many rows share the call, so split, chunked and cached runs are bitwise
+# equal to the unsplit one (which keeps W8A8 rounding decisions equal too).
+MIN_KERNEL_ROWS = 4
+# CPU attention rounds differently for some key lengths; attending over a
+# multiple of this many keys (zero keys masked out) keeps a query row's result
+# independent of how much context its block happens to span.
+KEY_BLOCK = 512
+
+
+def pad_rows(x: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, int]:
+    """``x`` with zero rows appended along ``dim`` up to MIN_KERNEL_ROWS, and its real row count."""
+    rows = x.shape[dim]
+    if rows >= MIN_KERNEL_ROWS:
+        return x, rows
+    pad_shape = list(x.shape)
+    pad_shape[dim] = MIN_KERNEL_ROWS - rows
+    return torch.cat([x, x.new_zeros(pad_shape)], dim=dim), rows
+
+
+def row_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.linear`` whose per-row result does not depend on the row count."""
+    padded, rows = pad_rows(x)
+    return F.linear(padded, weight)[:rows]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -64,9 +89,9 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not self.quantized:
-            return F.linear(x, self.weight)
+            return row_linear(x, self.weight)
         qx, x_scale = quantize_rows(x)
-        return F.linear(qx, self.qweight) * x_scale * self.weight_scale
+        return row_linear(qx, self.qweight) * x_scale * self.weight_scale
 
 
 class GroupedLinear:
@@ -85,10 +110,11 @@ class GroupedLinear:
             self.weight_scale = scale.transpose(1, 2)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        padded, rows = pad_rows(x, dim=1)
         if not self.quantized:
-            return torch.bmm(x, self.weight_t)
-        qx, x_scale = quantize_rows(x)
-        return torch.bmm(qx, self.qweight_t) * x_scale * self.weight_scale
+            return torch.bmm(padded, self.weight_t)[:, :rows]
+        qx, x_scale = quantize_rows(padded)
+        return (torch.bmm(qx, self.qweight_t) * x_scale * self.weight_scale)[:, :rows]
 
 
 def rope_tables(config: ModelConfig, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -218,6 +244,7 @@ class DecoderLayer:
             kv = self.kv_b_proj(ctx_latent).view(len(ctx), c.num_attention_heads, -1)
             k_nope, value = kv.split([c.qk_nope_head_dim, c.v_head_dim], dim=-1)
             key = torch.cat([k_nope, ctx_rope[:, None, :].expand(-1, c.num_attention_heads, -1)], -1)
+            key, value = _pad_keys(key), _pad_keys(value)
             for start in range(0, len(request_rows), QUERY_BLOCK):
                 block_rows = request_rows[start:start + QUERY_BLOCK]
                 block_pos = positions[block_rows]
@@ -226,17 +253,23 @@ class DecoderLayer:
                 if key_end > c.index_topk:
                     mask = self._sparse_mask(index_query[block_rows], index_weights[block_rows],
                                              ctx_index_key[:key_end], mask)
+                padded_end = _round_up(key_end, KEY_BLOCK)
+                mask = F.pad(mask, (0, padded_end - key_end), value=False)
+                key_end = padded_end
+                block_query, num_block_rows = pad_rows(query[block_rows])
+                mask, _ = pad_rows(mask)
+                mask[num_block_rows:, 0] = True  # padded query rows attend one key
                 out = F.scaled_dot_product_attention(
-                    query[block_rows].transpose(0, 1), key[:key_end].transpose(0, 1),
+                    block_query.transpose(0, 1), key[:key_end].transpose(0, 1),
                     value[:key_end].transpose(0, 1), attn_mask=mask, scale=self.scaling,
                 )
-                attn_out[block_rows] = out.transpose(0, 1)
+                attn_out[block_rows] = out.transpose(0, 1)[:num_block_rows]
         return hidden + self.o_proj(attn_out.reshape(num_rows, -1))
 
     def _index_key(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         c = self.config
         weight, bias = self.index_k_norm
-        key = F.layer_norm(F.linear(x, self.index_wk), (c.index_head_dim,), weight, bias,
+        key = F.layer_norm(row_linear(x, self.index_wk), (c.index_head_dim,), weight, bias,
                            INDEXER_KEY_NORM_EPS)
         rot, rest = key.split([c.qk_rope_head_dim, c.index_head_dim - c.qk_rope_head_dim], dim=-1)
         return torch.cat([rope_half_split(rot, cos, sin), rest], dim=-1)
@@ -244,10 +277,10 @@ class DecoderLayer:
     def _index_query(self, x: torch.Tensor, q_resid: torch.Tensor, cos: torch.Tensor,
                      sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.config
-        query = F.linear(q_resid, self.index_wq_b).view(-1, c.index_n_heads, c.index_head_dim)
+        query = row_linear(q_resid, self.index_wq_b).view(-1, c.index_n_heads, c.index_head_dim)
         rot, rest = query.split([c.qk_rope_head_dim, c.index_head_dim - c.qk_rope_head_dim], -1)
         query = torch.cat([rope_half_split(rot, cos[:, None], sin[:, None]), rest], dim=-1)
-        weights = F.linear(x, self.index_weights_proj) * self.index_head_weight
+        weights = row_linear(x, self.index_weights_proj) * self.index_head_weight
         return query, weights
 
     def _sparse_mask(self, index_query: torch.Tensor, index_weights: torch.Tensor,
@@ -281,7 +314,7 @@ class DecoderLayer:
         """
         c = self.config
         num_rows = normed.shape[0]
-        scores = F.linear(normed.float(), self.gate_weight).sigmoid()
+        scores = row_linear(normed.float(), self.gate_weight).sigmoid()
         choice = scores + self.gate_bias
         group_scores = choice.view(num_rows, c.n_group, -1).topk(GROUP_SCORE_TOP, dim=-1).values.sum(-1)
         group_idx = group_scores.topk(c.topk_group, dim=-1, sorted=False).indices
@@ -338,6 +371,16 @@ class DecoderLayer:
         topk_ids, topk_weights = self.route(normed, positions)
         moe = self.experts(normed, topk_ids, topk_weights) + self.shared_experts(normed)
         return hidden + moe, topk_ids
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return -(-value // multiple) * multiple
+
+
+def _pad_keys(keys: torch.Tensor) -> torch.Tensor:
+    """Zero keys appended up to a multiple of KEY_BLOCK (always masked out)."""
+    extra = _round_up(len(keys), KEY_BLOCK) - len(keys)
+    return F.pad(keys, (0, 0, 0, 0, 0, extra)) if extra else keys
 
 
 def _swiglu(projections: Sequence[Linear], x: torch.Tensor) -> torch.Tensor:
@@ -403,7 +446,7 @@ class DeepseekV32Model:
 
     def final(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head (kept in float, as W8A8 checkpoints do)."""
-        return F.linear(rms_norm(hidden, self._norm, self.config.rms_norm_eps), self._lm_head)
+        return row_linear(rms_norm(hidden, self._norm, self.config.rms_norm_eps), self._lm_head)
 
 
 def build_model(config: ModelConfig, seed: int = 0, *, quantization: str = QUANT_NONE,
