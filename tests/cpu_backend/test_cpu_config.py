@@ -85,3 +85,8 @@ def test_model_name_overrides():
         parse_model_name("reduced:bogus=1")
     with pytest.raises(ValueError, match="kv_lora_rank=0"):
         parse_model_name("reduced:kv_lora_rank=0")
+
+
+def test_named_config_accepts_override_syntax():
+    assert named_config("reduced:index_topk=4096").index_topk == 4096
+    assert named_config("reduced:index_topk=4096", num_hidden_layers=4).num_hidden_layers == 4

@@ -19,6 +19,8 @@ SUPPORTED_ROPE_TYPE = "default"
 GROUP_SCORE_TOP = 2
 HF_MODEL_TYPE = "deepseek_v32"
 HF_ARCHITECTURE = "DeepseekV32ForCausalLM"
+# Separates a named config from its field overrides in a model name.
+OVERRIDE_SEPARATOR = ":"
 
 
 @dataclass(frozen=True)
@@ -158,13 +160,16 @@ NAMED_CONFIGS: dict[str, ModelConfig] = {"reduced": REDUCED, "full": FULL}
 
 
 def named_config(name: str, **overrides: Any) -> ModelConfig:
-    """A named config (``reduced`` / ``full``), optionally with fields replaced."""
+    """A named config (``reduced`` / ``full``), optionally with fields replaced.
+
+    ``name`` may carry overrides itself (``reduced:index_topk=65536``, see
+    :func:`parse_model_name`), so a model-name option passes straight through.
+    """
+    if OVERRIDE_SEPARATOR in name:
+        return parse_model_name(name).replace(**overrides) if overrides else parse_model_name(name)
     if name not in NAMED_CONFIGS:
         raise ValueError(f"model name {name!r}; expected one of {sorted(NAMED_CONFIGS)}")
     return NAMED_CONFIGS[name].replace(**overrides) if overrides else NAMED_CONFIGS[name]
-
-
-OVERRIDE_SEPARATOR = ":"
 
 
 def parse_model_name(model_name: str) -> ModelConfig:
