@@ -155,8 +155,17 @@ def test_input_mismatch_errors(reduced_model, prompts):
         runner.executor.execute(np.full(150, 4096), md)
 
 
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def intra_op_threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("quantization", ["none", "w8a8"])
-def test_split_chunked_cached_runs_are_bitwise_equal(reduced_model, prompts, quantization):
+def test_split_chunked_cached_runs_are_bitwise_equal(reduced_model, prompts, quantization,
+                                                     intra_op_threads):
     """Kernels are called with row counts / key lengths whose per-row rounding does not
     depend on the batch (MIN_KERNEL_ROWS, KEY_BLOCK), so every way of cutting the work
     gives the same bits; W8A8 then makes the same rounding decisions too."""
@@ -169,5 +178,6 @@ def test_split_chunked_cached_runs_are_bitwise_equal(reduced_model, prompts, qua
     runner.forward(prompts, blocks, [(2, 3, 125), (0, 64, 1)], "token_balanced")
     chunked, _ = runner.forward(prompts, blocks, [(0, 65, 85), (1, 0, 37), (2, 128, 132)],
                                 "token_balanced")
-    assert torch.equal(split.last_logits, whole.last_logits)
-    assert torch.equal(chunked.last_logits, whole.last_logits)
+    why = "CPU kernels not batch-invariant here; see docs/cpu-backend.md 'Batch invariance'"
+    assert torch.equal(split.last_logits, whole.last_logits), why
+    assert torch.equal(chunked.last_logits, whole.last_logits), why

@@ -38,10 +38,11 @@ INDEXER_KEY_NORM_EPS = 1e-6
 # causally masked half of long prefills.
 QUERY_BLOCK = 512
 # CPU GEMM / attention kernels take another code path (other rounding) for
-# fewer rows than this; padding to it keeps every row's result independent of
-# how many rows share the call, so split, chunked and cached runs are bitwise
-# equal to the unsplit one (which keeps W8A8 rounding decisions equal too).
-MIN_KERNEL_ROWS = 4
+# few rows: below 4 rows, and with 2 or 8 threads also for 5-7 and 9-11 rows
+# (measured, torch 2.13). Padding to this keeps every row's result independent
+# of how many rows share the call, so split, chunked and cached runs are
+# bitwise equal to the unsplit one (which keeps W8A8 rounding decisions equal).
+MIN_KERNEL_ROWS = 16
 # CPU attention rounds differently for some key lengths; attending over a
 # multiple of this many keys (zero keys masked out) keeps a query row's result
 # independent of how much context its block happens to span.
