@@ -167,3 +167,15 @@ def test_create_from_pretrained_directory(tmp_path, prompts, reference):
     be = create_cpu(topology=None, model_name=str(tmp_path), seed=0, results_dir=".")
     out = be.run(prompts, RunSettings(split_policy="none", block_size=BLOCK))
     np.testing.assert_array_equal(logits(out), logits(reference))
+
+
+def test_instrumented_run_reports_per_layer_components(backend, prompts, reference):
+    out = backend.run(prompts, RunSettings(block_size=BLOCK, instrument=True))
+    layers = out.timings["layers"]
+    assert len(layers) == 10
+    assert set(layers[0]) == {"attention", "dense_mlp"}
+    assert set(layers[5]) == {"attention", "route", "routed_moe", "shared_moe"}
+    assert all(v > 0 for layer in layers for v in layer.values())
+    assert len(out.timings["ubatches"][5]) == 2  # token-balanced split: two ubatches
+    np.testing.assert_array_equal(logits(out), logits(reference))
+    assert backend.run(prompts, RunSettings(block_size=BLOCK)).timings == {}

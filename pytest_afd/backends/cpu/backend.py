@@ -24,6 +24,7 @@ from afd_split import BatchMetadata, SplitConstraints, plan_split
 from pytest_afd.backends.base import (
     CAP_CHUNKED_PREFILL,
     CAP_FORCED_ROUTING,
+    CAP_INSTRUMENTATION,
     CAP_LOGITS,
     CAP_PREFIX_CACHE,
     CAP_SPLIT,
@@ -46,9 +47,10 @@ from pytest_afd.scheduling import PrefixCacheIndex, SchedulerConfig, schedule
 
 BACKEND_NAME = "cpu"
 UNUSED_BLOCK = -1
-CAPABILITIES = frozenset(
-    {CAP_SPLIT, CAP_PREFIX_CACHE, CAP_CHUNKED_PREFILL, CAP_W8A8, CAP_FORCED_ROUTING, CAP_LOGITS}
-)
+CAPABILITIES = frozenset({
+    CAP_SPLIT, CAP_PREFIX_CACHE, CAP_CHUNKED_PREFILL, CAP_W8A8, CAP_FORCED_ROUTING, CAP_LOGITS,
+    CAP_INSTRUMENTATION,
+})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,33 @@ def load_per_rank(load: np.ndarray, num_ep_ranks: int) -> np.ndarray:
         raise ValueError(f"num_ep_ranks={num_ep_ranks}; expected >= 1")
     bounds = [part[0] for part in np.array_split(np.arange(load.shape[1]), num_ep_ranks) if len(part)]
     return np.add.reduceat(load, bounds, axis=1)
+
+
+def add_layer_seconds(total: list[list[dict[str, float]]],
+                      step: list[list[dict[str, float]]]) -> None:
+    """Accumulate one forward's [layer][ubatch] {component: s} into the run's total."""
+    for layer, ubatches in enumerate(step):
+        if layer == len(total):
+            total.append([])
+        for ubatch, components in enumerate(ubatches):
+            if ubatch == len(total[layer]):
+                total[layer].append({})
+            slot = total[layer][ubatch]
+            for component, seconds in components.items():
+                slot[component] = slot.get(component, 0.0) + seconds
+
+
+def timings_document(per_ubatch: list[list[dict[str, float]]]) -> dict[str, Any]:
+    """``RunOutputs.timings``: per layer {component: s} (ubatches summed) + the per-ubatch split."""
+    layers = []
+    for ubatches in per_ubatch:
+        merged: dict[str, float] = {}
+        for components in ubatches:
+            for component, seconds in components.items():
+                merged[component] = merged.get(component, 0.0) + seconds
+        layers.append(dict(sorted(merged.items())))
+    return {"unit": "s", "layers": layers, "ubatches": per_ubatch,
+            "note": "in-process executor, summed over forward steps; perf_counter spans"}
 
 
 def weights_digest(weights: dict[str, torch.Tensor]) -> str:
@@ -142,6 +171,7 @@ class CpuBackend:
         steps: list[dict[str, Any]] = []
         total_load = np.zeros((len(self.config.moe_layer_indices), self.config.n_routed_experts),
                               dtype=np.int64)
+        layer_seconds: list[list[dict[str, float]]] = []
         completed = False
         try:
             for step, batch in enumerate(sched.batches):
@@ -154,8 +184,9 @@ class CpuBackend:
                 plan = plan_split(batch.num_scheduled_tokens, policy=settings.split_policy,
                                   constraints=constraints, allow_fallback=True,
                                   num_computed_tokens=batch.num_computed_tokens)
-                result = executor.execute(ids, metadata, plan)
+                result = executor.execute(ids, metadata, plan, instrument=settings.instrument)
                 total_load += result.expert_load
+                add_layer_seconds(layer_seconds, result.layer_seconds)
                 now = time.perf_counter()
                 for position, chunk in enumerate(batch.chunks):
                     if chunk.is_final:
@@ -181,6 +212,7 @@ class CpuBackend:
             requests=[outputs[i] for i in range(len(prompts))],
             steps=steps,
             expert_load=total_load.tolist(),
+            timings=timings_document(layer_seconds) if settings.instrument else {},
             wall_time_s=time.perf_counter() - started,
         )
 

@@ -9,6 +9,9 @@ written to the KV cache and are dropped by ``afd_split.merge_outputs``.
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,6 +23,30 @@ from pytest_afd.backends.cpu.model import DeepseekV32Model, row_positions
 
 # Token id of padding rows (any valid id: their outputs are dropped).
 PAD_TOKEN_ID = 0
+# Component names of instrumented timings (the AFD runtime's span kinds).
+ATTENTION = "attention"
+ROUTE = "route"
+ROUTED_MOE = "routed_moe"
+SHARED_MOE = "shared_moe"
+DENSE_MLP = "dense_mlp"
+
+
+class LayerTimer:
+    """Per-layer, per-ubatch seconds of each component; disabled timers cost one branch."""
+
+    def __init__(self, enabled: bool, num_layers: int, num_ubatches: int) -> None:
+        self.enabled = enabled
+        self.seconds = [[{} for _ in range(num_ubatches)] for _ in range(num_layers)] if enabled else []
+
+    @contextlib.contextmanager
+    def span(self, component: str, layer: int, ubatch: int) -> Iterator[None]:
+        if not self.enabled:
+            yield
+            return
+        started = time.perf_counter()
+        yield
+        slot = self.seconds[layer][ubatch]
+        slot[component] = slot.get(component, 0.0) + time.perf_counter() - started
 
 
 @dataclass
@@ -37,6 +64,8 @@ class ExecOutput:
     # Per layer [T, hidden] real-token hidden states after the layer (when requested).
     layer_hidden: list[torch.Tensor] | None = None
     ubatch_rows: list[int] = field(default_factory=list)
+    # Instrumented forwards: [layer][ubatch] {component: seconds}.
+    layer_seconds: list[list[dict[str, float]]] = field(default_factory=list)
 
 
 @dataclass
@@ -64,7 +93,7 @@ class Executor:
 
     @torch.inference_mode()
     def execute(self, input_ids, metadata: BatchMetadata, plan: SplitPlan | None = None, *,
-                return_hidden_states: bool = False) -> ExecOutput:
+                return_hidden_states: bool = False, instrument: bool = False) -> ExecOutput:
         """One forward over the batch's real tokens ``input_ids`` [T]."""
         ids = torch.as_tensor(np.asarray(input_ids), dtype=torch.int64)
         if ids.ndim != 1 or len(ids) != metadata.num_tokens:
@@ -81,12 +110,14 @@ class Executor:
         load = np.zeros((len(config.moe_layer_indices), config.n_routed_experts), dtype=np.int64)
         padding_routed = 0
         layer_hidden = [] if return_hidden_states else None
+        timer = LayerTimer(instrument, config.num_hidden_layers, len(stages))
         for layer in self.model.layers:
-            for stage in stages:
-                stage.hidden = layer.attention(stage.hidden, stage.metadata, self.kv_cache,
-                                               real_rows=stage.real_rows)
-            for stage in stages:
-                stage.hidden, topk_ids = layer.ffn(stage.hidden, stage.positions)
+            for ubatch, stage in enumerate(stages):
+                with timer.span(ATTENTION, layer.index, ubatch):
+                    stage.hidden = layer.attention(stage.hidden, stage.metadata, self.kv_cache,
+                                                   real_rows=stage.real_rows)
+            for ubatch, stage in enumerate(stages):
+                topk_ids = self._ffn(layer, stage, timer, ubatch)
                 if topk_ids is not None:
                     moe_index = layer.index - config.first_k_dense_replace
                     real_ids = topk_ids[stage.real_mask].reshape(-1)
@@ -104,7 +135,25 @@ class Executor:
             padding_routed_rows=padding_routed,
             layer_hidden=layer_hidden,
             ubatch_rows=[stage.hidden.shape[0] for stage in stages],
+            layer_seconds=timer.seconds,
         )
+
+    @staticmethod
+    def _ffn(layer, stage: _Stage, timer: LayerTimer, ubatch: int) -> torch.Tensor | None:
+        """The layer's FFN half on one ubatch (same maths as ``DecoderLayer.ffn``)."""
+        if not layer.is_moe:
+            with timer.span(DENSE_MLP, layer.index, ubatch):
+                stage.hidden = stage.hidden + layer.mlp(layer.ffn_input(stage.hidden))
+            return None
+        with timer.span(ROUTE, layer.index, ubatch):
+            normed = layer.ffn_input(stage.hidden)
+            topk_ids, topk_weights = layer.route(normed, stage.positions)
+        with timer.span(ROUTED_MOE, layer.index, ubatch):
+            routed = layer.experts(normed, topk_ids, topk_weights)
+        with timer.span(SHARED_MOE, layer.index, ubatch):
+            shared = layer.shared_experts(normed)
+        stage.hidden = stage.hidden + (routed + shared)
+        return topk_ids
 
     def _stages(self, ids: torch.Tensor, metadata: BatchMetadata, plan: SplitPlan | None
                 ) -> list[_Stage]:
