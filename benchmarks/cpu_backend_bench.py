@@ -52,7 +52,7 @@ def prompts_for(lengths: list[int], vocab: int, seed: int) -> list[list[int]]:
     return [rng.integers(0, vocab, n).tolist() for n in lengths]
 
 
-def time_ours(model, prompts: list[list[int]], policy: str) -> float:
+def time_ours(model, prompts: list[list[int]], policy: str, instrument: bool = False) -> float:
     cache = PagedKVCache(model.config)
     pool = BlockPool(cache)
     blocks = [pool.allocate(p, 0) for p in prompts]
@@ -65,7 +65,7 @@ def time_ours(model, prompts: list[list[int]], policy: str) -> float:
     plan = plan_split(lengths, policy=policy)
     ids = np.concatenate(prompts)
     started = time.perf_counter()
-    Executor(model, cache).execute(ids, metadata, plan)
+    Executor(model, cache).execute(ids, metadata, plan, instrument=instrument)
     return time.perf_counter() - started
 
 
@@ -99,6 +99,7 @@ def bench(sizes: list[int], seed: int, sparse: bool, with_transformers: bool) ->
         prompts = prompts_for(lengths, config.vocab_size, seed)
         unsplit = time_ours(model, prompts, "none")
         split = time_ours(model, prompts, "token_balanced")
+        instrumented = time_ours(model, prompts, "token_balanced", instrument=True)
         row = {
             "tokens": total,
             "request_lengths": lengths,
@@ -107,6 +108,8 @@ def bench(sizes: list[int], seed: int, sparse: bool, with_transformers: bool) ->
             "unsplit_tokens_per_s": round(total / unsplit, 1),
             "split_tokens_per_s": round(total / split, 1),
             "split_over_unsplit_time": round(split / unsplit, 3),
+            "instrumented_split_s": round(instrumented, 3),
+            "instrumentation_overhead": round(instrumented / split - 1, 3),
         }
         if reference is not None:
             hf_time = time_transformers(reference, prompts)
