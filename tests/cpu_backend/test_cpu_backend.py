@@ -126,6 +126,7 @@ def test_per_rank_load_uses_topology_emulation(prompts):
     per_rank = np.asarray(step["expert_load_per_rank"])
     assert per_rank.shape == (7, 8)
     np.testing.assert_array_equal(per_rank, load_per_rank(np.asarray(out.expert_load), 8))
+    np.testing.assert_array_equal(np.asarray(step["expert_load"]), np.asarray(out.expert_load))
     assert be.describe()["topology_emulation"]["num_ep_ranks"] == 8
 
 

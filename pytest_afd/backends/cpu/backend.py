@@ -199,6 +199,7 @@ class CpuBackend:
                     **plan.to_evidence(),
                     "schedule": batch.to_json(),
                     "cached_tokens": [cached[c.request_index] for c in batch.chunks],
+                    "expert_load": result.expert_load.tolist(),
                     "expert_load_per_rank": load_per_rank(result.expert_load,
                                                           layout.num_ep_ranks).tolist(),
                     "padding_routed_rows": result.padding_routed_rows,
