@@ -44,3 +44,4 @@ def test_sparse_split_matches_unsplit(sparse_model):
     split, plan = Runner(sparse_model).whole(prompts, "token_balanced")
     assert plan.boundary_request == 1
     assert torch.equal(split.last_logits, unsplit.last_logits)  # bitwise, see docs/cpu-backend.md
+

@@ -146,7 +146,7 @@ def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
     indexer's ReLU scores tie often; this rule makes the selection of a row a
     function of its scores alone, whatever batch it was computed in.
     """
-    kth = scores.topk(k, dim=-1).values[:, -1:]
+    kth = scores.topk(k, dim=-1, sorted=False).values.amin(-1, keepdim=True)
     above = scores > kth
     ties = scores == kth
     tie_budget = k - above.sum(-1, keepdim=True)
@@ -292,10 +292,14 @@ class DecoderLayer:
         so the selection) do not depend on the GEMM shape of the batch.
         """
         c = self.config
-        per_head = torch.einsum("bhd,kd->bhk", index_query.double(), index_key.double())
-        per_head = (per_head * self.index_scale).relu()
-        scores = (per_head * index_weights.double()[:, :, None]).sum(1).float()
-        scores = scores.masked_fill(~causal, float("-inf"))
+        keys_t = index_key.double().T
+        # relu(scale * s) = scale * relu(s): the scale folds into the head weights.
+        head_weights = index_weights.double() * self.index_scale
+        scores = torch.zeros(causal.shape, dtype=torch.float64)
+        for head in range(c.index_n_heads):
+            head_scores = torch.mm(index_query[:, head].double(), keys_t).clamp_(min=0)
+            scores.add_(head_scores.mul_(head_weights[:, head, None]))
+        scores = scores.float().masked_fill_(~causal, float("-inf"))
         sparse_rows = causal.sum(-1) > c.index_topk
         mask = causal.clone()
         mask[sparse_rows] = select_topk(scores[sparse_rows], c.index_topk)
