@@ -20,7 +20,13 @@ import torch.nn.functional as F
 
 from pytest_afd.backends.cpu.config import GROUP_SCORE_TOP, ModelConfig
 from pytest_afd.backends.cpu.kv_cache import PagedKVCache, context_slots
-from pytest_afd.backends.cpu.weights import Weights, check_weights, init_weights, layer_prefix
+from pytest_afd.backends.cpu.weights import (
+    Weights,
+    check_weights,
+    expected_shapes,
+    init_weights,
+    layer_prefix,
+)
 
 QUANT_NONE = "none"
 QUANT_W8A8 = "w8a8"
@@ -235,37 +241,42 @@ class DecoderLayer:
         attn_out = hidden.new_zeros((num_rows, c.num_attention_heads, c.v_head_dim))
         starts = np.asarray(metadata.query_start_loc)
         for request in range(len(seq_lens)):
-            token_range = slice(int(starts[request]), int(starts[request + 1]))
-            if token_range.stop == token_range.start:
-                continue
-            request_rows = rows[token_range]
-            ctx = context_slots(np.asarray(metadata.block_table[request]), int(seq_lens[request]),
-                                metadata.block_size)
-            ctx_latent, ctx_rope, ctx_index_key = kv_cache.read(self.index, ctx)
-            kv = self.kv_b_proj(ctx_latent).view(len(ctx), c.num_attention_heads, -1)
-            k_nope, value = kv.split([c.qk_nope_head_dim, c.v_head_dim], dim=-1)
-            key = torch.cat([k_nope, ctx_rope[:, None, :].expand(-1, c.num_attention_heads, -1)], -1)
-            key, value = _pad_keys(key), _pad_keys(value)
-            for start in range(0, len(request_rows), QUERY_BLOCK):
-                block_rows = request_rows[start:start + QUERY_BLOCK]
-                block_pos = positions[block_rows]
-                key_end = int(block_pos.max()) + 1
-                mask = torch.arange(key_end)[None, :] <= block_pos[:, None]
-                if key_end > c.index_topk:
-                    mask = self._sparse_mask(index_query[block_rows], index_weights[block_rows],
-                                             ctx_index_key[:key_end], mask)
-                padded_end = _round_up(key_end, KEY_BLOCK)
-                mask = F.pad(mask, (0, padded_end - key_end), value=False)
-                key_end = padded_end
-                block_query, num_block_rows = pad_rows(query[block_rows])
-                mask, _ = pad_rows(mask)
-                mask[num_block_rows:, 0] = True  # padded query rows attend one key
-                out = F.scaled_dot_product_attention(
-                    block_query.transpose(0, 1), key[:key_end].transpose(0, 1),
-                    value[:key_end].transpose(0, 1), attn_mask=mask, scale=self.scaling,
-                )
-                attn_out[block_rows] = out.transpose(0, 1)[:num_block_rows]
+            request_rows = rows[int(starts[request]):int(starts[request + 1])]
+            if len(request_rows):
+                ctx = context_slots(np.asarray(metadata.block_table[request]),
+                                    int(seq_lens[request]), metadata.block_size)
+                self._attend_request(query, positions, request_rows, ctx, kv_cache,
+                                     index_query, index_weights, attn_out)
         return hidden + self.o_proj(attn_out.reshape(num_rows, -1))
+
+    def _attend_request(self, query: torch.Tensor, positions: torch.Tensor,
+                        request_rows: torch.Tensor, ctx: torch.Tensor, kv_cache: PagedKVCache,
+                        index_query: torch.Tensor | None, index_weights: torch.Tensor | None,
+                        attn_out: torch.Tensor) -> None:
+        """One request's query rows against its cached context (slots ``ctx``), into attn_out."""
+        c = self.config
+        ctx_latent, ctx_rope, ctx_index_key = kv_cache.read(self.index, ctx)
+        kv = self.kv_b_proj(ctx_latent).view(len(ctx), c.num_attention_heads, -1)
+        k_nope, value = kv.split([c.qk_nope_head_dim, c.v_head_dim], dim=-1)
+        key = torch.cat([k_nope, ctx_rope[:, None, :].expand(-1, c.num_attention_heads, -1)], -1)
+        key, value = _pad_keys(key).transpose(0, 1), _pad_keys(value).transpose(0, 1)
+        for start in range(0, len(request_rows), QUERY_BLOCK):
+            block_rows = request_rows[start:start + QUERY_BLOCK]
+            block_pos = positions[block_rows]
+            key_end = int(block_pos.max()) + 1
+            mask = torch.arange(key_end)[None, :] <= block_pos[:, None]
+            if key_end > c.index_topk:
+                mask = self._sparse_mask(index_query[block_rows], index_weights[block_rows],
+                                         ctx_index_key[:key_end], mask)
+            padded_end = _round_up(key_end, KEY_BLOCK)
+            mask, _ = pad_rows(F.pad(mask, (0, padded_end - key_end), value=False))
+            block_query, num_block_rows = pad_rows(query[block_rows])
+            mask[num_block_rows:, 0] = True  # padded query rows attend one key
+            out = F.scaled_dot_product_attention(
+                block_query.transpose(0, 1), key[:, :padded_end], value[:, :padded_end],
+                attn_mask=mask, scale=self.scaling,
+            )
+            attn_out[block_rows] = out.transpose(0, 1)[:num_block_rows]
 
     def _index_key(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         c = self.config
@@ -462,6 +473,5 @@ def build_model(config: ModelConfig, seed: int = 0, *, quantization: str = QUANT
 
 
 def num_parameters(config: ModelConfig) -> int:
-    from pytest_afd.backends.cpu.weights import expected_shapes
-
+    """Parameter count of a config (for the manifest)."""
     return sum(math.prod(shape) for shape in expected_shapes(config).values())
