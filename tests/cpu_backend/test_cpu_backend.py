@@ -180,3 +180,14 @@ def test_instrumented_run_reports_per_layer_components(backend, prompts, referen
     assert len(out.timings["ubatches"][5]) == 2  # token-balanced split: two ubatches
     np.testing.assert_array_equal(logits(out), logits(reference))
     assert backend.run(prompts, RunSettings(block_size=BLOCK)).timings == {}
+
+
+def test_split_layout_settings_override_topology_emulation():
+    from pytest_afd.backends.cpu import split_layout
+
+    topology = parse_topology("dp3pcp8-ep8")
+    from_topology = split_layout(RunSettings(), topology)
+    assert (from_topology.pcp_size, from_topology.num_ep_ranks) == (8, 8)
+    overridden = split_layout(RunSettings(split_align=4, pcp_size=2), topology)
+    assert (overridden.split_align, overridden.pcp_size, overridden.num_ep_ranks) == (4, 2, 8)
+    assert split_layout(RunSettings(pcp_size=2), None).num_ep_ranks == 1
