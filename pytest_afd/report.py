@@ -230,8 +230,13 @@ def condition_values(doc: Mapping[str, Any]) -> dict[str, str]:
         "prefix_cache": "on" if settings["prefix_cache"]["enabled"] else "off",
         "hit": "-" if requested is None else f"{requested * PERCENT:.0f}%",
         "quant": settings["quantization"],
-        "align": str(settings["split_constraints"]["split_align"]),
+        "align": align_label(settings["split_constraints"]["split_align"]),
     }
+
+
+def align_label(split_align) -> str:
+    """An explicit alignment, or "topology" when the run took the topology's layout."""
+    return "topology" if is_absent(split_align) else str(split_align)
 
 
 def case_id_prefix(results: Sequence[LoadedResult]) -> str:

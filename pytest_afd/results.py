@@ -72,6 +72,7 @@ DEFAULT_HEADLINE_METRIC = "prefill_tokens_per_s"
 DEFAULT_ASYNC_MOE_STAGES = 2
 PROMPT_LENGTH_PERCENTILES = (50, 90, 99)
 NOT_MEASURED = "not measured by this case"
+LAYOUT_FROM_TOPOLOGY = "taken from the topology's layout (manifest topology.cpu_emulation)"
 # Longest readable part of a result file name; the rest is replaced by a digest.
 MAX_FILE_STEM = 120
 CASE_DIGEST_CHARS = 10
@@ -229,7 +230,13 @@ def settings_json(
         },
         "prefix_cache": {"enabled": settings.prefix_caching},
         "expert_balancing": {"routing": settings.routing},
-        "split_constraints": {"split_align": settings.split_align, "pcp_size": settings.pcp_size},
+        "split_constraints": {
+            name: absent(LAYOUT_FROM_TOPOLOGY) if value is None else value
+            for name, value in (
+                ("split_align", settings.split_align),
+                ("pcp_size", settings.pcp_size),
+            )
+        },
         "instrumented": settings.instrument,
     }
 

@@ -67,9 +67,10 @@ class RunSettings:
     max_num_batched_tokens: int = 140_000
     max_num_seqs: int = 8
     block_size: int = 128
-    # Split alignment unit (SP/TP size) and PCP size seen by afd_split.
-    split_align: int = 1
-    pcp_size: int = 1
+    # Split alignment unit (SP/TP size) and PCP size seen by afd_split; None
+    # means "the topology's layout" (the CPU backend's documented emulation).
+    split_align: int | None = None
+    pcp_size: int | None = None
     instrument: bool = False
     return_logits: bool = True
 
@@ -80,6 +81,10 @@ class RunSettings:
             raise ValueError(f"routing={self.routing!r}; expected one of {ROUTING_MODES}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization={self.quantization!r}; expected one of {QUANTIZATIONS}")
+        for name in ("split_align", "pcp_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name}={value!r}; expected a positive integer or None")
         if self.chunk_size is not None and self.chunk_size <= 0:
             raise ValueError(f"chunk_size={self.chunk_size!r}; expected a positive integer or None")
 

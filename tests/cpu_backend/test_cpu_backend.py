@@ -191,3 +191,12 @@ def test_split_layout_settings_override_topology_emulation():
     overridden = split_layout(RunSettings(split_align=4, pcp_size=2), topology)
     assert (overridden.split_align, overridden.pcp_size, overridden.num_ep_ranks) == (4, 2, 8)
     assert split_layout(RunSettings(pcp_size=2), None).num_ep_ranks == 1
+    # An explicit 1 is a choice, not "unset": it must not fall back to the topology's PCP 8.
+    explicit_one = split_layout(RunSettings(pcp_size=1), topology)
+    assert explicit_one.pcp_size == 1
+
+
+@pytest.mark.parametrize("field", ["split_align", "pcp_size"])
+def test_run_settings_reject_non_positive_layout(field):
+    with pytest.raises(ValueError, match=field):
+        RunSettings(**{field: 0})

@@ -64,14 +64,13 @@ class SplitLayout:
 
 
 def split_layout(settings: RunSettings, topology) -> SplitLayout:
-    """Settings that differ from the RunSettings default win; otherwise the topology's
-    documented CPU emulation (``Topology.cpu_emulation()``) supplies align / PCP / EP."""
-    defaults = RunSettings()
+    """Explicit settings win; ``None`` takes the topology's documented CPU
+    emulation (``Topology.cpu_emulation()``) for align / PCP; EP always comes from it."""
     if topology is None:
-        return SplitLayout(settings.split_align, settings.pcp_size, 1, "settings")
+        return SplitLayout(settings.split_align or 1, settings.pcp_size or 1, 1, "settings")
     emulation = topology.cpu_emulation()
-    align = settings.split_align if settings.split_align != defaults.split_align else emulation.split_align
-    pcp = settings.pcp_size if settings.pcp_size != defaults.pcp_size else emulation.pcp_size
+    align = emulation.split_align if settings.split_align is None else settings.split_align
+    pcp = emulation.pcp_size if settings.pcp_size is None else settings.pcp_size
     return SplitLayout(align, pcp, emulation.num_ep_ranks, f"topology {topology.canonical}")
 
 
