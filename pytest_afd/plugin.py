@@ -167,6 +167,14 @@ OPTION_SPECS = (
         env="AFD_PROFILE",
     ),
     OptionSpec(
+        "--afd-cpu-processes",
+        "afd_cpu_processes",
+        "CPU backend: run Attention and FFN roles as separate processes (AFD runtime)",
+        False,
+        kind="bool",
+        env="AFD_CPU_PROCESSES",
+    ),
+    OptionSpec(
         "--afd-golden-dir",
         "afd_golden_dir",
         f"golden outputs directory (default <rootdir>/{DEFAULT_GOLDEN_DIR})",
@@ -213,6 +221,7 @@ class AfdOptions:
     seed: int
     run_order: str
     profile: bool
+    cpu_processes: bool
     golden_dir: Path
     update_golden: bool
     require_hardware: bool
@@ -226,6 +235,7 @@ class AfdOptions:
         defaults = {
             "routing": self.routing,
             "instrument": self.profile,
+            "afd_processes": self.cpu_processes,
             "split_align": emulation.split_align,
             "pcp_size": emulation.pcp_size,
         }
@@ -324,6 +334,7 @@ def resolve_options(config: pytest.Config) -> AfdOptions:
         seed=values["afd_seed"],
         run_order=values["afd_run_order"],
         profile=values["afd_profile"],
+        cpu_processes=values["afd_cpu_processes"],
         golden_dir=values["afd_golden_dir"] or rootdir / DEFAULT_GOLDEN_DIR,
         update_golden=values["afd_update_golden"],
         require_hardware=values["afd_require_hardware"],

@@ -73,6 +73,10 @@ class RunSettings:
     pcp_size: int | None = None
     instrument: bool = False
     return_logits: bool = True
+    # CPU backend: run the Attention and FFN roles as separate processes (the
+    # CPU AFD runtime, capability "afd") instead of in one process. A real AFD
+    # deployment always runs them apart, so other backends ignore it.
+    afd_processes: bool = False
 
     def __post_init__(self) -> None:
         if self.split_policy not in SPLIT_POLICIES:

@@ -84,6 +84,7 @@ def test_probe(afd_options, npu_topology, rank_layout):
         "golden_dir": str(afd_options.golden_dir), "require_hardware": afd_options.require_hardware,
         "layout": len(rank_layout), "settings_routing": afd_options.run_settings().routing,
         "pcp": afd_options.run_settings().pcp_size, "instrument": afd_options.run_settings().instrument,
+        "afd_processes": afd_options.run_settings().afd_processes,
         "override": afd_options.run_settings(routing="natural", chunk_size=64).chunk_size,
         "protocol": afd_options.repeat({"a": lambda: 1.0, "b": lambda: 2.0}).protocol_json(),
     }
@@ -96,7 +97,8 @@ def test_probe(afd_options, npu_topology, rank_layout):
 def fake(pytester, monkeypatch, tmp_path):
     monkeypatch.setenv("FAKE_CLOSED_FILE", str(tmp_path / "closed.txt"))
     for name in ("AFD_NPU_TOPOLOGY", "AFD_BACKEND", "AFD_RESULTS_DIR", "AFD_REPEATS", "AFD_ROUTING",
-                 "AFD_REQUIRE_HARDWARE", "AFD_NUM_NODES", "FAKE_UNAVAILABLE", "AFD_PROFILE"):
+                 "AFD_REQUIRE_HARDWARE", "AFD_NUM_NODES", "FAKE_UNAVAILABLE", "AFD_PROFILE",
+                 "AFD_CPU_PROCESSES"):
         monkeypatch.delenv(name, raising=False)
     pytester.makeconftest(FAKE_CONFTEST)
     return pytester
@@ -127,6 +129,7 @@ def test_plugin_option_defaults(fake):
     assert data["results_dir"] == str(fake.path / "afd-results")
     assert data["golden_dir"] == str(fake.path / "golden")
     assert data["pcp"] == 8 and data["profile"] is False and data["override"] == 64
+    assert data["afd_processes"] is False
     assert data["protocol"] == {"seed": 0, "warmups": 1, "repetitions": 3, "run_order": "interleaved",
                                 "executed_order": ["a#0", "b#0", "a#1", "b#1", "a#2", "b#2"]}
 
@@ -146,6 +149,7 @@ def test_plugin_cli_env_ini_precedence(fake, monkeypatch):
                  "--afd-run-order", "random", "--afd-model", "full", "--afd-require-hardware")
     assert (data["topology"], data["repeats"], data["seed"]) == ("dp32ep32", 5, 9)
     assert (data["run_order"], data["model"], data["require_hardware"]) == ("random", "full", True)
+    assert probe(fake, "--afd-cpu-processes")["afd_processes"] is True
     assert data["protocol"]["repetitions"] == 5 and data["protocol"]["run_order"] == "random"
     assert sorted(data["protocol"]["executed_order"]) == sorted(f"{c}#{r}" for c in "ab" for r in range(5))
 

@@ -41,17 +41,20 @@ def create(*, topology, model_name: str, seed: int, results_dir: str | Path | No
     optionally with overrides (``reduced:index_topk=65536``), or a directory
     holding a Hugging Face-style ``config.json`` + ``*.safetensors``.
     """
+    model_dir = None
     if model_name.partition(":")[0] in NAMED_CONFIGS:
         model = build_model(parse_model_name(model_name), seed)
     elif Path(model_name).is_dir():
         config, weights = load_pretrained(model_name, name=Path(model_name).name)
         model = DeepseekV32Model(config, weights)
+        model_dir = model_name
     else:
         raise ValueError(
             f"model_name={model_name!r}; expected one of {sorted(NAMED_CONFIGS)} or a directory "
             "with config.json + *.safetensors"
         )
-    return CpuBackend(model, topology=topology, seed=seed, results_dir=results_dir)
+    return CpuBackend(model, topology=topology, seed=seed, results_dir=results_dir,
+                      model_dir=model_dir)
 
 
 __all__ = [

@@ -22,6 +22,7 @@ import torch
 
 from afd_split import BatchMetadata, SplitConstraints, plan_split
 from pytest_afd.backends.base import (
+    CAP_AFD,
     CAP_CHUNKED_PREFILL,
     CAP_FORCED_ROUTING,
     CAP_INSTRUMENTATION,
@@ -34,6 +35,7 @@ from pytest_afd.backends.base import (
     RunOutputs,
     RunSettings,
 )
+from pytest_afd.backends.cpu.afd import AfdExecutor, AfdRuntime, RankKVCache
 from pytest_afd.backends.cpu.config import ModelConfig
 from pytest_afd.backends.cpu.executor import Executor
 from pytest_afd.backends.cpu.kv_cache import (
@@ -49,8 +51,10 @@ BACKEND_NAME = "cpu"
 UNUSED_BLOCK = -1
 CAPABILITIES = frozenset({
     CAP_SPLIT, CAP_PREFIX_CACHE, CAP_CHUNKED_PREFILL, CAP_W8A8, CAP_FORCED_ROUTING, CAP_LOGITS,
-    CAP_INSTRUMENTATION,
+    CAP_INSTRUMENTATION, CAP_AFD,
 })  # fmt: skip
+# AFD-runtime step evidence lifted to the top level of each step (Stage A reads them).
+AFD_STEP_SUMMARY_KEYS = ("overlap_fraction", "straggler_s", "exposed_bubble_s", "ffn_idle_s")
 
 
 @dataclass(frozen=True)
@@ -119,9 +123,14 @@ def weights_digest(weights: dict[str, torch.Tensor]) -> str:
 
 @dataclass
 class _CacheState:
-    cache: PagedKVCache
+    cache: PagedKVCache | RankKVCache
     pool: BlockPool
     index: PrefixCacheIndex
+
+
+def afd_step_fields(evidence: dict[str, Any]) -> dict[str, Any]:
+    """A step's AFD-runtime evidence in full, plus its overlap summary at the top level."""
+    return {"afd": evidence, **{k: evidence[k] for k in AFD_STEP_SUMMARY_KEYS if k in evidence}}
 
 
 class CpuBackend:
@@ -131,8 +140,11 @@ class CpuBackend:
     capabilities = CAPABILITIES
 
     def __init__(self, model: DeepseekV32Model, *, topology=None, seed: int | None = None,
-                 results_dir: str | Path | None = None) -> None:
+                 results_dir: str | Path | None = None, model_dir: str | Path | None = None
+                 ) -> None:
         self.model = model
+        # Where pretrained weights came from (None: seeded), for the AFD runtime's ranks.
+        self.model_dir = None if model_dir is None else str(model_dir)
         self.config: ModelConfig = model.config
         self.topology = topology
         self.seed = seed
@@ -141,6 +153,10 @@ class CpuBackend:
             (model.quantization, model.routing): model
         }
         self._caches: dict[int, _CacheState] = {}
+        # The CPU AFD runtime (Attention + FFN processes), started by the first
+        # run with ``afd_processes`` and reused; its KV cache lives on its rank.
+        self._afd_runtime: AfdRuntime | None = None
+        self._afd_caches: dict[int, _CacheState] = {}
         self._digest: str | None = None
 
     # ---- protocol -------------------------------------------------------
@@ -149,9 +165,13 @@ class CpuBackend:
         token_lists = self._check_prompts(prompts)
         block_size = validate_block_size(settings.block_size)
         layout = split_layout(settings, self.topology)
-        state = self._cache_state(block_size)
-        model = self._variant(settings.quantization, settings.routing)
-        executor = Executor(model, state.cache)
+        if settings.afd_processes:
+            state = self._afd_cache_state(block_size)
+            executor = AfdExecutor(self._runtime(), quantization=settings.quantization,
+                                   routing=settings.routing, instrument=settings.instrument)
+        else:
+            state = self._cache_state(block_size)
+            executor = Executor(self._variant(settings.quantization, settings.routing), state.cache)
         cached = [state.index.lookup(t) if settings.prefix_caching else 0 for t in token_lists]
         sched = schedule(
             [len(t) for t in token_lists],
@@ -183,7 +203,12 @@ class CpuBackend:
                 plan = plan_split(batch.num_scheduled_tokens, policy=settings.split_policy,
                                   constraints=constraints, allow_fallback=True,
                                   num_computed_tokens=batch.num_computed_tokens)
-                result = executor.execute(ids, metadata, plan, instrument=settings.instrument)
+                if settings.afd_processes:
+                    result = executor.execute(ids, metadata, plan)
+                    afd_fields = afd_step_fields(executor.last_evidence)
+                else:
+                    result = executor.execute(ids, metadata, plan, instrument=settings.instrument)
+                    afd_fields = {}
                 total_load += result.expert_load
                 add_layer_seconds(layer_seconds, result.layer_seconds)
                 now = time.perf_counter()
@@ -203,6 +228,7 @@ class CpuBackend:
                                                           layout.num_ep_ranks).tolist(),
                     "padding_routed_rows": result.padding_routed_rows,
                     "wall_time_s": now - step_started,
+                    **afd_fields,
                 })  # fmt: skip
             completed = True
         finally:
@@ -217,9 +243,11 @@ class CpuBackend:
         )
 
     def reset_prefix_cache(self) -> None:
-        for state in self._caches.values():
+        for state in (*self._caches.values(), *self._afd_caches.values()):
             state.pool.reset()
             state.index.clear()
+        if self._afd_runtime is not None:
+            self._afd_runtime.reset_kv_cache()
 
     def describe(self) -> dict[str, Any]:
         if self._digest is None:
@@ -247,7 +275,11 @@ class CpuBackend:
 
     def close(self) -> None:
         self._caches.clear()
+        self._afd_caches.clear()
         self._variants.clear()
+        if self._afd_runtime is not None:
+            self._afd_runtime.close()
+            self._afd_runtime = None
 
     # ---- helpers ----------------------------------------------------------
     def _check_prompts(self, prompts: Sequence[PromptRequest]) -> list[list[int]]:
@@ -276,6 +308,23 @@ class CpuBackend:
         if key not in self._variants:
             self._variants[key] = self.model.variant(quantization=quantization, routing=routing)
         return self._variants[key]
+
+    def _runtime(self) -> AfdRuntime:
+        """Start the AFD runtime once: 1 Attention rank, the topology's FFN processes."""
+        if self._afd_runtime is None:
+            emulation = None if self.topology is None else self.topology.cpu_emulation()
+            num_ffn = max(1, emulation.ffn_processes) if emulation is not None else 1
+            self._afd_runtime = AfdRuntime(self.config, self.seed or 0, num_attention=1,
+                                           num_ffn=num_ffn, model_dir=self.model_dir)
+        return self._afd_runtime
+
+    def _afd_cache_state(self, block_size: int) -> _CacheState:
+        if block_size not in self._afd_caches:
+            cache = RankKVCache(self._runtime(), self.config, block_size)
+            self._afd_caches[block_size] = _CacheState(
+                cache, BlockPool(cache), PrefixCacheIndex(block_size)
+            )
+        return self._afd_caches[block_size]
 
     def _cache_state(self, block_size: int) -> _CacheState:
         if block_size not in self._caches:
