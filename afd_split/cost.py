@@ -27,7 +27,6 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 
 from afd_split.constraints import SplitConstraints
-from afd_split.errors import SplitRejectedError
 from afd_split.policies.token_balanced import (
     select_token_balanced_cut,
     token_balanced_cut_range,
@@ -260,18 +259,7 @@ def select_cost_balanced_cut(
     model = active_cost_model()
     num_tokens = int(cu_tokens[-1])
     align = constraints.align
-    if align >= num_tokens:
-        raise SplitRejectedError(
-            f"cost_balanced: align={align} is not below the batch's {num_tokens} tokens, "
-            "so any aligned cut leaves an empty tail"
-        )
-    lowest, highest = token_balanced_cut_range(num_tokens, constraints)
-    if lowest > highest:
-        raise SplitRejectedError(
-            f"cost_balanced: no multiple of align={align} leaves "
-            f"min_ubatch_tokens={constraints.min_ubatch_tokens} real tokens in both ubatches "
-            f"of a {num_tokens}-token batch"
-        )
+    lowest, highest = token_balanced_cut_range(num_tokens, constraints, policy="cost_balanced")
     keys = attended_keys_per_row(scheduled_tokens, num_computed_tokens, model.key_cap)
     cumulative = np.concatenate(([0], np.cumsum(keys)))
     cuts = np.arange(lowest, highest + 1, align, dtype=np.int64)

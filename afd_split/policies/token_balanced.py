@@ -8,11 +8,28 @@ from afd_split.constraints import SplitConstraints, round_up
 from afd_split.errors import SplitRejectedError
 
 
-def token_balanced_cut_range(num_tokens: int, constraints: SplitConstraints) -> tuple[int, int]:
-    """Lowest and highest eligible cut: multiples of align leaving min tokens on each side."""
+def token_balanced_cut_range(
+    num_tokens: int, constraints: SplitConstraints, *, policy: str = "token_balanced"
+) -> tuple[int, int]:
+    """Lowest and highest eligible cut: multiples of align leaving min tokens on each side.
+
+    Raises SplitRejectedError (naming ``policy``) when no such cut exists, so every
+    policy that cuts on the aligned grid rejects the same batches the same way.
+    """
     align = constraints.align
+    if align >= num_tokens:
+        raise SplitRejectedError(
+            f"{policy}: align={align} is not below the batch's {num_tokens} tokens, "
+            "so any aligned cut leaves an empty tail"
+        )
     lowest = round_up(constraints.min_ubatch_tokens, align)
     highest = (num_tokens - constraints.min_ubatch_tokens) // align * align
+    if lowest > highest:
+        raise SplitRejectedError(
+            f"{policy}: no multiple of align={align} leaves "
+            f"min_ubatch_tokens={constraints.min_ubatch_tokens} real tokens in both ubatches "
+            f"of a {num_tokens}-token batch (the tail would be empty or padding-only)"
+        )
     return lowest, highest
 
 
@@ -30,18 +47,7 @@ def select_token_balanced_cut(
     """
     num_tokens = cu_tokens.item(-1)
     align = constraints.align
-    if align >= num_tokens:
-        raise SplitRejectedError(
-            f"token_balanced: align={align} is not below the batch's {num_tokens} tokens, "
-            "so any aligned cut leaves an empty tail"
-        )
     lowest, highest = token_balanced_cut_range(num_tokens, constraints)
-    if lowest > highest:
-        raise SplitRejectedError(
-            f"token_balanced: no multiple of align={align} leaves "
-            f"min_ubatch_tokens={constraints.min_ubatch_tokens} real tokens in both ubatches "
-            f"of a {num_tokens}-token batch (the tail would be empty or padding-only)"
-        )
     # Nearest multiple of align to T/2, ties upward: floor((T + align) / (2 * align)) * align.
     nearest = (num_tokens + align) // (2 * align) * align
     return min(max(nearest, lowest), highest)
