@@ -48,9 +48,19 @@ def _case_name(workload: str, policy: str) -> str:
     return f"{workload}/{policy}"
 
 
+def _uses_afd_roles(runner) -> bool:
+    """Run Attention and FFN apart whenever the backend can and the topology is AFD.
+
+    Overlap only exists when the roles run concurrently; a backend that always
+    deploys AFD apart ignores the setting.
+    """
+    return CAP_AFD in runner.backend.capabilities and runner.topology.is_afd
+
+
 def _matrix_cases(stage_runner, size: float, workloads=WORKLOADS, policies=POLICIES):
     cases = []
     scale = stage_runner.sizes.scale * size
+    afd_processes = _uses_afd_roles(stage_runner)
     for workload_name in workloads:
         workload = stage_runner.workload(workload_name, scale=scale)
         for policy in policies:
@@ -58,23 +68,30 @@ def _matrix_cases(stage_runner, size: float, workloads=WORKLOADS, policies=POLIC
                 stage_runner.case(
                     name=_case_name(workload_name, policy),
                     workload=workload,
-                    settings=stage_runner.settings(split_policy=policy),
+                    settings=stage_runner.settings(
+                        split_policy=policy, afd_processes=afd_processes
+                    ),
                 )
             )
     return cases
 
 
-def _overlap_source(backend) -> str:
-    if {CAP_AFD, CAP_INSTRUMENTATION} <= backend.capabilities:
-        return "AFD step evidence of one instrumented run per case (overlap, bubble, straggler)"
+def _overlap_source(runner) -> str:
+    backend = runner.backend
+    if _uses_afd_roles(runner) and CAP_INSTRUMENTATION in backend.capabilities:
+        return (
+            "AFD step evidence of one instrumented run per case (overlap, bubble, straggler; "
+            "straggler time needs two or more FFN ranks)"
+        )
     return (
-        f"step wall time of non-instrumented runs only: backend {backend.name!r} does not declare "
-        f"{CAP_AFD!r} + {CAP_INSTRUMENTATION!r}, so Attention/FFN overlap and FFN straggler time "
-        "are not measured"
+        f"run time of non-instrumented runs only: backend {backend.name!r} on {runner.topology} "
+        f"does not run AFD roles apart with instrumentation ({CAP_AFD!r} + "
+        f"{CAP_INSTRUMENTATION!r} and an AFD topology), so Attention/FFN overlap and FFN "
+        "straggler time are not measured"
     )
 
 
-def _annotate(measured, workloads, policies, backend) -> dict:
+def _annotate(measured, workloads, policies, runner) -> dict:
     """Add the cross-case correlation and the policy ranking to every result's evidence."""
     throughput = {
         (w, p): measured[_case_name(w, p)].throughput for w in workloads for p in policies
@@ -95,7 +112,7 @@ def _annotate(measured, workloads, policies, backend) -> dict:
             point.update(overlap or {})
             points.append(point)
     correlation = correlation_evidence(points)
-    correlation["source"] = _overlap_source(backend)
+    correlation["source"] = _overlap_source(runner)
     ranking = {"scores": policy_scores(throughput), "winner": pick_winner(throughput)}
     for item in measured.values():
         item.result["evidence"]["stage_a"] = {"correlation": correlation, "ranking": ranking}
@@ -142,7 +159,7 @@ def test_stage_a_policy_matrix(stage_runner, afd_options, pytestconfig, size):
     """Every policy on every Stage A workload, interleaved; one result per case."""
     cases = _matrix_cases(stage_runner, SIZES[size])
     measured = stage_runner.measure(cases, explain=True, write=False)
-    ranking = _annotate(measured, WORKLOADS, POLICIES, stage_runner.backend)
+    ranking = _annotate(measured, WORKLOADS, POLICIES, stage_runner)
     stage_runner.write(measured)
     pytestconfig.stash[WINNER_KEY] = ranking["winner"]
     _check_matrix(stage_runner, measured, WORKLOADS, POLICIES, afd_options.repeats)
@@ -166,7 +183,7 @@ def test_stage_a_full_model_confirmation(stage_runner, afd_options, pytestconfig
         full, SIZES["smallest"], FULL_MODEL_WORKLOADS, (BASELINE_POLICY, *policies)
     )
     measured = full.measure(cases, explain=True, write=False)
-    _annotate(measured, FULL_MODEL_WORKLOADS, (BASELINE_POLICY, *policies), full.backend)
+    _annotate(measured, FULL_MODEL_WORKLOADS, (BASELINE_POLICY, *policies), full)
     for item in measured.values():
         item.result["evidence"]["stage_a"]["reduced_model_winner"] = winner
     full.write(measured)
