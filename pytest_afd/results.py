@@ -360,9 +360,17 @@ def metrics_from_runs(
         ttft_s=ttft if ttft is not None else absent("the backend reported no per-request TTFT"),
         peak_memory_bytes=peak_memory_bytes
         if peak_memory_bytes is not None
-        else absent("the backend does not report device memory"),
+        else reported_peak_memory(runs),
         computed_tokens_per_s=measurement(computed_per_s, "tokens/s"),
     )
+
+
+def reported_peak_memory(runs: Sequence[RunOutputs]) -> dict:
+    """The runs' own peak-memory readings, or absent when any run lacks one."""
+    readings = [run.peak_memory_bytes for run in runs]
+    if any(value is None for value in readings):
+        return absent("the backend did not report peak memory for these runs")
+    return measurement(readings, "bytes")
 
 
 def per_rank_load(per_expert: Sequence[Sequence[int]], num_ep_ranks: int) -> list[list[int]]:

@@ -122,6 +122,9 @@ class RunOutputs:
     # Instrumented runs only: per-layer/per-ubatch timings.
     timings: dict[str, Any] = field(default_factory=dict)
     wall_time_s: float = 0.0
+    # Peak resident memory of the process that held the model during the run
+    # (device memory on NPUs); None when the backend cannot measure it.
+    peak_memory_bytes: int | None = None
 
     def by_id(self) -> dict[str, RequestOutput]:
         return {r.request_id: r for r in self.requests}

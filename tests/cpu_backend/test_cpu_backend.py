@@ -200,3 +200,10 @@ def test_split_layout_settings_override_topology_emulation():
 def test_run_settings_reject_non_positive_layout(field):
     with pytest.raises(ValueError, match=field):
         RunSettings(**{field: 0})
+
+
+def test_in_process_run_reports_its_peak_memory(backend, prompts):
+    run = backend.run(prompts, RunSettings(split_policy="none", block_size=BLOCK))
+    # At least the model's own weights are resident while it runs.
+    weights_bytes = sum(t.numel() * t.element_size() for t in backend.model.weights.values())
+    assert run.peak_memory_bytes is not None and run.peak_memory_bytes > weights_bytes

@@ -238,3 +238,13 @@ def test_plugin_schemas_are_valid_2020_12_with_id_and_version():
         assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
         assert schema["$id"].startswith("urn:pytest-afd:schema:")
         assert schema["properties"]["schema_version"] == {"const": version}
+
+
+def test_plugin_peak_memory_measured_only_when_every_run_reports_it():
+    runs = [make_outputs(), make_outputs()]
+    assert results.is_absent(results.metrics_from_runs(runs)["peak_memory_bytes"])
+    runs[0].peak_memory_bytes, runs[1].peak_memory_bytes = 2_000, 3_000
+    memory = results.metrics_from_runs(runs)["peak_memory_bytes"]
+    assert memory["unit"] == "bytes" and memory["repetitions"] == [2_000.0, 3_000.0]
+    runs[1].peak_memory_bytes = None
+    assert results.is_absent(results.metrics_from_runs(runs)["peak_memory_bytes"])

@@ -113,6 +113,34 @@ def timings_document(per_ubatch: list[list[dict[str, float]]]) -> dict[str, Any]
             "note": "in-process executor, summed over forward steps; perf_counter spans"}
 
 
+PROC_CLEAR_REFS = Path("/proc/self/clear_refs")
+PROC_STATUS = Path("/proc/self/status")
+# Writing this to clear_refs resets the process's peak RSS (VmHWM), Linux >= 4.0.
+RESET_PEAK_RSS = "5"
+BYTES_PER_KIB = 1024
+
+
+def reset_peak_rss() -> bool:
+    """Start a per-run peak-memory window; False where the kernel offers none."""
+    try:
+        PROC_CLEAR_REFS.write_text(RESET_PEAK_RSS)
+    except OSError:
+        return False
+    return True
+
+
+def peak_rss_bytes() -> int | None:
+    """This process's peak resident memory since the last reset (VmHWM)."""
+    try:
+        status = PROC_STATUS.read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * BYTES_PER_KIB
+    return None
+
+
 def weights_digest(weights: dict[str, torch.Tensor]) -> str:
     digest = hashlib.sha256()
     for name in sorted(weights):
@@ -162,6 +190,8 @@ class CpuBackend:
     # ---- protocol -------------------------------------------------------
     def run(self, prompts: Sequence[PromptRequest], settings: RunSettings) -> RunOutputs:
         started = time.perf_counter()
+        # In-process runs hold the model here; AFD-process runs hold it on the ranks.
+        measure_memory = not settings.afd_processes and reset_peak_rss()
         token_lists = self._check_prompts(prompts)
         block_size = validate_block_size(settings.block_size)
         layout = split_layout(settings, self.topology)
@@ -240,6 +270,7 @@ class CpuBackend:
             expert_load=total_load.tolist(),
             timings=timings_document(layer_seconds) if settings.instrument else {},
             wall_time_s=time.perf_counter() - started,
+            peak_memory_bytes=peak_rss_bytes() if measure_memory else None,
         )
 
     def reset_prefix_cache(self) -> None:
