@@ -65,7 +65,9 @@ CHUNK_PLAN_KEY = "chunk_plan"
 LAYERS_KEY = "layers"
 TABLE_INDEX_KEYS = frozenset({"layer", "ubatch"})
 # Settings that tell two cases of one stage apart besides the split policy.
-CONDITION_FIELDS = ("routing", "chunk", "prefix_cache", "hit", "quant", "align")
+CONDITION_FIELDS = ("routing", "chunk", "prefix_cache", "phase", "hit", "quant", "align")
+# Stage B's cold / steady-state phase is optional in the schema (other stages have none).
+NO_PHASE = "-"
 
 
 @dataclass(frozen=True)
@@ -228,6 +230,7 @@ def condition_values(doc: Mapping[str, Any]) -> dict[str, str]:
         "routing": settings["expert_balancing"]["routing"],
         "chunk": chunk_label(doc),
         "prefix_cache": "on" if settings["prefix_cache"]["enabled"] else "off",
+        "phase": settings["prefix_cache"].get("phase", NO_PHASE),
         "hit": "-" if requested is None else f"{requested * PERCENT:.0f}%",
         "quant": settings["quantization"],
         "align": align_label(settings["split_constraints"]["split_align"]),

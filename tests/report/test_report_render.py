@@ -473,3 +473,16 @@ def test_per_layer_rank_skew():
     balanced["evidence"]["expert_load"] = results.absent("no load")
     assert report.per_layer_rank_skew(balanced) is None
     assert report.rank_skew(balanced) is None
+
+
+def test_condition_labels_use_the_recorded_cache_phase():
+    workload = make_workload("uniform", requested_hit_ratio=0.5, **SMALL)
+    docs = []
+    for phase in ("cold", "steady"):
+        doc = _result(f"stage_b/{phase}", "stage_b", workload, "token_balanced")
+        doc["settings"]["prefix_cache"]["phase"] = phase
+        docs.append(report.LoadedResult(path=None, doc=doc))
+    assert report.condition_labels(docs) == {
+        "stage_b/cold": "uniform-fixed-hit50 phase=cold",
+        "stage_b/steady": "uniform-fixed-hit50 phase=steady",
+    }
