@@ -35,6 +35,11 @@ def scaled_candidates(scale_tokens) -> list[int | None]:
 
 def planner_config(settings: RunSettings, round_capacity: int) -> SchedulerConfig:
     """The scheduler configuration the run settings stand for."""
+    if settings.pcp_size is None:
+        raise ValueError(
+            "planner_config needs an explicit RunSettings.pcp_size (None means the "
+            "topology's layout: resolve it, e.g. with StageRunner.settings, first)"
+        )
     return SchedulerConfig(
         chunk_size=settings.chunk_size,
         dp_size=CHUNK_DP_FOLDING,

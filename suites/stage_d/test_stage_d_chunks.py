@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from stage_d_chunks import (
     UNCHUNKED,
     best_sizes,
@@ -33,13 +34,18 @@ def test_stage_d_planner_mirrors_the_run_settings():
 
 
 def test_stage_d_invalid_sizes_carry_the_planner_reason():
-    settings = RunSettings(block_size=16, max_num_batched_tokens=512)
+    settings = RunSettings(block_size=16, pcp_size=1, max_num_batched_tokens=512)
     candidates = plan_sweep([300, 40, 40], [100, 256, 1024, UNCHUNKED], settings, 8192)
     verdicts = {c.chunk_size: (c.plan.valid, "; ".join(c.plan.reasons)) for c in candidates}
     assert verdicts[256] == (True, "")
     assert verdicts[UNCHUNKED] == (True, "")
     assert not verdicts[100][0] and "not a multiple of page size 16" in verdicts[100][1]
     assert not verdicts[1024][0] and "exceeds max batched tokens 512" in verdicts[1024][1]
+
+
+def test_stage_d_planner_needs_a_resolved_pcp_size():
+    with pytest.raises(ValueError, match=r"explicit RunSettings\.pcp_size"):
+        planner_config(RunSettings(block_size=16), round_capacity=128)
 
 
 def test_stage_d_best_sizes_exclude_the_unchunked_reference():
