@@ -76,3 +76,16 @@ def test_prefix_cache_on_the_attention_rank(backend):
     uncached = backend.run(prompts, _settings())
     for w, u in zip(warm.requests, uncached.requests, strict=True):
         assert np.array_equal(w.logits, u.logits)
+
+
+def test_runtime_fails_closed_before_any_rank_exists():
+    from afd_split import SplitSupportConfig, UnsupportedSplitError
+    from pytest_afd.backends.cpu import named_config
+    from pytest_afd.backends.cpu.afd import AfdRuntime
+
+    before = child_pids()
+    graph_mode = SplitSupportConfig(attention_builder="CPUReferenceAttentionBuilder",
+                                    graph_mode="full_decode_only")
+    with pytest.raises(UnsupportedSplitError, match="graph"):
+        AfdRuntime(named_config("reduced"), 0, support=graph_mode)
+    assert child_pids() == before, "a rank was started for an unsupported combination"

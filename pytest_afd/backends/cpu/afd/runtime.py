@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from afd_split import BatchMetadata, SplitPlan
+from afd_split import BatchMetadata, SplitPlan, SplitSupportConfig, prepare_split_runtime
+from afd_split.support import CPU_REFERENCE_BUILDER
 from pytest_afd.backends.cpu.afd.evidence import Span, as_spans
 from pytest_afd.backends.cpu.afd.procs import (
     ADDRESS_IN_USE,
@@ -88,9 +89,12 @@ class AfdRuntime:
         step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
         model_dir: str | None = None,
+        support: SplitSupportConfig | None = None,
     ) -> None:
         """``model_dir``: load weights from a Hugging Face-style directory whose
-        ``config.json`` equals ``config`` instead of seeding them."""
+        ``config.json`` equals ``config`` instead of seeding them. ``support``:
+        the deployment facts checked (fail closed) before any rank or gloo group
+        exists; default: the CPU reference attention, eager, two stages."""
         for name, value in (("num_attention", num_attention), ("num_ffn", num_ffn)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}; expected an integer >= 1")
@@ -118,7 +122,10 @@ class AfdRuntime:
             "peer_timeout_s": peer_timeout_s,
             "model_dir": None if model_dir is None else str(model_dir),
         }
-        self._group = self._new_group(specs, role_kwargs)
+        self._group = prepare_split_runtime(
+            support or SplitSupportConfig(attention_builder=CPU_REFERENCE_BUILDER),
+            lambda: self._new_group(specs, role_kwargs),
+        )
         self._steps = itertools.count()
         self._finalizer = weakref.finalize(self, ProcessGroupHandle.kill_all, self._group)
         try:
