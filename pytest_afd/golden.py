@@ -26,9 +26,7 @@ import datetime as _dt
 import hashlib
 import io
 import json
-import os
 import re
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_afd.results import atomic_write_json
+from pytest_afd.results import atomic_write_bytes, atomic_write_json
 
 GOLDEN_FORMAT_VERSION = 1
 NPZ_KEY = "value"
@@ -312,19 +310,7 @@ class GoldenStore:
         array = to_numpy(value)
         payload = _serialize(array, self.file_format)
         data_path, json_path = self.paths(name)
-        data_path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(
-            prefix=f".{data_path.name}.", suffix=".tmp", dir=data_path.parent
-        )
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(payload)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp_name, data_path)
-        except BaseException:
-            Path(tmp_name).unlink(missing_ok=True)
-            raise
+        atomic_write_bytes(data_path, payload)
         sidecar = {
             "format_version": GOLDEN_FORMAT_VERSION,
             "format": self.file_format,

@@ -148,17 +148,16 @@ def validate_manifest(doc: Any) -> None:
     _validate(doc, MANIFEST_SCHEMA_FILE, "manifest")
 
 
-def atomic_write_json(path: str | os.PathLike[str], doc: Any) -> Path:
-    """Write JSON to a temp file in the target directory, fsync, then rename over ``path``.
+def atomic_write_bytes(path: str | os.PathLike[str], payload: bytes) -> Path:
+    """Write to a temp file in the target directory, fsync, then rename over ``path``.
 
     Readers (and xdist siblings) see the old file or the new one, never a torn one.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    payload = json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n"
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
-        with os.fdopen(fd, "w") as handle:
+        with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
             handle.flush()
             os.fsync(handle.fileno())
@@ -167,6 +166,12 @@ def atomic_write_json(path: str | os.PathLike[str], doc: Any) -> Path:
         Path(tmp_name).unlink(missing_ok=True)
         raise
     return target
+
+
+def atomic_write_json(path: str | os.PathLike[str], doc: Any) -> Path:
+    """Atomically write ``doc`` as indented, key-sorted JSON (see :func:`atomic_write_bytes`)."""
+    payload = json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    return atomic_write_bytes(path, payload.encode())
 
 
 def write_result(path: str | os.PathLike[str], doc: dict[str, Any]) -> Path:
