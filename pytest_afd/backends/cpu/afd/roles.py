@@ -146,8 +146,8 @@ def shard_for_ffn(
     return rows, ids, weights, flags
 
 
-class AttentionRole:
-    """One Attention rank: owns the KV cache and everything but the MoE experts."""
+class _Role:
+    """What every rank holds: its spec, the model config and weights, the topology."""
 
     def __init__(
         self,
@@ -164,6 +164,13 @@ class AttentionRole:
         self.topology = topology
         self.peer_timeout_s = peer_timeout_s
         self.models = _ModelVariants(config, seed, model_dir)
+
+
+class AttentionRole(_Role):
+    """One Attention rank: owns the KV cache and everything but the MoE experts."""
+
+    def __init__(self, spec: RankSpec, **role_kwargs: Any) -> None:
+        super().__init__(spec, **role_kwargs)
         self.kv_cache: PagedKVCache | None = None
 
     def handle(self, message: tuple) -> Any:
@@ -351,24 +358,8 @@ class AttentionRole:
             return state + moe
 
 
-class FfnRole:
+class FfnRole(_Role):
     """One FFN rank: its expert shard and its share of the shared experts."""
-
-    def __init__(
-        self,
-        spec: RankSpec,
-        *,
-        config: ModelConfig,
-        seed: int,
-        topology: Topology,
-        peer_timeout_s: float,
-        model_dir: str | None = None,
-    ) -> None:
-        self.spec = spec
-        self.config = config
-        self.topology = topology
-        self.peer_timeout_s = peer_timeout_s
-        self.models = _ModelVariants(config, seed, model_dir)
 
     def handle(self, message: tuple) -> Any:
         command, body = message
