@@ -481,13 +481,16 @@ def plot_imbalance_vs_step_time(results: Sequence[LoadedResult], path: Path) -> 
             label=policy,
         )
         for result, x, y in mine:
-            axis.annotate(
+            note = axis.annotate(
                 labels[result.case_id],
                 (x * PERCENT, y),
                 fontsize="xx-small",
                 xytext=(3, 3),
                 textcoords="offset points",
             )
+            # Point labels may run past the axes; the layout must not shrink the
+            # axes to fit them (it collapses them to nothing with many cases).
+            note.set_in_layout(False)
     axis.set_xlabel("realized ubatch token imbalance, mean over steps (%)")
     axis.set_ylabel("forward step time (s)")
     axis.set_title("imbalance vs step time (bars: min-max)")
