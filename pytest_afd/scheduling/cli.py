@@ -45,24 +45,22 @@ EXIT_INVALID_PLAN = 1
 # Argument types: each names the bad value
 
 
-def positive_int(text: str) -> int:
+def _int_at_least(text: str, minimum: int, requirement: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{text!r} must be {requirement}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return value
+    return _int_at_least(text, 0, ">= 0")
 
 
 def chunk_value(text: str) -> int | None:

@@ -246,19 +246,27 @@ class CompletionsClient:
             result.success = True
 
     # -- server endpoints ----------------------------------------------------
-    def get_text(self, path: str) -> str:
+    def _request(self, method: str, path: str) -> bytes:
+        """One short control-plane request; any transport error or non-200 is a ClientError."""
         connection = self._connection(METRICS_TIMEOUT_S)
         try:
-            connection.request("GET", path)
+            connection.request(method, path)
             response = connection.getresponse()
             body = response.read()
         except (OSError, http.client.HTTPException) as error:
-            raise ClientError(f"GET {self.base_url}{path} failed: {type(error).__name__}: {error}") from error
+            raise ClientError(
+                f"{method} {self.base_url}{path} failed: {type(error).__name__}: {error}"
+            ) from error
         finally:
             connection.close()
         if response.status != HTTP_OK:
-            raise ClientError(f"GET {self.base_url}{path}: {_error_message(response.status, body)}")
-        return body.decode("utf-8", errors="replace")
+            raise ClientError(
+                f"{method} {self.base_url}{path}: {_error_message(response.status, body)}"
+            )
+        return body
+
+    def get_text(self, path: str) -> str:
+        return self._request("GET", path).decode("utf-8", errors="replace")
 
     def scrape_counters(self) -> ServerCounters:
         return ServerCounters.from_text(self.get_text("/metrics"))
@@ -267,17 +275,7 @@ class CompletionsClient:
         return json.loads(self.get_text(path))
 
     def reset_prefix_cache(self) -> None:
-        connection = self._connection(METRICS_TIMEOUT_S)
-        try:
-            connection.request("POST", "/reset_prefix_cache")
-            response = connection.getresponse()
-            body = response.read()
-        except (OSError, http.client.HTTPException) as error:
-            raise ClientError(f"POST {self.base_url}/reset_prefix_cache failed: {error}") from error
-        finally:
-            connection.close()
-        if response.status != HTTP_OK:
-            raise ClientError(f"POST /reset_prefix_cache: {_error_message(response.status, body)}")
+        self._request("POST", "/reset_prefix_cache")
 
     # -- a benchmark run -----------------------------------------------------
     def run(self, prompts: Sequence[PromptRequest], arrival: Arrival = Arrival(), *,
