@@ -117,7 +117,7 @@ def ubatch_token_rows(tensor, ubatch: UBatch, *, with_padding: bool, pad_value: 
         pad = real.new_full((*tensor.shape[:-1], ubatch.num_padded_tokens), pad_value)
         return torch.cat([real, pad], dim=-1)
     rows = real.new_full(shape, pad_value)
-    index = torch.from_numpy(ubatch.real_row_indices).to(tensor.device, non_blocking=True)
+    index = torch.tensor(ubatch.real_row_indices, device=tensor.device)  # host-to-device only
     return rows.index_copy_(-1, index, real)
 
 
