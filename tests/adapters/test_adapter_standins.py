@@ -16,7 +16,11 @@ from adapter_batches import (
 )
 
 from afd_split import SplitConstraints, SplitInvariantError, UnsupportedSplitError, plan_split
-from afd_split.adapters.ascend import ASCEND_FIELD_RULES, ASCEND_LAYOUTS, split_ascend_common_metadata
+from afd_split.adapters.ascend import (
+    ASCEND_FIELD_RULES,
+    ASCEND_LAYOUTS,
+    split_ascend_common_metadata,
+)
 from afd_split.adapters.layout import FieldRule
 from afd_split.adapters.vllm import VLLM_FIELD_RULES, VLLM_LAYOUTS, split_common_metadata
 

@@ -18,13 +18,13 @@ if importlib.util.find_spec("vllm") is None:
         allow_module_level=True,
     )
 
-import torch  # noqa: E402
-from adapter_batches import BLOCK, PREFIX_HIT_TOKENS, assert_ubatches, build_common, snapshot  # noqa: E402
-from device_guard import DEVICE, DeviceSyncGuard  # noqa: E402
+import torch
+from adapter_batches import BLOCK, PREFIX_HIT_TOKENS, assert_ubatches, build_common, snapshot
+from device_guard import DEVICE, DeviceSyncGuard
 
-from afd_split import SplitConstraints, UnsupportedSplitError, plan_split  # noqa: E402
-from afd_split.adapters.layout import field_names  # noqa: E402
-from afd_split.adapters.vllm import (  # noqa: E402
+from afd_split import SplitConstraints, UnsupportedSplitError, plan_split
+from afd_split.adapters.layout import field_names
+from afd_split.adapters.vllm import (
     SUPPORTED_VLLM_VERSIONS,
     VLLM_LAYOUTS,
     common_attention_metadata_type,
