@@ -76,6 +76,8 @@ class AfdSession:
     manifest_doc: dict[str, Any] | None = None
     written: list[dict[str, Any]] = field(default_factory=list)
     golden_updates: list[str] = field(default_factory=list)
+    # Controller side under xdist: workers that died before handing back their results.
+    lost_workers: list[dict[str, str]] = field(default_factory=list)
     # Test outcome per node id (controller side under xdist: it sees every report).
     outcomes: dict[str, str] = field(default_factory=dict)
 
@@ -400,7 +402,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             "golden_updates": state.golden_updates,
         }
         return
-    if state.written:
+    if state.written or state.lost_workers:
         for entry in state.written:
             entry["outcome"] = state.outcomes.get(entry["nodeid"], "unknown")
         summary = {
@@ -408,16 +410,26 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             "results": sorted(state.written, key=lambda entry: entry["case_id"]),
             "golden_updates": sorted(state.golden_updates),
         }
+        if state.lost_workers:
+            summary["lost_workers"] = state.lost_workers
         atomic_write_json(state.options.results_dir / SUMMARY_FILE, summary)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
-    """pytest-xdist: merge a finished worker's results into the controller's summary."""
+    """pytest-xdist: merge a finished worker's results into the controller's summary.
+
+    A worker that died (``error`` set) never sends ``workeroutput``: xdist reports
+    its running test as failed, the other workers' results are kept, and the
+    summary lists the lost worker (its result files stay on disk).
+    """
+    state = afd_session(node.config)
+    if error is not None:
+        state.lost_workers.append({"worker": str(node.gateway.id), "error": str(error)})
+        return
     output = node.workeroutput.get(WORKEROUTPUT_KEY)
     if output is None:
         return
-    state = afd_session(node.config)
     state.written.extend(output["results"])
     state.golden_updates.extend(output["golden_updates"])
 
@@ -428,7 +440,7 @@ def _format_value(value: float | None) -> str:
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     state = afd_session(config)
-    if _is_worker(config) or not (state.written or state.golden_updates):
+    if _is_worker(config) or not (state.written or state.golden_updates or state.lost_workers):
         return
     reporter = terminalreporter
     reporter.section("pytest-afd results")
@@ -461,6 +473,11 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         reporter.write_line(
             f"{len(state.written)} result JSON file(s) in {state.options.results_dir} "
             f"(summary: {state.options.results_dir / SUMMARY_FILE})"
+        )
+    for lost in state.lost_workers:
+        reporter.write_line(
+            f"worker {lost['worker']} crashed ({lost['error']}): results it wrote are in "
+            f"{state.options.results_dir} but not in the summary"
         )
     if state.golden_updates:
         reporter.write_line(
