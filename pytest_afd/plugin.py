@@ -38,6 +38,7 @@ from pytest_afd.results import (
     validate_manifest,
     write_result,
 )
+from pytest_afd.results_dir import remove_stale_temp_files
 from pytest_afd.topology import RankInfo, Topology
 
 MARKERS = {
@@ -78,6 +79,8 @@ class AfdSession:
     golden_updates: list[str] = field(default_factory=list)
     # Controller side under xdist: workers that died before handing back their results.
     lost_workers: list[dict[str, str]] = field(default_factory=list)
+    # Temp files of killed atomic writes removed at start-up (controller only).
+    stale_temp_removed: list[Path] = field(default_factory=list)
     # Test outcome per node id (controller side under xdist: it sees every report).
     outcomes: dict[str, str] = field(default_factory=dict)
 
@@ -169,12 +172,16 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{MARKER_SIGNATURES.get(name, name)}: {help_text}")
     state = AfdSession(config=config, options=resolve_options(config))
     config.stash[AFD_SESSION_KEY] = state
+    if not _is_worker(config):  # workers start while the controller's session runs
+        for directory in (state.options.results_dir, state.options.golden_dir):
+            state.stale_temp_removed += remove_stale_temp_files(directory)
     # Registered as a plugin so it receives every test report (outcome column).
     config.pluginmanager.register(state, AFD_SESSION_PLUGIN)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    opts = afd_session(config).options
+    state = afd_session(config)
+    opts = state.options
     topo = opts.topology
     roles = (
         f"{topo.attention_ranks} Attention + {topo.ffn_ranks} FFN ranks, ratio {topo.ratio_label}"
@@ -187,6 +194,11 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"model={opts.model} routing={opts.routing} seed={opts.seed} repeats={opts.repeats} "
         f"warmups={opts.warmups} order={opts.run_order}"
     ]
+    if state.stale_temp_removed:
+        lines.append(
+            f"afd: removed {len(state.stale_temp_removed)} stale temp file(s) of killed writes "
+            f"({', '.join(sorted({str(path.parent) for path in state.stale_temp_removed}))})"
+        )
     if opts.backend == "cpu":
         lines.append(f"afd: CPU emulation: {topo.cpu_emulation().note}")
     return lines
@@ -204,7 +216,7 @@ def _marker_count(marker: pytest.Mark, key: str, default: int) -> int:
 
 def _available_nodes() -> int:
     text = os.environ.get(ENV_NUM_NODES, "").strip() or str(DEFAULT_NUM_NODES)
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         pytest.fail(f"${ENV_NUM_NODES}={text!r}: expected a positive integer", pytrace=False)
     return int(text)
 
