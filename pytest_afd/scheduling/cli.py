@@ -28,6 +28,7 @@ from pytest_afd.scheduling.model import (
 )
 from pytest_afd.scheduling.prefix_cache import realized_cached_tokens
 from pytest_afd.scheduling.sweep import SweepCandidate, sweep
+from pytest_afd.topology import MAX_TOTAL_RANKS
 
 PROG = "afd-chunk-plan"
 UNCHUNKED = "unchunked"
@@ -39,19 +40,38 @@ JSONL_CACHED_KEY = "cached_prefix"
 DEFAULT_SHOW_FORWARDS = 8
 EXIT_OK = 0
 EXIT_INVALID_PLAN = 1
+# Input bounds (docs/chunk-planner.md): planning time grows with the number of
+# forwards, so a typo such as --prompt-len 99999999999999 is refused at once
+# instead of running for minutes. 2**20 tokens is 8x DeepSeek V3.2's 128K
+# context; 2**17 forwards plan in a few seconds on one core.
+MAX_PROMPT_LEN = 2**20
+MAX_NUM_REQUESTS = 2**17
+MAX_FORWARDS = 2**17
+# Parallel sizes: a topology has at most this many ranks (pytest_afd.topology).
+MAX_PARALLEL_SIZE = MAX_TOTAL_RANKS
+# Longer digit strings are refused before int() (which gives up past 4,300 digits).
+MAX_INT_DIGITS = 20
 
 
 # ---------------------------------------------------------------------------
 # Argument types: each names the bad value
 
 
-def _int_at_least(text: str, minimum: int, requirement: str) -> int:
+def _int_at_least(text: str, minimum: int, requirement: str, maximum: int | None = None) -> int:
+    cleaned = text.strip()
+    if len(cleaned) > MAX_INT_DIGITS or not cleaned.isascii():
+        shown = cleaned if len(cleaned) <= MAX_INT_DIGITS else f"{cleaned[:MAX_INT_DIGITS]}..."
+        raise argparse.ArgumentTypeError(
+            f"{shown!r} is not an integer of at most {MAX_INT_DIGITS} ASCII digits"
+        )
     try:
-        value = int(text)
+        value = int(cleaned)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < minimum:
         raise argparse.ArgumentTypeError(f"{text!r} must be {requirement}")
+    if maximum is not None and value > maximum:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than the limit {maximum}")
     return value
 
 
@@ -63,6 +83,18 @@ def nonnegative_int(text: str) -> int:
     return _int_at_least(text, 0, ">= 0")
 
 
+def prompt_length(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer", MAX_PROMPT_LEN)
+
+
+def request_count(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer", MAX_NUM_REQUESTS)
+
+
+def parallel_size(text: str) -> int:
+    return _int_at_least(text, 1, "a positive integer", MAX_PARALLEL_SIZE)
+
+
 def chunk_value(text: str) -> int | None:
     """A chunk size: a positive token count (``8192`` or ``8k``) or ``unchunked``."""
     cleaned = text.strip()
@@ -72,6 +104,8 @@ def chunk_value(text: str) -> int | None:
     if cleaned[-1:] in ("k", "K"):
         cleaned, multiplier = cleaned[:-1], KILO_SUFFIX_TOKENS
     try:
+        if len(cleaned) > MAX_INT_DIGITS or not cleaned.isascii():
+            raise ValueError(cleaned)
         value = int(cleaned) * multiplier
     except ValueError:
         raise argparse.ArgumentTypeError(
@@ -102,10 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--prompt-len",
-        type=positive_int,
+        type=prompt_length,
         action="append",
         metavar="N",
-        help="a prompt length in tokens (repeatable)",
+        help=f"a prompt length in tokens, at most {MAX_PROMPT_LEN} (repeatable)",
     )
     source.add_argument(
         "--workload",
@@ -116,9 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--num-requests",
-        type=positive_int,
+        type=request_count,
         metavar="N",
-        help="the first N lengths, cycling through them if there are fewer",
+        help=f"the first N lengths, cycling through them if there are fewer (at most {MAX_NUM_REQUESTS})",
     )
     size = parser.add_mutually_exclusive_group(required=True)
     size.add_argument(
@@ -133,17 +167,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LIST",
         help="comma-separated chunk sizes, e.g. 8192,16384,32768,65536,unchunked",
     )
-    parser.add_argument("--dp", type=positive_int, metavar="N", help="DP size (default 1)")
+    parser.add_argument("--dp", type=parallel_size, metavar="N", help="DP size (default 1)")
     parser.add_argument(
-        "--cp", type=positive_int, default=1, metavar="N", help="prefill context-parallel size"
+        "--cp", type=parallel_size, default=1, metavar="N", help="prefill context-parallel size"
     )
     parser.add_argument(
         "--ranks",
-        type=positive_int,
+        type=parallel_size,
         metavar="N",
         help="attention ranks (dp * cp); checked, and gives --dp when omitted",
     )
-    parser.add_argument("--page-size", type=positive_int, default=DEFAULT_PAGE_SIZE, metavar="N")
+    parser.add_argument("--page-size", type=prompt_length, default=DEFAULT_PAGE_SIZE, metavar="N")
     parser.add_argument(
         "--max-prefill-reqs",
         type=positive_int,
@@ -197,7 +231,28 @@ class QueueEntry:
 def _positive_field(value: object, where: str, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{where}: {what} {value!r} is not a positive integer")
+    if value > MAX_PROMPT_LEN:
+        raise ValueError(f"{where}: {what} {value} is more than the limit {MAX_PROMPT_LEN}")
     return value
+
+
+def _check_size(
+    entries: Sequence[QueueEntry], chunks: Sequence[int | None], max_batched: int
+) -> None:
+    """Refuse a queue whose plan would take minutes: too many requests or forwards."""
+    if len(entries) > MAX_NUM_REQUESTS:
+        raise ValueError(f"{len(entries)} requests is more than the limit {MAX_NUM_REQUESTS}")
+    total = sum(entry.prompt_len for entry in entries)
+    for chunk in chunks:
+        per_forward = max_batched if chunk is None else min(chunk, max_batched)
+        forwards = -(-total // per_forward)
+        if forwards > MAX_FORWARDS:
+            label = UNCHUNKED if chunk is None else f"chunk {chunk}"
+            raise ValueError(
+                f"{total} prompt tokens at {per_forward} tokens per forward ({label}, "
+                f"--max-batched-tokens {max_batched}) need at least {forwards} forwards; "
+                f"the limit is {MAX_FORWARDS}"
+            )
 
 
 def _read_azure_csv(path: Path) -> list[QueueEntry]:
@@ -309,6 +364,9 @@ def _cached(
 def prepare(args: argparse.Namespace) -> PlanInputs:
     """Validate the arguments together; raises ValueError naming the bad value."""
     entries = _queue(args)
+    _check_size(
+        entries, [args.chunk] if args.sweep is None else args.sweep, args.max_batched_tokens
+    )
     chunk = args.chunk if args.sweep is None else args.sweep[0]
     config = SchedulerConfig(
         chunk_size=chunk,
