@@ -396,8 +396,9 @@ def resolve_options(config: pytest.Config) -> AfdOptions:
     )
 
 
-def add_options(parser: pytest.Parser) -> None:
-    """Register every option of ``OPTION_SPECS`` with its ini key (the ``pytest_addoption`` body)."""
+def add_options(parser: pytest.Parser) -> pytest.OptionGroup:
+    """Register every option of ``OPTION_SPECS`` with its ini key; returns the ``afd`` group
+    (the ``pytest_addoption`` body: other modules add their options to the same group)."""
     group = parser.getgroup("afd", "pytest-afd: AFD prefill harness (topology, backend, results)")
     for spec in OPTION_SPECS:
         if spec.kind == "bool":
@@ -411,3 +412,4 @@ def add_options(parser: pytest.Parser) -> None:
             spec.flag, dest=spec.dest, default=None, choices=spec.choices, help=spec.help_text()
         )
         parser.addini(spec.ini, spec.help, default=None)
+    return group
