@@ -9,6 +9,7 @@ under pytest-xdist, and the terminal summary. See ``docs/plugin.md``.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,7 @@ from pytest_afd.results import (
     validate_manifest,
     write_result,
 )
-from pytest_afd.results_dir import remove_stale_temp_files
+from pytest_afd.results_dir import remove_stale_temp_files, results_written_since
 from pytest_afd.topology import RankInfo, Topology
 
 MARKERS = {
@@ -81,6 +82,8 @@ class AfdSession:
     lost_workers: list[dict[str, str]] = field(default_factory=list)
     # Temp files of killed atomic writes removed at start-up (controller only).
     stale_temp_removed: list[Path] = field(default_factory=list)
+    # Result files modified since then belong to this session (lost-worker recovery).
+    started_at: float = field(default_factory=time.time)
     # Test outcome per node id (controller side under xdist: it sees every report).
     outcomes: dict[str, str] = field(default_factory=dict)
 
@@ -323,6 +326,35 @@ def case_kind(item: pytest.Item) -> str:
     return "other"
 
 
+def summary_entry(doc: dict[str, Any], nodeid: str, path: Path) -> dict[str, Any]:
+    """One row of summary.json and of the terminal table for a written result."""
+    metric, median, cv, unit = headline(doc)
+    return {
+        "case_id": doc["case_id"],
+        "nodeid": nodeid,
+        "case_kind": doc["case_kind"],
+        "path": str(path),
+        "metric": metric,
+        "median": median,
+        "cv": cv,
+        "unit": unit,
+        "synthetic": doc["labels"]["synthetic"],
+        "comparability": doc["labels"]["comparability"],
+        "manifest_digest": doc["manifest_digest"],
+    }
+
+
+def _recover_lost_results(state: AfdSession) -> None:
+    """Results a dead worker wrote this session, read back from the results dir."""
+    listed = {entry["case_id"] for entry in state.written}
+    for path, doc in results_written_since(state.options.results_dir, state.started_at):
+        if doc["case_id"] in listed:
+            continue
+        owners = [nodeid for nodeid in state.outcomes if doc["case_id"].startswith(nodeid)]
+        entry = summary_entry(doc, max(owners, key=len, default=doc["case_id"]), path)
+        state.written.append({**entry, "recovered": True})
+
+
 @dataclass
 class ResultWriter:
     """The ``afd_results`` fixture: one validated, atomically written result JSON per case."""
@@ -365,22 +397,7 @@ class ResultWriter:
         except ResultValidationError as exc:
             pytest.fail(str(exc), pytrace=False)
         self.written.append(doc["case_id"])
-        metric, median, cv, unit = headline(doc)
-        self.state.written.append(
-            {
-                "case_id": doc["case_id"],
-                "nodeid": self.case_id,
-                "case_kind": doc["case_kind"],
-                "path": str(path),
-                "metric": metric,
-                "median": median,
-                "cv": cv,
-                "unit": unit,
-                "synthetic": doc["labels"]["synthetic"],
-                "comparability": doc["labels"]["comparability"],
-                "manifest_digest": doc["manifest_digest"],
-            }
-        )
+        self.state.written.append(summary_entry(doc, self.case_id, path))
         self.state.config.hook.pytest_afd_result_written(
             config=self.state.config, path=path, result=doc
         )
@@ -414,6 +431,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             "golden_updates": state.golden_updates,
         }
         return
+    if state.lost_workers:
+        _recover_lost_results(state)
     if state.written or state.lost_workers:
         for entry in state.written:
             entry["outcome"] = state.outcomes.get(entry["nodeid"], "unknown")
@@ -488,8 +507,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         )
     for lost in state.lost_workers:
         reporter.write_line(
-            f"worker {lost['worker']} crashed ({lost['error']}): results it wrote are in "
-            f"{state.options.results_dir} but not in the summary"
+            f"worker {lost['worker']} crashed ({lost['error']}): the results it wrote this "
+            f"session were read back from {state.options.results_dir} (marked recovered)"
         )
     if state.golden_updates:
         reporter.write_line(

@@ -12,6 +12,9 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
+
+from pytest_afd.results import ResultValidationError, read_result
 
 # atomic_write_bytes names its temp files ".<target name>.<random>.tmp".
 TEMP_FILE_GLOB = ".*.tmp"
@@ -70,3 +73,21 @@ def remove_stale_temp_files(directory: Path, *, now: float | None = None) -> lis
         except OSError:  # a concurrent session removed it first, or a read-only golden dir
             continue
     return removed
+
+
+def results_written_since(directory: Path, since: float) -> list[tuple[Path, dict[str, Any]]]:
+    """Valid result documents in ``directory`` modified at or after ``since``.
+
+    The controller reads back what a crashed xdist worker wrote (it never sent
+    its list); files that are not valid results (the summary, foreign JSON)
+    are not results and are left out.
+    """
+    found = []
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        try:
+            if path.stat().st_mtime < since:
+                continue
+            found.append((path, read_result(path)))
+        except (OSError, ValueError, RecursionError, ResultValidationError):
+            continue
+    return found
