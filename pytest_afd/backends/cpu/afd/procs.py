@@ -88,6 +88,7 @@ class WorkerConfig:
     collective_timeout_s: float
     role_factory: Callable[..., Any]
     role_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    cpu_core: int | None = None  # pin the process (and its threads) to this core
 
 
 def free_loopback_port() -> int:
@@ -114,6 +115,8 @@ def worker_main(conn: multiprocessing.connection.Connection, config: WorkerConfi
         os._exit(1)
     # Ctrl-C reaches the whole process group; the parent decides how children end.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if config.cpu_core is not None:  # before torch starts its threads: they inherit it
+        os.sched_setaffinity(0, {config.cpu_core})
     import torch
     import torch.distributed as dist
 
@@ -164,12 +167,14 @@ class ProcessGroupHandle:
         collective_timeout_s: float,
         role_factory: Callable[..., Any],
         role_kwargs_for: Callable[[RankSpec], Mapping[str, Any]],
+        cpu_affinity: Sequence[int] | None = None,
     ) -> None:
         self.specs = tuple(specs)
         self._num_threads = num_threads
         self._collective_timeout_s = collective_timeout_s
         self._role_factory = role_factory
         self._role_kwargs_for = role_kwargs_for
+        self._cpu_affinity = None if cpu_affinity is None else tuple(cpu_affinity)
         self._processes: dict[int, multiprocessing.process.BaseProcess] = {}
         self._conns: dict[int, multiprocessing.connection.Connection] = {}
         self.pids: dict[int, int] = {}
@@ -192,6 +197,9 @@ class ProcessGroupHandle:
                 collective_timeout_s=self._collective_timeout_s,
                 role_factory=self._role_factory,
                 role_kwargs=dict(self._role_kwargs_for(spec)),
+                cpu_core=None
+                if self._cpu_affinity is None
+                else self._cpu_affinity[spec.global_rank],
             )
             # daemon: multiprocessing's own exit hook kills it if close() never runs.
             process = context.Process(
