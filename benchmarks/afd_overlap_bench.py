@@ -56,12 +56,12 @@ from afd_overlap_stats import (
     ratio_target,
 )
 from afd_overlap_table import print_summary
-from pytest_afd.progress import Progress, stream_emitter
 
 from afd_split import BatchMetadata, plan_split
 from afd_split.cost import fit_cost_model, modelled_plan_cost, use_cost_model
 from pytest_afd.backends.cpu import named_config
 from pytest_afd.backends.cpu.afd import AfdRuntime
+from pytest_afd.progress import Progress, stream_emitter
 
 WORKLOADS = {
     "balanced": [192] * 8,
@@ -132,6 +132,9 @@ def measure(runtime, model_name, config, args, rng, progress) -> dict:
         return result.evidence
 
     samples = []
+    if progress.emit is not None:
+        steps = len(WORKLOADS) * len(CALIBRATION_POLICIES) * (args.warmups + args.calibration_repetitions)
+        progress.emit(f"afd_overlap model={model_name}: warm-up and calibration ({steps} steps)")
     for workload, lengths in WORKLOADS.items():
         for policy in CALIBRATION_POLICIES:
             plan = make_plan(lengths, policy)
@@ -172,7 +175,7 @@ def measure(runtime, model_name, config, args, rng, progress) -> dict:
         "instrumented": instrumented,
         "run_order": run_order,
         "round_loads": round_loads,
-        "spans_per_step": statistics.median(span_counts),
+        "spans_per_step": statistics.median(span_counts) if span_counts else 0,
     }
 
 
