@@ -73,7 +73,7 @@ AA_CONTROL = "token_balanced_repeat"  # token_balanced's plan again: an A/A pair
 CASES = (*POLICIES, AA_CONTROL)
 CALIBRATION_POLICIES = ("none", "request_boundary", "token_balanced")
 MODELS = {
-    "reduced_matched_experts": {"moe_intermediate_size": 160},
+    "reduced_matched_experts": {"moe_intermediate_size": 128},
     "reduced": {},
     "reduced_wide_experts": {"moe_intermediate_size": 384},
 }
