@@ -228,6 +228,10 @@ def analyse(model_name, config, measured, seed) -> dict:
                 cases[numerator]["cpu_time_s"]["Attention rank 0"]["median"]
                 / cases[denominator]["cpu_time_s"]["Attention rank 0"]["median"]
             )
+            # The fitted cost model's MoE-layer makespans (thread-CPU based: load-independent).
+            ratio["modelled"] = (
+                cases[numerator]["modelled_makespan_s"] / cases[denominator]["modelled_makespan_s"]
+            )
             ratios[f"{numerator}_over_{denominator}"] = ratio
         workloads[workload] = {
             "prompt_lengths": lengths,

@@ -27,7 +27,7 @@ def _ratio_line(name: str, ratio: dict) -> str:
     same = "  identical plans" if ratio["identical_plans"] else ""
     return (
         f"{'':11} {mark} {name:44} {ratio['median']:.3f} [{low:.3f}, {high:.3f}]"
-        f"  cpu {ratio['attention_cpu_ratio']:.3f}{same}"
+        f"  cpu {ratio['attention_cpu_ratio']:.3f}  model {ratio['modelled']:.3f}{same}"
     )
 
 
@@ -58,7 +58,8 @@ def print_summary(result: dict) -> None:
                 print(_ratio_line(name, ratio))
     print(f"\n({NOISE_MARK}: inside the noise floor or the 95% interval holds 1.0; "
           "ratio = median of per-round ratios [bootstrap 95% interval]; "
-          "cpu = the same ratio of Attention-rank CPU time)")
+          "cpu = the same ratio of Attention-rank CPU time; model = the fitted cost model's "
+          "MoE-layer makespans)")
     print("targets:")
     for target in result["targets"]:
         value = target["value"]
