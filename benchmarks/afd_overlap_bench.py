@@ -320,8 +320,8 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
     parser.add_argument("--output", type=Path, help="also write the JSON result to this file")
-    parser.add_argument("--repetitions", type=int, default=20,
-                        help="interleaved headline rounds (default: 20)")
+    parser.add_argument("--repetitions", type=int, default=30,
+                        help="interleaved headline rounds (default: 30)")
     parser.add_argument("--instrumented-repetitions", type=int, default=2,
                         help="instrumented rounds for bubble/overlap (default: 2)")
     parser.add_argument("--calibration-repetitions", type=int, default=2,
