@@ -11,6 +11,7 @@ from afd_split import SplitConstraints, UnsupportedSplitError, plan_split
 from afd_split.adapters.ascend import (
     ASCEND_LAYOUTS,
     PcpStage,
+    check_ascend_pcp_startup,
     check_ascend_split_support,
     split_ascend_common_metadata,
 )
@@ -115,6 +116,20 @@ def test_pcp_metadata_without_a_builder_is_rejected_before_anything_is_built(lay
         check_ascend_split_support(common, PCP_PLAN)
     with pytest.raises(UnsupportedSplitError, match="pcp_stage_builder"):
         split_ascend_common_metadata(PCP_PLAN, common, positions, BLOCK, chunked_prefill=False)
+
+
+def test_pcp_without_a_builder_fails_at_startup_before_any_group_is_created():
+    created = []
+
+    def init_group():
+        created.append("group")
+
+    with pytest.raises(UnsupportedSplitError, match="prefill context parallel size 8"):
+        check_ascend_pcp_startup(pcp_size=8, pcp_stage_builder=None)
+        init_group()
+    assert created == []
+    check_ascend_pcp_startup(pcp_size=8, pcp_stage_builder=lambda stage: {})
+    check_ascend_pcp_startup(pcp_size=1, pcp_stage_builder=None)
 
 
 @pytest.mark.parametrize("layout", ASCEND_LAYOUTS, ids=LAYOUT_IDS)
