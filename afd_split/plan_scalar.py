@@ -41,7 +41,9 @@ def scalar_counts(values, minimum: int) -> tuple[int, ...] | None:
     a small 1-D list / tuple / integer array of such values (the vectorised path decides)."""
     kind = type(values)
     if kind is np.ndarray:
-        if values.ndim != 1 or values.dtype.kind not in "iu":
+        if values.ndim != 1 or values.dtype.kind not in "iu" or (
+            values.size > SCALAR_PATH_MAX_REQUESTS
+        ):
             return None
         values = values.tolist()
     elif kind is not list and kind is not tuple:
