@@ -58,6 +58,7 @@ def scalar_counts(values, minimum: int) -> tuple[int, ...] | None:
 
 
 _JUST_INT = frozenset({int})
+_new = object.__new__
 
 
 def _read_only(values: list[int]) -> np.ndarray:
@@ -69,17 +70,16 @@ def _read_only(values: list[int]) -> np.ndarray:
 def _plain_ubatch(index, token_start, token_stop, request_start, request_stop, align):
     """A ubatch without PCP or padded_total: its rows are its real tokens rounded up to align."""
     num_real = token_stop - token_start
-    return _built(
-        UBatch,
-        {
-            "index": index,
-            "token_slice": slice(token_start, token_stop),
-            "request_slice": slice(request_start, request_stop),
-            "num_real_tokens": num_real,
-            "num_padded_tokens": -(-num_real // align) * align - num_real,
-            # piece_tokens / piece_row_starts: the class defaults (None), no PCP pieces.
-        },
+    ubatch = _new(UBatch)  # _built, inlined: this runs twice per small-batch plan
+    ubatch.__dict__.update(
+        index=index,
+        token_slice=slice(token_start, token_stop),
+        request_slice=slice(request_start, request_stop),
+        num_real_tokens=num_real,
+        num_padded_tokens=-(-num_real // align) * align - num_real,
+        # piece_tokens / piece_row_starts: the class defaults (None), no PCP pieces.
     )
+    return ubatch
 
 
 def _ubatch(index, token_start, token_stop, request_start, request_stop, pieces, constraints, rows):
