@@ -11,8 +11,15 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
+import numpy as np
+
 from afd_split.constraints import SplitConstraints, SplitPolicy
-from afd_split.plan_scalar import SCALAR_POLICIES, plan_scalar, scalar_counts
+from afd_split.plan_scalar import (
+    SCALAR_PATH_MAX_REQUESTS,
+    SCALAR_POLICIES,
+    plan_scalar,
+    scalar_counts,
+)
 from afd_split.plan_types import INT64, SplitPlan, UBatch, _built
 from afd_split.plan_vector import as_token_counts, plan_vectorised
 
@@ -53,7 +60,10 @@ def plan_split(
     """
     if type(policy) is not SplitPolicy:  # Enum hashing runs Python code: look strings up
         policy = POLICY_BY_VALUE.get(policy) or SplitPolicy(policy)
-    if policy is not _COST_BALANCED:
+    if policy is not _COST_BALANCED and not (
+        type(num_scheduled_tokens) is np.ndarray
+        and num_scheduled_tokens.size > SCALAR_PATH_MAX_REQUESTS
+    ):
         counts = scalar_counts(num_scheduled_tokens, 1)
         if counts is not None:
             computed = None

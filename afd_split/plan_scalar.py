@@ -18,7 +18,14 @@ import numpy as np
 
 from afd_split.constraints import MIN_PCP_FOR_ZIGZAG, SplitConstraints, SplitPolicy
 from afd_split.errors import SplitRejectedError
-from afd_split.plan_types import INT64, SplitPlan, UBatch, _built, fallback_impossible
+from afd_split.plan_types import (
+    INT64,
+    SplitPlan,
+    UBatch,
+    _built,
+    fallback_impossible,
+    plain_ubatch,
+)
 from afd_split.policies.request_boundary import request_boundary_cut
 from afd_split.policies.token_balanced import token_balanced_cut
 
@@ -41,8 +48,10 @@ def scalar_counts(values, minimum: int) -> tuple[int, ...] | None:
     a small 1-D list / tuple / integer array of such values (the vectorised path decides)."""
     kind = type(values)
     if kind is np.ndarray:
-        if values.ndim != 1 or values.dtype.kind not in "iu" or (
-            values.size > SCALAR_PATH_MAX_REQUESTS
+        if (
+            values.ndim != 1
+            or values.dtype.kind not in "iu"
+            or (values.size > SCALAR_PATH_MAX_REQUESTS)
         ):
             return None
         values = values.tolist()
@@ -58,28 +67,12 @@ def scalar_counts(values, minimum: int) -> tuple[int, ...] | None:
 
 
 _JUST_INT = frozenset({int})
-_new = object.__new__
 
 
 def _read_only(values: list[int]) -> np.ndarray:
     array = np.array(values, dtype=INT64)
     array.setflags(write=False)
     return array
-
-
-def _plain_ubatch(index, token_start, token_stop, request_start, request_stop, align):
-    """A ubatch without PCP or padded_total: its rows are its real tokens rounded up to align."""
-    num_real = token_stop - token_start
-    ubatch = _new(UBatch)  # _built, inlined: this runs twice per small-batch plan
-    ubatch.__dict__.update(
-        index=index,
-        token_slice=slice(token_start, token_stop),
-        request_slice=slice(request_start, request_stop),
-        num_real_tokens=num_real,
-        num_padded_tokens=-(-num_real // align) * align - num_real,
-        # piece_tokens / piece_row_starts: the class defaults (None), no PCP pieces.
-    )
-    return ubatch
 
 
 def _ubatch(index, token_start, token_stop, request_start, request_stop, pieces, constraints, rows):
@@ -155,8 +148,8 @@ def _split(policy, counts, cu_tokens, constraints, cut):
     padded_total = constraints.padded_total
     if padded_total is None and constraints.pcp_size < MIN_PCP_FOR_ZIGZAG:
         align = constraints.align
-        head = _plain_ubatch(0, 0, cut, 0, head_stop, align)
-        tail = _plain_ubatch(1, cut, num_tokens, straddling, num_requests, align)
+        head = plain_ubatch(0, 0, cut, 0, head_stop, align)
+        tail = plain_ubatch(1, cut, num_tokens, straddling, num_requests, align)
     else:
         head_pieces = tail_pieces = None
         if constraints.pcp_size >= MIN_PCP_FOR_ZIGZAG:

@@ -201,3 +201,18 @@ def fallback_impossible(reason: str, impossible: SplitRejectedError) -> SplitRej
         f"cannot split this batch ({reason}) and the unsplit fallback does not fit either: "
         f"{impossible}"
     )
+
+
+def plain_ubatch(index, token_start, token_stop, request_start, request_stop, align):
+    """A ubatch without PCP or padded_total: its rows are its real tokens rounded up to align."""
+    num_real = token_stop - token_start
+    ubatch = object.__new__(UBatch)  # _built, inlined: this runs twice per plan
+    ubatch.__dict__.update(
+        index=index,
+        token_slice=slice(token_start, token_stop),
+        request_slice=slice(request_start, request_stop),
+        num_real_tokens=num_real,
+        num_padded_tokens=-(-num_real // align) * align - num_real,
+        # piece_tokens / piece_row_starts: the class defaults (None), no PCP pieces.
+    )
+    return ubatch

@@ -10,7 +10,14 @@ import numpy as np
 
 from afd_split.constraints import MIN_PCP_FOR_ZIGZAG, SplitConstraints, SplitPolicy
 from afd_split.errors import SplitRejectedError
-from afd_split.plan_types import INT64, SplitPlan, UBatch, _built, fallback_impossible
+from afd_split.plan_types import (
+    INT64,
+    SplitPlan,
+    UBatch,
+    _built,
+    fallback_impossible,
+    plain_ubatch,
+)
 from afd_split.policies import CUT_SELECTORS
 
 INT64_MAX = int(np.iinfo(np.int64).max)
@@ -197,6 +204,24 @@ def _split_plan(
         boundary, head_stop, tail_tokens = None, straddling, 0
     else:
         boundary, head_stop, tail_tokens = straddling, straddling + 1, request_end - cut
+    if constraints.padded_total is None and constraints.pcp_size < MIN_PCP_FOR_ZIGZAG:
+        head = plain_ubatch(0, 0, cut, 0, head_stop, constraints.align)
+        tail = plain_ubatch(1, cut, num_tokens, straddling, num_requests, constraints.align)
+        return _built(
+            SplitPlan,
+            {
+                "policy": policy,
+                "token_counts": tokens,
+                "constraints": constraints,
+                "split_token": cut,
+                "ubatches": (head, tail),
+                "boundary_request": boundary,
+                "head_tokens": head_tokens,
+                "tail_tokens": tail_tokens,
+                "fallback_reason": None,
+                "cu_tokens": cu_tokens,
+            },
+        )
     head_pieces = tail_pieces = None
     if constraints.pcp_size >= MIN_PCP_FOR_ZIGZAG:
         head_pieces = tokens[:head_stop].copy()
