@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from afd_split.errors import SplitInvariantError
 from afd_split.metadata import BatchMetadata, validate_split
 from afd_split.plan import SplitPlan
 from afd_split.requests import RequestFields
@@ -53,6 +54,12 @@ def validate_token_level(
     for ubatch, (sub, sub_positions) in zip(plan.ubatches, results, strict=True):
         rows = ubatch.real_row_indices
         host_qsl = sub.query_start_loc_cpu.numpy()
+        device_qsl = _host(sub.query_start_loc)
+        if not np.array_equal(device_qsl, host_qsl):
+            raise SplitInvariantError(
+                f"ubatch {ubatch.index}: device query_start_loc {device_qsl.tolist()[:8]} != "
+                f"host query_start_loc_cpu {host_qsl.tolist()[:8]}"
+            )
         host_seq = _host(sub.seq_lens)
         fields = RequestFields(host_qsl, host_seq, host_seq - np.diff(host_qsl))
         slots = _host(sub.slot_mapping)

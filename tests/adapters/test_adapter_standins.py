@@ -211,3 +211,21 @@ def test_default_check_catches_an_injected_split_bug(layout, fault, monkeypatch)
     common, positions, _ = vllm_case(layout)
     with pytest.raises(SplitInvariantError):
         split_common_metadata(PLAN, common, positions, BLOCK)
+
+
+@pytest.mark.parametrize("fault", ["query_start_loc", "seq_lens"])
+def test_full_check_catches_a_device_side_bug(fault, monkeypatch):
+    """Fault injection into the device arithmetic: only check="full" reads it back."""
+    from afd_split.adapters import slicing
+
+    real = {"query_start_loc": slicing.rebased_query_start_loc, "seq_lens": slicing.cut_seq_lens}
+
+    def off_by_one(*args):
+        return real[fault](*args) + 1
+
+    target = {"query_start_loc": "rebased_query_start_loc", "seq_lens": "cut_seq_lens"}[fault]
+    monkeypatch.setattr(f"afd_split.adapters.vllm.{target}", off_by_one)
+    common, positions, _ = vllm_case(VLLM_LAYOUTS[0])
+    split_common_metadata(PLAN, common, positions, BLOCK)  # the per-step check cannot see it
+    with pytest.raises(SplitInvariantError):
+        split_common_metadata(PLAN, common, positions, BLOCK, check="full")
