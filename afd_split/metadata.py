@@ -13,6 +13,7 @@ import numpy as np
 
 from afd_split.errors import SplitInvariantError
 from afd_split.plan import SplitPlan, as_token_counts
+from afd_split.requests import split_request_arrays
 
 DEFAULT_BLOCK_SIZE = 128
 """KV-cache block (page) size of the reference recipe."""
@@ -272,11 +273,6 @@ def _slots(
     return blocks * block_size + positions % block_size
 
 
-def _frozen(array: np.ndarray) -> np.ndarray:
-    array.setflags(write=False)
-    return array
-
-
 def _from_trusted_arrays(**fields) -> BatchMetadata:
     """Build without ``__post_init__`` normalisation: every array is already int64 read-only.
 
@@ -301,50 +297,20 @@ def split_metadata(plan: SplitPlan, metadata: BatchMetadata, *, validate: bool =
     computed + head. The parent is never mutated. ``validate=True`` also runs
     ``validate_split`` (O(T); meant for tests and debugging).
     """
-    qsl = metadata.query_start_loc
-    if metadata.num_reqs != plan.num_requests or metadata.num_tokens != plan.num_tokens:
-        raise ValueError(
-            f"metadata has {metadata.num_reqs} requests / {metadata.num_tokens} tokens but the "
-            f"plan was made for {plan.num_requests} / {plan.num_tokens}"
-        )
     parts = []
-    for ubatch in plan.ubatches:
-        token_start, token_stop = ubatch.token_slice.start, ubatch.token_slice.stop
-        req_start, req_stop = ubatch.request_slice.start, ubatch.request_slice.stop
-        if not (
-            qsl.item(req_start) <= token_start < qsl.item(req_start + 1)
-            and qsl.item(req_stop - 1) < token_stop <= qsl.item(req_stop)
-        ):
-            raise ValueError(
-                f"ubatch {ubatch.index}: metadata query_start_loc does not place tokens "
-                f"{ubatch.token_slice} in requests {ubatch.request_slice}; the plan was made "
-                "for a different batch"
-            )
-        # qsl is sorted and the slice holds exactly the overlapping requests, so only its
-        # two ends can fall outside [token_start, token_stop]: rebase, then pin the ends.
-        local_qsl = qsl[req_start : req_stop + 1] - token_start
-        local_qsl[0] = 0
-        local_qsl[-1] = token_stop - token_start
-        computed = metadata.num_computed_tokens[req_start:req_stop]
-        seq_lens = metadata.seq_lens[req_start:req_stop]
-        already_done = token_start - qsl[req_start]
-        if already_done:
-            computed = computed.copy()
-            computed[0] += already_done
-            computed.setflags(write=False)
-        left_over = qsl[req_stop] - token_stop
-        if left_over:
-            seq_lens = seq_lens.copy()
-            seq_lens[-1] -= left_over
-            seq_lens.setflags(write=False)
+    request_parts = split_request_arrays(
+        plan, metadata.query_start_loc, metadata.seq_lens, metadata.num_computed_tokens
+    )
+    for ubatch, (qsl, seq_lens, computed) in zip(plan.ubatches, request_parts, strict=True):
+        token_slice, request_slice = ubatch.token_slice, ubatch.request_slice
         parts.append(
             _from_trusted_arrays(
-                query_start_loc=_frozen(local_qsl),
+                query_start_loc=qsl,
                 seq_lens=seq_lens,
                 num_computed_tokens=computed,
-                slot_mapping=metadata.slot_mapping[token_start:token_stop],
-                block_table=metadata.block_table[req_start:req_stop],
-                positions=metadata.positions[..., token_start:token_stop],
+                slot_mapping=metadata.slot_mapping[token_slice],
+                block_table=metadata.block_table[request_slice],
+                positions=metadata.positions[..., token_slice],
                 block_size=metadata.block_size,
             )
         )

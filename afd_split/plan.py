@@ -97,6 +97,13 @@ class SplitPlan:
     fallback_reason: str | None = None
 
     @cached_property
+    def cu_tokens(self) -> np.ndarray:
+        """Inclusive prefix sums of token_counts (read-only): query_start_loc[1:] of the batch."""
+        cu_tokens = np.add.accumulate(self.token_counts)
+        cu_tokens.setflags(write=False)
+        return cu_tokens
+
+    @cached_property
     def num_scheduled_tokens(self) -> tuple[int, ...]:
         """Per-request scheduled tokens as plain integers."""
         return tuple(self.token_counts.tolist())
@@ -212,6 +219,7 @@ def plan_split(
                 f"has {tokens.size}"
             )
     cu_tokens = np.add.accumulate(tokens)
+    cu_tokens.setflags(write=False)
     if constraints.padded_total is not None:
         constraints.total_rows_for(cu_tokens.item(-1))  # ValueError when below round_up(T)
     selector = CUT_SELECTORS.get(policy)
@@ -365,5 +373,6 @@ def _split_plan(
             "head_tokens": head_tokens,
             "tail_tokens": tail_tokens,
             "fallback_reason": None,
+            "cu_tokens": cu_tokens,
         },
     )
