@@ -49,7 +49,9 @@ def engine_session(runner) -> HookSession:
     ranks = StepRanks(global_rank=dist.get_rank(), dp_rank=parallel.data_parallel_rank,
                       tp_rank=tp_group.rank_in_group, pcp_rank=pcp_rank)
     return HookSession.from_environment(os.environ, ranks=ranks, groups=groups,
-                                        splitter=ascend_splitter,
+                                        splitter=ascend_splitter(
+                                            chunked_prefill=runner.scheduler_config
+                                            .enable_chunked_prefill),
                                         read_fields=ascend_request_fields)
 
 

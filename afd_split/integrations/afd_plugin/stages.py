@@ -11,6 +11,7 @@ request-level check of what the adapter produced.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -149,8 +150,6 @@ def positions_field_splitter(split_common_metadata) -> Splitter:
     adapter returns are written back into each stage object (a copy; the parent
     is never mutated).
     """
-    import dataclasses  # stdlib; kept local to the one Splitter that replaces fields
-
     def split(plan: SplitPlan, common, block_size: int) -> list:
         pairs = split_common_metadata(plan, common, common.positions, block_size)
         return [dataclasses.replace(stage, positions=positions) for stage, positions in pairs]
@@ -158,8 +157,20 @@ def positions_field_splitter(split_common_metadata) -> Splitter:
     return split
 
 
-def ascend_splitter(plan: SplitPlan, common, block_size: int) -> list:
-    """afd_split's vLLM-Ascend adapter as the hook's ``Splitter``."""
-    from afd_split.adapters import ascend  # lazy: the adapter imports vllm_ascend lazily too
+def ascend_splitter(*, chunked_prefill: bool) -> Splitter:
+    """afd_split's vLLM-Ascend adapter as the hook's ``Splitter``.
 
-    return positions_field_splitter(ascend.split_common_metadata)(plan, common, block_size)
+    ``chunked_prefill`` is the engine's ``scheduler_config.enable_chunked_prefill``
+    (it decides the stage ``attn_state``). The adapter slices the ``positions``
+    field itself and runs its own request-level check on what it produced; no
+    PCP stage builder is passed because the validator seam rejects PCP.
+    """
+
+    def split(plan: SplitPlan, common, block_size: int) -> list:
+        from afd_split.adapters.ascend import split_ascend_common_metadata  # lazy: vllm_ascend
+
+        pairs = split_ascend_common_metadata(plan, common, common.positions, block_size,
+                                             chunked_prefill=chunked_prefill)
+        return [stage for stage, _ in pairs]
+
+    return split
