@@ -1,5 +1,8 @@
 """Structural stand-ins of the AFD plugin's patched seams, built from the pinned headers.
 
+The Ascend common metadata comes from adapt's stand-ins (pinned field lists of
+vLLM-Ascend v0.19.1rc1 and v0.26.0rc) so the hook runs the real Ascend adapter.
+
 afd_plugin cannot be installed here (it needs vLLM-Ascend, torch-npu and CANN),
 so the hook is exercised against real Python modules written from
 ``pinned.PINNED_SEAMS``: every patched function carries the pinned header
@@ -17,9 +20,6 @@ import itertools
 import sys
 from pathlib import Path
 
-import numpy as np
-import torch
-
 from afd_split.integrations.afd_plugin.patches import PluginSeams
 from afd_split.integrations.afd_plugin.pinned import (
     PLANNER,
@@ -30,6 +30,7 @@ from afd_split.integrations.afd_plugin.pinned import (
 )
 
 BLOCK_SIZE = 16
+"""adapter_batches.BLOCK: the stand-in batches' KV block size."""
 REQUEST_SPLIT = "request"
 _MODULE_IDS = itertools.count()
 
@@ -44,24 +45,6 @@ class StandInUBatchSlice:
     @property
     def num_tokens(self) -> int:
         return self.token_slice.stop - self.token_slice.start
-
-
-@dataclasses.dataclass
-class StandInAscendCommonMetadata:
-    """The Ascend common-metadata fields the hook and the vLLM adapter read (host + device)."""
-
-    query_start_loc: torch.Tensor
-    query_start_loc_cpu: torch.Tensor
-    seq_lens: torch.Tensor
-    seq_lens_cpu: torch.Tensor
-    num_computed_tokens_cpu: torch.Tensor
-    num_reqs: int
-    num_actual_tokens: int
-    max_query_len: int
-    max_seq_len: int
-    block_table_tensor: torch.Tensor
-    slot_mapping: torch.Tensor
-    positions: torch.Tensor
 
 
 def _body(header: str, lines: list[str]) -> str:
@@ -145,34 +128,27 @@ def _load(path: Path, source: str):
     return module
 
 
-def standin_common(num_scheduled, num_computed) -> StandInAscendCommonMetadata:
-    """Parent metadata of a prefix-hit batch, as the runner would hold it (int32 tensors)."""
-    scheduled = np.asarray(num_scheduled, dtype=np.int64)
-    computed = np.asarray(num_computed, dtype=np.int64)
-    qsl = np.concatenate([[0], np.cumsum(scheduled)])
-    seq_lens = computed + scheduled
-    blocks = -(-seq_lens // BLOCK_SIZE)
-    table = np.zeros((len(scheduled), int(blocks.max())), dtype=np.int64)
-    next_block = 0
-    for row, count in enumerate(blocks):
-        table[row, :count] = np.arange(next_block, next_block + count)
-        next_block += count
-    positions = np.concatenate([np.arange(c, c + s) for c, s in zip(computed, scheduled,
-                                                                     strict=True)])
-    request_of_token = np.repeat(np.arange(len(scheduled)), scheduled)
-    slots = table[request_of_token, positions // BLOCK_SIZE] * BLOCK_SIZE + positions % BLOCK_SIZE
+def _adapter_batches():
+    """tests/adapters/adapter_batches.py (adapt's stand-in builders), loaded by path."""
+    path = Path(__file__).resolve().parents[1] / "adapters" / "adapter_batches.py"
+    name = "afd_split_hook_adapter_batches"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
-    def i32(array):
-        return torch.from_numpy(np.array(array)).to(torch.int32)
 
-    return StandInAscendCommonMetadata(
-        query_start_loc=i32(qsl), query_start_loc_cpu=i32(qsl), seq_lens=i32(seq_lens),
-        seq_lens_cpu=i32(seq_lens), num_computed_tokens_cpu=i32(computed),
-        num_reqs=len(scheduled), num_actual_tokens=int(qsl[-1]),
-        max_query_len=int(scheduled.max()), max_seq_len=int(seq_lens.max()),
-        block_table_tensor=i32(table), slot_mapping=torch.from_numpy(slots),
-        positions=torch.from_numpy(positions),
-    )
+def ascend_common(layout, num_scheduled, num_computed):
+    """(AscendCommonAttentionMetadata stand-in at ``layout``'s tag, BatchMetadata of the real
+    part) of a padded prefix-hit prefill batch, as vLLM-Ascend's runner holds it."""
+    batches = _adapter_batches()
+    states = batches.attn_state_enum(layout)
+    common, _, meta = batches.build_common(batches.standin_class(layout), layout,
+                                           tuple(num_scheduled), tuple(num_computed),
+                                           attn_state=states.PrefillCacheHit)
+    return common, meta
 
 
 def load_standin_plugin(folder: Path, branch: str = "main",

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import tomllib
 import torch
-from hook_standins import BLOCK_SIZE, standin_common
+from hook_standins import BLOCK_SIZE, ascend_common
 
 from afd_split import SplitInvariantError
-from afd_split.adapters.vllm import split_common_metadata
+from afd_split.adapters.ascend import ASCEND_LAYOUTS
 from afd_split.integrations import afd_plugin
 from afd_split.integrations.afd_plugin.patches import (
     PATCH_MARKER,
@@ -38,8 +38,7 @@ from afd_split.integrations.afd_plugin.stages import (
     TOKEN_BALANCED_SPLIT,
     HookSession,
     PlannedUBatchSlices,
-    ascend_request_fields,
-    positions_field_splitter,
+    ascend_splitter,
 )
 from afd_split.integrations.engine_step import StepRanks
 from afd_split.integrations.worker_evidence import EvidenceWriter
@@ -53,22 +52,23 @@ def _session_factory(evidence_dir: Path | None, *, splitter=None):
     def new_session(runner) -> HookSession:
         writer = None if evidence_dir is None else EvidenceWriter(evidence_dir, "attention-rank0")
         return HookSession(ranks=StepRanks(global_rank=0), groups=[],
-                           splitter=splitter or positions_field_splitter(split_common_metadata),
-                           read_fields=ascend_request_fields, writer=writer)
+                           splitter=splitter or ascend_splitter(chunked_prefill=False),
+                           writer=writer)
 
     return new_session
 
 
-def _runner(seams, split: str, scheduled=SCHEDULED, computed=COMPUTED):
+def _runner(seams, split: str, scheduled=SCHEDULED, computed=COMPUTED,
+            layout=ASCEND_LAYOUTS[0]):
     runner = seams.runner_class()
-    common = standin_common(scheduled, computed)
+    common, meta = ascend_common(layout, scheduled, computed)
     runner.afd_async_extra_info = SimpleNamespace(async_moe_split=split)
+    # The runner's own host copy (padded past the real requests, as vLLM-Ascend pads).
     runner.input_batch = SimpleNamespace(
-        num_computed_tokens_cpu_tensor=torch.tensor([*computed, 0, 0], dtype=torch.int32))
-    runner.query_start_loc = SimpleNamespace(cpu=common.query_start_loc_cpu)
-    runner.optimistic_seq_lens_cpu = common.seq_lens_cpu
+        num_computed_tokens_cpu_tensor=common.num_computed_tokens_cpu.clone())
     runner.cache_config = SimpleNamespace(block_size=BLOCK_SIZE)
     runner.common = common
+    runner.real_batch = meta
     runner.long_seq_metadata = "full-batch"
     return runner
 
@@ -100,12 +100,13 @@ def test_patch_functions_carry_the_pinned_headers_exactly(branch, standin_plugin
         assert getattr(function, PATCH_MARKER) == key
 
 
+@pytest.mark.parametrize("layout", ASCEND_LAYOUTS, ids=lambda layout: layout.version)
 @pytest.mark.parametrize("branch", BRANCHES)
-def test_token_balanced_routes_planning_and_slicing_through_afd_split(branch, standin_plugin,
-                                                                      tmp_path):
+def test_token_balanced_routes_planning_and_slicing_through_afd_split(branch, layout,
+                                                                      standin_plugin, tmp_path):
     seams = standin_plugin(branch)
     assert install(seams, new_session=_session_factory(tmp_path)) == branch
-    runner = _runner(seams, TOKEN_BALANCED_SPLIT)
+    runner = _runner(seams, TOKEN_BALANCED_SPLIT, layout=layout)
     assert _call_planner(runner, branch) == "full-metadata"
     calls = [name for name, *_ in seams.runner_module.CALLS]
     assert calls == ["full_build", "stage_build"]  # never the plugin's planner or slicer
@@ -116,10 +117,15 @@ def test_token_balanced_routes_planning_and_slicing_through_afd_split(branch, st
     assert plan.policy.value == TOKEN_BALANCED_SPLIT and plan.boundary_request == 0
     assert [s.token_slice for s in slices] == [u.token_slice for u in plan.ubatches]
     head, tail = sidecar["attn_metadata"]
+    assert type(head) is type(runner.common) and head.num_reqs == 1 and tail.num_reqs == 3
     # The tail starts inside request 0: its computed tokens advance by the head's piece.
     assert tail.num_computed_tokens_cpu[0] == COMPUTED[0] + plan.head_tokens
     assert head.seq_lens_cpu[-1] == COMPUTED[0] + plan.head_tokens
-    assert torch.equal(torch.cat([head.positions, tail.positions]), runner.common.positions)
+    assert tail.attn_state.name != "PrefillNoCache"
+    assert [head.num_input_tokens, tail.num_input_tokens] == [u.num_rows for u in plan.ubatches]
+    stage_positions = torch.cat([head.positions[: head.num_actual_tokens],
+                                 tail.positions[: tail.num_actual_tokens]])
+    assert stage_positions.tolist() == runner.real_batch.positions.tolist()
     assert runner.long_seq_metadata == "full-batch"  # stage build's write was undone
     assert runner._afd_pending_metadata == ("afd-metadata", 2, sum(SCHEDULED))
     line = json.loads((tmp_path / "attention-rank0.jsonl").read_text().splitlines()[0])
@@ -199,18 +205,14 @@ def test_token_balanced_is_not_a_pr_203_value():
     assert TOKEN_BALANCED_SPLIT not in PR_203_SPLIT_VALUES
 
 
-def test_adapter_output_that_breaks_an_invariant_fails_the_step(standin_plugin):
-    """The per-step request-level check sees what the adapter produced (fault injected)."""
-
-    def off_by_one(plan, common, block_size):
-        stages = positions_field_splitter(split_common_metadata)(plan, common, block_size)
-        stages[1].num_computed_tokens_cpu[0] -= 1  # tail forgets one cached token
-        return stages
-
+def test_metadata_that_breaks_an_invariant_fails_the_step(standin_plugin):
+    """The per-step request-level check runs inside the hook's slicing (fault injected)."""
     seams = standin_plugin("main")
-    install(seams, new_session=_session_factory(None, splitter=off_by_one))
+    install(seams, new_session=_session_factory(None))
+    runner = _runner(seams, TOKEN_BALANCED_SPLIT)
+    runner.common._num_computed_tokens_cpu[1] += 1  # host copy disagrees with seq_lens
     with pytest.raises(SplitInvariantError):
-        _call_planner(_runner(seams, TOKEN_BALANCED_SPLIT), "main")
+        _call_planner(runner, "main")
 
 
 def test_a_batch_that_cannot_split_runs_unsplit(standin_plugin, tmp_path):

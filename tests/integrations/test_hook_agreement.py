@@ -35,13 +35,11 @@ def _worker(rank, store_path, results):
     def session(debug: str) -> HookSession:
         return HookSession.from_environment(
             {AGREE_DEBUG_ENV: debug}, ranks=StepRanks(global_rank=rank, tp_rank=rank),
-            groups=[dist.group.WORLD], splitter=None, read_fields=None)
+            groups=[dist.group.WORLD], splitter=None)
 
     def plan(hook: HookSession, tokens):
-        qsl = np.concatenate([[0], np.cumsum(tokens)])
-        seq = np.asarray(COMPUTED) + np.asarray(tokens)
         return plan_stages(hook, np.asarray(tokens), num_computed_tokens=np.asarray(COMPUTED),
-                           query_start_loc=qsl, seq_lens=seq, block_size=16,
+                           block_size=16,
                            slice_type=lambda request_slice, token_slice: (request_slice,
                                                                           token_slice))
 

@@ -19,7 +19,6 @@ import os
 from afd_split.integrations.afd_plugin.stages import (
     TOKEN_BALANCED_SPLIT,
     HookSession,
-    ascend_request_fields,
     ascend_splitter,
 )
 from afd_split.integrations.engine_step import StepRanks
@@ -51,8 +50,7 @@ def engine_session(runner) -> HookSession:
     return HookSession.from_environment(os.environ, ranks=ranks, groups=groups,
                                         splitter=ascend_splitter(
                                             chunked_prefill=runner.scheduler_config
-                                            .enable_chunked_prefill),
-                                        read_fields=ascend_request_fields)
+                                            .enable_chunked_prefill))
 
 
 def register() -> None:

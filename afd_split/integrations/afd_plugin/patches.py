@@ -165,7 +165,7 @@ def make_slicer_patch(original: Callable) -> Callable:
     # Patch reason: the plugin's slicer copies whole-batch fields into each stage
     # and cannot cut inside a request.
     # Patch functionality: PlannedUBatchSlices (made only by the token_balanced
-    # planner) are sliced by afd_split's adapter and request-level checked.
+    # planner) are sliced by afd_split's adapter, which request-level checks them.
     # Delegation exception: any other UBatchSlices go to the original unchanged.
     # Signature: matches upstream; no added parameters.
     def split_attn_metadata(ubatch_slices: UBatchSlices, common_attn_metadata: AscendCommonAttentionMetadata, max_num_tokens: int = 0) -> list[AscendCommonAttentionMetadata]:
@@ -196,8 +196,6 @@ def plan_runner_stages(runner, num_scheduled_tokens_np: np.ndarray, seams: Plugi
         runner_session(runner, new_session),
         num_scheduled_tokens_np,
         num_computed_tokens=runner.input_batch.num_computed_tokens_cpu_tensor[:num_reqs].numpy(),
-        query_start_loc=runner.query_start_loc.cpu[: num_reqs + 1].numpy(),
-        seq_lens=runner.optimistic_seq_lens_cpu[:num_reqs].numpy(),
         block_size=runner.cache_config.block_size,
         slice_type=seams.slice_type,
     )

@@ -6,12 +6,11 @@ over explicit inputs, so it is tested without the plugin: plan the step with
 step's evidence line, and hand the runner ``PlannedUBatchSlices``: the plugin's
 own ``UBatchSlice`` list plus the plan, which the patched ``split_attn_metadata``
 recognises and slices through afd_split's adapter, followed by the per-step
-request-level check of what the adapter produced.
+request-level check the adapter runs on what it produced (``check="requests"``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,14 +21,11 @@ from afd_split.integrations.engine_step import (
     StepRanks,
     agree_across_groups,
     agreement_enabled,
-    check_engine_step,
-    parent_request_fields,
     plan_engine_step,
     step_record,
 )
 from afd_split.integrations.worker_evidence import EvidenceWriter
 from afd_split.plan import SplitPlan
-from afd_split.requests import RequestFields
 
 TOKEN_BALANCED_SPLIT = "token_balanced"
 """The ``async_moe_split`` value this hook adds; distinct from PR #203's ``"token"``."""
@@ -43,10 +39,8 @@ SESSION_ATTRIBUTE = "_afd_split_hook_session"
 """AFD-only runner attribute holding its ``HookSession`` (one per runner, never global)."""
 
 Splitter = Callable[[SplitPlan, Any, int], list]
-"""(plan, parent common metadata, block size) -> one sliced metadata object per ubatch."""
-
-FieldsReader = Callable[[Any, int], RequestFields]
-"""(sliced metadata object, its real request count) -> the request-level fields it carries."""
+"""(plan, parent common metadata, block size) -> one sliced metadata object per ubatch,
+request-level checked on what it produced (afd_split's adapters do this every call)."""
 
 
 @dataclass
@@ -56,7 +50,6 @@ class HookSession:
     ranks: StepRanks
     groups: Sequence[Any]
     splitter: Splitter
-    read_fields: FieldsReader
     writer: EvidenceWriter | None = None
     check_agreement: bool = False
     agreement_device: Any = "cpu"
@@ -64,14 +57,12 @@ class HookSession:
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str], *, ranks: StepRanks,
-                         groups: Sequence[Any], splitter: Splitter,
-                         read_fields: FieldsReader) -> HookSession:
+                         groups: Sequence[Any], splitter: Splitter) -> HookSession:
         """Evidence on when ``AFD_EVIDENCE_DIR`` is set; agreement when ``AFD_SPLIT_DEBUG_AGREE=1``."""
         return cls(
             ranks=ranks,
             groups=groups,
             splitter=splitter,
-            read_fields=read_fields,
             writer=EvidenceWriter.from_env(environ, ranks.label),
             check_agreement=agreement_enabled(environ),
         )
@@ -80,11 +71,10 @@ class HookSession:
 class PlannedUBatchSlices(list):
     """The plugin's ``UBatchSlices`` for a plan, carrying what the patched slicer needs."""
 
-    def __init__(self, slices, *, plan: SplitPlan, parent: RequestFields, block_size: int,
+    def __init__(self, slices, *, plan: SplitPlan, block_size: int,
                  session: HookSession) -> None:
         super().__init__(slices)
         self.plan = plan
-        self.parent = parent
         self.block_size = block_size
         self.session = session
 
@@ -94,11 +84,6 @@ class PlannedUBatchSlices(list):
         if len(stages) != len(self.plan.ubatches):
             raise ValueError(f"the adapter returned {len(stages)} stages for a plan of "
                              f"{len(self.plan.ubatches)} ubatches")
-        read = self.session.read_fields
-        check_engine_step(self.plan, self.parent, [
-            read(stage, ubatch.request_slice.stop - ubatch.request_slice.start)
-            for stage, ubatch in zip(stages, self.plan.ubatches, strict=True)
-        ])
         return stages
 
 
@@ -108,8 +93,7 @@ def ubatch_slices_for(plan: SplitPlan, slice_type) -> list:
 
 
 def plan_stages(session: HookSession, num_scheduled_tokens, *, num_computed_tokens,
-                query_start_loc, seq_lens, block_size: int,
-                slice_type) -> PlannedUBatchSlices | None:
+                block_size: int, slice_type) -> PlannedUBatchSlices | None:
     """Plan one step for the runner; None when it runs unsplit (its line says why)."""
     plan = plan_engine_step(num_scheduled_tokens, policy=SplitPolicy.TOKEN_BALANCED,
                             constraints=HOOK_CONSTRAINTS,
@@ -122,39 +106,8 @@ def plan_stages(session: HookSession, num_scheduled_tokens, *, num_computed_toke
         session.writer.append(step_record(plan, step=step, ranks=session.ranks, pid=os.getpid()))
     if not plan.is_split:
         return None
-    parent = parent_request_fields(query_start_loc, seq_lens, num_computed_tokens,
-                                   plan.num_requests)
-    return PlannedUBatchSlices(ubatch_slices_for(plan, slice_type), plan=plan, parent=parent,
+    return PlannedUBatchSlices(ubatch_slices_for(plan, slice_type), plan=plan,
                                block_size=block_size, session=session)
-
-
-def ascend_request_fields(stage, num_reqs: int) -> RequestFields:
-    """Request-level host fields of an ``AscendCommonAttentionMetadata`` stage.
-
-    ``query_start_loc_cpu``, ``seq_lens_cpu`` and ``num_computed_tokens_cpu``
-    are fields of the class at vLLM-Ascend v0.19.1rc1 and v0.26.0rc (the pinned
-    plugin passes all three to its constructor); speculative decoding, which
-    would leave the CPU copies unset, is rejected by the validator seam.
-    """
-    return RequestFields(
-        stage.query_start_loc_cpu[: num_reqs + 1].numpy(),
-        stage.seq_lens_cpu[:num_reqs].numpy(),
-        stage.num_computed_tokens_cpu[:num_reqs].numpy(),
-    )
-
-
-def positions_field_splitter(split_common_metadata) -> Splitter:
-    """A ``Splitter`` over an adapter entry point ``(plan, common, positions, block_size)``.
-
-    Ascend metadata carries its positions as a field, so the stage positions the
-    adapter returns are written back into each stage object (a copy; the parent
-    is never mutated).
-    """
-    def split(plan: SplitPlan, common, block_size: int) -> list:
-        pairs = split_common_metadata(plan, common, common.positions, block_size)
-        return [dataclasses.replace(stage, positions=positions) for stage, positions in pairs]
-
-    return split
 
 
 def ascend_splitter(*, chunked_prefill: bool) -> Splitter:
