@@ -119,9 +119,9 @@ def ascend_splitter(*, chunked_prefill: bool) -> Splitter:
     PCP stage builder is passed because the validator seam rejects PCP.
     """
 
-    def split(plan: SplitPlan, common, block_size: int) -> list:
-        from afd_split.adapters.ascend import split_ascend_common_metadata  # lazy: vllm_ascend
+    from afd_split.adapters.ascend import split_ascend_common_metadata  # lazy: engine glue
 
+    def split(plan: SplitPlan, common, block_size: int) -> list:
         pairs = split_ascend_common_metadata(plan, common, common.positions, block_size,
                                              chunked_prefill=chunked_prefill)
         return [stage for stage, _ in pairs]
