@@ -42,11 +42,6 @@ class StepRanks:
     pcp_rank: int = 0
 
     @property
-    def is_replica_leader(self) -> bool:
-        """TP and PCP rank 0: one record per DP replica describes that replica's batch."""
-        return self.tp_rank == 0 and self.pcp_rank == 0
-
-    @property
     def label(self) -> str:
         """File label of this rank's evidence."""
         return f"attention-rank{self.global_rank}"
@@ -94,14 +89,6 @@ def agree_across_groups(plan: SplitPlan, groups: Sequence[Any], *, device="cpu")
     """One fingerprint all-gather per group (the engine's TP, then PCP group)."""
     for group in groups:
         agree_on_split(plan, group, device=device)
-
-
-def parent_request_fields(query_start_loc, seq_lens, num_computed_tokens,
-                          num_reqs: int) -> RequestFields:
-    """The parent's request-level fields, cut to the real requests (the engine pads num_reqs)."""
-    return RequestFields(
-        query_start_loc[: num_reqs + 1], seq_lens[:num_reqs], num_computed_tokens[:num_reqs]
-    )
 
 
 def check_engine_step(plan: SplitPlan, parent: RequestFields,

@@ -216,6 +216,7 @@ def make_planner_patch_main(original: Callable, seams: PluginSeams,
     # Delegation exception: every other value calls the original unchanged.
     # Signature: matches upstream; no added parameters.
     def _build_attention_metadata_with_async_moe_ubatches(self, num_tokens: int, num_reqs: int, max_query_len: int, num_tokens_padded: int | None, num_reqs_padded: int | None, ubatch_slices: UBatchSlices | None, logits_indices: torch.Tensor | None, use_spec_decode: bool, for_cudagraph_capture: bool, num_scheduled_tokens: dict[str, int] | None, num_scheduled_tokens_np: np.ndarray | None, cascade_attn_prefix_lens: list[list[int]] | None) -> tuple[PerLayerAttnMetadata, CommonAttentionMetadata | None]:
+        # ### PATCH START: afd_split token_balanced stages
         metadata_kwargs = {
             "num_tokens": num_tokens, "num_reqs": num_reqs, "max_query_len": max_query_len,
             "num_tokens_padded": num_tokens_padded, "num_reqs_padded": num_reqs_padded,
@@ -225,7 +226,6 @@ def make_planner_patch_main(original: Callable, seams: PluginSeams,
             "num_scheduled_tokens_np": num_scheduled_tokens_np,
             "cascade_attn_prefix_lens": cascade_attn_prefix_lens,
         }
-        # ### PATCH START: afd_split token_balanced stages
         if self.afd_async_extra_info.async_moe_split != TOKEN_BALANCED_SPLIT:
             return original(self, **metadata_kwargs)
         full_metadata = super(runner_class, self)._build_attention_metadata(**metadata_kwargs)
