@@ -263,3 +263,45 @@ def test_entry_point_is_declared_and_register_is_safe_without_afd_plugin():
     assert plugins == {afd_plugin.PLUGIN_NAME: "afd_split.integrations.afd_plugin:register"}
     if importlib.util.find_spec("afd_plugin") is None:
         assert afd_plugin.register() is None  # nothing to patch; the validator stays upstream's
+
+
+def test_hook_lines_round_trip_into_a_schema_valid_result(standin_plugin, tmp_path):
+    from pytest_afd import results
+    from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
+    from pytest_afd.backends.vllm_ascend.worker_evidence import (
+        read_new_records,
+        with_worker_evidence,
+    )
+    from pytest_afd.manifest import collect_manifest
+    from pytest_afd.topology import parse_topology
+
+    seams = standin_plugin("main")
+    install(seams, new_session=_session_factory(tmp_path))
+    runner = _runner(seams, TOKEN_BALANCED_SPLIT)
+    for _ in range(2):
+        _call_planner(runner, "main")
+    evidence = read_new_records(tmp_path, {}, max_read_bytes=1 << 20)
+    assert evidence.problems == [] and [r["step"] for r in evidence.records] == [0, 1]
+    over_http = RunOutputs(requests=[RequestOutput("r0", sum(SCHEDULED), 0, 1, ttft_s=0.1)],
+                           wall_time_s=0.2)
+    outputs = with_worker_evidence(over_http, evidence)
+    assert len(outputs.steps) == 2 and outputs.expert_load == []  # no top-k ids at this seam
+    protocol = {"seed": 0, "warmups": 0, "repetitions": 1, "run_order": "interleaved",
+                "instrumented": False, "routing": "natural"}
+    topology = parse_topology("dp3pcp8-ep8")
+    doc = results.build_result(
+        case_id="integrations::hook_lines", case_kind="stage_a", backend="vllm-ascend",
+        settings=RunSettings(split_policy="token_balanced"),
+        manifest=collect_manifest(topology=topology, backend_name="vllm-ascend",
+                                  backend_description={"model": {"num_layers": 61}},
+                                  model_name="deepseek-v3.2", protocol=protocol,
+                                  emulated=False),
+        workload=results.workload_json(dataset_name="synthetic", prompt_lengths=[sum(SCHEDULED)],
+                                       seed=0),
+        protocol=protocol, metrics=results.metrics_from_runs([outputs]),
+        evidence=results.evidence_from_outputs(outputs, routing="natural",
+                                               num_ep_ranks=topology.num_ep_ranks))
+    results.validate_result(doc)
+    assert doc["evidence"]["tokens"]["per_ubatch_real_tokens"] == [
+        2 * u["num_real_tokens"] for u in outputs.steps[0]["ubatches"]]
+    assert results.is_absent(doc["evidence"]["expert_load"])
