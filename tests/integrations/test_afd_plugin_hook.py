@@ -22,6 +22,7 @@ from afd_split.integrations.afd_plugin.patches import (
     PLANNER_PATCHES,
     PluginDriftError,
     install,
+    installed_branch,
     make_slicer_patch,
     make_validator_patch,
 )
@@ -95,9 +96,16 @@ def test_patch_functions_carry_the_pinned_headers_exactly(branch, standin_plugin
         "slicer": make_slicer_patch(lambda *a: None),
         "planner": PLANNER_PATCHES[branch](lambda *a: None, seams, _session_factory(None)),
     }
+    originals = {
+        "validator": vars(seams.validation_module)[
+            "_fail_if_unsupported_npu_async_moe_ubatching_features"],
+        "slicer": vars(seams.runner_module)["split_attn_metadata"],
+        "planner": vars(seams.runner_class)["_build_attention_metadata_with_async_moe_ubatches"],
+    }
     for key, function in patched.items():
         assert function_header(function) == variant_for_branch(key, branch).normalized_header
         assert getattr(function, PATCH_MARKER) == key
+        assert inspect.signature(function) == inspect.signature(originals[key])
 
 
 @pytest.mark.parametrize("layout", ASCEND_LAYOUTS, ids=lambda layout: layout.version)
@@ -255,6 +263,22 @@ def test_installed_afd_plugin_matches_a_pinned_variant():  # pragma: no cover - 
             owner = inspect.getattr_static(owner, part)
         headers = {s.normalized_header for s in PINNED_SEAMS if s.key == seam.key}
         assert function_header(owner) in headers, f"{seam.module}.{seam.qualname} drifted"
+    # The installed plugin's own seams against the patch functions, by inspect.signature.
+    from afd_split.integrations.afd_plugin.patches import resolve_seams
+
+    seams = resolve_seams()
+    branch = installed_branch(PLANNER, vars(seams.runner_class)[
+        "_build_attention_metadata_with_async_moe_ubatches"])
+    validator = vars(seams.validation_module)[
+        "_fail_if_unsupported_npu_async_moe_ubatching_features"]
+    planner = vars(seams.runner_class)["_build_attention_metadata_with_async_moe_ubatches"]
+    slicer = vars(seams.runner_module)["split_attn_metadata"]
+    pairs = [(validator, make_validator_patch(validator, seams.request_split)),
+             (slicer, make_slicer_patch(slicer)),
+             (planner, PLANNER_PATCHES[branch](planner, seams, _session_factory(None)))]
+    for installed, patched in pairs:
+        assert [(p.name, p.kind, p.default) for p in inspect.signature(installed).parameters.values()] == [
+            (p.name, p.kind, p.default) for p in inspect.signature(patched).parameters.values()]
 
 
 def test_entry_point_is_declared_and_register_is_safe_without_afd_plugin():
