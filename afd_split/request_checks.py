@@ -132,9 +132,7 @@ def _check_parent(plan: SplitPlan, qsl, seq_lens, computed) -> None:
     lowest = computed.argmin()  # argmin + item: a fraction of a ufunc reduce's call cost
     if computed.item(lowest) < 0:
         index = int(lowest)
-        _fail(
-            COMPUTED_TOKENS, f"parent request {index}: num_computed_tokens {computed[index]} < 0"
-        )
+        _fail(COMPUTED_TOKENS, f"parent request {index}: num_computed_tokens {computed[index]} < 0")
     # query_lens == token_counts now, so seq_lens - token_counts is seq_len - query_len.
     expected_computed = seq_lens - plan.token_counts
     if expected_computed.tobytes() != computed.tobytes():
@@ -158,8 +156,10 @@ def _check_part_tokens(ubatch, part, parent_qsl) -> None:
     req_start, req_stop = ubatch.request_slice.start, ubatch.request_slice.stop
     num_reqs = req_stop - req_start
     qsl, seq_lens, computed = part.query_start_loc, part.seq_lens, part.num_computed_tokens
-    if qsl.shape != (num_reqs + 1,) or seq_lens.shape != (num_reqs,) or (
-        computed.shape != (num_reqs,)
+    if (
+        qsl.shape != (num_reqs + 1,)
+        or seq_lens.shape != (num_reqs,)
+        or (computed.shape != (num_reqs,))
     ):
         _fail_shapes(f"ubatch {ubatch.index}", part, num_reqs)
     if qsl.item(0) != 0:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from afd_split.plan import INT64, SplitPlan, _built
+from afd_split.plan_vector import as_token_counts, prefix_sums
 from afd_split.request_checks import INVARIANTS, validate_split_requests
 
 REQUEST_FIELD_NAMES = ("query_start_loc", "seq_lens", "num_computed_tokens")
@@ -46,6 +47,25 @@ class RequestFields:
             object.__setattr__(self, name, _owned_int64(name, getattr(self, name)))
 
     @classmethod
+    def from_requests(cls, num_scheduled_tokens, num_computed_tokens=None) -> RequestFields:
+        """Fields of a batch from its per-request counts: O(R), no per-token array."""
+        tokens = as_token_counts(num_scheduled_tokens, name="num_scheduled_tokens", minimum=1)
+        cu_tokens = prefix_sums(tokens, name="num_scheduled_tokens")
+        if num_computed_tokens is None:
+            computed = np.zeros_like(tokens)
+        else:
+            computed = as_token_counts(num_computed_tokens, name="num_computed_tokens", minimum=0)
+            if computed.shape != tokens.shape:
+                raise ValueError(
+                    f"num_computed_tokens has {computed.size} entries but "
+                    f"num_scheduled_tokens has {tokens.size}"
+                )
+        seq_lens = computed + tokens
+        if seq_lens.item(seq_lens.argmin()) < 0:  # a wrap-around past int64
+            raise ValueError("num_computed_tokens + num_scheduled_tokens exceed int64")
+        return cls(np.concatenate(([0], cu_tokens)), seq_lens, computed)
+
+    @classmethod
     def of(cls, metadata) -> RequestFields:
         """The request-level fields of a ``BatchMetadata`` (or anything carrying the three)."""
         return cls(metadata.query_start_loc, metadata.seq_lens, metadata.num_computed_tokens)
@@ -68,8 +88,10 @@ def _frozen(array: np.ndarray) -> np.ndarray:
 
 def _check_placement(plan: SplitPlan, qsl: np.ndarray, num_reqs: int) -> None:
     """ValueError unless the parent's query_start_loc puts each ubatch's tokens in its requests."""
-    if num_reqs != plan.num_requests or qsl.shape != (num_reqs + 1,) or (
-        qsl.item(-1) != plan.num_tokens
+    if (
+        num_reqs != plan.num_requests
+        or qsl.shape != (num_reqs + 1,)
+        or (qsl.item(-1) != plan.num_tokens)
     ):
         raise ValueError(
             f"metadata has {num_reqs} requests / {qsl.item(-1) if qsl.size else 0} tokens but "

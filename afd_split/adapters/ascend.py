@@ -5,9 +5,10 @@ API (stable; the AFD-plugin hook calls these):
 * ``split_ascend_common_metadata(plan, common, positions, block_size, *,
   chunked_prefill, pcp_stage_builder=None, check="requests")
   -> list[(AscendCommonAttentionMetadata, positions)]``.
+* ``check_ascend_pcp_startup(*, pcp_size, pcp_stage_builder)``: the start-up
+  check, for the hook to run before it creates any communication resource.
 * ``check_ascend_split_support(common, plan, *, pcp_stage_builder=None)``: the
-  fail-closed checks alone, for the hook to run before it creates any
-  communication resource.
+  per-step fail-closed checks alone, with nothing built.
 * ``PcpStage`` (what a PCP builder receives) and ``PCP_BUILDER_FIELDS``.
 * ``ASCEND_LAYOUTS``, ``ASCEND_FIELD_RULES``, ``ASCEND_HOST_SOURCES``.
 
@@ -178,6 +179,15 @@ def ascend_layout(common) -> PinnedLayout:
 
 def _pcp_fields_set(common, layout: PinnedLayout) -> list[str]:
     return [n for n in PCP_METADATA_FIELDS if n in layout.field_set and field_is_set(common, n)]
+
+
+def check_ascend_pcp_startup(*, pcp_size: int, pcp_stage_builder: PcpStageBuilder | None) -> None:
+    """Start-up: PCP > 1 needs the engine's stage builder, else fail before any group exists."""
+    if pcp_size > 1 and pcp_stage_builder is None:
+        raise UnsupportedSplitError(
+            f"prefill context parallel size {pcp_size} needs a pcp_stage_builder (the engine's "
+            "per-stage PCP metadata helper); without one the split is not enabled"
+        )
 
 
 def check_ascend_split_support(

@@ -16,7 +16,11 @@ from adapter_batches import (
 )
 
 from afd_split import SplitConstraints, SplitInvariantError, UnsupportedSplitError, plan_split
-from afd_split.adapters.ascend import ASCEND_FIELD_RULES, ASCEND_LAYOUTS, split_ascend_common_metadata
+from afd_split.adapters.ascend import (
+    ASCEND_FIELD_RULES,
+    ASCEND_LAYOUTS,
+    split_ascend_common_metadata,
+)
 from afd_split.adapters.layout import FieldRule
 from afd_split.adapters.vllm import VLLM_FIELD_RULES, VLLM_LAYOUTS, split_common_metadata
 
@@ -175,3 +179,35 @@ def test_caches_are_cleared_not_shared():
     for sub, _ in split_common_metadata(PLAN, common, positions, BLOCK):
         assert sub._num_computed_tokens_cache is None
     assert np.array_equal(common._num_computed_tokens_cache.numpy(), np.zeros(6))
+
+
+def _not_advanced(plan, parent, head, tail):
+    """PR #203's splitter bug: the tail's boundary piece keeps the parent's computed tokens."""
+    computed = tail.num_computed_tokens.copy()
+    computed[0] = parent.num_computed_tokens[plan.boundary_request]
+    return head, dataclasses.replace(tail, num_computed_tokens=computed)
+
+
+def _head_not_cut(plan, parent, head, tail):
+    """The head's boundary piece keeps the whole request's seq_len."""
+    seq_lens = head.seq_lens.copy()
+    seq_lens[-1] = parent.seq_lens[plan.boundary_request]
+    return dataclasses.replace(head, seq_lens=seq_lens), tail
+
+
+@pytest.mark.parametrize("layout", VLLM_LAYOUTS, ids=lambda layout: layout.version)
+@pytest.mark.parametrize("fault", [_not_advanced, _head_not_cut], ids=lambda f: f.__name__)
+def test_default_check_catches_an_injected_split_bug(layout, fault, monkeypatch):
+    """Fault injection into the request split the adapter uses: the per-step check fails."""
+    from afd_split.requests import split_request_fields
+
+    if fault is _not_advanced and "_num_computed_tokens_cpu" not in layout.field_set:
+        pytest.skip(f"vLLM {layout.version} holds no computed-tokens copy to get wrong")
+
+    def buggy_split(plan, parent):
+        return list(fault(plan, parent, *split_request_fields(plan, parent)))
+
+    monkeypatch.setattr("afd_split.adapters.vllm.split_request_fields", buggy_split)
+    common, positions, _ = vllm_case(layout)
+    with pytest.raises(SplitInvariantError):
+        split_common_metadata(PLAN, common, positions, BLOCK)
