@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from afd_split.adapters.ascend import check_ascend_pcp_startup
+from afd_split.errors import UnsupportedSplitError
 from afd_split.integrations.afd_plugin.pinned import (
     PLANNER,
     RELEASE_V0_19_1RC1,
@@ -126,8 +128,12 @@ def token_balanced_unsupported_reasons(vllm_config, afd_config, num_ubatches: in
         compute_gate_on_attention=afd_config.compute_gate_on_attention,
         native_dbo=parallel.enable_dbo,
     ))
-    if parallel.prefill_context_parallel_size > 1:
-        reasons.append(PCP_REJECTION.format(pcp=parallel.prefill_context_parallel_size))
+    try:
+        # The hook passes no PCP stage builder (see PCP_REJECTION), so PCP > 1 fails here.
+        check_ascend_pcp_startup(pcp_size=parallel.prefill_context_parallel_size,
+                                 pcp_stage_builder=None)
+    except UnsupportedSplitError as error:
+        reasons.append(f"{error}: {PCP_REJECTION.format(pcp=parallel.prefill_context_parallel_size)}")
     return reasons
 
 
