@@ -26,7 +26,7 @@ one, a batch carrying PCP metadata is rejected before anything is built.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -34,15 +34,24 @@ from types import MappingProxyType
 import numpy as np
 
 from afd_split.adapters.common import (
+    FieldProgram,
     HostSources,
     check_recompute_table,
+    compile_fields,
     field_is_set,
     produced_request_fields,
     reject_unsupported_fields,
+    replaced,
     request_fields_of,
     split_fields,
 )
-from afd_split.adapters.layout import FieldRule, PinnedLayout, load_layout, match_layout
+from afd_split.adapters.layout import (
+    MATCH_CACHE_SIZE,
+    FieldRule,
+    PinnedLayout,
+    load_layout,
+    match_layout,
+)
 from afd_split.adapters.slicing import (
     CHECK_FULL,
     CHECK_REQUESTS,
@@ -172,9 +181,40 @@ ASCEND_RECOMPUTE = MappingProxyType(
 check_recompute_table(ASCEND_LAYOUTS, ASCEND_FIELD_RULES, ASCEND_RECOMPUTE)
 
 
+def _pcp_from_parent(name: str):
+    def recompute(context):
+        return getattr(context.common, name)  # replaced by the stage builder's value
+
+    return recompute
+
+
+def _recompute_table(*, chunked_prefill: bool, pcp_builder: bool):
+    table = {**ASCEND_RECOMPUTE, "attn_state": _attn_state(chunked_prefill)}
+    if pcp_builder:
+        table.update({name: _pcp_from_parent(name) for name in PCP_METADATA_FIELDS})
+    return MappingProxyType(table)
+
+
+ASCEND_RECOMPUTE_BY_MODE = MappingProxyType(
+    {
+        (chunked, builder): _recompute_table(chunked_prefill=chunked, pcp_builder=builder)
+        for chunked in (False, True)
+        for builder in (False, True)
+    }
+)
+"""The recompute table per (chunked_prefill, PCP builder given): built once, not per step."""
+
+
 def ascend_layout(common) -> PinnedLayout:
     """The pinned layout of ``type(common)``; ``UnsupportedSplitError`` naming any drift."""
     return match_layout(type(common), ASCEND_LAYOUTS)
+
+
+@functools.lru_cache(maxsize=MATCH_CACHE_SIZE)
+def ascend_field_program(cls: type) -> FieldProgram:
+    """``cls``'s pinned layout with its fields grouped by rule (drift check once per class)."""
+    layout = match_layout(cls, ASCEND_LAYOUTS)
+    return compile_fields(layout, ASCEND_FIELD_RULES, ASCEND_HOST_SOURCES, cls)
 
 
 def _pcp_fields_set(common, layout: PinnedLayout) -> list[str]:
@@ -192,16 +232,17 @@ def check_ascend_pcp_startup(*, pcp_size: int, pcp_stage_builder: PcpStageBuilde
 
 def check_ascend_split_support(
     common, plan: SplitPlan, *, pcp_stage_builder: PcpStageBuilder | None = None
-) -> PinnedLayout:
-    """Every fail-closed check of the Ascend split, with nothing built; returns the layout.
+) -> FieldProgram:
+    """Every fail-closed check of the Ascend split, with nothing built; returns the program.
 
     Rejects an unknown layout, a set field the split cannot honour, a non-prefill
     ``attn_state``, an ``actual_seq_lengths_q`` that is not the cumulative query
     lengths, and PCP metadata without a builder (or a plan whose pcp_size
     disagrees with the metadata).
     """
-    layout = ascend_layout(common)
-    reject_unsupported_fields(common, layout, ASCEND_FIELD_RULES)
+    program = ascend_field_program(type(common))
+    layout = program.layout
+    reject_unsupported_fields(common, program)
     state = common.attn_state
     if state is None or state.name not in PREFILL_STATES:
         raise UnsupportedSplitError(
@@ -227,7 +268,7 @@ def check_ascend_split_support(
             f"{layout.describe()}: plan pcp_size={plan.constraints.pcp_size} but PCP "
             f"metadata set: {pcp_set or 'none'}"
         )
-    return layout
+    return program
 
 
 def _pcp_stage(ubatch, part: RequestFields) -> PcpStage:
@@ -272,33 +313,19 @@ def split_ascend_common_metadata(
     rows follow the ubatch's rows (``num_input_tokens``). ``check`` as in
     ``afd_split.adapters.vllm.split_common_metadata``.
     """
-    layout = check_ascend_split_support(common, plan, pcp_stage_builder=pcp_stage_builder)
-    parent = request_fields_of(plan, common, layout, ASCEND_HOST_SOURCES)
+    program = check_ascend_split_support(common, plan, pcp_stage_builder=pcp_stage_builder)
+    parent = request_fields_of(plan, common, program)
     parts = split_request_fields(plan, parent)
-    recompute = dict(ASCEND_RECOMPUTE)
-    recompute["attn_state"] = _attn_state(chunked_prefill)
-    if pcp_stage_builder is not None:
-        for name in PCP_METADATA_FIELDS:
-            recompute[name] = lambda c, name=name: getattr(c.common, name)  # rebuilt below
-    per_ubatch = split_fields(
-        plan,
-        common,
-        layout,
-        ASCEND_FIELD_RULES,
-        recompute,
-        parent,
-        parts,
-        sources=ASCEND_HOST_SOURCES,
-        padded_rows=True,
-    )
+    recompute = ASCEND_RECOMPUTE_BY_MODE[bool(chunked_prefill), pcp_stage_builder is not None]
+    per_ubatch = split_fields(plan, common, program, recompute, parent, parts, padded_rows=True)
     results = []
     for ubatch, part, values in zip(plan.ubatches, parts, per_ubatch, strict=True):
         if pcp_stage_builder is not None:
-            values.update(_stage_pcp_fields(pcp_stage_builder, ubatch, part, layout))
-        sub = dataclasses.replace(common, **values)
+            values.update(_stage_pcp_fields(pcp_stage_builder, ubatch, part, program.layout))
+        sub = replaced(common, values)
         rows = ubatch_token_rows(positions, ubatch, with_padding=True, pad_value=PAD_POSITION)
         results.append((sub, rows))
-    produced = [produced_request_fields(sub, layout, ASCEND_HOST_SOURCES) for sub, _ in results]
+    produced = [produced_request_fields(sub, program) for sub, _ in results]
     check_split(plan, parent, produced, check)
     if check == CHECK_FULL:
         from afd_split.adapters.debug import validate_token_level  # lazy: debug path only

@@ -1,9 +1,11 @@
 """The rule-driven split of an engine metadata dataclass, shared by the vLLM and Ascend adapters.
 
-API: ``HostSources``; ``request_fields_of(plan, common, layout, sources)``;
-``reject_unsupported_fields(common, layout, rules)``; ``split_fields(plan, common,
-layout, rules, recompute, sources, padded_rows)``; ``produced_request_fields(sub,
-layout, sources)``; ``UBatchContext``.
+API: ``HostSources``; ``FieldProgram`` / ``compile_fields(layout, rules, sources, cls)``
+(the layout's fields grouped by rule, once per engine class);
+``request_fields_of(plan, common, program)``; ``reject_unsupported_fields(common,
+program)``; ``split_fields(plan, common, program, recompute, parent, parts,
+padded_rows)``; ``produced_request_fields(sub, program)``; ``replaced(common,
+values)``; ``UBatchContext``.
 
 Every field of the layout is handled by its ``FieldRule``; a RECOMPUTE field
 takes its value from the adapter's ``recompute`` table, a function of the
@@ -14,13 +16,13 @@ without a rule, or a RECOMPUTE field without a function, fails closed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
-from afd_split.adapters.layout import FieldRule, PinnedLayout
+from afd_split.adapters.layout import MATCH_CACHE_SIZE, FieldRule, PinnedLayout
 from afd_split.adapters.slicing import (
     check_engine_counts,
     parent_request_fields,
-    ubatch_request_rows,
     ubatch_token_rows,
 )
 from afd_split.errors import UnsupportedSplitError
@@ -43,6 +45,58 @@ class HostSources:
 
 
 @dataclass(frozen=True)
+class FieldProgram:
+    """A layout's fields grouped by rule, computed once per layout (not once per step).
+
+    Host sources are narrowed to the layout's own fields, in order of preference.
+    """
+
+    layout: PinnedLayout
+    recompute: tuple[str, ...]
+    request_rows: tuple[str, ...]
+    token_rows: tuple[tuple[str, int], ...]
+    """(name, pad value) of every token-indexed field."""
+    clear: tuple[str, ...]
+    fresh_buffer: tuple[str, ...]
+    reject_when_set: tuple[tuple[str, object], ...]
+    """(name, dataclass default) of every field rejected when set."""
+    seq_lens_sources: tuple[str, ...]
+    computed_sources: tuple[str, ...]
+
+
+def compile_fields(layout: PinnedLayout, rules, sources: HostSources, cls=None) -> FieldProgram:
+    """Group ``layout``'s fields by rule; fails closed on a field without one.
+
+    ``cls`` supplies the dataclass defaults of rejected fields (the class of this
+    layout); without it they come from the layout's pinned ``defaults``.
+    """
+    missing = [name for name in layout.fields if name not in rules]
+    if missing:
+        raise UnsupportedSplitError(f"{layout.describe()}: no split rule for fields {missing}")
+
+    def named(rule):
+        return tuple(name for name in layout.fields if rules[name] is rule)
+
+    if cls is None:
+        defaults = dict(layout.extra.get("defaults", {}))
+    else:
+        defaults = {name: field.default for name, field in cls.__dataclass_fields__.items()}
+    return FieldProgram(
+        layout=layout,
+        recompute=named(FieldRule.RECOMPUTE),
+        request_rows=named(FieldRule.REQUEST_ROWS),
+        token_rows=tuple((name, sources.pad_value(name)) for name in named(FieldRule.TOKEN_ROWS)),
+        clear=named(FieldRule.CLEAR),
+        fresh_buffer=named(FieldRule.FRESH_BUFFER),
+        reject_when_set=tuple(
+            (name, defaults.get(name)) for name in named(FieldRule.REJECT_WHEN_SET)
+        ),
+        seq_lens_sources=tuple(n for n in sources.seq_lens if n in layout.field_set),
+        computed_sources=tuple(n for n in sources.computed if n in layout.field_set),
+    )
+
+
+@dataclass(frozen=True)
 class UBatchContext:
     """What a recompute function sees for one ubatch."""
 
@@ -52,81 +106,72 @@ class UBatchContext:
     parent: RequestFields
     common: object
 
-    @property
+    @functools.cached_property
     def left_over(self) -> int:
         """Tokens of the ubatch's last request that belong to the next ubatch."""
         stop = self.ubatch.request_slice.stop
         return self.parent.query_start_loc.item(stop) - self.ubatch.token_slice.stop
 
-    @property
+    @functools.cached_property
     def query_lens(self):
         """Per-request tokens of this ubatch (host, int64)."""
         qsl = self.part.query_start_loc
         return qsl[1:] - qsl[:-1]
 
 
-def field_is_set(common, name: str) -> bool:
-    """True when ``common.<name>`` differs from its dataclass default (None, -1, 1, 0, ...)."""
-    default = type(common).__dataclass_fields__[name].default
-    value = getattr(common, name)
+def _is_set(value, default) -> bool:
     if default is None or default is dataclasses.MISSING:
         return value is not None
     return value != default
 
 
-def reject_unsupported_fields(common, layout: PinnedLayout, rules) -> None:
+def field_is_set(common, name: str) -> bool:
+    """True when ``common.<name>`` differs from its dataclass default (None, -1, 1, 0, ...)."""
+    return _is_set(getattr(common, name), type(common).__dataclass_fields__[name].default)
+
+
+def reject_unsupported_fields(common, program: FieldProgram) -> None:
     """Fail closed, naming every set field whose rule is REJECT_WHEN_SET."""
-    missing = [name for name in layout.fields if name not in rules]
-    if missing:
-        raise UnsupportedSplitError(f"{layout.describe()}: no split rule for fields {missing}")
     bad = [
-        name
-        for name in layout.fields
-        if rules[name] is FieldRule.REJECT_WHEN_SET and field_is_set(common, name)
+        name for name, default in program.reject_when_set if _is_set(getattr(common, name), default)
     ]
     if bad:
         raise UnsupportedSplitError(
-            f"{layout.describe()}: fields {bad} are set, and a two-ubatch prefill split "
+            f"{program.layout.describe()}: fields {bad} are set, and a two-ubatch prefill split "
             "cannot honour them (each would be copied whole into both ubatches)"
         )
 
 
-def _first_set(common, layout: PinnedLayout, names: tuple[str, ...]) -> str | None:
-    return next(
-        (name for name in names if name in layout.field_set and getattr(common, name) is not None),
-        None,
-    )
+def _first_set(common, names: tuple[str, ...]) -> str | None:
+    return next((name for name in names if getattr(common, name) is not None), None)
 
 
-def request_fields_of(
-    plan: SplitPlan, common, layout: PinnedLayout, sources: HostSources
-) -> RequestFields:
+def request_fields_of(plan: SplitPlan, common, program: FieldProgram) -> RequestFields:
     """The parent's real requests from its host fields; never a device read."""
-    seq_name = _first_set(common, layout, sources.seq_lens)
+    layout = program.layout
+    seq_name = _first_set(common, program.seq_lens_sources)
     if seq_name is None:
         raise UnsupportedSplitError(
-            f"{layout.describe()}: none of "
-            f"{[n for n in sources.seq_lens if n in layout.field_set]} is set; host seq_lens "
-            "would need a device-to-host copy of seq_lens"
+            f"{layout.describe()}: none of {list(program.seq_lens_sources)} is set; host "
+            "seq_lens would need a device-to-host copy of seq_lens"
         )
-    computed_name = _first_set(common, layout, sources.computed)
+    computed_name = _first_set(common, program.computed_sources)
     source = f"{layout.describe()} ({seq_name})"
-    parent = parent_request_fields(
+    check_engine_counts(plan, common.num_reqs, common.num_actual_tokens, source=source)
+    return parent_request_fields(
         plan,
         common.query_start_loc_cpu,
         getattr(common, seq_name),
         None if computed_name is None else getattr(common, computed_name),
         source=source,
     )
-    check_engine_counts(plan, common.num_reqs, common.num_actual_tokens, source=source)
-    return parent
 
 
-def produced_request_fields(sub, layout: PinnedLayout, sources: HostSources) -> RequestFields:
+def produced_request_fields(sub, program: FieldProgram) -> RequestFields:
     """The request-level fields read back from a produced ubatch (host fields only)."""
-    seq_lens = getattr(sub, _first_set(sub, layout, sources.seq_lens)).numpy()
+    seq_lens = getattr(sub, _first_set(sub, program.seq_lens_sources)).numpy()
     qsl = sub.query_start_loc_cpu.numpy()
-    computed_name = _first_set(sub, layout, sources.computed)
+    computed_name = _first_set(sub, program.computed_sources)
     if computed_name is None:
         computed = seq_lens - (qsl[1:] - qsl[:-1])
     else:
@@ -137,13 +182,11 @@ def produced_request_fields(sub, layout: PinnedLayout, sources: HostSources) -> 
 def split_fields(
     plan: SplitPlan,
     common,
-    layout: PinnedLayout,
-    rules,
+    program: FieldProgram,
     recompute,
     parent: RequestFields,
     parts: list[RequestFields],
     *,
-    sources: HostSources,
     padded_rows: bool,
 ) -> list[dict]:
     """Per ubatch, the new value of every field that is not shared with the parent.
@@ -157,23 +200,23 @@ def split_fields(
     per_ubatch = []
     for ubatch, part in zip(plan.ubatches, parts, strict=True):
         context = UBatchContext(plan, ubatch, part, parent, common)
-        values = {}
-        for name in layout.fields:
-            rule = rules[name]
+        values = {name: recompute[name](context) for name in program.recompute}
+        request_slice = ubatch.request_slice
+        for name in program.request_rows:
             value = getattr(common, name)
-            if rule is FieldRule.RECOMPUTE:
-                values[name] = recompute[name](context)
-            elif rule in (FieldRule.KEEP, FieldRule.REJECT_WHEN_SET) or value is None:
-                continue
-            elif rule is FieldRule.REQUEST_ROWS:
-                values[name] = ubatch_request_rows(value, ubatch)
-            elif rule is FieldRule.TOKEN_ROWS:
+            if value is not None:
+                values[name] = value[request_slice]
+        for name, pad_value in program.token_rows:
+            value = getattr(common, name)
+            if value is not None:
                 values[name] = ubatch_token_rows(
-                    value, ubatch, with_padding=padded_rows, pad_value=sources.pad_value(name)
+                    value, ubatch, with_padding=padded_rows, pad_value=pad_value
                 )
-            elif rule is FieldRule.CLEAR:
-                values[name] = None
-            elif rule is FieldRule.FRESH_BUFFER:
+        for name in program.clear:
+            values[name] = None
+        for name in program.fresh_buffer:
+            value = getattr(common, name)
+            if value is not None:
                 values[name] = torch.empty_like(value)
         per_ubatch.append(values)
     return per_ubatch
@@ -192,3 +235,49 @@ def check_recompute_table(layouts, rules, recompute) -> None:
             raise UnsupportedSplitError(
                 f"{layout.describe()}: no recompute function for {missing}, no rule for {unruled}"
             )
+
+
+GENERATED_CODE_FILE = "<string>"
+"""``co_filename`` of the methods ``dataclasses`` generates (it ``exec``s their source)."""
+
+
+def _generated(function) -> bool:
+    code = getattr(function, "__code__", None)
+    return code is not None and code.co_filename == GENERATED_CODE_FILE
+
+
+@functools.lru_cache(maxsize=MATCH_CACHE_SIZE)
+def plain_field_names(cls: type) -> tuple[str, ...] | None:
+    """``cls``'s field names when building it by ``__dict__`` equals ``dataclasses.replace``.
+
+    That holds when ``__init__`` is the generated one (it only assigns each
+    field), there is no ``__post_init__``, every field is an init field, the
+    instances have a ``__dict__`` (no slots) and ``__setattr__`` is object's or
+    the generated frozen one. Else None: ``replaced`` falls back to ``replace``.
+    """
+    fields = dataclasses.fields(cls)
+    plain = (
+        _generated(cls.__init__)
+        and not hasattr(cls, "__post_init__")
+        and all(field.init for field in fields)
+        and "__slots__" not in cls.__dict__
+        and (cls.__setattr__ is object.__setattr__ or _generated(cls.__setattr__))
+    )
+    return tuple(field.name for field in fields) if plain else None
+
+
+def replaced(common, values: dict):
+    """``dataclasses.replace(common, **values)``, without the generic keyword path when safe.
+
+    Only the fields are copied (never other instance attributes, e.g. cached
+    properties of the parent), then ``values`` override them.
+    """
+    names = plain_field_names(type(common))
+    if names is None:
+        return dataclasses.replace(common, **values)
+    parent = common.__dict__
+    sub = object.__new__(type(common))
+    state = {name: parent[name] for name in names}
+    state.update(values)
+    sub.__dict__.update(state)
+    return sub

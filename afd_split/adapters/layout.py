@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 from dataclasses import dataclass
 from importlib import resources
@@ -56,10 +57,15 @@ class PinnedLayout:
     fields: tuple[str, ...]
     extra: MappingProxyType
 
-    @property
+    @functools.cached_property
     def field_set(self) -> frozenset[str]:
-        """The field names, order-insensitive."""
+        """The field names, order-insensitive (computed once: the engine path reads it per step)."""
         return frozenset(self.fields)
+
+    def __hash__(self) -> int:
+        # Explicit (``extra`` is a mapping, so the generated hash would fail): layouts key the
+        # per-class match cache; name and commit identify one pinned list.
+        return hash((self.name, self.commit))
 
     def describe(self) -> str:
         """Short provenance for error messages and evidence."""
@@ -86,11 +92,19 @@ def field_names(cls: type) -> tuple[str, ...]:
     return tuple(field.name for field in dataclasses.fields(cls))
 
 
+MATCH_CACHE_SIZE = 64
+"""Engine classes remembered by ``match_layout`` (a process sees one or two)."""
+
+
+@functools.lru_cache(maxsize=MATCH_CACHE_SIZE)
 def match_layout(cls: type, layouts: tuple[PinnedLayout, ...]) -> PinnedLayout:
     """The pinned layout whose field list ``cls`` has exactly; else fail closed naming the drift.
 
     The error lists, against the closest pinned layout, the fields the class
-    added (unknown to every rule) and the ones it lost.
+    added (unknown to every rule) and the ones it lost. Cached per class: a
+    class's dataclass fields are fixed when it is defined, so the drift check
+    runs once per engine class, not once per step (a failure is not cached:
+    it raises again on every call).
     """
     names = frozenset(field_names(cls))
     for layout in layouts:

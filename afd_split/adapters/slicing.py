@@ -15,6 +15,8 @@ TorchDispatchMode test in tests/adapters/test_device_path.py).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from afd_split.errors import UnsupportedSplitError
@@ -28,6 +30,9 @@ CHECK_FULL = "full"
 """Debug check: also token-level ``validate_split``; copies slot_mapping/block table to host."""
 CHECK_MODES = (CHECK_REQUESTS, CHECK_FULL)
 
+DTYPE_CACHE_SIZE = 16
+"""torch dtypes remembered by ``numpy_dtype`` (host fields use two or three)."""
+
 PAD_SLOT_ID = -1
 """slot_mapping value of a padding row: the KV-cache write kernels skip it."""
 PAD_POSITION = 0
@@ -35,13 +40,20 @@ PAD_POSITION = 0
 
 
 def host_numpy(tensor) -> np.ndarray:
-    """int64 numpy copy of a host tensor or array (refuses a device tensor: that would sync)."""
-    if hasattr(tensor, "device") and tensor.device.type != "cpu":
-        raise UnsupportedSplitError(
-            f"host field on device {tensor.device}: reading it would be a device-to-host copy"
-        )
-    array = tensor.numpy() if hasattr(tensor, "numpy") else np.asarray(tensor)
-    return array.astype(np.int64)
+    """A numpy view of a host tensor or array (refuses a device tensor: that would sync).
+
+    A view, not a copy: ``RequestFields`` makes its own int64 copies, so copying
+    here too would only double the per-step cost.
+    """
+    if isinstance(tensor, np.ndarray):
+        return tensor
+    if hasattr(tensor, "numpy"):
+        if tensor.device.type != "cpu":
+            raise UnsupportedSplitError(
+                f"host field on device {tensor.device}: reading it would be a device-to-host copy"
+            )
+        return tensor.numpy()
+    return np.asarray(tensor)
 
 
 def parent_request_fields(
@@ -109,7 +121,7 @@ def ubatch_token_rows(tensor, ubatch: UBatch, *, with_padding: bool, pad_value: 
     """
     import torch  # lazy: adapters only
 
-    real = tensor[..., ubatch.token_slice]
+    real = tensor[ubatch.token_slice] if tensor.ndim == 1 else tensor[..., ubatch.token_slice]
     if not with_padding or not ubatch.num_padded_tokens:
         return real
     shape = (*tensor.shape[:-1], ubatch.num_rows)
@@ -122,12 +134,18 @@ def ubatch_token_rows(tensor, ubatch: UBatch, *, with_padding: bool, pad_value: 
 
 
 def rebased_query_start_loc(query_start_loc, ubatch: UBatch):
-    """Device query_start_loc of the ubatch: the parent's slice, rebased and pinned at its ends."""
+    """Device query_start_loc of the ubatch: the parent's slice, rebased and pinned at its ends.
+
+    The entries are sorted and the request slice holds exactly the requests that
+    overlap the token slice, so only the two ends fall outside [0, real tokens]
+    once rebased: one clamp pins them (two device ops instead of two scalar writes).
+    """
     start, stop = ubatch.request_slice.start, ubatch.request_slice.stop
-    local = query_start_loc[start : stop + 1] - ubatch.token_slice.start
-    local[0] = 0
-    local[-1] = ubatch.num_real_tokens
-    return local
+    window = query_start_loc[start : stop + 1]
+    token_start = ubatch.token_slice.start
+    if not token_start:  # the head: nothing to rebase; clamp out of place (a view of the parent)
+        return window.clamp(0, ubatch.num_real_tokens)
+    return (window - token_start).clamp_(0, ubatch.num_real_tokens)
 
 
 def cut_seq_lens(seq_lens, ubatch: UBatch, left_over: int):
@@ -136,7 +154,7 @@ def cut_seq_lens(seq_lens, ubatch: UBatch, left_over: int):
     if not left_over:
         return part
     part = part.clone()
-    part[-1] -= left_over
+    part.select(0, -1).sub_(left_over)  # in place on a view: no scalar write-back copy
     return part
 
 
@@ -150,7 +168,15 @@ def host_tensor(array: np.ndarray, like):
 
     if isinstance(like, np.ndarray):
         return array.astype(like.dtype)
-    return torch.from_numpy(array.astype(like.numpy().dtype))  # like is a host tensor
+    return torch.from_numpy(array.astype(numpy_dtype(like.dtype)))  # like is a host tensor
+
+
+@functools.lru_cache(maxsize=DTYPE_CACHE_SIZE)
+def numpy_dtype(torch_dtype) -> np.dtype:
+    """The numpy dtype of a torch dtype (cheaper than ``like.numpy().dtype`` per field)."""
+    import torch  # lazy: adapters only
+
+    return torch.empty(0, dtype=torch_dtype).numpy().dtype
 
 
 def check_split(plan: SplitPlan, parent: RequestFields, produced: list[RequestFields], mode: str):

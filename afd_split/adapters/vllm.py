@@ -22,18 +22,27 @@ honour is rejected by name when set, and an unknown field list fails closed.
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 from types import MappingProxyType
 
 from afd_split.adapters.common import (
+    FieldProgram,
     HostSources,
     check_recompute_table,
+    compile_fields,
     produced_request_fields,
     reject_unsupported_fields,
+    replaced,
     request_fields_of,
     split_fields,
 )
-from afd_split.adapters.layout import FieldRule, PinnedLayout, load_layout, match_layout
+from afd_split.adapters.layout import (
+    MATCH_CACHE_SIZE,
+    FieldRule,
+    PinnedLayout,
+    load_layout,
+    match_layout,
+)
 from afd_split.adapters.slicing import (
     CHECK_FULL,
     CHECK_REQUESTS,
@@ -145,6 +154,12 @@ def common_layout(common, layouts: tuple[PinnedLayout, ...] = VLLM_LAYOUTS) -> P
     return match_layout(type(common), layouts)
 
 
+@functools.lru_cache(maxsize=MATCH_CACHE_SIZE)
+def vllm_field_program(cls: type) -> FieldProgram:
+    """``cls``'s pinned layout with its fields grouped by rule (drift check once per class)."""
+    return compile_fields(match_layout(cls, VLLM_LAYOUTS), VLLM_FIELD_RULES, VLLM_HOST_SOURCES, cls)
+
+
 def split_common_metadata(
     plan: SplitPlan, common, positions, block_size: int, *, check: str = CHECK_REQUESTS
 ):
@@ -160,34 +175,26 @@ def split_common_metadata(
     PCP plan, ``ValueError`` when the plan does not describe this batch, and
     ``SplitInvariantError`` when the check fails. The parent is not mutated.
     """
-    layout = common_layout(common)
-    reject_unsupported_fields(common, layout, VLLM_FIELD_RULES)
+    program = vllm_field_program(type(common))
+    reject_unsupported_fields(common, program)
     if plan.constraints.pcp_size > 1:
         raise UnsupportedSplitError(
             f"plan has pcp_size={plan.constraints.pcp_size}: the vLLM adapter does not build "
             "PCP metadata; use afd_split.adapters.ascend with the engine's PCP builder"
         )
-    parent = request_fields_of(plan, common, layout, VLLM_HOST_SOURCES)
+    parent = request_fields_of(plan, common, program)
     parts = split_request_fields(plan, parent)
     per_ubatch = split_fields(
-        plan,
-        common,
-        layout,
-        VLLM_FIELD_RULES,
-        VLLM_RECOMPUTE,
-        parent,
-        parts,
-        sources=VLLM_HOST_SOURCES,
-        padded_rows=False,
+        plan, common, program, VLLM_RECOMPUTE, parent, parts, padded_rows=False
     )
     results = [
         (
-            dataclasses.replace(common, **values),
+            replaced(common, values),
             ubatch_token_rows(positions, ubatch, with_padding=False, pad_value=PAD_POSITION),
         )
         for ubatch, values in zip(plan.ubatches, per_ubatch, strict=True)
     ]
-    produced = [produced_request_fields(sub, layout, VLLM_HOST_SOURCES) for sub, _ in results]
+    produced = [produced_request_fields(sub, program) for sub, _ in results]
     check_split(plan, parent, produced, check)
     if check == CHECK_FULL:
         from afd_split.adapters.debug import validate_token_level  # lazy: debug path only

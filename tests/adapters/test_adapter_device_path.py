@@ -23,6 +23,10 @@ ALLOWED_DEVICE_OPS = {
     "aten.select.int",
     "aten.sub.Tensor",
     "aten.sub_.Tensor",
+    # Device arithmetic by plan integers, like sub: rebased_query_start_loc pins the two ends
+    # of the rebased query_start_loc to [0, real tokens] with one clamp_ (no scalar read).
+    "aten.clamp_.default",
+    "aten.clamp.default",  # the same pinning out of place, for the head (whose slice is a view)
     "aten.fill_.Scalar",
     "aten.clone.default",
     "aten.copy_.default",
