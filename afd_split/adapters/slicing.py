@@ -74,7 +74,10 @@ def parent_request_fields(
             f"{seq_lens.shape[0]}, but the plan has {num_reqs} requests"
         )
     real_qsl = qsl[: num_reqs + 1]
-    if not np.array_equal(np.diff(real_qsl), plan.token_counts) or real_qsl[0] != 0:
+    # One memcmp against the plan's prefix sums (int64) instead of diff + array_equal.
+    if real_qsl.item(0) != 0 or (
+        real_qsl[1:].astype(np.int64, copy=False).tobytes() != plan.cu_tokens.tobytes()
+    ):
         raise ValueError(
             f"{source}: query_start_loc_cpu[:{num_reqs + 1}] does not hold the plan's "
             f"per-request tokens {list(plan.num_scheduled_tokens)[:8]}...; the plan was made "
