@@ -323,7 +323,10 @@ def split_ascend_common_metadata(
         if pcp_stage_builder is not None:
             values.update(_stage_pcp_fields(pcp_stage_builder, ubatch, part, program.layout))
         sub = replaced(common, values)
-        rows = ubatch_token_rows(positions, ubatch, with_padding=True, pad_value=PAD_POSITION)
+        if "positions" in values and positions is common.positions:
+            rows = values["positions"]  # the runner passed the field: already sliced
+        else:
+            rows = ubatch_token_rows(positions, ubatch, with_padding=True, pad_value=PAD_POSITION)
         results.append((sub, rows))
     produced = [produced_request_fields(sub, program) for sub, _ in results]
     check_split(plan, parent, produced, check)

@@ -106,13 +106,13 @@ class UBatchContext:
     parent: RequestFields
     common: object
 
-    @functools.cached_property
+    @property
     def left_over(self) -> int:
         """Tokens of the ubatch's last request that belong to the next ubatch."""
         stop = self.ubatch.request_slice.stop
         return self.parent.query_start_loc.item(stop) - self.ubatch.token_slice.stop
 
-    @functools.cached_property
+    @property
     def query_lens(self):
         """Per-request tokens of this ubatch (host, int64)."""
         qsl = self.part.query_start_loc

@@ -188,10 +188,7 @@ def split_common_metadata(
         plan, common, program, VLLM_RECOMPUTE, parent, parts, padded_rows=False
     )
     results = [
-        (
-            replaced(common, values),
-            ubatch_token_rows(positions, ubatch, with_padding=False, pad_value=PAD_POSITION),
-        )
+        (replaced(common, values), _positions_rows(positions, common, values, ubatch))
         for ubatch, values in zip(plan.ubatches, per_ubatch, strict=True)
     ]
     produced = [produced_request_fields(sub, program) for sub, _ in results]
@@ -201,6 +198,13 @@ def split_common_metadata(
 
         validate_token_level(plan, common, positions, block_size, parent, results)
     return results
+
+
+def _positions_rows(positions, common, values: dict, ubatch):
+    """The ubatch's positions: the sliced ``positions`` field when the runner passed that one."""
+    if "positions" in values and positions is common.positions:
+        return values["positions"]
+    return ubatch_token_rows(positions, ubatch, with_padding=False, pad_value=PAD_POSITION)
 
 
 def common_attention_metadata_type() -> type:
