@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_afd.backends.base import Backend, PromptRequest, RequestOutput, RunSettings
+from pytest_afd.serving.logprobs import MAX_NUM_LOGPROBS, completion_logprobs
 
 PREFILL_MAX_TOKENS = 1
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
@@ -257,6 +258,40 @@ def _choice(output: RequestOutput) -> dict[str, Any]:
             "finish_reason": "length", "stop_reason": None}
 
 
+def parse_logprobs_request(body: dict[str, Any]) -> int | None:
+    """``logprobs`` (top-k of the generated token) as vLLM accepts it; prompt_logprobs refused.
+
+    Tokens are always returned as ``"token_id:<id>"`` (this server has no
+    tokenizer), so ``return_tokens_as_token_ids`` must be true when asking.
+    """
+    if body.get("prompt_logprobs") is not None:
+        raise BadRequest(f"prompt_logprobs={body['prompt_logprobs']!r}: this server returns only "
+                         "the generated token's logprobs (its backend gives last-token logits)")
+    k = body.get("logprobs")
+    if k is None:
+        return None
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_NUM_LOGPROBS:
+        raise BadRequest(f"logprobs={k!r}; expected an integer in 0..{MAX_NUM_LOGPROBS}")
+    if body.get("return_tokens_as_token_ids") is not True:
+        raise BadRequest("logprobs needs return_tokens_as_token_ids=true: this server has no "
+                         "tokenizer to spell tokens as text")
+    return k
+
+
+def with_logprobs(choice: dict[str, Any], output: RequestOutput, k: int | None) -> dict[str, Any]:
+    """The choice with vLLM's ``logprobs`` object when the request asked for ``k`` of them."""
+    if k is None:
+        return choice
+    if output.logits is None:
+        raise RuntimeError("the backend returned no logits, so no logprobs can be computed")
+    return {**choice, "logprobs": completion_logprobs(output.logits, output.next_token, k)}
+
+
+def engine_settings(settings: RunSettings) -> RunSettings:
+    """The server's backend always returns last-token logits: logprobs are computed from them."""
+    return dataclasses.replace(settings, return_logits=True)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: AfdHTTPServer  # type: ignore[assignment]
 
@@ -320,6 +355,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise BadRequest(f"body must be a JSON object, got {type(body).__name__}")
             token_ids, stream, include_usage = parse_completion_request(
                 body, self.server.served_model_name)
+            num_logprobs = parse_logprobs_request(body)
         except ValueError as error:  # BadRequest, bad JSON or a bad Content-Length
             self._send_error_json(HTTPStatus.BAD_REQUEST, str(error))
             return
@@ -334,8 +370,13 @@ class _Handler(BaseHTTPRequestHandler):
         if output.error is not None:
             self._send_error_json(HTTPStatus.INTERNAL_SERVER_ERROR, output.error)
             return
+        try:
+            choice = with_logprobs(_choice(output), output, num_logprobs)
+        except RuntimeError as error:
+            self._send_error_json(HTTPStatus.INTERNAL_SERVER_ERROR, str(error))
+            return
         response = {"id": request_id, "object": "text_completion", "created": int(time.time()),
-                    "model": self.server.served_model_name, "choices": [_choice(output)]}
+                    "model": self.server.served_model_name, "choices": [choice]}
         if not stream:
             self._send_json(HTTPStatus.OK, {**response, "usage": _usage(output)})
             return
@@ -434,7 +475,7 @@ def serve(backend: Backend, settings: RunSettings, *, host: str, port: int,
           served_model_name: str, port_file: Path | None = None,
           batch_window_s: float = DEFAULT_BATCH_WINDOW_S) -> None:
     """Serve until SIGTERM/SIGINT; the backend is closed on the way out."""
-    engine = PrefillEngine(backend, settings, batch_window_s)
+    engine = PrefillEngine(backend, engine_settings(settings), batch_window_s)
     engine.start()
     httpd = AfdHTTPServer((host, port), engine, served_model_name)
 
