@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pytest_afd import hookspecs
+from pytest_afd import hardware, hookspecs, reference_phase
 from pytest_afd.backends import BACKEND_NAMES, create_backend
 from pytest_afd.backends.base import Backend, BackendUnavailable, RunSettings
 from pytest_afd.golden import GoldenStore
@@ -461,6 +461,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             help=f"{spec.help}{env_note}",
         )
         parser.addini(spec.ini, spec.help, default=None)
+    reference_phase.add_option(group, parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -470,6 +471,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[AFD_SESSION_KEY] = state
     # Registered as a plugin so it receives every test report (outcome column).
     config.pluginmanager.register(state, AFD_SESSION_PLUGIN)
+    reference_phase.reference_phase(config)  # a bad value is a UsageError now, not per test
+    ledger = hardware.HardwareLedger(state.options.backend, state.options.require_hardware,
+                                     lambda: state.backend_instance)
+    config.pluginmanager.register(ledger, hardware.PLUGIN_NAME)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -701,7 +706,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             "golden_updates": state.golden_updates,
         }
         return
-    if state.written:
+    ledger = session.config.pluginmanager.get_plugin(hardware.PLUGIN_NAME)
+    measured = ledger.summary() if ledger is not None else None
+    if state.written or measured is not None:
         for entry in state.written:
             entry["outcome"] = state.outcomes.get(entry["nodeid"], "unknown")
         summary = {
@@ -709,6 +716,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             "results": sorted(state.written, key=lambda entry: entry["case_id"]),
             "golden_updates": sorted(state.golden_updates),
         }
+        if measured is not None:
+            summary[hardware.SUMMARY_KEY] = measured
         atomic_write_json(state.options.results_dir / SUMMARY_FILE, summary)
 
 

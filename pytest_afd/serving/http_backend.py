@@ -213,10 +213,27 @@ class HttpBackend:
         if self._session is not None:
             description["base_url"] = self._session.base_url
             try:
-                description["server"] = self._client(self._session).get_json("/afd/describe")
+                description["server"] = self.server_description()
             except (ClientError, ValueError) as error:
                 description["server_describe_error"] = str(error)
         return description
+
+    def server_description(self) -> dict[str, Any]:
+        """The CPU HTTP server's ``GET /afd/describe`` (vLLM has no such route: ClientError)."""
+        if self._session is None:
+            raise ClientError("no server session yet")
+        return self._client(self._session).get_json("/afd/describe")
+
+    def stand_in_device(self) -> str | None:
+        """The device of a pytest-afd server standing in for a deployment, else None.
+
+        Only the harness's own server answers ``/afd/describe``; a vLLM
+        deployment does not, so it counts as the hardware it was launched on.
+        """
+        try:
+            return self.server_description()["backend"]["device"]
+        except (ClientError, ValueError, KeyError, TypeError):
+            return None
 
     def close(self) -> None:
         if self._session is not None:

@@ -172,7 +172,7 @@ def server_specs(plan: LaunchPlan, *, startup_timeout_s: float) -> list[ServerSp
     for index, process in enumerate(plan.processes):
         specs.append(ServerSpec(
             name=f"{index}-{process.role}-node{process.node}",
-            argv=process.argv, env=dict(process.env), port=process.api_port,
+            argv=process.argv, env=process.resolved_env(os.environ), port=process.api_port,
             health_path=None if process.headless else "/health",
             startup_timeout_s=startup_timeout_s,
         ))

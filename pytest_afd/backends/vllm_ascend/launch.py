@@ -7,21 +7,25 @@ Every invalid combination is rejected while the plan is built, before any
 process is started (RFC: "unsupported combinations fail before communication
 resources are created").
 
-Flag and ``--additional-config`` names follow the afd-plugin DeepSeek V3.2 CAM
-async recipe and connector guide (revision recorded in ``docs/ascend.md``).
+Flag, environment and ``--additional-config`` values follow the afd-plugin
+DeepSeek V3.2 CAM async recipe, kept as data with its commit in
+:mod:`~pytest_afd.backends.vllm_ascend.recipe`; every deviation is named there.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
+import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_afd.backends.vllm_ascend import recipe
 from pytest_afd.topology import (
     DEFAULT_DEVICES_PER_NODE,
     RankInfo,
@@ -34,10 +38,21 @@ from pytest_afd.topology import (
 CONNECTOR = "CAMAsyncAFDConnector"
 # CAM async MoE ubatching supports exactly two stages.
 ASYNC_MOE_NUM_UBATCHES = 2
-# RunSettings.split_policy -> connector_extra_config.async_moe_split (None: no ubatching).
-SPLIT_TO_ASYNC_MOE = {"none": None, "request": "request", "token": "token"}
-POLICY_TO_SPLIT = {"none": "none", "request_boundary": "request", "token_balanced": "token"}
+# --split -> connector_extra_config.async_moe_split (None: no ubatching). "token" is
+# the plugin's own (PR #180); "token_balanced" is afd_split's, registered by the
+# afd_split vLLM general plugin (afd_split.integrations.afd_plugin).
+SPLIT_TO_ASYNC_MOE = {"none": None, "request": "request", "token": "token",
+                      "token_balanced": "token_balanced"}
+POLICY_TO_SPLIT = {"none": "none", "request_boundary": "request",
+                   "token_balanced": "token_balanced"}
 SPLIT_TO_POLICY = {split: policy for policy, split in POLICY_TO_SPLIT.items()}
+# The plugin's "token" is the plugin's, not afd_split's: it has no RunSettings policy.
+PLUGIN_TOKEN_POLICY = "plugin_token"
+AFD_SPLIT_PLUGIN = "afd_split"
+# afd_split's integration regenerates no PCP stage metadata for a cut request
+# yet, so it refuses prefill_context_parallel_size > 1 (the hook's PCP_REJECTION).
+TOKEN_BALANCED_MAX_PCP = 1
+PLACEHOLDER_ADDRESS = re.compile(r"^node\d+$")
 ENV_ATTACH_URL = "AFD_ASCEND_SERVER_URL"
 ENV_ATTACH_SETTINGS = "AFD_ASCEND_SERVER_SETTINGS"
 # DeepSeek V3.2 routed experts; FFN ranks must divide them evenly (connector guide).
@@ -54,14 +69,18 @@ DEFAULT_FFN_DP_RPC_PORT = 29551
 DEFAULT_AFD_PORT = 1239
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 140_000
 DEFAULT_MAX_MODEL_LEN = 70_000
-DEFAULT_MAX_NUM_SEQS = 8
+# Per role, the recipe's --max-num-seqs and --gpu-memory-utilization (None: the recipe's).
+RECIPE_MAX_NUM_SEQS = {"attention": int(recipe.ATTENTION_FLAGS["--max-num-seqs"]),
+                       "ffn": int(recipe.FFN_FLAGS["--max-num-seqs"]),
+                       "baseline": int(recipe.BASELINE_FLAGS["--max-num-seqs"])}
+RECIPE_GPU_MEMORY_UTILIZATION = {
+    "attention": float(recipe.ATTENTION_FLAGS["--gpu-memory-utilization"]),
+    "ffn": float(recipe.ATTENTION_FLAGS["--gpu-memory-utilization"]),
+    "baseline": float(recipe.BASELINE_FLAGS["--gpu-memory-utilization"]),
+}
 DEFAULT_BLOCK_SIZE = 128
 DEFAULT_SEED = 1024
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_SERVED_MODEL_NAME = "deepseek_v3_2"
-DEFAULT_OMP_NUM_THREADS = 10
-AFD_HCCL_BUFFSIZE_MB = 4096
-BASELINE_HCCL_BUFFSIZE_MB = 200
 
 ROLE_ATTENTION = "attention"
 ROLE_FFN = "ffn"
@@ -80,19 +99,28 @@ class LaunchOptions:
     devices_per_node: int = DEFAULT_DEVICES_PER_NODE
     # The vLLM CLI: a name on PATH or a wrapper's path (e.g. one that enters the container).
     vllm_executable: str = "vllm"
-    node_addresses: tuple[str, ...] = ()  # default: node0, node1, ...
-    split: str | None = None  # none | request | token; None: request for AFD, none otherwise
+    # Real addresses (IPs on multi-node: HCCL_IF_IP), one per node; no placeholders.
+    node_addresses: tuple[str, ...] = ()
+    # none | request | token | token_balanced; None: request for AFD, none otherwise.
+    split: str | None = None
     chunk_size: int | None = None  # None: chunked prefill disabled
     prefix_caching: bool = False
-    routing: str = "natural"  # natural | forced_balanced
+    # natural | forced_balanced; the recipe measures with forced balancing (synthetic).
+    routing: str = recipe.RECIPE_ROUTING
     quantization: str = "w8a8"  # w8a8 | none
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     max_model_len: int = DEFAULT_MAX_MODEL_LEN
-    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    # Attention / baseline --max-num-seqs (None: the recipe's 32 / 8); FFN: ffn_max_num_seqs.
+    max_num_seqs: int | None = None
+    ffn_max_num_seqs: int = RECIPE_MAX_NUM_SEQS["ffn"]
     block_size: int = DEFAULT_BLOCK_SIZE
     seed: int = DEFAULT_SEED
     served_model_name: str = DEFAULT_SERVED_MODEL_NAME
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    gpu_memory_utilization: float | None = None  # None: the recipe's, per role
+    stack: str = recipe.STACK_V019  # the vLLM / vLLM-Ascend line (v0.26: --tokenizer-mode)
+    # NIC for GLOO/TP/HCCL_SOCKET_IFNAME; required when a plan spans nodes.
+    socket_ifname: str | None = None
+    cam_op_api_lib: str = recipe.CAM_OP_API_LIB
     api_port: int = DEFAULT_API_PORT
     ffn_api_port: int = DEFAULT_FFN_API_PORT
     dp_rpc_port: int = DEFAULT_DP_RPC_PORT
@@ -116,14 +144,27 @@ class ProcessPlan:
     api_port: int | None
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
+    # Path lists put in front of the launching environment's value (LD_LIBRARY_PATH).
+    env_prepend: tuple[tuple[str, str], ...] = ()
 
     @property
     def num_ranks(self) -> int:
         return len(self.devices)
 
+    def resolved_env(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """``env`` plus each prepended path list in front of ``environ``'s value."""
+        resolved = dict(self.env)
+        for key, prefix in self.env_prepend:
+            current = environ.get(key, "")
+            resolved[key] = f"{prefix}:{current}" if current else prefix
+        return resolved
+
     def command_line(self) -> str:
-        """The process as one shell-quoted line (``env K=V ... vllm serve ...``)."""
-        return shlex.join(["env", *(f"{key}={value}" for key, value in self.env), *self.argv])
+        """The process as one shell line (``env K=V ... vllm serve ...``), values quoted."""
+        prepends = [f"{shlex.quote(f'{key}={prefix}')}${{{key}:+:${key}}}"
+                    for key, prefix in self.env_prepend]
+        fixed = shlex.join(["env", *(f"{key}={value}" for key, value in self.env)])
+        return " ".join([fixed, *prepends, shlex.join(self.argv)])
 
     def flag_values(self, flag: str) -> list[str]:
         return flag_values(self.argv, flag)
@@ -137,7 +178,8 @@ class ProcessPlan:
             "role": self.role, "node": self.node, "node_address": self.node_address,
             "devices": list(self.devices), "dp_start_rank": self.dp_start_rank,
             "dp_local_size": self.dp_local_size, "headless": self.headless,
-            "api_port": self.api_port, "env": dict(self.env), "argv": list(self.argv),
+            "api_port": self.api_port, "env": dict(self.env),
+            "env_prepend": dict(self.env_prepend), "argv": list(self.argv),
             "command_line": self.command_line(),
         }
 
@@ -281,17 +323,49 @@ def _resolve_split(options: LaunchOptions, topology: Topology, attention: _RoleS
             f"split={split!r} needs an AFD topology (<attention>-<ffn>); {topology.canonical!r} "
             "is co-located, where async MoE ubatching does not exist"
         )
-    if split == "token" and attention.ranks_per_replica == 1:
+    if split == "token" and (attention.tp <= 1 or attention.pcp > 1):
         raise LaunchPlanError(
-            f"split='token' needs an Attention TP/SP or PCP group > 1 to balance within; "
-            f"{topology.attention.spec!r} has one rank per DP replica"
+            f"split='token' (the AFD plugin's own, PR #180) needs Attention TP > 1 and no PCP; "
+            f"{topology.attention.spec!r} has tp{attention.tp} pcp{attention.pcp} "
+            "(use split='request' there)"
+        )
+    if split == "token_balanced" and attention.pcp > TOKEN_BALANCED_MAX_PCP:
+        raise LaunchPlanError(
+            f"split='token_balanced' (afd_split's integration) does not support PCP yet: "
+            f"{topology.attention.spec!r} has pcp{attention.pcp}; its stage PCP metadata is "
+            "rebuilt from whole-request lengths, which a cut request breaks"
         )
     return split
+
+
+def _check_addresses(addresses: Sequence[str], num_nodes: int, topology: Topology,
+                     devices_per_node: int) -> None:
+    """Real node addresses, one per node, IPs on multi-node plans (HCCL_IF_IP)."""
+    if len(addresses) < num_nodes:
+        raise LaunchPlanError(
+            f"{topology.canonical} needs {topology.total_ranks} devices = {num_nodes} nodes of "
+            f"{devices_per_node}, but {len(addresses)} node address(es) were given: "
+            f"{list(addresses)}; pass --node-address once per node"
+        )
+    placeholders = [address for address in addresses if PLACEHOLDER_ADDRESS.match(address)]
+    if placeholders:
+        raise LaunchPlanError(f"node addresses {placeholders} are placeholders; give the nodes' "
+                              "real addresses (--node-address)")
+    if num_nodes > 1:
+        for address in addresses[:num_nodes]:
+            try:
+                ipaddress.ip_address(address)
+            except ValueError:
+                raise LaunchPlanError(
+                    f"node address {address!r} is not an IP address; multi-node plans export it "
+                    f"as {recipe.HCCL_IF_IP}") from None
 
 
 def _check_options(options: LaunchOptions) -> None:
     if options.devices_per_node < 1:
         raise LaunchPlanError(f"devices_per_node={options.devices_per_node}; expected >= 1")
+    if options.stack not in recipe.STACKS:
+        raise LaunchPlanError(f"stack={options.stack!r}; expected one of {recipe.STACKS}")
     if options.routing not in ("natural", "forced_balanced"):
         raise LaunchPlanError(f"routing={options.routing!r}; expected 'natural' or 'forced_balanced'")
     if options.quantization not in ("w8a8", "none"):
@@ -343,8 +417,10 @@ def _group_by_node(ranks: Sequence[RankInfo], shape: _RoleShape) -> list[tuple[i
 
 def _additional_config(topology: Topology, options: LaunchOptions, split: str, role: str,
                        afd_host: str, attention: _RoleShape) -> dict[str, Any]:
-    config: dict[str, Any] = {"enable_force_load_balance": options.routing == "forced_balanced"}
+    """The baseline balances through enable_force_load_balance, AFD through its env variable."""
+    config: dict[str, Any] = {}
     if not topology.is_afd:
+        config["enable_force_load_balance"] = options.routing == "forced_balanced"
         return config
     extra: dict[str, Any] = {
         "dynamicQuant": int(options.quantization == "w8a8"),
@@ -369,37 +445,52 @@ def _additional_config(topology: Topology, options: LaunchOptions, split: str, r
 
 
 def _environment(topology: Topology, shape: _RoleShape, options: LaunchOptions, split: str,
-                 devices: Sequence[int]) -> tuple[tuple[str, str], ...]:
+                 devices: Sequence[int], node_address: str,
+                 multi_node: bool) -> tuple[tuple[str, str], ...]:
     env = {
+        **recipe.COMMON_ENV,
         "ASCEND_RT_VISIBLE_DEVICES": ",".join(map(str, devices)),
-        "OMP_PROC_BIND": "false",
-        "OMP_NUM_THREADS": str(DEFAULT_OMP_NUM_THREADS),
-        "PYTORCH_NPU_ALLOC_CONF": "expandable_segments:True",
-        "HCCL_OP_EXPANSION_MODE": "AIV",
         "VLLM_USE_V1": "1",
     }
-    if shape.pcp > 1:
-        env["VLLM_ASCEND_ENABLE_CONTEXT_PARALLEL"] = "1"
+    if multi_node:
+        env[recipe.HCCL_IF_IP] = node_address
+        env.update(dict.fromkeys(recipe.SOCKET_IFNAME_VARIABLES, options.socket_ifname))
+    if shape.pcp > 1 or (topology.is_afd and topology.attention.size("pcp") > 1):
+        # The recipe exports it on every AFD process, FFN included.
+        env.update(recipe.CONTEXT_PARALLEL_ENV)
     if shape.role != ROLE_FFN:
         # Exposes POST /reset_prefix_cache, which cold-cache phases need (RFC Stage B).
         env["VLLM_SERVER_DEV_MODE"] = "1"
     if topology.is_afd:
-        env["VLLM_PLUGINS"] = "ascend,afd"
-        env["HCCL_BUFFSIZE"] = str(AFD_HCCL_BUFFSIZE_MB)
-        env["AFD_FORCE_BALANCED_TOPK_IDS"] = str(int(options.routing == "forced_balanced"))
+        plugins = ["ascend", "afd"] + ([AFD_SPLIT_PLUGIN] if split == "token_balanced" else [])
+        env["VLLM_PLUGINS"] = ",".join(plugins)
+        env.update(recipe.AFD_ENV)
+        env[recipe.AFD_FORCED_ROUTING_ENV] = str(int(options.routing == "forced_balanced"))
         # FlashComm1 (SP) only on Attention, and explicitly off on FFN (connector guide).
         sp_on = shape.role == ROLE_ATTENTION and shape.sequence_parallel
         env["VLLM_ASCEND_ENABLE_FLASHCOMM1"] = str(int(sp_on))
     else:
-        env["HCCL_BUFFSIZE"] = str(BASELINE_HCCL_BUFFSIZE_MB)
+        env.update(recipe.BASELINE_ENV)
         if shape.sequence_parallel:
             env["VLLM_ASCEND_ENABLE_FLASHCOMM1"] = "1"
     return tuple(sorted(env.items()))
 
 
+def _max_num_seqs(options: LaunchOptions, role: str) -> int:
+    if role == ROLE_FFN:
+        return options.ffn_max_num_seqs
+    return options.max_num_seqs if options.max_num_seqs is not None else RECIPE_MAX_NUM_SEQS[role]
+
+
+def _gpu_memory_utilization(options: LaunchOptions, role: str) -> float:
+    if options.gpu_memory_utilization is not None:
+        return options.gpu_memory_utilization
+    return RECIPE_GPU_MEMORY_UTILIZATION[role]
+
+
 def _role_processes(topology: Topology, options: LaunchOptions, split: str, shape: _RoleShape,
                     ranks: Sequence[RankInfo], addresses: Sequence[str], afd_host: str,
-                    attention: _RoleShape) -> list[ProcessPlan]:
+                    attention: _RoleShape, multi_node_plan: bool) -> list[ProcessPlan]:
     groups = _group_by_node(ranks, shape)
     multi_node = len(groups) > 1
     dp_address = addresses[groups[0][0]]
@@ -428,7 +519,7 @@ def _role_processes(topology: Topology, options: LaunchOptions, split: str, shap
         if shape.pcp > 1:
             argv += ["--prefill-context-parallel-size", str(shape.pcp)]
         argv += ["--enable-expert-parallel", "--block-size", str(options.block_size),
-                 "--max-num-seqs", str(options.max_num_seqs),
+                 "--max-num-seqs", str(_max_num_seqs(options, shape.role)),
                  "--max-model-len", str(options.max_model_len),
                  BATCHED_TOKENS_FLAG, str(batched_tokens),
                  "--enable-chunked-prefill" if options.chunk_size is not None else "--no-enable-chunked-prefill",
@@ -436,9 +527,11 @@ def _role_processes(topology: Topology, options: LaunchOptions, split: str, shap
                  # usage.prompt_tokens_details.cached_tokens: realized hits per request.
                  "--enable-prompt-tokens-details",
                  "--seed", str(options.seed), "--trust-remote-code",
-                 "--gpu-memory-utilization", str(options.gpu_memory_utilization)]
+                 "--gpu-memory-utilization", str(_gpu_memory_utilization(options, shape.role))]
         if options.quantization == "w8a8":
             argv += ["--quantization", "ascend"]
+        if options.stack in recipe.STACK_TOKENIZER_MODE:
+            argv += [recipe.TOKENIZER_MODE_FLAG, recipe.STACK_TOKENIZER_MODE[options.stack]]
         argv += ["--additional-config", json.dumps(config, sort_keys=True)]
         argv += list(options.extra_args.get(shape.role, ()))
         devices = tuple(info.device for info in node_ranks)
@@ -446,19 +539,23 @@ def _role_processes(topology: Topology, options: LaunchOptions, split: str, shap
             role=shape.role, node=node, node_address=addresses[node], devices=devices,
             dp_start_rank=dp_start, dp_local_size=local_dp, headless=headless,
             api_port=None if headless else api_port, argv=tuple(argv),
-            env=_environment(topology, shape, options, split, devices),
+            env=_environment(topology, shape, options, split, devices, addresses[node],
+                             multi_node_plan),
+            env_prepend=((recipe.LD_LIBRARY_PATH, options.cam_op_api_lib),) if topology.is_afd
+            else (),
         ))
         dp_start += local_dp
     return processes
 
 
-def _run_settings(options: LaunchOptions, split: str) -> dict[str, Any]:
+def _run_settings(options: LaunchOptions, split: str, serving_role: str) -> dict[str, Any]:
     return {
-        "split_policy": SPLIT_TO_POLICY[split], "chunk_size": options.chunk_size,
+        "split_policy": SPLIT_TO_POLICY.get(split, PLUGIN_TOKEN_POLICY),
+        "chunk_size": options.chunk_size,
         "prefix_caching": options.prefix_caching, "routing": options.routing,
         "quantization": options.quantization,
         "max_num_batched_tokens": options.max_num_batched_tokens,
-        "max_num_seqs": options.max_num_seqs, "block_size": options.block_size,
+        "max_num_seqs": _max_num_seqs(options, serving_role), "block_size": options.block_size,
     }
 
 
@@ -476,23 +573,25 @@ def build_launch_plan(topology: Topology | str, options: LaunchOptions) -> Launc
     shapes = [attention] if topology.ffn is None else [attention, _ffn_shape(topology.ffn)]
     layout = topology.rank_layout(options.devices_per_node)
     num_nodes = max(info.node for info in layout) + 1
-    addresses = options.node_addresses or tuple(f"node{index}" for index in range(num_nodes))
-    if len(addresses) < num_nodes:
+    addresses = options.node_addresses
+    _check_addresses(addresses, num_nodes, topology, options.devices_per_node)
+    if num_nodes > 1 and not options.socket_ifname:
         raise LaunchPlanError(
-            f"{topology.canonical} needs {topology.total_ranks} devices = {num_nodes} nodes of "
-            f"{options.devices_per_node}, but only {len(addresses)} node address(es) were given: "
-            f"{list(addresses)}"
+            f"{topology.canonical} spans {num_nodes} nodes: give the NIC the nodes talk over "
+            f"(--nic-name) for {', '.join(recipe.SOCKET_IFNAME_VARIABLES)}"
         )
     afd_host = addresses[0]  # the node that owns Attention rank 0
     layout_roles = ("colocated",) if topology.ffn is None else (ROLE_ATTENTION, ROLE_FFN)
     processes: list[ProcessPlan] = []
     for shape, layout_role in zip(shapes, layout_roles, strict=True):
         ranks = [info for info in layout if info.role == layout_role]
-        processes += _role_processes(topology, options, split, shape, ranks, addresses, afd_host, attention)
+        processes += _role_processes(topology, options, split, shape, ranks, addresses, afd_host,
+                                     attention, num_nodes > 1)
     plan = LaunchPlan(topology=topology.canonical, is_afd=topology.is_afd,
                       devices_per_node=options.devices_per_node,
                       node_addresses=tuple(addresses[:num_nodes]), split=split,
-                      processes=tuple(processes), run_settings=_run_settings(options, split))
+                      processes=tuple(processes),
+                      run_settings=_run_settings(options, split, attention_role))
     validate_plan(plan)
     return plan
 
@@ -546,17 +645,24 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", required=True, help="checkpoint path on the nodes")
     parser.add_argument("--devices-per-node", type=int, default=DEFAULT_DEVICES_PER_NODE)
     parser.add_argument("--node-address", action="append", default=[], dest="node_addresses",
-                        help="address of node 0, 1, ... (repeat); default node0, node1, ...")
+                        help="real address of node 0, 1, ... (repeat; IPs on multi-node)")
+    parser.add_argument("--nic-name", default=None, dest="socket_ifname",
+                        help="multi-node: NIC for GLOO/TP/HCCL_SOCKET_IFNAME")
+    parser.add_argument("--stack", choices=recipe.STACKS, default=recipe.STACK_V019,
+                        help="vLLM / vLLM-Ascend line (v0.26 adds --tokenizer-mode deepseek_v32)")
     parser.add_argument("--split", choices=tuple(SPLIT_TO_ASYNC_MOE), default=None,
                         help="async MoE split (AFD only); default request for AFD, none otherwise")
     parser.add_argument("--chunk-size", type=int, default=None,
                         help="enable chunked prefill with this token budget")
     parser.add_argument("--prefix-caching", action="store_true")
-    parser.add_argument("--routing", choices=("natural", "forced_balanced"), default="natural")
+    parser.add_argument("--routing", choices=("natural", "forced_balanced"),
+                        default=recipe.RECIPE_ROUTING,
+                        help="default: the recipe's forced balancing (synthetic outputs)")
     parser.add_argument("--quantization", choices=("w8a8", "none"), default="w8a8")
     parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
     parser.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
-    parser.add_argument("--max-num-seqs", type=int, default=DEFAULT_MAX_NUM_SEQS)
+    parser.add_argument("--max-num-seqs", type=int, default=None,
+                        help="Attention/baseline (default: the recipe's 32 / 8; FFN keeps 2)")
     for role in (ROLE_ATTENTION, ROLE_FFN, ROLE_BASELINE):
         parser.add_argument(f"--{role}-arg", action="append", default=[], dest=f"{role}_args",
                             metavar="ARG", help=f"extra vllm serve argument for {role} (repeat; "
@@ -573,7 +679,8 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
         node_addresses=tuple(args.node_addresses), split=args.split, chunk_size=args.chunk_size,
         prefix_caching=args.prefix_caching, routing=args.routing, quantization=args.quantization,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs, extra_args=extra,
+        max_num_seqs=args.max_num_seqs, extra_args=extra, stack=args.stack,
+        socket_ifname=args.socket_ifname,
     )
 
 
