@@ -165,7 +165,11 @@ def _retained_reference(split: Callable) -> Callable:
 
 @contextlib.contextmanager
 def _retained_list() -> Iterator[None]:
+    """The leak's module-level list; nested applications share the outer one."""
     module = importlib.import_module(METADATA_MODULE)
+    if hasattr(module, RETAINED_ATTRIBUTE):
+        yield
+        return
     setattr(module, RETAINED_ATTRIBUTE, [])
     try:
         yield
