@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_afd.backends.base import Backend, PromptRequest, RequestOutput, RunSettings
+from pytest_afd.faults import applied_from_env
 from pytest_afd.serving.logprobs import MAX_NUM_LOGPROBS, completion_logprobs
 
 PREFILL_MAX_TOKENS = 1
@@ -499,9 +500,14 @@ def serve(backend: Backend, settings: RunSettings, *, host: str, port: int,
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     backend = make_backend(args)
-    serve(backend, args.settings_json, host=args.host, port=args.port,
-          served_model_name=args.served_model_name or args.model_name, port_file=args.port_file,
-          batch_window_s=args.batch_window_s)
+    # A seeded split-path fault named by $PYTEST_AFD_FAULT (tests: a broken candidate
+    # deployment the gates must reject); nothing is patched when it is unset.
+    with applied_from_env() as fault:
+        if fault is not None:
+            print(f"seeded fault {fault.name!r} applied for this server's lifetime", flush=True)
+        serve(backend, args.settings_json, host=args.host, port=args.port,
+              served_model_name=args.served_model_name or args.model_name,
+              port_file=args.port_file, batch_window_s=args.batch_window_s)
     return 0
 
 

@@ -19,6 +19,7 @@ from gate_reference import GateReferences
 
 from afd_split import unsupported_reasons
 from pytest_afd.backends.base import Backend, CapabilityMissing
+from pytest_afd.faults import applied_from_env
 from pytest_afd.golden import GoldenStore
 from pytest_afd.plugin import AfdOptions, afd_session
 from pytest_afd.reference_phase import reference_phase
@@ -49,6 +50,17 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         )
     else:
         metafunc.parametrize("gate_topology", specs, ids=specs, scope="session")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def seeded_fault() -> Iterator[str | None]:
+    """The split-path fault ``$PYTEST_AFD_FAULT`` names, applied for the whole gate session.
+
+    The mutation check (``python -m pytest_afd fault-check``) sets it and
+    expects ``pytest -m gate`` to fail; unset, nothing is patched.
+    """
+    with applied_from_env() as fault:
+        yield None if fault is None else fault.name
 
 
 @pytest.fixture(scope="session")
