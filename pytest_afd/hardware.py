@@ -24,11 +24,13 @@ from pytest_afd.serving.http_backend import HttpBackend
 HARDWARE_BACKENDS = ("vllm-ascend",)
 SUMMARY_KEY = "hardware"
 PLUGIN_NAME = "afd-hardware-ledger"
+# pytest-xdist: a worker's counts travel to the controller under this workeroutput key.
+WORKEROUTPUT_KEY = "afd_hardware"
 
 
 @dataclass(eq=False)  # identity-hashed: registered as a pytest plugin
 class HardwareLedger:
-    """Per-session count of cases measured on hardware (controller process; no xdist merge)."""
+    """Per-session count of cases measured on hardware (xdist workers report to the controller)."""
 
     backend_name: str
     require_hardware: bool
@@ -86,10 +88,28 @@ class HardwareLedger:
         return text
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        config = session.config
+        if hasattr(config, "workerinput"):  # an xdist worker: the controller decides
+            config.workeroutput[WORKEROUTPUT_KEY] = {
+                "on_hardware": self.on_hardware, "on_stand_in": self.on_stand_in,
+                "stand_in_device": self.stand_in_device}
+            return
         if self.applies and self.require_hardware and not self.on_hardware:
             self.failed_session = True
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """pytest-xdist: add a finished worker's counts (a crashed worker sends none)."""
+        if error is not None:
+            return
+        output = node.workeroutput.get(WORKEROUTPUT_KEY)
+        if output is None:
+            return
+        self.on_hardware.extend(output["on_hardware"])
+        self.on_stand_in.extend(output["on_stand_in"])
+        self.stand_in_device = self.stand_in_device or output["stand_in_device"]
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.applies:

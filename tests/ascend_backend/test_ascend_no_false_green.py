@@ -83,3 +83,49 @@ def test_gate_skip_reasons_name_what_differs(tmp_path):
     assert "process-pair runtime is the CPU backend's" in output
     assert "needs --afd-model full (this session: reduced)" in output
     assert "--npu-topology dp3pcp8-ep8 (this session" not in output
+
+
+def test_worker_counts_reach_the_controller_under_xdist(pytester, no_deployment):
+    """A stand-in backend run in each xdist worker is counted once, in the controller."""
+    pytest.importorskip("xdist")
+    pytester.makeconftest('''
+from pytest_afd.backends.base import RequestOutput, RunOutputs
+from pytest_afd.serving.http_backend import HttpBackend
+
+
+class CountingBackend(HttpBackend):
+    def __init__(self):
+        super().__init__("vllm-ascend", frozenset(), launcher=None)
+
+    def run(self, prompts, settings):
+        self.completed_runs += 1
+        return RunOutputs(requests=[])
+
+    def stand_in_device(self):
+        return "cpu"
+
+    def reset_prefix_cache(self):
+        pass
+
+    def describe(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+def pytest_afd_create_backend(config, name, topology, model_name, seed, results_dir):
+    return CountingBackend()
+''')
+    pytester.makepyfile("""
+import pytest
+
+@pytest.mark.parametrize("case", range(4))
+def test_runs_once(afd_backend, case):
+    afd_backend.run([], None)
+""")
+    result = pytester.runpytest("--afd-backend", "vllm-ascend", "-n", "2", "-p", "no:cacheprovider",
+                                "-p", "no:benchmark")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*0 cases measured on hardware*; 4 ran on a pytest-afd server*"])
+    assert summary_of(pytester)["hardware"]["cases_on_stand_in"] == 4
