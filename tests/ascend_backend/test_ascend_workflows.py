@@ -85,6 +85,10 @@ def test_nightly_default_topology_launches_on_one_node():
     plan = build_launch_plan(topology, LaunchOptions(model="/m", devices_per_node=NODE_NPUS,
                                                      node_addresses=("127.0.0.1",)))
     assert {process.node for process in plan.processes} == {0}
+    # The candidate phase's token_balanced split must be launchable there (no PCP).
+    build_launch_plan(topology, LaunchOptions(model="/m", devices_per_node=NODE_NPUS,
+                                              node_addresses=("127.0.0.1",),
+                                              split="token_balanced"))
 
 
 def test_nightly_logs_stack_runs_gates_and_stage_and_uploads():
