@@ -343,6 +343,9 @@ def parse_args(argv):
         parser.error(
             f"--repetitions={args.repetitions}; the RFC requires at least {MIN_REPETITIONS}"
         )
+    if args.output is not None and (args.output.is_dir() or not args.output.parent.is_dir()):
+        # Checked now: a bad path must not cost a run of several minutes.
+        parser.error(f"--output {str(args.output)!r}: not a file path in an existing directory")
     for name in ("instrumented_repetitions", "calibration_repetitions", "warmups"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')}={getattr(args, name)}; expected >= 0")

@@ -45,7 +45,7 @@ def resolve_split(options: LaunchOptions, topology: Topology, attention: RoleSha
         )
     if split == "token" and (attention.tp <= 1 or attention.pcp > 1):
         raise LaunchPlanError(
-            f"split='token' (the AFD plugin's own, PR #180) needs Attention TP > 1 and no PCP; "
+            f"split='token' (the AFD plugin's own, PR #203) needs Attention TP > 1 and no PCP; "
             f"{topology.attention.spec!r} has tp{attention.tp} pcp{attention.pcp} "
             "(use split='request' there)"
         )

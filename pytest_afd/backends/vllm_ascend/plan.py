@@ -20,7 +20,7 @@ CONNECTOR = "CAMAsyncAFDConnector"
 # CAM async MoE ubatching supports exactly two stages.
 ASYNC_MOE_NUM_UBATCHES = 2
 # --split -> connector_extra_config.async_moe_split (None: no ubatching). "token" is
-# the plugin's own (PR #180); "token_balanced" is afd_split's, registered by the
+# the plugin's own (PR #203); "token_balanced" is afd_split's, registered by the
 # afd_split vLLM general plugin (afd_split.integrations.afd_plugin).
 SPLIT_TO_ASYNC_MOE = {"none": None, "request": "request", "token": "token",
                       "token_balanced": "token_balanced"}

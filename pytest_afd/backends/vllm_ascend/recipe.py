@@ -5,7 +5,7 @@ on branch ``release/v0.19.1rc1`` at :data:`RECIPE_COMMIT` (the recipe names that
 branch; ``main`` 2e4378f and ``update/v0.26.0`` 044464a carry the same commands).
 Multi-node NIC variables come from the same repository's CAMP2p recipe scripts
 (``recipe/npu/CAMP2pAFDConnector/deepseek_v3_2/afd_attention.sh``), the
-``token`` split rule from afd-plugin PR #180 (commit :data:`TOKEN_SPLIT_COMMIT`),
+``token`` split rule from afd-plugin PR #203 (head :data:`TOKEN_SPLIT_COMMIT`; PR #180 daad034 has it too),
 the install command from the README at the same commits.
 
 The launch plans are tested flag by flag against these values
@@ -21,7 +21,7 @@ RECIPE_REPO = "vllm-project/afd-plugin"
 RECIPE_PATH = "recipe/npu/CAMAsyncAFDConnector/deepseek_v3_2/README.md"
 RECIPE_BRANCH = "release/v0.19.1rc1"
 RECIPE_COMMIT = "2f4f4627d6606dc8b6b11b406d3bc5b31e363090"
-TOKEN_SPLIT_COMMIT = "daad0341f778993bd0fafc6be71ac5a95c5066ba"  # PR #180 head
+TOKEN_SPLIT_COMMIT = "22d29dc7a1a9e85f7b8f153e66485b16d7331a83"  # PR #203 head
 
 # The vLLM / vLLM-Ascend lines the plans target, and what differs between them.
 STACK_V019 = "v0.19.1rc1"
