@@ -10,7 +10,7 @@ Host-side values come only from the ``*_cpu`` fields the engine already holds
 ``_num_computed_tokens_cpu``); device tensors are only viewed, index-selected
 or combined with plain Python integers taken from the plan, so the split makes
 no device-to-host transfer and reads no device scalar (guarded by the
-TorchDispatchMode test in tests/adapters/test_device_path.py).
+TorchDispatchMode test in tests/adapters/test_adapter_device_path.py).
 """
 
 from __future__ import annotations
