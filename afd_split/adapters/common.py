@@ -112,12 +112,6 @@ class UBatchContext:
         stop = self.ubatch.request_slice.stop
         return self.parent.query_start_loc.item(stop) - self.ubatch.token_slice.stop
 
-    @property
-    def query_lens(self):
-        """Per-request tokens of this ubatch (host, int64)."""
-        qsl = self.part.query_start_loc
-        return qsl[1:] - qsl[:-1]
-
 
 def _is_set(value, default) -> bool:
     if default is None or default is dataclasses.MISSING:

@@ -16,6 +16,7 @@ TorchDispatchMode test in tests/adapters/test_adapter_device_path.py).
 from __future__ import annotations
 
 import functools
+import itertools
 
 import numpy as np
 
@@ -32,6 +33,9 @@ CHECK_MODES = (CHECK_REQUESTS, CHECK_FULL)
 
 DTYPE_CACHE_SIZE = 16
 """torch dtypes remembered by ``numpy_dtype`` (host fields use two or three)."""
+
+SCALAR_MAX_REQUESTS = 16
+"""Up to this many requests a Python max over ``tolist()`` beats a numpy reduction."""
 
 PAD_SLOT_ID = -1
 """slot_mapping value of a padding row: the KV-cache write kernels skip it."""
@@ -180,6 +184,21 @@ def numpy_dtype(torch_dtype) -> np.dtype:
     import torch  # lazy: adapters only
 
     return torch.empty(0, dtype=torch_dtype).numpy().dtype
+
+
+def host_max(array: np.ndarray) -> int:
+    """``int(array.max())`` of a host request array (plain Python for small batches)."""
+    if array.shape[0] <= SCALAR_MAX_REQUESTS:
+        return max(array.tolist())
+    return int(array.max())
+
+
+def max_query_len(query_start_loc: np.ndarray) -> int:
+    """The largest per-request token count of a host query_start_loc (plain Python when small)."""
+    if query_start_loc.shape[0] <= SCALAR_MAX_REQUESTS:
+        starts = query_start_loc.tolist()
+        return max(stop - start for start, stop in itertools.pairwise(starts))
+    return int((query_start_loc[1:] - query_start_loc[:-1]).max())
 
 
 def check_split(plan: SplitPlan, parent: RequestFields, produced: list[RequestFields], mode: str):

@@ -50,7 +50,9 @@ from afd_split.adapters.slicing import (
     PAD_SLOT_ID,
     check_split,
     cut_seq_lens,
+    host_max,
     host_tensor,
+    max_query_len,
     rebased_query_start_loc,
     ubatch_request_rows,
     ubatch_token_rows,
@@ -139,8 +141,8 @@ VLLM_RECOMPUTE = MappingProxyType(
         ),
         "num_reqs": lambda c: c.part.num_reqs,
         "num_actual_tokens": lambda c: c.ubatch.num_real_tokens,
-        "max_query_len": lambda c: int(c.query_lens.max()),
-        "max_seq_len": lambda c: int(c.part.seq_lens.max()),
+        "max_query_len": lambda c: max_query_len(c.part.query_start_loc),
+        "max_seq_len": lambda c: host_max(c.part.seq_lens),
         "causal": _causal,
     }
 )

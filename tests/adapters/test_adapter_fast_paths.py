@@ -7,6 +7,7 @@ field program must not let a drifted class through.
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 from adapter_batches import BLOCK, PREFIX_HIT_TOKENS, build_common, standin_class
@@ -14,7 +15,12 @@ from adapter_batches import BLOCK, PREFIX_HIT_TOKENS, build_common, standin_clas
 from afd_split import SplitConstraints, plan_split
 from afd_split.adapters.common import plain_field_names, replaced
 from afd_split.adapters.layout import match_layout
-from afd_split.adapters.slicing import rebased_query_start_loc
+from afd_split.adapters.slicing import (
+    SCALAR_MAX_REQUESTS,
+    host_max,
+    max_query_len,
+    rebased_query_start_loc,
+)
 from afd_split.adapters.vllm import VLLM_LAYOUTS, split_common_metadata, vllm_field_program
 from afd_split.errors import UnsupportedSplitError
 
@@ -98,3 +104,11 @@ def test_rebased_query_start_loc_pins_only_the_ends():
     assert rebased_query_start_loc(qsl, head).tolist() == expected_head
     assert rebased_query_start_loc(qsl, tail).tolist() == expected_tail
     assert qsl.tolist() == [0, 40, 140, 160, 196], "the parent's tensor was changed"
+
+
+@pytest.mark.parametrize("num_reqs", [1, SCALAR_MAX_REQUESTS, SCALAR_MAX_REQUESTS + 1, 512])
+def test_small_batch_maxima_equal_numpy_on_both_paths(num_reqs):
+    query_lens = np.random.default_rng(num_reqs).integers(1, 5000, num_reqs)
+    qsl = np.concatenate([[0], np.cumsum(query_lens)])
+    assert max_query_len(qsl) == int(query_lens.max())
+    assert host_max(query_lens) == int(query_lens.max())
