@@ -15,7 +15,7 @@ import numpy as np
 from afd_split.errors import SplitInvariantError
 from afd_split.plan import SplitPlan
 from afd_split.request_checks import validate_split_requests
-from afd_split.token_runs import token_fields_hold
+from afd_split.token_runs import RUNS_MIN_TOKENS, token_fields_hold
 
 MROPE_POSITION_ROWS = 3
 """M-RoPE positions carry temporal / height / width rows."""
@@ -130,10 +130,13 @@ def validate_metadata(metadata) -> None:
 
 
 def _check_token_fields(metadata, qsl, query_lens, computed, seq_lens) -> None:
-    """Positions and slots against the request fields. ``token_fields_hold`` accepts a valid
-    batch in cache-sized chunks; otherwise the passes below over [T] int64 buffers (reused
-    in place) locate and name the first violation."""
-    if not token_fields_hold(metadata, qsl, query_lens, computed, seq_lens):
+    """Positions and slots against the request fields. From RUNS_MIN_TOKENS tokens,
+    ``token_fields_hold`` accepts a valid batch in cache-sized chunks; otherwise the passes
+    of ``name_token_violation`` over [T] int64 buffers (reused in place) check the batch and
+    name the first violation."""
+    if metadata.num_tokens < RUNS_MIN_TOKENS or not token_fields_hold(
+        metadata, qsl, query_lens, computed, seq_lens
+    ):
         name_token_violation(metadata, qsl, query_lens, computed, seq_lens)
 
 
