@@ -32,7 +32,7 @@ def _int64_vectors(qsl, seq_lens, computed, num_reqs: int) -> bool:
     )
 
 
-def _parent_holds(plan, qsl, seq_lens, computed, qsl_bytes: bytes) -> bool:
+def _parent_holds(plan, qsl, seq_lens, computed) -> bool:
     """query_start_loc is 0, the plan's prefix sums, ends at its T; computed >= 0 and
     seq_len - query_len == computed for every request."""
     if qsl.item(0) != 0 or qsl.item(-1) != plan.ubatches[-1].token_slice.stop:
@@ -45,7 +45,7 @@ def _parent_holds(plan, qsl, seq_lens, computed, qsl_bytes: bytes) -> bool:
             and (seq_lens - computed).tolist() == list(counts)
         )
     return (
-        qsl_bytes[WORD:] == plan.cu_tokens.tobytes()
+        qsl[1:].tobytes() == plan.cu_tokens.tobytes()
         and computed.item(computed.argmin()) >= 0
         and (seq_lens - computed).tobytes() == plan.token_counts.tobytes()
     )
@@ -57,10 +57,9 @@ def requests_hold(plan, qsl, seq_lens, computed, parts) -> bool:
     num_reqs = plan.num_requests
     if not _int64_vectors(qsl, seq_lens, computed, num_reqs):
         return False
-    qsl_bytes = qsl.tobytes()
-    if not _parent_holds(plan, qsl, seq_lens, computed, qsl_bytes):
+    if not _parent_holds(plan, qsl, seq_lens, computed):
         return False
-    seq_bytes, computed_bytes = seq_lens.tobytes(), computed.tobytes()
+    qsl_bytes, seq_bytes, computed_bytes = qsl.tobytes(), seq_lens.tobytes(), computed.tobytes()
     for ubatch, part in zip(plan.ubatches, parts, strict=True):
         req_start, req_stop = ubatch.request_slice.start, ubatch.request_slice.stop
         token_start, token_stop = ubatch.token_slice.start, ubatch.token_slice.stop
