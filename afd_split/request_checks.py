@@ -16,7 +16,6 @@ import numpy as np
 from afd_split.errors import SplitInvariantError
 from afd_split.plan import INT64, SplitPlan
 from afd_split.plan_scalar import SCALAR_PATH_MAX_REQUESTS
-from afd_split.request_fast import requests_hold
 
 SHAPE = "shape"
 PLAN_MISMATCH = "plan mismatch"
@@ -288,8 +287,6 @@ def validate_split_requests(plan: SplitPlan, parent, parts) -> None:
         _fail(SHAPE, f"{len(parts)} request-field parts for {len(ubatches)} ubatches")
     _check_plan_layout(plan)
     qsl, seq_lens, computed = parent.query_start_loc, parent.seq_lens, parent.num_computed_tokens
-    if requests_hold(plan, qsl, seq_lens, computed, parts):
-        return
     _check_parent(plan, qsl, seq_lens, computed)
     for ubatch, part in zip(ubatches, parts, strict=True):
         _check_part_tokens(ubatch, part, qsl)

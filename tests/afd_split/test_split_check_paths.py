@@ -1,9 +1,8 @@
 """The fast acceptance paths of the checks agree with the checks that name violations.
 
 ``token_fields_hold`` (runs, chunked) must accept exactly the batches that
-``name_token_violation`` (whole-batch passes) lets through, and
-``requests_hold`` exactly what the request-level checks let through, so a fast
-True never hides an error and every rejection keeps its message.
+``name_token_violation`` (whole-batch passes) lets through, so a fast True never
+hides an error and every rejection keeps its message.
 """
 
 import dataclasses
@@ -13,18 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from afd_split import (
-    BatchMetadata,
-    RequestFields,
-    SplitConstraints,
-    SplitInvariantError,
-    plan_split,
-    request_checks,
-    split_request_fields,
-    token_runs,
-    validate_split_requests,
-)
-from afd_split.plan_scalar import SCALAR_PATH_MAX_REQUESTS
+from afd_split import BatchMetadata, SplitInvariantError, token_runs
 from afd_split.token_checks import name_token_violation
 from afd_split.token_runs import token_fields_hold
 
@@ -94,57 +82,3 @@ def test_a_fault_past_the_first_chunk_is_caught_by_the_fast_path(field):
     assert not fast_passes(broken)
     with pytest.raises(SplitInvariantError):
         broken.validate()
-
-
-def request_check_outcome(plan, parent, parts, *, fast: bool):
-    """None when validate_split_requests passes, else its message; ``fast=False`` runs only
-    the naming checks."""
-    original = request_checks.requests_hold
-    if not fast:
-        request_checks.requests_hold = lambda *args: False
-    try:
-        validate_split_requests(plan, parent, parts)
-    except SplitInvariantError as error:
-        return str(error)
-    finally:
-        request_checks.requests_hold = original
-    return None
-
-
-@settings(max_examples=300, deadline=None, database=None)
-@given(
-    tokens=st.lists(st.integers(1, 300), min_size=1, max_size=2 * SCALAR_PATH_MAX_REQUESTS),
-    align=st.sampled_from((1, 8)),
-    pcp=st.sampled_from((1, 2)),
-    data=st.data(),
-)
-def test_fast_request_check_accepts_exactly_what_the_naming_check_accepts(
-    tokens, align, pcp, data
-):
-    computed = data.draw(st.lists(st.integers(0, 500), min_size=len(tokens), max_size=len(tokens)))
-    policy = data.draw(st.sampled_from(("token_balanced", "request_boundary", "none")))
-    plan = plan_split(
-        np.array(tokens) if data.draw(st.booleans()) else tokens,
-        policy=policy,
-        constraints=SplitConstraints(align=align, pcp_size=pcp),
-        num_computed_tokens=computed,
-        allow_fallback=True,
-    )
-    parent = RequestFields.of(BatchMetadata.from_requests(tokens, computed))
-    parts = split_request_fields(plan, parent)
-    fields = (parent.query_start_loc, parent.seq_lens, parent.num_computed_tokens)
-    assert request_checks.requests_hold(plan, *fields, parts)  # a real split takes the fast path
-    if data.draw(st.booleans()):
-        target = data.draw(st.sampled_from(("parent", *range(len(parts)))))
-        name = data.draw(st.sampled_from(("query_start_loc", "seq_lens", "num_computed_tokens")))
-        fields = parent if target == "parent" else parts[target]
-        array = np.array(getattr(fields, name))
-        array[data.draw(st.integers(0, array.size - 1))] += data.draw(st.integers(-50, 50))
-        changed = dataclasses.replace(fields, **{name: array})
-        if target == "parent":
-            parent = changed
-        else:
-            parts[target] = changed
-    assert request_check_outcome(plan, parent, parts, fast=True) == request_check_outcome(
-        plan, parent, parts, fast=False
-    )
