@@ -3,6 +3,10 @@
 ``python -m pytest_afd trace-imbalance [--max-batch-requests 8]`` prints, as
 JSON, the best request-boundary split imbalance of the shipped Azure traces
 replayed in arrival order (the numbers quoted in docs/workloads.md).
+
+``python -m pytest_afd fault-check [--fault NAME] [--jobs N] [--control]``
+runs ``pytest -m gate`` under each seeded split-path fault and fails unless
+every run fails (docs/gates.md, "Seeded faults").
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_BATCH_REQUESTS,
         help="default: %(default)s",
     )
+    from pytest_afd import fault_check
+
+    fault_check.add_parser(commands)
     return parser
 
 
@@ -54,6 +61,10 @@ def _trace_imbalance(max_batch_requests: int) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "fault-check":
+        from pytest_afd import fault_check
+
+        return fault_check.main(args)
     if args.command == "trace-imbalance":
         try:
             return _trace_imbalance(args.max_batch_requests)

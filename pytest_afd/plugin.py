@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pytest_afd import hookspecs
+from pytest_afd import hardware, hookspecs, reference_phase
 from pytest_afd.backends import create_backend
 from pytest_afd.backends.base import Backend, BackendUnavailable
 from pytest_afd.golden import GoldenStore
@@ -167,7 +167,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    add_options(parser)
+    reference_phase.add_option(add_options(parser), parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -180,6 +180,10 @@ def pytest_configure(config: pytest.Config) -> None:
             state.stale_temp_removed += remove_stale_temp_files(directory)
     # Registered as a plugin so it receives every test report (outcome column).
     config.pluginmanager.register(state, AFD_SESSION_PLUGIN)
+    reference_phase.reference_phase(config)  # a bad value is a UsageError now, not per test
+    ledger = hardware.HardwareLedger(state.options.backend, state.options.require_hardware,
+                                     lambda: state.backend_instance)
+    config.pluginmanager.register(ledger, hardware.PLUGIN_NAME)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -433,7 +437,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     if state.lost_workers:
         _recover_lost_results(state)
-    if state.written or state.lost_workers:
+    ledger = session.config.pluginmanager.get_plugin(hardware.PLUGIN_NAME)
+    measured = ledger.summary() if ledger is not None else None
+    if state.written or state.lost_workers or measured is not None:
         for entry in state.written:
             entry["outcome"] = state.outcomes.get(entry["nodeid"], "unknown")
         summary = {
@@ -443,6 +449,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         }
         if state.lost_workers:
             summary["lost_workers"] = state.lost_workers
+        if measured is not None:
+            summary[hardware.SUMMARY_KEY] = measured
         atomic_write_json(state.options.results_dir / SUMMARY_FILE, summary)
 
 

@@ -9,6 +9,7 @@ plugin turns a missing capability into a skip with a reason.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -25,9 +26,15 @@ CAP_CHUNKED_PREFILL = "chunked_prefill"
 CAP_W8A8 = "w8a8"
 CAP_FORCED_ROUTING = "forced_routing"
 CAP_LOGITS = "logits"
+# The generated token's top-k logprobs (vLLM's /v1/completions ``logprobs``):
+# what a backend behind an HTTP API returns instead of logits.
+CAP_TOPK_LOGPROBS = "topk_logprobs"
 CAP_AFD = "afd"
 CAP_INSTRUMENTATION = "instrumentation"
 CAP_PIPELINE_PARALLEL = "pipeline_parallel"
+# The backend calls SplitObservers on every split its in-process executor consumes
+# (``observe_splits``): the gates check exactly what ran without reaching into it.
+CAP_SPLIT_OBSERVER = "split_observer"
 
 
 class BackendUnavailable(RuntimeError):
@@ -72,6 +79,8 @@ class RunSettings:
     split_align: int | None = None
     pcp_size: int | None = None
     instrument: bool = False
+    # Return what the gates compare: last-token logits, or top-k logprobs on a
+    # backend that declares CAP_TOPK_LOGPROBS instead of CAP_LOGITS.
     return_logits: bool = True
     # CPU backend: run the Attention and FFN roles as separate processes (the
     # CPU AFD runtime, capability "afd") instead of in one process. A real AFD
@@ -107,6 +116,8 @@ class RequestOutput:
     next_token: int
     # Last-token logits (float32, vocab-sized) when the backend can return them.
     logits: np.ndarray | None = None
+    # Token id -> logprob of the generated token's top-k (CAP_TOPK_LOGPROBS backends).
+    top_logprobs: dict[int, float] | None = None
     ttft_s: float | None = None
     error: str | None = None
 
@@ -150,6 +161,34 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class SplitObserver(Protocol):
+    """Sees each split a backend executes: the parent before slicing, then the parts it ran.
+
+    Observers must not keep strong references to what they are shown (the soak
+    checks that every plan, metadata and part is dead after its step).
+    """
+
+    def before_split(self, plan: Any, metadata: Any) -> None:
+        """Called with the parent metadata before ``split_metadata`` runs."""
+        ...
+
+    def after_split(self, plan: Any, metadata: Any, parts: Sequence[Any]) -> None:
+        """Called with the per-ubatch metadata the executor will run."""
+        ...
+
+
+def observe_splits(backend: Backend, observer: SplitObserver) -> AbstractContextManager[None]:
+    """``backend.observe_splits(observer)``: observe every split inside the ``with`` block.
+
+    Needs capability ``split_observer``. A run with ``split_policy="none"``
+    is a direct whole-batch forward (no ``afd_split`` slicing, gather or
+    merge), so its observer sees no split: the gates' unsplit reference is
+    independent of the code they judge.
+    """
+    require_capability(backend, CAP_SPLIT_OBSERVER)
+    return backend.observe_splits(observer)
 
 
 def require_capability(backend: Backend, capability: str) -> None:

@@ -2,10 +2,13 @@
 
 Every gate compares a candidate run with a reference run of the same backend
 and judges it with the ``golden`` fixture's tolerance profile (``w8a8`` for
-W8A8 runs, ``float32`` otherwise). On the CPU backend the judgement also
-includes the split invariant checker (``afd_split.validate_split``) applied to
-exactly the split metadata the executor consumed, so a broken split is caught
-even where it happens not to move the outputs. See docs/gates.md.
+W8A8 runs, ``float32`` otherwise). Where the backend
+declares ``split_observer`` (the CPU backend) the judgement also includes the
+split invariant checker (``afd_split.validate_split`` and parent-unchanged)
+applied, through the backend protocol, to exactly the split metadata the
+executor consumed, so a broken split is caught even where it happens not to
+move the outputs. The reference (``split_policy="none"``) is a direct
+whole-batch forward that must not touch the split path. See docs/gates.md.
 """
 
 from __future__ import annotations
@@ -15,22 +18,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import pytest
+from gate_reference import comparable_outputs
 
-from afd_split import (
-    SplitInvariantError,
-    SplitSupportConfig,
-    split_metadata,
-    validate_split,
-)
+from afd_split import SplitInvariantError, SplitSupportConfig, validate_split
 from afd_split.support import CPU_REFERENCE_BUILDER
 from pytest_afd import results
 from pytest_afd.backends import create_backend
-from pytest_afd.backends.base import Backend, PromptRequest, RunOutputs, RunSettings
-from pytest_afd.backends.cpu import executor as cpu_executor
+from pytest_afd.backends.base import (
+    CAP_SPLIT_OBSERVER,
+    Backend,
+    PromptRequest,
+    RunOutputs,
+    RunSettings,
+    observe_splits,
+)
 from pytest_afd.golden import GoldenMismatchError, GoldenStore, compare, get_profile
 from pytest_afd.plugin import AfdOptions
 from pytest_afd.topology import Topology, parse_topology
@@ -118,12 +122,7 @@ class GateBackends:
         model = model_name or self.options.model
         topology = parse_topology(spec, self.options.aliases)
         if self.options.backend != CPU_BACKEND:
-            if topology.canonical != self.options.topology.canonical or model != self.options.model:
-                pytest.skip(
-                    f"backend {self.options.backend!r} serves only --npu-topology "
-                    f"{self.options.topology.canonical} with model {self.options.model}; "
-                    f"{spec} / {model} needs its own deployment"
-                )
+            deployment_mismatch(self.options, topology, model)
             return self.session_backend()
         key = (topology.canonical, model)
         if key not in self.created:
@@ -140,6 +139,21 @@ class GateBackends:
         for backend in self.created.values():
             backend.close()
         self.created.clear()
+
+
+def deployment_mismatch(options: AfdOptions, topology: Topology, model: str) -> None:
+    """Skip, naming only what differs, when a case needs another deployment than the session's."""
+    differences = []
+    if topology.canonical != options.topology.canonical:
+        differences.append(f"--npu-topology {topology.canonical} (this session: "
+                           f"{options.topology.canonical})")
+    if model != options.model:
+        differences.append(f"--afd-model {model} (this session: {options.model})")
+    if differences:
+        pytest.skip(
+            f"backend {options.backend!r} runs the one deployment of this session; this case "
+            f"needs {' and '.join(differences)}: run it in a session with those options"
+        )
 
 
 @dataclass(frozen=True)
@@ -202,53 +216,90 @@ def make_prompts(
 # ---- the split check and the verdict -----------------------------------------
 
 
+PARENT_FIELDS = (
+    "query_start_loc", "seq_lens", "num_computed_tokens", "slot_mapping", "block_table",
+    "positions", "block_size",
+)  # fmt: skip
+
+
+def _parent_snapshot(metadata) -> dict[str, Any]:
+    """Copies of every parent field, to prove the split left the parent untouched."""
+    return {name: np.array(getattr(metadata, name), copy=True) for name in PARENT_FIELDS}
+
+
 @dataclass
 class ExecutedSplits:
-    """The split plans the CPU executor ran during one run and the invariant violations in them."""
+    """What the backend's executor split during one run, and the invariant violations in it.
 
-    plans: list[Any] = field(default_factory=list)
+    A :class:`~pytest_afd.backends.base.SplitObserver`: it keeps each plan's
+    evidence (never the plan, metadata or parts themselves, which must die
+    with their step) and checks every split with ``validate_split`` plus the
+    parent-never-mutated rule, on exactly the parts the executor ran.
+    """
+
+    validate: bool = True
+    plan_evidence: list[dict[str, Any]] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     active: bool = True
+    _pending: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def num_checked(self) -> int:
+        return len(self.plan_evidence)
 
     @property
     def num_split(self) -> int:
-        return sum(plan.is_split for plan in self.plans)
+        return sum(bool(evidence["is_split"]) for evidence in self.plan_evidence)
 
+    def before_split(self, plan, metadata) -> None:
+        self._pending[id(metadata)] = _parent_snapshot(metadata)
 
-Splitter = Callable[..., list]
-
-
-@contextmanager
-def checked_splits(
-    backend_name: str, splitter: Splitter = split_metadata, *, validate: bool = True
-) -> Iterator[ExecutedSplits]:
-    """Run the invariant checker on every split the CPU executor consumes inside the block.
-
-    ``splitter`` produces the per-ubatch metadata (the real ``split_metadata``
-    unless a test injects a fault); the executor receives exactly what was
-    checked. Other backends split in their own processes: nothing to hook.
-    """
-    record = ExecutedSplits(active=backend_name == CPU_BACKEND)
-    if not record.active:
-        yield record
-        return
-
-    def checked(plan, metadata, **kwargs):
-        parts = splitter(plan, metadata, **kwargs)
-        if validate:
+    def after_split(self, plan, metadata, parts) -> None:
+        forward = len(self.plan_evidence)
+        before = self._pending.pop(id(metadata))
+        if self.validate:
             try:
                 validate_split(plan, metadata, parts)
             except SplitInvariantError as error:
-                record.violations.append(f"forward {len(record.plans)}: {error}")
-        record.plans.append(plan)
-        return parts
+                self.violations.append(f"forward {forward}: {error}")
+            changed = [
+                name for name, value in before.items()
+                if not np.array_equal(np.asarray(getattr(metadata, name)), value)
+            ]  # fmt: skip
+            if changed:
+                self.violations.append(f"forward {forward}: the split mutated the parent's {changed}")
+        self.plan_evidence.append(plan.to_evidence())
 
-    with mock.patch.object(cpu_executor, "split_metadata", checked):
+
+@contextmanager
+def checked_splits(backend: Backend, *, validate: bool = True, expect_splits: bool = True,
+                   in_reach: bool = True) -> Iterator[ExecutedSplits]:
+    """Run the invariant checker on every split the backend executes inside the block.
+
+    Through the backend protocol's ``observe_splits`` (capability
+    ``split_observer``). ``expect_splits``: a split run whose observer saw no
+    split means the seam moved and the check would be vacuous (a failure); an
+    unsplit reference run must see none (it is a direct whole-batch forward,
+    independent of the split path). A backend without the capability splits
+    out of reach (its own processes), and so does a run with ``afd_processes``
+    (``in_reach=False``): nothing is checked here.
+    """
+    active = in_reach and CAP_SPLIT_OBSERVER in backend.capabilities
+    record = ExecutedSplits(validate=validate, active=active)
+    if not record.active:
         yield record
-    if not record.plans:
+        return
+    with observe_splits(backend, record):
+        yield record
+    if expect_splits and not record.plan_evidence:
         raise AssertionError(
-            "the CPU executor ran no split_metadata call through the gate's checker: "
+            f"backend {backend.name!r} reported no split through its split observer: "
             "its split seam moved, so the invariant check would be vacuous"
+        )
+    if not expect_splits and record.plan_evidence:
+        raise AssertionError(
+            f"the unsplit reference ran {len(record.plan_evidence)} forward(s) through the split "
+            "path: it would share the code the gate judges"
         )
 
 
@@ -258,19 +309,24 @@ def run_measured(
     settings: RunSettings,
     *,
     seed_prompts: Sequence[Sequence[PromptRequest]] = (),
-    splitter: Splitter = split_metadata,
     validate: bool = True,
+    seed_split: str = UNSPLIT_POLICY,
 ) -> tuple[RunOutputs, ExecutedSplits]:
     """Cold cache, seed runs (unsplit, prefix caching on), then the measured run under the checker.
 
     The seed runs put the same prefix KV in the cache for a candidate and its
-    reference, so the two differ only in what the measured run does.
+    reference, so the two differ only in what the measured run does. A
+    reference (``split_policy="none"``) must not touch the split path. Against
+    a stored reference (``--afd-reference-phase check``) the deployment has one
+    split, so the seed runs use it (``seed_split``).
     """
     backend.reset_prefix_cache()
-    seed_settings = replace(settings, split_policy=UNSPLIT_POLICY, prefix_caching=True)
+    seed_settings = replace(settings, split_policy=seed_split, prefix_caching=True)
     for seed in seed_prompts:
         backend.run(seed, seed_settings)
-    with checked_splits(backend.name, splitter, validate=validate) as splits:
+    reference = settings.split_policy == UNSPLIT_POLICY
+    with checked_splits(backend, validate=validate, expect_splits=not reference,
+                        in_reach=not settings.afd_processes) as splits:
         outputs = backend.run(prompts, settings)
     return outputs, splits
 
@@ -340,13 +396,16 @@ def judge(
     ref_ids = [r.request_id for r in reference.requests]
     if ids != ref_ids:
         raise AssertionError(f"candidate requests {ids} != reference requests {ref_ids}")
-    actual, expected = stacked_logits(candidate), stacked_logits(reference)
+    outputs = comparable_outputs(candidate, reference, profile)
+    actual, expected, profile = outputs.actual, outputs.expected, outputs.profile
     try:
         golden.check(name, actual, profile=profile, reference=expected)
         ok, report = True, ""
     except GoldenMismatchError as mismatch:
         ok, report = False, str(mismatch)
     numbers = compare(actual, expected, profile)
+    if outputs.shared_logprob_error is not None:
+        numbers.max_abs_error = outputs.shared_logprob_error
     tokens = [
         f"{c.request_id}: {c.next_token} vs {r.next_token}"
         for c, r in zip(candidate.requests, reference.requests, strict=True)
@@ -360,7 +419,7 @@ def judge(
         max_rel_error=numbers.max_rel_error,
         violations=list(splits.violations) if splits is not None else [],
         token_mismatches=tokens,
-        checked_forwards=len(splits.plans) if splits is not None else 0,
+        checked_forwards=splits.num_checked if splits is not None else 0,
     )
 
 
@@ -420,6 +479,35 @@ def record_gate_result(
     )
 
 
+def record_reference_case(
+    afd_results,
+    references: Any,
+    name: str,
+    backend: Backend,
+    prompts: Sequence[PromptRequest],
+    settings: RunSettings,
+    *,
+    topology: Topology,
+    gate: dict[str, Any],
+    dataset: str,
+    seed: int | None,
+) -> None:
+    """Reference phase (``--afd-reference-phase record``): run, store and report the reference only."""
+    from gate_reference import reference_settings
+
+    outputs = references.record(name, backend, prompts, settings)
+    record_gate_result(
+        afd_results,
+        settings=reference_settings(settings),
+        topology=topology,
+        prompts=prompts,
+        outputs=outputs,
+        dataset=dataset,
+        seed=seed,
+        gate={**gate, **references.describe(name)},
+    )
+
+
 # ---- what the run's own evidence says happened ---------------------------------------
 
 STEP_KEYS = ("is_split", "boundary_request", "schedule")
@@ -441,6 +529,18 @@ def _require(mapping: dict, keys: Sequence[str], where: str) -> None:
     missing = [key for key in keys if key not in mapping]
     if missing:
         raise AssertionError(f"{where} lacks {missing}: the gate reads the split shape from it")
+
+
+# Why a gate's shape assertion is not made: said in its result, never silently passed.
+NO_STEP_EVIDENCE = (
+    "the backend reported no per-step evidence (a deployment behind an HTTP API): the split/chunk "
+    "shape of this case is not verified, only its outputs"
+)
+
+
+def shape_unverified(outputs: RunOutputs) -> str | None:
+    """:data:`NO_STEP_EVIDENCE` when the run carries no step evidence, else None."""
+    return None if outputs.steps else NO_STEP_EVIDENCE
 
 
 def split_steps(outputs: RunOutputs, prompt_lengths: Sequence[int]) -> list[SplitStep]:

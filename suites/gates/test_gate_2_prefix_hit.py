@@ -20,6 +20,7 @@ from gate_lib import (
     judge,
     make_prompts,
     record_gate_result,
+    record_reference_case,
     run_measured,
 )
 
@@ -81,6 +82,7 @@ def test_gate_2_prefix_hit_matches_uncached(
     gate_pages,
     workload,
     golden,
+    gate_references,
     afd_results,
     afd_options,
 ):
@@ -94,8 +96,22 @@ def test_gate_2_prefix_hit_matches_uncached(
         prefix_caching=True,
     )
     prompts, seeds = workload.prompts(afd_options.seed, gate_pages)
-    warm, splits = run_measured(gate_backend, prompts, settings, seed_prompts=seeds)
-    uncached, _ = run_measured(gate_backend, prompts, replace(settings, prefix_caching=False))
+    stored = gate_references.name(f"gate2/{workload.name}", topology.canonical, gate_quantization)
+    if gate_references.recording:
+        record_reference_case(
+            afd_results, gate_references, stored, gate_backend, prompts, settings,
+            topology=topology, gate={"gate": 2, "case": workload.name},
+            dataset=f"gate2/{workload.name}", seed=afd_options.seed,
+        )  # fmt: skip
+        return
+    warm, splits = run_measured(
+        gate_backend, prompts, settings, seed_prompts=seeds,
+        seed_split=gate_references.seed_split(settings),
+    )
+    if gate_references.checking:
+        uncached = gate_references.load(stored, prompts, settings)
+    else:
+        uncached, _ = run_measured(gate_backend, prompts, replace(settings, prefix_caching=False))
     hits = [r.num_cached_tokens for r in warm.requests]
     missing = [prompts[i].request_id for i in workload.expected_hits() if hits[i] <= 0]
     verdict = judge(golden, f"gate2/{workload.name}", warm, uncached, profile, splits)
@@ -110,7 +126,8 @@ def test_gate_2_prefix_hit_matches_uncached(
         gate={
             "gate": 2,
             "case": workload.name,
-            "reference": "same prompts, cold, prefix caching off, same split policy",
+            "reference": gate_references.describe(stored) if gate_references.checking
+            else "same prompts, cold, prefix caching off, same split policy",
             "realized_hit_tokens": hits,
             "reference_hit_tokens": [r.num_cached_tokens for r in uncached.requests],
             "requests_without_expected_hit": missing,
