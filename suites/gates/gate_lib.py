@@ -109,13 +109,35 @@ def support_config_for(
     return SplitSupportConfig(**{**facts, **overrides})
 
 
+ManifestMaker = Callable[[Backend | None, Topology, str], dict]
+
+
 @dataclass
 class GateBackends:
-    """One backend per topology for the CPU backend (created on first use, closed at the end)."""
+    """One backend per (topology, model) for the CPU backend, each with its own manifest.
+
+    ``make_manifest(backend, topology, model)`` builds the manifest a case on
+    that backend records (its true topology and model, not the session's).
+    """
 
     options: AfdOptions
     session_backend: Callable[[], Backend]
+    make_manifest: ManifestMaker
+    session_manifest: Callable[[], dict]
     created: dict[tuple[str, str], Backend] = field(default_factory=dict)
+    manifests: dict[tuple[str, str], dict] = field(default_factory=dict)
+
+    def manifest(self, spec: str, model_name: str | None = None, *, backend: bool = True) -> dict:
+        """The manifest of cases on (``spec``, model); ``backend=False``: no backend ran."""
+        model = model_name or self.options.model
+        topology = parse_topology(spec, self.options.aliases)
+        if self.options.backend != CPU_BACKEND:
+            return self.session_manifest()
+        key = (topology.canonical, model, backend)
+        if key not in self.manifests:
+            ran = self.get(spec, model) if backend else None
+            self.manifests[key] = self.make_manifest(ran, topology, model)
+        return self.manifests[key]
 
     def get(self, spec: str, model_name: str | None = None) -> Backend:
         model = model_name or self.options.model
@@ -412,6 +434,7 @@ def judge(
 def record_gate_result(
     afd_results,
     *,
+    manifest: dict[str, Any],
     settings: RunSettings,
     topology: Topology,
     prompts: Sequence[PromptRequest],
@@ -421,7 +444,11 @@ def record_gate_result(
     seed: int | None,
     requested_hit_ratio: float | None = None,
 ) -> None:
-    """Write this case's schema-valid result JSON; ``gate`` holds the gate's own evidence."""
+    """Write this case's schema-valid result JSON; ``gate`` holds the gate's own evidence.
+
+    ``manifest`` is the case's own (``GateBackends.manifest``): its topology,
+    model and backend, which ``results.build_result`` turns into ``run``.
+    """
     gate_doc = {
         **gate,
         "topology": topology.canonical,
@@ -447,6 +474,7 @@ def record_gate_result(
         )
         completed = sum(r.error is None for r in outputs.requests)
     afd_results.record(
+        manifest=manifest,
         settings=settings,
         workload=results.workload_json(
             dataset_name=dataset,

@@ -120,6 +120,7 @@ def test_gate_1_token_balanced_matches_unsplit(
     gate_topology_obj,
     gate_quantization,
     gate_backend,
+    gate_manifest,
     gate_pages,
     workload,
     golden,
@@ -148,6 +149,7 @@ def test_gate_1_token_balanced_matches_unsplit(
     shape_problem = workload.expect(steps, candidate)
     record_gate_result(
         afd_results,
+        manifest=gate_manifest,
         settings=settings,
         topology=topology,
         prompts=prompts,
@@ -215,6 +217,7 @@ def test_gate_1_afd_runtime_split_matches_unsplit(
     shape_problem = workload.expect(steps, candidate)
     record_gate_result(
         afd_results,
+        manifest=gate_backends.manifest(gate_afd_topology),
         settings=settings,
         topology=topology,
         prompts=prompts,
