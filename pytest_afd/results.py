@@ -395,7 +395,9 @@ def reported_peak_memory(runs: Sequence[RunOutputs]) -> dict:
     """The runs' own peak-memory readings, or absent when any run lacks one."""
     readings = [run.peak_memory_bytes for run in runs]
     if any(value is None for value in readings):
-        return absent("the backend did not report peak memory for these runs")
+        reasons = [run.peak_memory_absent_reason for run in runs if run.peak_memory_bytes is None]
+        return absent(next((r for r in reasons if r), None)
+                      or "the backend did not report peak memory for these runs")
     return measurement(readings, "bytes")
 
 
