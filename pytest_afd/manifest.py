@@ -274,6 +274,7 @@ RUN_KEYS = (
 )  # fmt: skip
 MODE_IN_PROCESS = "in_process"
 MODE_AFD_PROCESSES = "afd_processes"
+MODE_NO_BACKEND = "no_backend"
 HTTP_MODE_PREFIX = "http_"
 MODEL_OVERRIDE_SEPARATOR = ":"
 
@@ -294,9 +295,12 @@ def _setting(settings: Mapping[str, Any], *path: str, default: Any = None) -> An
     return value
 
 
-def _backend_mode(description: Mapping[str, Any], afd_processes: bool,
+def _backend_mode(description: Mapping[str, Any] | None, afd_processes: bool,
                   emulation: Mapping[str, Any] | None) -> tuple[str, Any, Any]:
     """(mode, attention ranks, FFN ranks) of the process layout the case ran on."""
+    if description is None:
+        ranks = absent("no backend ran for this case")
+        return MODE_NO_BACKEND, ranks, ranks
     if description.get("transport") == "http":
         mode = description.get("mode")
         ranks = absent("an HTTP deployment's rank layout is its server's, not reported here")
@@ -314,17 +318,17 @@ def run_identity(manifest: Mapping[str, Any], settings: Mapping[str, Any]) -> di
     ``ffn_ranks`` 0 means the FFN runs in the Attention process.
     """
     backend = manifest.get("backend", {})
-    description = backend.get("description")
-    description = description if isinstance(description, Mapping) and "absent_reason" not in (
-        description
-    ) else {}
+    described = backend.get("description")
+    description = described if isinstance(described, Mapping) and "absent_reason" not in (
+        described
+    ) else None
     topology = manifest.get("topology", {})
     emulation = topology.get("cpu_emulation")
     emulation = emulation if isinstance(emulation, Mapping) and "ffn_processes" in emulation else None
     mode, attention_ranks, ffn_ranks = _backend_mode(
         description, bool(settings.get("afd_processes", False)), emulation
     )
-    threads = description.get("torch_threads")
+    threads = None if description is None else description.get("torch_threads")
     model = manifest.get("model", {})
     return {
         "topology": topology.get("canonical", absent("the manifest has no topology")),

@@ -100,3 +100,13 @@ def test_results_embed_the_run_and_its_digest():
     assert in_process["manifest"][RUN_SECTION]["backend_mode"] == "in_process"
     assert afd["manifest_digest"] == afd["manifest"]["digest"]
     assert afd["manifest_digest"] != in_process["manifest_digest"]
+
+
+def test_a_case_without_a_backend_says_so():
+    manifest = collect_manifest(
+        topology=parse_topology("dcp2tp2"), backend_name="cpu", backend_description=None,
+        backend_absent_reason="this case runs no backend", model_name="reduced",
+        protocol=PROTOCOL, emulated=True, environ={},
+    )  # fmt: skip
+    run = run_identity(manifest, settings_json(BASE_SETTINGS))
+    assert run["backend_mode"] == "no_backend" and run["attention_ranks"]["absent_reason"]
