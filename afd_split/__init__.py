@@ -14,6 +14,7 @@ from afd_split.errors import (
 )
 from afd_split.metadata import BatchMetadata, split_metadata, validate_split
 from afd_split.plan import SplitPlan, UBatch, plan_split
+from afd_split.requests import RequestFields, split_request_fields, validate_split_requests
 from afd_split.rows import gather_ubatch_rows, merge_outputs
 from afd_split.state import preserved_state
 from afd_split.support import (
@@ -25,6 +26,7 @@ from afd_split.support import (
 
 __all__ = [
     "BatchMetadata",
+    "RequestFields",
     "SplitConstraints",
     "SplitInvariantError",
     "SplitMismatchError",
@@ -41,7 +43,9 @@ __all__ = [
     "prepare_split_runtime",
     "preserved_state",
     "split_metadata",
+    "split_request_fields",
     "unsupported_reasons",
     "validate_split",
+    "validate_split_requests",
     "validate_split_support",
 ]

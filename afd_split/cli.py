@@ -3,7 +3,9 @@
     python -m afd_split plan --tokens 4096,120,7000 --computed 0,0,512 \
         --policy token_balanced --align 8 [--pcp 2] [--padded-total N] --json
 
-Bad input prints one line on stderr and exits with status 2.
+Bad input prints one line on stderr and exits with status 2. The report holds
+request-level fields only (O(requests), whatever the token counts), plus the
+block-table columns each ubatch spans under ``--block-size``.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import argparse
 import json
 import sys
 
-from afd_split.constraints import SplitConstraints, SplitPolicy
-from afd_split.metadata import DEFAULT_BLOCK_SIZE, BatchMetadata, split_metadata
+from afd_split.constraints import SplitConstraints, SplitPolicy, checked_int
+from afd_split.metadata import DEFAULT_BLOCK_SIZE
 from afd_split.plan import SplitPlan, as_token_counts, plan_split
+from afd_split.requests import RequestFields, split_request_fields, validate_split_requests
 
 EXIT_BAD_INPUT = 2
 """Same status argparse uses for usage errors."""
@@ -59,15 +62,24 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def plan_report(plan: SplitPlan, metadata: BatchMetadata) -> dict:
-    """The plan's evidence plus each ubatch's sliced request metadata, as plain JSON."""
+def plan_report(plan: SplitPlan, fields: RequestFields, block_size: int) -> dict:
+    """The plan's evidence plus each ubatch's request-level fields, as plain JSON.
+
+    Only request-indexed fields are derived (O(R)), so a request of 2**31 tokens
+    is reported without building per-token arrays.
+    """
     report = plan.to_evidence()
-    for entry, part in zip(report["ubatches"], split_metadata(plan, metadata), strict=True):
+    parts = split_request_fields(plan, fields)
+    validate_split_requests(plan, fields, parts)
+    for entry, part in zip(report["ubatches"], parts, strict=True):
+        query_lens = part.query_start_loc[1:] - part.query_start_loc[:-1]
         entry["query_start_loc"] = part.query_start_loc.tolist()
         entry["seq_lens"] = part.seq_lens.tolist()
         entry["num_computed_tokens"] = part.num_computed_tokens.tolist()
-        entry["max_query_len"] = part.max_query_len
-        entry["max_seq_len"] = part.max_seq_len
+        entry["max_query_len"] = int(query_lens.max())
+        entry["max_seq_len"] = int(part.seq_lens.max())
+        # Block-table columns this ubatch's longest sequence spans.
+        entry["max_blocks"] = -(-entry["max_seq_len"] // block_size)
     return report
 
 
@@ -116,12 +128,11 @@ def main(argv: list[str] | None = None) -> int:
             allow_fallback=args.allow_fallback,
             num_computed_tokens=args.computed,
         )
-        metadata = BatchMetadata.from_requests(
-            args.tokens, args.computed, block_size=args.block_size
-        )
+        fields = RequestFields.from_requests(args.tokens, args.computed)
+        block_size = checked_int("--block-size", args.block_size, 1)
     except ValueError as error:
         parser.exit(EXIT_BAD_INPUT, f"{parser.prog}: error: {error}\n")
-    report = plan_report(plan, metadata)
+    report = plan_report(plan, fields, block_size)
     print(json.dumps(report, indent=2) if args.json else _format_table(report))
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from enum import Enum
 
@@ -19,6 +20,19 @@ class SplitPolicy(str, Enum):
     REQUEST_BOUNDARY = "request_boundary"
     TOKEN_BALANCED = "token_balanced"
     COST_BALANCED = "cost_balanced"  # modelled two-stage critical path (afd_split.cost)
+
+
+def checked_int(where: str, value, minimum: int) -> int:
+    """``value`` as a plain int >= ``minimum``; numpy integers are accepted, bools and
+    floats refused, and the error names ``where`` the value was given."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(
+            f"{where} must be an integer >= {minimum}, got {value!r} ({type(value).__name__})"
+        )
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"{where} must be an integer >= {minimum}, got {value}")
+    return value
 
 
 def round_up(value: int, multiple: int) -> int:
@@ -43,20 +57,12 @@ class SplitConstraints:
     pcp_size: int = 1
 
     def __post_init__(self) -> None:
-        named = (
-            ("align", self.align),
-            ("min_ubatch_tokens", self.min_ubatch_tokens),
-            ("pcp_size", self.pcp_size),
-        )
-        for name, value in named:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"SplitConstraints.{name} must be an integer >= 1, got {value!r}")
+        for name in ("align", "min_ubatch_tokens", "pcp_size"):
+            value = checked_int(f"SplitConstraints.{name}", getattr(self, name), 1)
+            object.__setattr__(self, name, value)
         if self.padded_total is not None:
-            total = self.padded_total
-            if isinstance(total, bool) or not isinstance(total, int) or total < 1:
-                raise ValueError(
-                    f"SplitConstraints.padded_total must be None or an integer >= 1, got {total!r}"
-                )
+            total = checked_int("SplitConstraints.padded_total", self.padded_total, 1)
+            object.__setattr__(self, "padded_total", total)
             if total % self.align:
                 raise ValueError(
                     f"SplitConstraints.padded_total={total} is not a multiple of align={self.align}"

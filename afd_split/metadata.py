@@ -11,8 +11,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from afd_split.errors import SplitInvariantError
+from afd_split.constraints import checked_int
 from afd_split.plan import SplitPlan, as_token_counts
+from afd_split.requests import split_request_arrays
+from afd_split.token_checks import (
+    BLOCK_TABLE_NDIM,
+    MROPE_POSITION_ROWS,
+    expected_positions,
+    expected_slots,
+    validate_metadata,
+    validate_split,
+)
 
 DEFAULT_BLOCK_SIZE = 128
 """KV-cache block (page) size of the reference recipe."""
@@ -20,11 +29,6 @@ DEFAULT_BLOCK_SIZE = 128
 UNUSED_BLOCK_ID = -1
 """Block-table filler in synthesized tables; any read of it shows up as a negative slot."""
 
-MROPE_POSITION_ROWS = 3
-"""M-RoPE positions carry temporal / height / width rows."""
-
-BLOCK_TABLE_NDIM = 2
-"""block_table is [requests, max_blocks]."""
 
 
 def _read_only_int64(name: str, value) -> np.ndarray:
@@ -71,10 +75,8 @@ class BatchMetadata:
             ("positions", self.positions),
         ):
             object.__setattr__(self, name, _read_only_int64(name, value))
-        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int):
-            raise ValueError(f"BatchMetadata.block_size must be an int, got {self.block_size!r}")
-        if self.block_size < 1:
-            raise ValueError(f"BatchMetadata.block_size must be >= 1, got {self.block_size}")
+        block_size = checked_int("BatchMetadata.block_size", self.block_size, 1)
+        object.__setattr__(self, "block_size", block_size)
 
     @property
     def num_reqs(self) -> int:
@@ -116,6 +118,8 @@ class BatchMetadata:
         The synthesized table gives every request its own consecutive block ids,
         so a slot read through the wrong request's row is detectable.
         """
+        # Checked first: every derived array divides by it.
+        block_size = checked_int("BatchMetadata.from_requests block_size", block_size, 1)
         tokens = as_token_counts(num_scheduled_tokens, name="num_scheduled_tokens", minimum=1)
         if num_computed_tokens is None:
             computed = np.zeros_like(tokens)
@@ -142,13 +146,8 @@ class BatchMetadata:
                     f"{int(blocks_needed.max())} blocks of {block_size} tokens"
                 )
         query_start_loc = np.concatenate(([0], tokens.cumsum()))
-        request_of_token = np.repeat(np.arange(tokens.size), tokens)
-        positions = (
-            np.arange(int(query_start_loc[-1]))
-            - query_start_loc[request_of_token]
-            + computed[request_of_token]
-        )
-        slot_mapping = _slots(np.asarray(block_table), block_size, request_of_token, positions)
+        positions = expected_positions(query_start_loc, computed, tokens)
+        slot_mapping = expected_slots(np.asarray(block_table), block_size, tokens, positions)
         if mrope:
             positions = np.broadcast_to(positions, (MROPE_POSITION_ROWS, positions.size)).copy()
         return cls(
@@ -162,97 +161,9 @@ class BatchMetadata:
         )
 
     def validate(self) -> None:
-        """Raise ``SplitInvariantError`` naming the first violated invariant.
-
-        Checks: shapes agree; query_start_loc starts at 0, ends at num_tokens and
-        has no empty request entry; seq_len - query_len == num_computed_tokens;
-        1-D positions continue each request's computed prefix (M-RoPE rows are
-        shape-checked only); slot_mapping addresses each token's block through
-        the request's block-table row.
-        """
-        _check_shapes(self)
-        qsl = self.query_start_loc
-        if self.num_reqs == 0 or self.num_tokens == 0:
-            raise SplitInvariantError(
-                f"empty batch: {self.num_reqs} requests, {self.num_tokens} tokens"
-            )
-        if int(qsl[0]) != 0:
-            raise SplitInvariantError(f"query_start_loc[0]={int(qsl[0])}, expected 0")
-        if int(qsl[-1]) != self.num_tokens:
-            raise SplitInvariantError(
-                f"query_start_loc[-1]={int(qsl[-1])} != num_tokens={self.num_tokens} "
-                "(padding counted as real tokens, or tokens dropped)"
-            )
-        query_lens = np.diff(qsl)
-        _first_violation(query_lens < 1, "empty request entry: query_len={} ", query_lens)
-        computed = self.num_computed_tokens
-        _first_violation(computed < 0, "negative num_computed_tokens={} ", computed)
-        mismatch = self.seq_lens - query_lens != computed
-        if mismatch.any():
-            req = int(np.flatnonzero(mismatch)[0])
-            raise SplitInvariantError(
-                f"request {req}: seq_len {int(self.seq_lens[req])} - query_len "
-                f"{int(query_lens[req])} != num_computed_tokens {int(computed[req])}"
-            )
-        request_of_token = np.repeat(np.arange(self.num_reqs), query_lens)
-        expected = np.arange(self.num_tokens) - qsl[request_of_token] + computed[request_of_token]
-        # M-RoPE rows follow image grids, so only 1-D positions have a checkable value;
-        # 2-D ones were shape-checked above and split_metadata slices them like 1-D ones.
-        wrong = self.positions != expected if self.positions.ndim == 1 else np.zeros(0, bool)
-        if wrong.any():
-            token = int(np.flatnonzero(wrong)[0])
-            raise SplitInvariantError(
-                f"token {token} (request {int(request_of_token[token])}): position "
-                f"{self.positions[..., token].tolist()} != computed + offset = "
-                f"{int(expected[token])}"
-            )
-        block_index = expected // self.block_size
-        if int(block_index.max()) >= self.block_table.shape[1]:
-            token = int(np.flatnonzero(block_index >= self.block_table.shape[1])[0])
-            raise SplitInvariantError(
-                f"token {token}: block {int(block_index[token])} is beyond the block table's "
-                f"{self.block_table.shape[1]} columns"
-            )
-        slots = _slots(self.block_table, self.block_size, request_of_token, expected)
-        bad = (self.slot_mapping != slots) | (self.slot_mapping < 0)
-        if bad.any():
-            token = int(np.flatnonzero(bad)[0])
-            raise SplitInvariantError(
-                f"token {token} (request {int(request_of_token[token])}): slot "
-                f"{int(self.slot_mapping[token])} != block-table slot {int(slots[token])}"
-            )
-
-
-def _check_shapes(metadata: BatchMetadata) -> None:
-    """Array ranks and lengths must agree with R and T."""
-    num_reqs, num_tokens = metadata.num_reqs, metadata.num_tokens
-    expected_shapes = {
-        "query_start_loc": (num_reqs + 1,),
-        "seq_lens": (num_reqs,),
-        "num_computed_tokens": (num_reqs,),
-        "slot_mapping": (num_tokens,),
-    }
-    for name, shape in expected_shapes.items():
-        actual = getattr(metadata, name).shape
-        if actual != shape:
-            raise SplitInvariantError(f"{name} has shape {actual}, expected {shape}")
-    if metadata.block_table.ndim != BLOCK_TABLE_NDIM or metadata.block_table.shape[0] != num_reqs:
-        raise SplitInvariantError(
-            f"block_table has shape {metadata.block_table.shape}, expected ({num_reqs}, max_blocks)"
-        )
-    positions_shape = metadata.positions.shape
-    if positions_shape not in ((num_tokens,), (MROPE_POSITION_ROWS, num_tokens)):
-        raise SplitInvariantError(
-            f"positions has shape {positions_shape}, expected ({num_tokens},) or "
-            f"({MROPE_POSITION_ROWS}, {num_tokens})"
-        )
-
-
-def _first_violation(mask: np.ndarray, template: str, values: np.ndarray) -> None:
-    """Raise for the first request where ``mask`` holds."""
-    if mask.any():
-        req = int(np.flatnonzero(mask)[0])
-        raise SplitInvariantError(f"request {req}: " + template.format(int(values[req])).strip())
+        """Raise ``SplitInvariantError`` naming the first violated invariant
+        (``afd_split.token_checks.validate_metadata`` lists the checks)."""
+        validate_metadata(self)
 
 
 def _synthesize_block_table(blocks_needed: np.ndarray) -> np.ndarray:
@@ -262,19 +173,6 @@ def _synthesize_block_table(blocks_needed: np.ndarray) -> np.ndarray:
     columns = np.arange(width)
     table = first_block[:, None] + columns[None, :]
     return np.where(columns[None, :] < blocks_needed[:, None], table, UNUSED_BLOCK_ID)
-
-
-def _slots(
-    block_table: np.ndarray, block_size: int, request_of_token: np.ndarray, positions: np.ndarray
-) -> np.ndarray:
-    """KV slot of each token: its block's id * block_size + offset within the block."""
-    blocks = block_table[request_of_token, positions // block_size]
-    return blocks * block_size + positions % block_size
-
-
-def _frozen(array: np.ndarray) -> np.ndarray:
-    array.setflags(write=False)
-    return array
 
 
 def _from_trusted_arrays(**fields) -> BatchMetadata:
@@ -301,109 +199,23 @@ def split_metadata(plan: SplitPlan, metadata: BatchMetadata, *, validate: bool =
     computed + head. The parent is never mutated. ``validate=True`` also runs
     ``validate_split`` (O(T); meant for tests and debugging).
     """
-    qsl = metadata.query_start_loc
-    if metadata.num_reqs != plan.num_requests or metadata.num_tokens != plan.num_tokens:
-        raise ValueError(
-            f"metadata has {metadata.num_reqs} requests / {metadata.num_tokens} tokens but the "
-            f"plan was made for {plan.num_requests} / {plan.num_tokens}"
-        )
     parts = []
-    for ubatch in plan.ubatches:
-        token_start, token_stop = ubatch.token_slice.start, ubatch.token_slice.stop
-        req_start, req_stop = ubatch.request_slice.start, ubatch.request_slice.stop
-        if not (
-            qsl.item(req_start) <= token_start < qsl.item(req_start + 1)
-            and qsl.item(req_stop - 1) < token_stop <= qsl.item(req_stop)
-        ):
-            raise ValueError(
-                f"ubatch {ubatch.index}: metadata query_start_loc does not place tokens "
-                f"{ubatch.token_slice} in requests {ubatch.request_slice}; the plan was made "
-                "for a different batch"
-            )
-        # qsl is sorted and the slice holds exactly the overlapping requests, so only its
-        # two ends can fall outside [token_start, token_stop]: rebase, then pin the ends.
-        local_qsl = qsl[req_start : req_stop + 1] - token_start
-        local_qsl[0] = 0
-        local_qsl[-1] = token_stop - token_start
-        computed = metadata.num_computed_tokens[req_start:req_stop]
-        seq_lens = metadata.seq_lens[req_start:req_stop]
-        already_done = token_start - qsl[req_start]
-        if already_done:
-            computed = computed.copy()
-            computed[0] += already_done
-            computed.setflags(write=False)
-        left_over = qsl[req_stop] - token_stop
-        if left_over:
-            seq_lens = seq_lens.copy()
-            seq_lens[-1] -= left_over
-            seq_lens.setflags(write=False)
+    request_parts = split_request_arrays(
+        plan, metadata.query_start_loc, metadata.seq_lens, metadata.num_computed_tokens
+    )
+    for ubatch, (qsl, seq_lens, computed) in zip(plan.ubatches, request_parts, strict=True):
+        token_slice, request_slice = ubatch.token_slice, ubatch.request_slice
         parts.append(
             _from_trusted_arrays(
-                query_start_loc=_frozen(local_qsl),
+                query_start_loc=qsl,
                 seq_lens=seq_lens,
                 num_computed_tokens=computed,
-                slot_mapping=metadata.slot_mapping[token_start:token_stop],
-                block_table=metadata.block_table[req_start:req_stop],
-                positions=metadata.positions[..., token_start:token_stop],
+                slot_mapping=metadata.slot_mapping[token_slice],
+                block_table=metadata.block_table[request_slice],
+                positions=metadata.positions[..., token_slice],
                 block_size=metadata.block_size,
             )
         )
     if validate:
         validate_split(plan, metadata, parts)
     return parts
-
-
-def validate_split(plan: SplitPlan, parent: BatchMetadata, parts) -> None:
-    """Cross-ubatch invariants: each part valid, real tokens conserved, boundary piece consistent.
-
-    Raises ``SplitInvariantError``. Catches padding counted as real work (token
-    totals exceed T), dropped or shifted token-indexed arrays, an empty ubatch
-    and a tail whose computed tokens were not advanced past the head.
-    """
-    if len(parts) != len(plan.ubatches):
-        raise SplitInvariantError(f"{len(parts)} metadata parts for {len(plan.ubatches)} ubatches")
-    for ubatch, part in zip(plan.ubatches, parts, strict=True):
-        try:
-            part.validate()
-        except SplitInvariantError as error:
-            raise SplitInvariantError(f"ubatch {ubatch.index}: {error}") from error
-        if part.num_tokens != ubatch.num_real_tokens:
-            raise SplitInvariantError(
-                f"ubatch {ubatch.index}: metadata has {part.num_tokens} tokens but the plan "
-                f"gives it {ubatch.num_real_tokens} real tokens "
-                f"({ubatch.num_padded_tokens} padding rows are not real work)"
-            )
-        if part.num_reqs != ubatch.request_slice.stop - ubatch.request_slice.start:
-            raise SplitInvariantError(
-                f"ubatch {ubatch.index}: metadata has {part.num_reqs} requests, plan slice is "
-                f"{ubatch.request_slice}"
-            )
-        token_slice = ubatch.token_slice
-        for name, mine, theirs in (
-            ("slot_mapping", part.slot_mapping, parent.slot_mapping[token_slice]),
-            ("positions", part.positions, parent.positions[..., token_slice]),
-            ("block_table", part.block_table, parent.block_table[ubatch.request_slice]),
-        ):
-            if mine.shape != theirs.shape or not np.array_equal(mine, theirs):
-                raise SplitInvariantError(
-                    f"ubatch {ubatch.index}: {name} is not the parent's slice {token_slice}"
-                )
-    if sum(part.num_tokens for part in parts) != parent.num_tokens:
-        raise SplitInvariantError(
-            f"ubatches carry {sum(part.num_tokens for part in parts)} real tokens, parent has "
-            f"{parent.num_tokens}"
-        )
-    last = parts[-1]
-    parent_last = plan.ubatches[-1].request_slice.stop - 1
-    if int(last.seq_lens[-1]) != int(parent.seq_lens[parent_last]):
-        raise SplitInvariantError(
-            f"last request: seq_len {int(last.seq_lens[-1])} != parent's "
-            f"{int(parent.seq_lens[parent_last])}"
-        )
-    if plan.boundary_request is not None:
-        head, tail = parts
-        if int(tail.num_computed_tokens[0]) != int(head.seq_lens[-1]):
-            raise SplitInvariantError(
-                f"boundary request {plan.boundary_request}: tail num_computed_tokens "
-                f"{int(tail.num_computed_tokens[0])} != head seq_len {int(head.seq_lens[-1])}"
-            )

@@ -1,26 +1,28 @@
-"""Split-path speed: vectorised planning vs plain-Python request-boundary searches.
+"""Split-path cost per forward step: planning, splitting and both checks vs a plain-Python search.
 
-    python benchmarks/split_bench.py --json
+    python benchmarks/split_bench.py --json [--output split_bench.json] [--samples N]
 
-For batches of 8, 64, 512 and 4096 requests (at most 140,000 tokens) it times,
-interleaved sample by sample so machine noise hits all callables alike:
-  * baselines, both plain Python with the same policy (min |2·cu - T|, ties to
-    the more even request count):
-    - ``baseline_plugin_style_scan``: the shape of today's AFD plugin search —
-      numpy prefix sums, then Python ``min()`` over the boundaries with a key
-      that reads them back one by one (what the token split replaces);
-    - ``baseline_python_request_boundary``: a best-case pure-Python loop over a
-      list (also validating counts and honouring min tokens per ubatch);
-  * plan_split(request_boundary) and plan_split(token_balanced) on the numpy
-    per-request counts a model runner already holds, and the numpy cut search
-    alone;
-  * plan_split(token_balanced) + split_metadata (and, with a few samples, + validate).
-Prints median and p90 per call in microseconds and baseline / candidate ratios.
-Targets (2-core CPU): planning at 512 requests >= 10x the plain-Python search;
-plan + split_metadata at 512 requests < 100 us median. Both baselines are
-reported; the target block names the one it uses and also gives the stricter
-ratio. Timings read the thread's CPU clock, so other processes on a shared
-machine inflate them less than wall time.
+For batches of 1, 8, 64, 512 and 4096 requests (Azure conv trace prompt
+lengths in arrival order, scaled to at most 140,000 tokens; align 8; half the
+requests with a prefix hit) it times, in interleaved rounds (a shuffled order
+per round, GC off, the thread's CPU clock so other processes inflate it less):
+
+  * ``plain_python_boundary_search``: the request-boundary search as a plain
+    Python loop over a list (validating counts), the AFD plugin's style;
+  * ``plugin_style_scan``: numpy prefix sums then Python ``min()`` per boundary;
+  * ``plan_token_balanced`` / ``plan_request_boundary``: ``plan_split`` on the
+    int64 array a model runner holds;
+  * ``plan_and_split_metadata``; ``plan_and_request_check`` (plan +
+    ``split_request_fields`` + ``validate_split_requests``: the engine hook's
+    per-step path on the host); ``request_check`` alone;
+  * ``plan_split_metadata_and_validate`` and ``validate_split`` alone (the
+    token-level check; fewer samples).
+
+Every timing gives its median with p10 / p90; every ratio is the median of
+per-round ratios (the two callables ran adjacent in time) plus the ratio of
+medians. Each issue-17 target is reported with its measured value and a
+``met`` flag, beside the figures the issue recorded; the 1-minute load average
+is taken before and after. The last line of output is a one-line summary.
 """
 
 from __future__ import annotations
@@ -33,28 +35,57 @@ import json
 import os
 import platform
 import random
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from afd_split import BatchMetadata, SplitConstraints, plan_split, split_metadata
-from afd_split.policies import select_request_boundary_cut
+from afd_split import (
+    BatchMetadata,
+    RequestFields,
+    SplitConstraints,
+    plan_split,
+    split_metadata,
+    split_request_fields,
+    validate_split,
+    validate_split_requests,
+)
 
-BATCH_SIZES = (8, 64, 512, 4096)
+BATCH_SIZES = (1, 8, 64, 512, 4096)
 MAX_BATCH_TOKENS = 140_000
 ALIGN = 8
+PREFIX_HIT_SHARE = 0.5
+MAX_PREFIX_TOKENS = 4096
 TRACE = (
-    Path(__file__).resolve().parents[2]
-    / "shared/data/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
+    Path(__file__).resolve().parents[1]
+    / "pytest_afd/data/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
 )
-SPEEDUP_TARGET = 10.0
-PLAN_AND_SPLIT_TARGET_US = 100.0
-TARGET_REQUESTS = 512
-VALIDATE_SAMPLES = 10
-MIN_REQUESTS = 2
-TARGET_BASELINE = "baseline_plugin_style_scan"
-STRICT_BASELINE = "baseline_python_request_boundary"
+SAMPLE_TARGET_US = 300.0
+"""Calls per sample are sized so that one sample takes about this long."""
+SLOW_SAMPLES = 30
+"""Samples of the O(T) token-level check (milliseconds per call)."""
+SLOW_CALLABLES = ("plan_split_metadata_and_validate", "validate_split")
+BASELINE = "plain_python_boundary_search"
+PLANNERS = ("plan_token_balanced", "plan_request_boundary")
+
+SMALL_BATCH_MAX_REQUESTS = 8
+SMALL_BATCH_PLAN_MAX_US = 5.0
+LARGE_BATCH_MIN_REQUESTS = 512
+LARGE_BATCH_MIN_SPEEDUP = 10.0
+CHECK_REQUESTS = 512
+REQUEST_CHECK_MAX_US = 20.0
+VALIDATE_SPLIT_MAX_US = 1000.0
+PLAN_AND_SPLIT_MAX_US = 100.0
+
+ISSUE_17_FIGURES_US = {
+    "recorded_in": "issue 17 (before this change, same benchmark shape, loaded host)",
+    "plan": {1: 13.8, 8: 11.6, 64: 12.4, 512: 13.2, 4096: 34.5},
+    "plan_and_split_metadata": {1: 26.5, 8: 31.9, 64: 30.2, 512: 35.3, 4096: 69.0},
+    "plan_split_metadata_and_validate": {8: 225.0, 64: 2393.0, 512: 8653.0, 4096: 6919.0},
+    "plain_python_boundary_search": {1: 0.5, 8: 2.4, 64: 17.3, 512: 140.0, 4096: 1610.0},
+}
+"""The figures issue 17 recorded (not measured here), shown beside this run's."""
 
 
 def baseline_request_boundary(tokens: list[int], min_tokens: int = 1) -> int | None:
@@ -82,7 +113,7 @@ def baseline_request_boundary(tokens: list[int], min_tokens: int = 1) -> int | N
 def baseline_plugin_style_scan(num_scheduled_tokens: np.ndarray) -> int | None:
     """Today's AFD search shape: numpy prefix sums, Python min() with a per-boundary key."""
     num_requests = len(num_scheduled_tokens)
-    if num_requests < MIN_REQUESTS:
+    if num_requests < 2:
         return None
     prefix = np.zeros(num_requests + 1, dtype=np.int64)
     np.cumsum(num_scheduled_tokens, out=prefix[1:])
@@ -97,177 +128,249 @@ def baseline_plugin_style_scan(num_scheduled_tokens: np.ndarray) -> int | None:
     return int(prefix[best])
 
 
-def prompt_lengths(num_requests: int, rng: np.random.Generator) -> np.ndarray:
-    """Trace prompt lengths in arrival order (synthetic log-normal without the trace),
-    scaled down so the batch fits the recipe's 140,000 batched tokens."""
-    if TRACE.exists():
-        with TRACE.open() as handle:
-            rows = csv.DictReader(handle)
-            lengths = [int(row["ContextTokens"]) for row in itertools.islice(rows, num_requests)]
-        lengths = np.array(lengths, dtype=np.int64)
-    else:
-        lengths = np.maximum(1, rng.lognormal(7.0, 1.0, num_requests)).astype(np.int64)
+def prompt_lengths(num_requests: int) -> np.ndarray:
+    """The trace's first prompt lengths in arrival order, scaled to fit 140,000 tokens."""
+    with TRACE.open() as handle:
+        rows = csv.DictReader(handle)
+        lengths = [int(row["ContextTokens"]) for row in itertools.islice(rows, num_requests)]
+    lengths = np.array(lengths, dtype=np.int64)
     total = int(lengths.sum())
     if total > MAX_BATCH_TOKENS:
         lengths = np.maximum(1, lengths * MAX_BATCH_TOKENS // total)
     return lengths
 
 
-def time_interleaved(callables: dict, samples: int, calls_per_sample: int, seed: int) -> dict:
-    """Per-call microseconds for each callable: rounds of one sample each, in a shuffled order
-    per round so no callable always follows the same neighbour; GC off while timing, as timeit."""
+def calls_for(fn) -> int:
+    """Calls per sample so one sample lasts about SAMPLE_TARGET_US (one call when slower)."""
+    start = time.thread_time_ns()
+    fn()
+    once_us = max((time.thread_time_ns() - start) / 1000, 0.05)
+    return max(1, int(SAMPLE_TARGET_US / once_us))
+
+
+def time_interleaved(callables: dict, samples: int, seed: int) -> dict:
+    """Per-call microseconds per sample and callable, in rounds of one sample each."""
+    calls = {name: calls_for(fn) for name, fn in callables.items()}
     per_call = {name: [] for name in callables}
     names = list(callables)
     order_rng = random.Random(seed)
-    for fn in callables.values():  # warm-up
-        for _ in range(calls_per_sample):
-            fn()
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
         for _ in range(samples):
             order_rng.shuffle(names)
             for name in names:
-                fn = callables[name]
+                fn, count = callables[name], calls[name]
                 start = time.thread_time_ns()
-                for _ in range(calls_per_sample):
+                for _ in range(count):
                     fn()
-                per_call[name].append((time.thread_time_ns() - start) / calls_per_sample / 1000)
+                per_call[name].append((time.thread_time_ns() - start) / count / 1000)
     finally:
         if gc_was_enabled:
             gc.enable()
-    return {name: np.array(values) for name, values in per_call.items()}
+    return {name: np.array(values) for name, values in per_call.items()}, calls
 
 
-def summary(values: np.ndarray) -> dict:
+def summary(values: np.ndarray, calls: int) -> dict:
+    p10, median, p90 = np.percentile(values, (10, 50, 90))
     return {
-        "median_us": round(float(np.median(values)), 2),
-        "p90_us": round(float(np.percentile(values, 90)), 2),
+        "median_us": round(float(median), 2),
+        "p10_us": round(float(p10), 2),
+        "p90_us": round(float(p90), 2),
+        "samples": int(values.size),
+        "calls_per_sample": calls,
     }
 
 
-def speedup(baseline: np.ndarray, candidate: np.ndarray) -> dict:
-    """Ratio of medians, and the median of per-sample ratios (adjacent in time)."""
+def ratio(baseline: np.ndarray, candidate: np.ndarray) -> dict:
+    """baseline / candidate: median of per-round ratios (with p10 / p90) and of medians."""
+    paired = baseline / candidate
+    p10, median, p90 = np.percentile(paired, (10, 50, 90))
     return {
-        "ratio_of_medians": round(float(np.median(baseline) / np.median(candidate)), 2),
-        "median_paired_ratio": round(float(np.median(baseline / candidate)), 2),
+        "median_paired": round(float(median), 3),
+        "p10_paired": round(float(p10), 3),
+        "p90_paired": round(float(p90), 3),
+        "of_medians": round(float(np.median(baseline) / np.median(candidate)), 3),
     }
 
 
-def bench_batch(num_requests: int, samples: int, rng: np.random.Generator, seed: int) -> dict:
-    tokens = prompt_lengths(num_requests, rng)
-    computed = np.where(rng.random(num_requests) < 0.5, 0, rng.integers(0, 4096, num_requests))
+def bench_batch(num_requests: int, samples: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed + num_requests)
+    tokens = prompt_lengths(num_requests)
+    hit = rng.random(num_requests) < PREFIX_HIT_SHARE
+    computed = np.where(hit, rng.integers(0, MAX_PREFIX_TOKENS, num_requests), 0)
     token_list = tokens.tolist()
     constraints = SplitConstraints(align=ALIGN)
     metadata = BatchMetadata.from_requests(tokens, computed)
+    fields = RequestFields.of(metadata)
+    token_plan = plan_split(tokens, policy="token_balanced", constraints=constraints)
     boundary_plan = plan_split(tokens, policy="request_boundary", allow_fallback=True)
+    # The baselines implement the same policy: they must find the same cut.
     assert boundary_plan.split_token == baseline_request_boundary(token_list), "policies differ"
     assert boundary_plan.split_token == baseline_plugin_style_scan(tokens), "policies differ"
+    token_parts = split_metadata(token_plan, metadata)
+    request_parts = split_request_fields(token_plan, fields)
+    validate_split(token_plan, metadata, token_parts)
+    validate_split_requests(token_plan, fields, request_parts)
 
-    def plan_and_split():
-        return split_metadata(
-            plan_split(tokens, policy="token_balanced", constraints=constraints), metadata
-        )
+    def plan():
+        return plan_split(tokens, policy="token_balanced", constraints=constraints)
 
-    def plan_split_validate():
-        plan = plan_split(tokens, policy="token_balanced", constraints=constraints)
-        return split_metadata(plan, metadata, validate=True)
+    def plan_and_request_check():
+        planned = plan()
+        validate_split_requests(planned, fields, split_request_fields(planned, fields))
 
-    calls = max(4, 4096 // num_requests)
-    cu_tokens = tokens.cumsum()
-    samples_us = time_interleaved(
-        {
-            "baseline_python_request_boundary": lambda: baseline_request_boundary(token_list),
-            "baseline_plugin_style_scan": lambda: baseline_plugin_style_scan(tokens),
-            "select_request_boundary_cut": lambda: select_request_boundary_cut(
-                tokens, cu_tokens, constraints, None
-            ),
-            "plan_request_boundary": lambda: plan_split(
-                tokens, policy="request_boundary", allow_fallback=True
-            ),
-            "plan_token_balanced": lambda: plan_split(
-                tokens, policy="token_balanced", constraints=constraints
-            ),
-            "plan_and_split_metadata": plan_and_split,
-        },
-        samples,
-        calls,
-        seed,
-    )
-    # O(T) invariant checking is for tests and debugging; a few samples are enough to size it.
-    samples_us.update(
-        time_interleaved(
-            {"plan_split_metadata_and_validate": plan_split_validate}, VALIDATE_SAMPLES, 1, seed
-        )
-    )
-    token_plan = plan_split(tokens, policy="token_balanced", constraints=constraints)
-    candidates = ("select_request_boundary_cut", "plan_request_boundary", "plan_token_balanced")
+    fast = {
+        BASELINE: lambda: baseline_request_boundary(token_list),
+        "plugin_style_scan": lambda: baseline_plugin_style_scan(tokens),
+        "plan_token_balanced": plan,
+        "plan_request_boundary": lambda: plan_split(
+            tokens, policy="request_boundary", constraints=constraints, allow_fallback=True
+        ),
+        "plan_and_split_metadata": lambda: split_metadata(plan(), metadata),
+        "plan_and_request_check": plan_and_request_check,
+        "request_check": lambda: validate_split_requests(token_plan, fields, request_parts),
+    }
+    slow = {
+        "plan_split_metadata_and_validate": lambda: split_metadata(plan(), metadata, validate=True),
+        "validate_split": lambda: validate_split(token_plan, metadata, token_parts),
+    }
+    timings, calls = time_interleaved(fast, samples, seed)
+    slow_timings, slow_calls = time_interleaved(slow, min(samples, SLOW_SAMPLES), seed)
+    timings.update(slow_timings)
+    calls.update(slow_calls)
     return {
         "num_requests": num_requests,
         "num_tokens": int(tokens.sum()),
-        "calls_per_sample": calls,
-        "timings": {name: summary(values) for name, values in samples_us.items()},
-        "speedup_vs_baseline": {
-            baseline: {name: speedup(samples_us[baseline], samples_us[name]) for name in candidates}
-            for baseline in (TARGET_BASELINE, STRICT_BASELINE)
-        },
-        "imbalance_request_boundary": boundary_plan.imbalance,
+        "split_token": token_plan.split_token,
         "imbalance_token_balanced": token_plan.imbalance,
+        "imbalance_request_boundary": boundary_plan.imbalance,
+        "timings": {name: summary(values, calls[name]) for name, values in timings.items()},
+        "ratio_vs_plain_python": {
+            name: ratio(timings[BASELINE], timings[name])
+            for name in (*PLANNERS, "plugin_style_scan")
+        },
     }
+
+
+def target(name: str, description: str, measured: float, threshold: float, *, at_most: bool):
+    met = measured <= threshold if at_most else measured >= threshold
+    return {
+        "name": name,
+        "description": description,
+        "measured": measured,
+        ("max" if at_most else "min"): threshold,
+        "met": bool(met),
+    }
+
+
+def targets_of(results: list[dict]) -> list[dict]:
+    by_size = {result["num_requests"]: result for result in results}
+    targets = []
+    for size, result in by_size.items():
+        worst = min(result["ratio_vs_plain_python"][name]["median_paired"] for name in PLANNERS)
+        targets.append(
+            target(
+                f"planning_vs_plain_python_{size}",
+                f"plain-Python search / plan_split at {size} requests (worst policy)",
+                worst,
+                LARGE_BATCH_MIN_SPEEDUP if size >= LARGE_BATCH_MIN_REQUESTS else 1.0,
+                at_most=False,
+            )
+        )
+        if size <= SMALL_BATCH_MAX_REQUESTS:
+            slowest = max(result["timings"][name]["median_us"] for name in PLANNERS)
+            targets.append(
+                target(
+                    f"planning_us_{size}",
+                    f"plan_split median at {size} requests (slowest policy), microseconds",
+                    slowest,
+                    SMALL_BATCH_PLAN_MAX_US,
+                    at_most=True,
+                )
+            )
+    at_check = by_size[CHECK_REQUESTS]["timings"]
+    targets += [
+        target(
+            "request_check_us_512",
+            "validate_split_requests median at 512 requests, microseconds",
+            at_check["request_check"]["median_us"],
+            REQUEST_CHECK_MAX_US,
+            at_most=True,
+        ),
+        target(
+            "validate_split_us_512",
+            "token-level validate_split median at 512 requests / <=140K tokens, microseconds",
+            at_check["validate_split"]["median_us"],
+            VALIDATE_SPLIT_MAX_US,
+            at_most=True,
+        ),
+        target(
+            "plan_and_split_metadata_us_512",
+            "plan_split + split_metadata median at 512 requests, microseconds",
+            at_check["plan_and_split_metadata"]["median_us"],
+            PLAN_AND_SPLIT_MAX_US,
+            at_most=True,
+        ),
+    ]
+    return targets
+
+
+def one_line(report: dict) -> str:
+    targets = report["targets"]
+    met = sum(entry["met"] for entry in targets)
+    missed = [f"{entry['name']}={entry['measured']}" for entry in targets if not entry["met"]]
+    return (
+        f"split_bench: {met}/{len(targets)} targets met at load "
+        f"{report['load_average_1m_before']:.2f}->{report['load_average_1m_after']:.2f} "
+        f"on {report['cpu_count']} CPUs" + (f"; missed: {', '.join(missed)}" if missed else "")
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print JSON (default: a table)")
-    parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--json", action="store_true", help="print the JSON report")
+    parser.add_argument("--output", type=Path, help="also write the JSON report here")
+    parser.add_argument("--samples", type=int, default=100, help="rounds per batch size")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--sizes",
+        type=lambda text: tuple(int(item) for item in text.split(",")),
+        default=BATCH_SIZES,
+        help="comma-separated batch sizes (targets need 512)",
+    )
     args = parser.parse_args(argv)
-    rng = np.random.default_rng(args.seed)
-    results = [bench_batch(size, args.samples, rng, args.seed) for size in BATCH_SIZES]
-    at_target = next(r for r in results if r["num_requests"] == TARGET_REQUESTS)
-    speedups = at_target["speedup_vs_baseline"]
-    planners = ("plan_request_boundary", "plan_token_balanced")
-
-    def worst_planning_speedup(baseline: str) -> float:
-        return min(speedups[baseline][name]["ratio_of_medians"] for name in planners)
-
+    if args.samples < 1:
+        parser.error(f"--samples must be >= 1, got {args.samples}")
+    load_before = os.getloadavg()[0]
+    results = [bench_batch(size, args.samples, args.seed) for size in args.sizes]
     report = {
         "benchmark": "split_bench",
         "python": platform.python_version(),
         "numpy": np.__version__,
         "machine": platform.machine(),
         "cpu_count": os.cpu_count(),
-        "load_average_1m": os.getloadavg()[0],
-        "prompt_source": TRACE.name if TRACE.exists() else "synthetic lognormal",
+        "load_average_1m_before": load_before,
+        "load_average_1m_after": os.getloadavg()[0],
+        "clock": "time.thread_time_ns (thread CPU time)",
+        "prompt_source": f"{TRACE.name} (first N rows, scaled to <= {MAX_BATCH_TOKENS} tokens)",
         "align": ALIGN,
         "results": results,
-        "targets": {
-            "baseline": TARGET_BASELINE,
-            "planning_speedup_at_512_min": SPEEDUP_TARGET,
-            "planning_speedup_at_512": worst_planning_speedup(TARGET_BASELINE),
-            "planning_speedup_at_512_vs_pure_python_list_loop": worst_planning_speedup(
-                STRICT_BASELINE
-            ),
-            "plan_and_split_at_512_max_us": PLAN_AND_SPLIT_TARGET_US,
-            "plan_and_split_at_512_median_us": at_target["timings"]["plan_and_split_metadata"][
-                "median_us"
-            ],
-        },
+        "issue_17_figures_us": ISSUE_17_FIGURES_US,
+        "targets": targets_of(results) if CHECK_REQUESTS in args.sizes else [],
     }
-    targets = report["targets"]
-    targets["met"] = bool(
-        targets["planning_speedup_at_512"] >= SPEEDUP_TARGET
-        and targets["plan_and_split_at_512_median_us"] < PLAN_AND_SPLIT_TARGET_US
-    )
+    text = json.dumps(report, indent=2)
+    if args.output:
+        args.output.write_text(text + "\n")
     if args.json:
-        print(json.dumps(report, indent=2))
+        print(text)
     else:
         for result in results:
             medians = {name: t["median_us"] for name, t in result["timings"].items()}
             print(
                 f"{result['num_requests']:>5} requests {result['num_tokens']:>7} tokens: {medians}"
             )
-        print(json.dumps(targets))
+    print(one_line(report), file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

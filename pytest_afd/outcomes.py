@@ -117,7 +117,7 @@ class OutcomeTracker:
             entry["outcome_stamped"] = True
 
     def summary(self, written: list[dict[str, Any]], results_dir: Path,
-                golden_updates: list[str]) -> dict[str, Any]:
+                golden_updates: list[str], extra: dict[str, Any] | None = None) -> dict[str, Any]:
         entries = []
         for entry in written:
             outcome = self.outcome_of(entry["nodeid"])
@@ -128,12 +128,16 @@ class OutcomeTracker:
             "results_dir": str(results_dir),
             "results": sorted(entries, key=lambda e: e["case_id"]),
             "golden_updates": sorted(golden_updates),
+            **(extra or {}),
         }
 
     def write_summary(self, path: Path, written: list[dict[str, Any]], results_dir: Path,
-                      golden_updates: list[str]) -> Path:
-        """Replace ``path`` (also when this session wrote nothing: never a stale summary)."""
-        return atomic_write_json(path, self.summary(written, results_dir, golden_updates))
+                      golden_updates: list[str], extra: dict[str, Any] | None = None) -> Path:
+        """Replace ``path`` (also when this session wrote nothing: never a stale summary).
+
+        ``extra``: further top-level keys (the plugin's ``lost_workers``).
+        """
+        return atomic_write_json(path, self.summary(written, results_dir, golden_updates, extra))
 
 
 OUTCOME_PLUGIN = "afd-outcomes"

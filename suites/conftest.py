@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from pytest_afd import progress as afd_progress
 from pytest_afd import results as afd_result_docs
 from pytest_afd.backends import create_backend
 from pytest_afd.backends.base import (
@@ -336,12 +337,17 @@ class StageRunner:
         writer: Any,
         sizes: StageSizes,
         pool: BackendPool,
+        progress: afd_progress.Emitter | None = None,
+        title: str = "",
     ) -> None:
         self.handle = handle
         self.options = options
         self.writer = writer
         self.sizes = sizes
         self.pool = pool
+        # Per-run progress lines (None: silent, e.g. under -q).
+        self.progress = progress
+        self.title = title
 
     @property
     def backend(self) -> Backend:
@@ -360,6 +366,8 @@ class StageRunner:
             writer=self.writer,
             sizes=self.sizes,
             pool=self.pool,
+            progress=self.progress,
+            title=self.title,
         )
 
     # ---- building blocks ------------------------------------------------------------
@@ -459,10 +467,16 @@ class StageRunner:
         calls: dict[str, int] = dict.fromkeys(names, 0)
         measured: dict[str, list[RunOutputs]] = {name: [] for name in names}
         by_name = {case.name: case for case in cases}
+        positions = {case.name: f"{i}/{len(cases)}" for i, case in enumerate(cases, start=1)}
+        wanted = explain or self.options.profile
+        progress = self._progress(cases, instrumented=wanted)
 
         def make_call(name: str) -> Callable[[], dict[str, float]]:
             def call() -> dict[str, float]:
                 case = by_name[name]
+                run = calls[name] + 1
+                phase = "warmup" if run <= warmups else f"{run - warmups}/{self.options.repeats}"
+                self._report_progress(progress, case, phase, positions[name])
                 output = self._run_once(case, case.settings)
                 calls[name] += 1
                 # run_repeated runs each case's warmups before any measured run.
@@ -474,14 +488,12 @@ class StageRunner:
 
         repeated = self.options.repeat({name: make_call(name) for name in names})
         done = {}
-        wanted = explain or self.options.profile
         for case in cases:
             backend = self._handle(case).backend
-            instrumented = (
-                self._run_once(case, replace(case.settings, instrument=True))
-                if wanted and CAP_INSTRUMENTATION in backend.capabilities
-                else None
-            )
+            instrumented = None
+            if wanted and CAP_INSTRUMENTATION in backend.capabilities:
+                self._report_progress(progress, case, "instrumented", positions[case.name])
+                instrumented = self._run_once(case, replace(case.settings, instrument=True))
             doc = self._result(case, measured[case.name], instrumented, repeated.protocol_json())
             if wanted and instrumented is None:
                 doc["evidence"]["per_layer_timings"] = afd_result_docs.absent(
@@ -491,7 +503,28 @@ class StageRunner:
             done[case.name] = MeasuredCase(case, measured[case.name], instrumented, doc)
         if write:
             self.write(done)
+        progress.finish()
         return done
+
+    def _progress(self, cases: Sequence[StageCase], *, instrumented: bool) -> afd_progress.Progress:
+        """One step per backend run: warmups, measured repetitions, instrumented runs."""
+        runs_per_case = self.options.warmups + self.options.repeats
+        explained = sum(
+            CAP_INSTRUMENTATION in self._handle(case).backend.capabilities for case in cases
+        )
+        total = len(cases) * runs_per_case + (explained if instrumented else 0)
+        return afd_progress.Progress(total, self.progress, title=self.title, unit="run")
+
+    @staticmethod
+    def _report_progress(
+        progress: afd_progress.Progress, case: StageCase, phase: str, position: str
+    ) -> None:
+        progress.step(
+            case=f"{position} {case.name}",
+            policy=case.settings.split_policy,
+            workload=case.workload.name,
+            rep=phase,
+        )
 
     def write(self, measured: Mapping[str, MeasuredCase]) -> None:
         """Validate and write each case's result (one per case)."""
@@ -618,14 +651,16 @@ def backend_pool(pytestconfig: pytest.Config, afd_backend, afd_manifest, afd_opt
 
 
 @pytest.fixture
-def stage_runner(backend_pool, afd_options, afd_results, stage_sizes) -> StageRunner:
-    """The stage measurement protocol bound to this test's result writer."""
+def stage_runner(request, backend_pool, afd_options, afd_results, stage_sizes) -> StageRunner:
+    """The stage measurement protocol bound to this test's result writer and progress lines."""
     return StageRunner(
         handle=backend_pool.session,
         options=afd_options,
         writer=afd_results,
         sizes=stage_sizes,
         pool=backend_pool,
+        progress=afd_progress.pytest_emitter(request.config),
+        title=request.node.name,
     )
 
 

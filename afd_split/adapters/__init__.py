@@ -1,5 +1,8 @@
-"""Adapters between ``afd_split.BatchMetadata`` and serving-stack metadata types.
+"""Engine adapters: split vLLM / vLLM-Ascend attention metadata objects per ubatch.
 
-Each adapter imports its framework lazily, inside the functions that need it,
-so ``import afd_split`` never pulls in vLLM or torch-npu.
+``vllm`` (``split_common_metadata``) and ``ascend`` (``split_ascend_common_metadata``)
+are the entry points; ``layout`` holds the pinned field lists and the run-time drift
+check, ``common`` / ``slicing`` the shared rule-driven split and device-side slicing,
+``debug`` the token-level check. Nothing here imports vLLM, vLLM-Ascend or torch at
+import time: the engine objects come from the caller and torch is imported lazily.
 """

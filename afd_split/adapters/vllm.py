@@ -1,106 +1,203 @@
-"""vLLM ``CommonAttentionMetadata`` <-> ``BatchMetadata``.
+"""vLLM ``CommonAttentionMetadata`` split per ubatch, on the real layouts of vLLM 0.19.1 / 0.26.0 / 0.33.0.
 
-Targets the field layout of the vLLM release that vLLM-Ascend pins for the AFD
-recipe, where the CPU copies are dataclass fields (``PINNED_COMMON_FIELDS``).
-Later releases turned ``seq_lens_cpu`` / ``num_computed_tokens_cpu`` into
-deprecated properties; the drift test in tests/afd_split checks the installed
-vLLM against this list so a layout change fails loudly instead of silently.
-Positions are not part of ``CommonAttentionMetadata`` (the model runner holds
-them), so they travel next to it. This path reads slot_mapping and the block
-table to the host so every ubatch can be validated: right for the CPU harness
-and for debugging production batches; a device-resident slicing path (views of
-the device tensors by the plan's slices) is the follow-up for the hot path.
+API (stable; the AFD-plugin hook calls these):
+
+* ``split_common_metadata(plan, common, positions, block_size, *, check="requests")
+  -> list[(CommonAttentionMetadata, positions)]``: one pair per ubatch, same class.
+* ``common_layout(common) -> PinnedLayout``: the run-time drift check (fails closed).
+* ``VLLM_LAYOUTS``, ``VLLM_FIELD_RULES``, ``VLLM_RECOMPUTE``, ``VLLM_HOST_SOURCES``,
+  ``SUPPORTED_VLLM_VERSIONS``, ``common_attention_metadata_type()``.
+
+Layouts are the exact field lists read from each wheel (``pinned/vllm-*.json``
+with version and commit id). On 0.19.1 and 0.26.0 the host copies are the
+backing fields ``_seq_lens_cpu`` / ``_num_computed_tokens_cpu`` (the public
+``seq_lens_cpu`` / ``num_computed_tokens_cpu`` are deprecated properties that
+would copy from the device when unset); on 0.33.0 they are gone and the host
+sequence lengths are ``seq_lens_cpu_upper_bound`` (exact for prefill rows).
+Real counts come from the plan: the GPU runner pads ``num_actual_tokens`` and
+``num_reqs``; each ubatch carries its real tokens and requests only.
+Every field has a rule (``VLLM_FIELD_RULES``); a field the split cannot
+honour is rejected by name when set, and an unknown field list fails closed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from types import MappingProxyType
 
-import numpy as np
-
-from afd_split.metadata import BatchMetadata, split_metadata
-from afd_split.plan import SplitPlan
-
-PINNED_COMMON_FIELDS = (
-    "query_start_loc",
-    "query_start_loc_cpu",
-    "seq_lens",
-    "seq_lens_cpu",
-    "num_computed_tokens_cpu",
-    "num_reqs",
-    "num_actual_tokens",
-    "max_query_len",
-    "max_seq_len",
-    "block_table_tensor",
-    "slot_mapping",
+from afd_split.adapters.common import (
+    HostSources,
+    check_recompute_table,
+    produced_request_fields,
+    reject_unsupported_fields,
+    request_fields_of,
+    split_fields,
 )
-"""CommonAttentionMetadata fields this adapter reads and writes."""
+from afd_split.adapters.layout import FieldRule, PinnedLayout, load_layout, match_layout
+from afd_split.adapters.slicing import (
+    CHECK_FULL,
+    CHECK_REQUESTS,
+    PAD_POSITION,
+    PAD_SLOT_ID,
+    check_split,
+    cut_seq_lens,
+    host_tensor,
+    rebased_query_start_loc,
+    ubatch_request_rows,
+    ubatch_token_rows,
+)
+from afd_split.errors import UnsupportedSplitError
+from afd_split.plan import SplitPlan
+from afd_split.requests import split_request_fields
+
+SUPPORTED_VLLM_VERSIONS = ("0.19.1", "0.26.0", "0.33.0")
+VLLM_LAYOUTS = tuple(load_layout(f"vllm-{version}") for version in SUPPORTED_VLLM_VERSIONS)
+
+VLLM_FIELD_RULES = MappingProxyType(
+    {
+        # Recomputed from the plan and the parent's host fields (VLLM_RECOMPUTE).
+        "query_start_loc": FieldRule.RECOMPUTE,
+        "query_start_loc_cpu": FieldRule.RECOMPUTE,
+        "seq_lens": FieldRule.RECOMPUTE,
+        "_seq_lens_cpu": FieldRule.RECOMPUTE,
+        "_num_computed_tokens_cpu": FieldRule.RECOMPUTE,
+        "seq_lens_cpu_upper_bound": FieldRule.RECOMPUTE,
+        "num_reqs": FieldRule.RECOMPUTE,
+        "num_actual_tokens": FieldRule.RECOMPUTE,
+        "max_query_len": FieldRule.RECOMPUTE,
+        "max_seq_len": FieldRule.RECOMPUTE,
+        "causal": FieldRule.RECOMPUTE,  # bool: kept (batch-invariant); per-request tensor: sliced
+        # Sliced by the plan.
+        "block_table_tensor": FieldRule.REQUEST_ROWS,
+        "is_prefilling": FieldRule.REQUEST_ROWS,  # a cut request prefills on both sides
+        "req_idx": FieldRule.REQUEST_ROWS,
+        "rswa_prefix_lens": FieldRule.REQUEST_ROWS,  # per-request prompt length: same per piece
+        "slot_mapping": FieldRule.TOKEN_ROWS,
+        "positions": FieldRule.TOKEN_ROWS,
+        # Lazily filled caches of the parent: rebuilt by the ubatch's own methods.
+        "_num_computed_tokens_cache": FieldRule.CLEAR,
+        "_token_to_req_indices_cache": FieldRule.CLEAR,
+        # Features a two-ubatch prefill split does not honour: fail closed when set.
+        "logits_indices_padded": FieldRule.REJECT_WHEN_SET,  # KV-sharing fast prefill
+        "num_logits_indices": FieldRule.REJECT_WHEN_SET,
+        "max_logits_per_req": FieldRule.REJECT_WHEN_SET,
+        "encoder_seq_lens": FieldRule.REJECT_WHEN_SET,  # cross-attention
+        "encoder_seq_lens_cpu": FieldRule.REJECT_WHEN_SET,
+        "dcp_local_seq_lens": FieldRule.REJECT_WHEN_SET,  # DCP > 1: per-rank shards of a cut
+        "dcp_local_seq_lens_cpu": FieldRule.REJECT_WHEN_SET,
+        "dcp_local_seq_lens_cpu_upper_bound": FieldRule.REJECT_WHEN_SET,
+        "mm_req_doc_ranges": FieldRule.REJECT_WHEN_SET,  # keyed by batch request index
+        "replayssm_decode_base_cpu": FieldRule.REJECT_WHEN_SET,  # Mamba2 decode ring origin
+    }
+)
+"""The rule of every field of every supported layout (checked at import and in tests)."""
+
+VLLM_HOST_SOURCES = HostSources(
+    seq_lens=("_seq_lens_cpu", "seq_lens_cpu_upper_bound"),
+    computed=("_num_computed_tokens_cpu",),
+    token_pad_values=(("slot_mapping", PAD_SLOT_ID), ("positions", PAD_POSITION)),
+)
+"""Host seq_lens: the 0.19.1/0.26.0 backing field, else 0.33.0's upper bound (exact on
+prefill rows); computed tokens: the backing field, else seq_len - query_len."""
+
+
+def host_request_field(name: str, values: str):
+    """Recompute a host request-indexed field from the ubatch's ``values`` when the parent set it."""
+
+    def recompute(context):
+        like = getattr(context.common, name)
+        return None if like is None else host_tensor(getattr(context.part, values), like)
+
+    return recompute
+
+
+def _causal(context):
+    causal = context.common.causal
+    return causal if isinstance(causal, bool) else ubatch_request_rows(causal, context.ubatch)
+
+
+VLLM_RECOMPUTE = MappingProxyType(
+    {
+        "query_start_loc": lambda c: rebased_query_start_loc(c.common.query_start_loc, c.ubatch),
+        "query_start_loc_cpu": lambda c: host_tensor(
+            c.part.query_start_loc, c.common.query_start_loc_cpu
+        ),
+        "seq_lens": lambda c: cut_seq_lens(c.common.seq_lens, c.ubatch, c.left_over),
+        "_seq_lens_cpu": host_request_field("_seq_lens_cpu", "seq_lens"),
+        "seq_lens_cpu_upper_bound": host_request_field("seq_lens_cpu_upper_bound", "seq_lens"),
+        "_num_computed_tokens_cpu": host_request_field(
+            "_num_computed_tokens_cpu", "num_computed_tokens"
+        ),
+        "num_reqs": lambda c: c.part.num_reqs,
+        "num_actual_tokens": lambda c: c.ubatch.num_real_tokens,
+        "max_query_len": lambda c: int(c.query_lens.max()),
+        "max_seq_len": lambda c: int(c.part.seq_lens.max()),
+        "causal": _causal,
+    }
+)
+"""How each RECOMPUTE field of the base class is derived for one ubatch."""
+
+check_recompute_table(VLLM_LAYOUTS, VLLM_FIELD_RULES, VLLM_RECOMPUTE)
+
+
+def common_layout(common, layouts: tuple[PinnedLayout, ...] = VLLM_LAYOUTS) -> PinnedLayout:
+    """The pinned layout of ``type(common)``; ``UnsupportedSplitError`` naming any drift."""
+    return match_layout(type(common), layouts)
+
+
+def split_common_metadata(
+    plan: SplitPlan, common, positions, block_size: int, *, check: str = CHECK_REQUESTS
+):
+    """Per-ubatch ``(CommonAttentionMetadata, positions)`` pairs for ``plan``, checked.
+
+    ``positions`` is the model runner's positions tensor (``[T']`` or ``[3, T']``,
+    possibly padded); each ubatch gets its real tokens' view, and its metadata
+    counts real tokens and requests only. ``check`` is ``"requests"`` (default:
+    O(R) on the produced host fields, cheap enough for every step) or
+    ``"full"`` (also the token-level ``validate_split``; copies slot_mapping,
+    the block table and positions to the host: debugging only). Raises
+    ``UnsupportedSplitError`` for an unknown layout, a set rejected field or a
+    PCP plan, ``ValueError`` when the plan does not describe this batch, and
+    ``SplitInvariantError`` when the check fails. The parent is not mutated.
+    """
+    layout = common_layout(common)
+    reject_unsupported_fields(common, layout, VLLM_FIELD_RULES)
+    if plan.constraints.pcp_size > 1:
+        raise UnsupportedSplitError(
+            f"plan has pcp_size={plan.constraints.pcp_size}: the vLLM adapter does not build "
+            "PCP metadata; use afd_split.adapters.ascend with the engine's PCP builder"
+        )
+    parent = request_fields_of(plan, common, layout, VLLM_HOST_SOURCES)
+    parts = split_request_fields(plan, parent)
+    per_ubatch = split_fields(
+        plan,
+        common,
+        layout,
+        VLLM_FIELD_RULES,
+        VLLM_RECOMPUTE,
+        parent,
+        parts,
+        sources=VLLM_HOST_SOURCES,
+        padded_rows=False,
+    )
+    results = [
+        (
+            dataclasses.replace(common, **values),
+            ubatch_token_rows(positions, ubatch, with_padding=False, pad_value=PAD_POSITION),
+        )
+        for ubatch, values in zip(plan.ubatches, per_ubatch, strict=True)
+    ]
+    produced = [produced_request_fields(sub, layout, VLLM_HOST_SOURCES) for sub, _ in results]
+    check_split(plan, parent, produced, check)
+    if check == CHECK_FULL:
+        from afd_split.adapters.debug import validate_token_level  # lazy: debug path only
+
+        validate_token_level(plan, common, positions, block_size, parent, results)
+    return results
 
 
 def common_attention_metadata_type() -> type:
-    """vLLM's ``CommonAttentionMetadata`` class (imports vLLM)."""
-    from vllm.v1.attention.backends.utils import CommonAttentionMetadata  # lazy: optional dep
+    """The installed vLLM's ``CommonAttentionMetadata`` (imports vLLM)."""
+    from vllm.v1.attention.backend import CommonAttentionMetadata  # lazy: optional dependency
 
     return CommonAttentionMetadata
-
-
-def _to_numpy(tensor) -> np.ndarray:
-    return tensor.detach().cpu().numpy().astype(np.int64)
-
-
-def batch_metadata_from_common(common, positions, block_size: int) -> BatchMetadata:
-    """Read the real-token part of ``common`` (vLLM may pad slot_mapping / query_start_loc)."""
-    num_reqs = common.num_reqs
-    num_tokens = common.num_actual_tokens
-    positions = _to_numpy(positions)
-    return BatchMetadata(
-        query_start_loc=_to_numpy(common.query_start_loc_cpu[: num_reqs + 1]),
-        seq_lens=_to_numpy(common.seq_lens_cpu[:num_reqs]),
-        num_computed_tokens=_to_numpy(common.num_computed_tokens_cpu[:num_reqs]),
-        slot_mapping=_to_numpy(common.slot_mapping[:num_tokens]),
-        block_table=_to_numpy(common.block_table_tensor[:num_reqs]),
-        positions=positions[..., :num_tokens],
-        block_size=block_size,
-    )
-
-
-def common_from_batch_metadata(metadata: BatchMetadata, template):
-    """A copy of ``template`` carrying ``metadata``; dtypes and devices follow the template."""
-    import torch  # lazy: only adapters touch tensors
-
-    def like(array: np.ndarray, reference):
-        return torch.from_numpy(array.copy()).to(dtype=reference.dtype, device=reference.device)
-
-    return dataclasses.replace(
-        template,
-        query_start_loc=like(metadata.query_start_loc, template.query_start_loc),
-        query_start_loc_cpu=like(metadata.query_start_loc, template.query_start_loc_cpu),
-        seq_lens=like(metadata.seq_lens, template.seq_lens),
-        seq_lens_cpu=like(metadata.seq_lens, template.seq_lens_cpu),
-        num_computed_tokens_cpu=like(
-            metadata.num_computed_tokens, template.num_computed_tokens_cpu
-        ),
-        num_reqs=metadata.num_reqs,
-        num_actual_tokens=metadata.num_tokens,
-        max_query_len=metadata.max_query_len,
-        max_seq_len=metadata.max_seq_len,
-        block_table_tensor=like(metadata.block_table, template.block_table_tensor),
-        slot_mapping=like(metadata.slot_mapping, template.slot_mapping),
-    )
-
-
-def split_common_metadata(plan: SplitPlan, common, positions, block_size: int):
-    """Per-ubatch ``(CommonAttentionMetadata, positions)`` pairs for a plan, validated."""
-    import torch  # lazy: only adapters touch tensors
-
-    parent = batch_metadata_from_common(common, positions, block_size)
-    parts = split_metadata(plan, parent, validate=True)
-    return [
-        (
-            common_from_batch_metadata(part, common),
-            torch.from_numpy(part.positions.copy()).to(
-                dtype=positions.dtype, device=positions.device
-            ),
-        )
-        for part in parts
-    ]

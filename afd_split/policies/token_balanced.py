@@ -45,9 +45,16 @@ def select_token_balanced_cut(
     head's KV for the boundary request, so it is the one to keep lighter.
     The choice is arithmetic (O(1)); the request layout is derived afterwards.
     """
-    num_tokens = cu_tokens.item(-1)
-    align = constraints.align
-    lowest, highest = token_balanced_cut_range(num_tokens, constraints)
+    return token_balanced_cut(cu_tokens.item(-1), constraints)
+
+
+def token_balanced_cut(num_tokens: int, constraints: SplitConstraints) -> int:
+    """The token-balanced cut of a ``num_tokens`` batch (plain integers; the scalar planner's)."""
+    align, min_tokens = constraints.align, constraints.min_ubatch_tokens
+    lowest = -(-min_tokens // align) * align
+    highest = (num_tokens - min_tokens) // align * align
+    if align >= num_tokens or lowest > highest:
+        token_balanced_cut_range(num_tokens, constraints)  # raises, naming the reason
     # Nearest multiple of align to T/2, ties upward: floor((T + align) / (2 * align)) * align.
     nearest = (num_tokens + align) // (2 * align) * align
     return min(max(nearest, lowest), highest)

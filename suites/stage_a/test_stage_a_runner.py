@@ -279,3 +279,22 @@ def test_stage_runner_says_why_there_is_no_instrumented_run(make_runner):
     assert all(not instrument for _, (_, instrument) in backend.calls)
     reason = measured["c"].result["evidence"]["per_layer_timings"]["absent_reason"]
     assert "does not declare 'instrumentation'" in reason
+
+
+def test_stage_runner_reports_progress_per_run(make_runner):
+    runner, _ = make_runner({CAP_SPLIT, CAP_PREFIX_CACHE, CAP_INSTRUMENTATION})
+    lines = []
+    runner.progress, runner.title = lines.append, "test_x"
+    runner.measure(_cases(runner, prefix_caching=True), explain=True, write=False)
+    total = 2 * (1 + 3) + 2  # warmup + repetitions per case, one instrumented run each
+    assert len(lines) == total + 1
+    assert lines[0].startswith(
+        f"test_x run 1/{total} case=1/2 cold policy=token_balanced workload=uniform"
+    )
+    assert " rep=warmup elapsed " in lines[0]
+    assert any(
+        f"run {total}/{total} case=2/2 steady" in line and "rep=instrumented" in line
+        for line in lines
+    )
+    assert any("case=2/2 steady" in line and "rep=3/3" in line for line in lines)
+    assert lines[-1].startswith(f"test_x {total}/{total} runs done in ")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import platform
 import time
 from collections.abc import Iterator, Sequence
@@ -21,7 +22,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from afd_split import BatchMetadata, SplitConstraints, plan_split
+from afd_split import BatchMetadata, RequestFields, SplitConstraints
+from afd_split.integrations.engine_step import (
+    StepRanks,
+    check_engine_step,
+    plan_engine_step,
+    step_record,
+)
+from afd_split.integrations.worker_evidence import EvidenceWriter
 from pytest_afd.backends.base import (
     CAP_AFD,
     CAP_CHUNKED_PREFILL,
@@ -64,6 +72,8 @@ CAPABILITIES = frozenset({
     CAP_INSTRUMENTATION, CAP_AFD, CAP_SPLIT_OBSERVER,
 })  # fmt: skip
 # AFD-runtime step evidence lifted to the top level of each step (Stage A reads them).
+CPU_STEP_RANKS = StepRanks(global_rank=0)
+"""The in-process CPU model is one Attention rank (TP/PCP are emulated in the layout)."""
 AFD_STEP_SUMMARY_KEYS = ("overlap_fraction", "straggler_s", "exposed_bubble_s", "ffn_idle_s")
 
 
@@ -208,6 +218,7 @@ class CpuBackend:
         block_size = validate_block_size(settings.block_size)
         layout = split_layout(settings, self.topology)
         if settings.afd_processes:
+            self._drop_failed_runtime()
             state = self._afd_cache_state(block_size)
             executor = AfdExecutor(self._runtime(), quantization=settings.quantization,
                                    routing=settings.routing, instrument=settings.instrument)
@@ -235,6 +246,8 @@ class CpuBackend:
                               dtype=np.int64)
         layer_seconds: list[list[dict[str, float]]] = []
         completed = False
+        # AFD_EVIDENCE_DIR: the same per-step lines the engine hook's Attention ranks write.
+        evidence = EvidenceWriter.from_env(os.environ, CPU_STEP_RANKS.label)
         try:
             for step, batch in enumerate(sched.batches):
                 step_started = time.perf_counter()
@@ -243,9 +256,11 @@ class CpuBackend:
                     token_lists[c.request_index][c.num_computed_tokens:c.num_computed_tokens + c.num_tokens]
                     for c in batch.chunks
                 ])  # fmt: skip
-                plan = plan_split(batch.num_scheduled_tokens, policy=settings.split_policy,
-                                  constraints=constraints, allow_fallback=True,
-                                  num_computed_tokens=batch.num_computed_tokens)
+                # The engine hook's glue: same planning and per-step request-level check.
+                plan = plan_engine_step(batch.num_scheduled_tokens, policy=settings.split_policy,
+                                        constraints=constraints,
+                                        num_computed_tokens=batch.num_computed_tokens)
+                check_engine_step(plan, RequestFields.of(metadata))
                 if settings.afd_processes:
                     result = executor.execute(ids, metadata, plan)
                     afd_fields = afd_step_fields(executor.last_evidence)
@@ -265,20 +280,22 @@ class CpuBackend:
                             prompts[chunk.request_index], cached[chunk.request_index],
                             result.last_logits[position], settings, now - started,
                         )
-                steps.append({
-                    "step": step,
-                    **plan.to_evidence(),
-                    "schedule": batch.to_json(),
-                    "cached_tokens": [cached[c.request_index] for c in batch.chunks],
-                    "expert_load": result.expert_load.tolist(),
-                    "expert_load_per_rank": load_per_rank(result.expert_load,
-                                                          layout.num_ep_ranks).tolist(),
-                    "padding_routed_rows": result.padding_routed_rows,
-                    "wall_time_s": now - step_started,
+                steps.append(step_record(
+                    plan, step=step, ranks=CPU_STEP_RANKS, expert_load=result.expert_load,
+                    schedule=batch.to_json(),
+                    cached_tokens=[cached[c.request_index] for c in batch.chunks],
+                    expert_load_per_rank=load_per_rank(result.expert_load,
+                                                       layout.num_ep_ranks).tolist(),
+                    padding_routed_rows=result.padding_routed_rows,
+                    wall_time_s=now - step_started,
                     **afd_fields,
-                })  # fmt: skip
+                ))  # fmt: skip
+                if evidence is not None:
+                    evidence.append(steps[-1])
             completed = True
         finally:
+            if evidence is not None:
+                evidence.close()
             # A failed run must not publish blocks it may not have written.
             self._finish(state, token_lists, blocks, settings.prefix_caching and completed)
         return RunOutputs(
@@ -309,6 +326,7 @@ class CpuBackend:
         for state in (*self._caches.values(), *self._afd_caches.values()):
             state.pool.reset()
             state.index.clear()
+        self._drop_failed_runtime()
         if self._afd_runtime is not None:
             self._afd_runtime.reset_kv_cache()
 
@@ -380,6 +398,12 @@ class CpuBackend:
             self._afd_runtime = AfdRuntime(self.config, self.seed or 0, num_attention=1,
                                            num_ffn=num_ffn, model_dir=self.model_dir)
         return self._afd_runtime
+
+    def _drop_failed_runtime(self) -> None:
+        """A rank failure closed the runtime and its KV cache: the next run starts a fresh one."""
+        if self._afd_runtime is not None and self._afd_runtime.closed:
+            self._afd_runtime = None
+            self._afd_caches.clear()
 
     def _afd_cache_state(self, block_size: int) -> _CacheState:
         if block_size not in self._afd_caches:

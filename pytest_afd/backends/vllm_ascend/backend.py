@@ -44,6 +44,7 @@ from pytest_afd.backends.vllm_ascend.launch import (
     LaunchPlanError,
     build_launch_plan,
 )
+from pytest_afd.backends.vllm_ascend.worker_evidence import WorkerEvidenceBackend
 from pytest_afd.serving.http_backend import (
     AttachedServer,
     HttpBackend,
@@ -219,7 +220,7 @@ def declared_settings(environ: Mapping[str, str]) -> RunSettings:
 
 
 def create_backend(*, topology: Topology, model_name: str, seed: int, results_dir: str | Path,
-                   environ: Mapping[str, str] | None = None) -> HttpBackend:
+                   environ: Mapping[str, str] | None = None) -> HttpBackend | WorkerEvidenceBackend:
     environ = os.environ if environ is None else environ
     describe: dict[str, Any] = {"model": {"name": model_name}, "seed": seed,
                                 "topology": topology.canonical}
@@ -252,5 +253,8 @@ def create_backend(*, topology: Topology, model_name: str, seed: int, results_di
         launcher = local_launcher(topology, model=path, devices=devices,
                                   log_dir=Path(results_dir) / "servers", startup_timeout_s=timeout,
                                   overrides=overrides)
-    return HttpBackend(BACKEND_NAME, capabilities_for(topology), launcher, describe_extra=describe,
-                       server_fields=LAUNCH_FIELDS)
+    backend = HttpBackend(BACKEND_NAME, capabilities_for(topology), launcher,
+                          describe_extra=describe, server_fields=LAUNCH_FIELDS)
+    # With AFD_EVIDENCE_DIR set (inherited by launched servers; set on both sides when
+    # attaching), each case's steps and expert load come from the Attention ranks' lines.
+    return WorkerEvidenceBackend.wrap_from_env(backend, environ)

@@ -1,0 +1,76 @@
+"""vLLM general plugin: ``async_moe_split="token_balanced"`` for the AFD plugin's async MoE.
+
+Entry point (pyproject ``[project.entry-points."vllm.general_plugins"]``):
+``afd_split = "afd_split.integrations.afd_plugin:register"``. vLLM calls it in
+every process (possibly more than once); without afd_plugin it does nothing,
+and a process where the hook is not installed still refuses
+``token_balanced`` through the plugin's own validator, so the value can never
+run unplanned. Enable per deployment with
+``connector_extra_config.async_moe_split="token_balanced"`` and add
+``afd_split`` to ``VLLM_PLUGINS`` where that list is set.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+
+from afd_split.integrations.afd_plugin.stages import (
+    TOKEN_BALANCED_SPLIT,
+    HookSession,
+    ascend_splitter,
+)
+from afd_split.integrations.engine_step import StepRanks
+
+PLUGIN_NAME = "afd_split"
+"""Entry-point name (what ``VLLM_PLUGINS`` lists)."""
+
+MIN_GROUP_SIZE_TO_AGREE = 2
+
+logger = logging.getLogger(__name__)
+
+
+def engine_session(runner) -> HookSession:
+    """The runner's hook session from vLLM's existing TP and PCP groups (imports vLLM)."""
+    import torch.distributed as dist
+    from vllm.distributed import get_tp_group
+    from vllm.distributed.parallel_state import get_pcp_group
+
+    parallel = runner.vllm_config.parallel_config
+    tp_group = get_tp_group()
+    groups = [tp_group.cpu_group] if tp_group.world_size >= MIN_GROUP_SIZE_TO_AGREE else []
+    pcp_rank = 0
+    if parallel.prefill_context_parallel_size >= MIN_GROUP_SIZE_TO_AGREE:
+        pcp_group = get_pcp_group()
+        groups.append(pcp_group.cpu_group)
+        pcp_rank = pcp_group.rank_in_group
+    ranks = StepRanks(global_rank=dist.get_rank(), dp_rank=parallel.data_parallel_rank,
+                      tp_rank=tp_group.rank_in_group, pcp_rank=pcp_rank)
+    return HookSession.from_environment(os.environ, ranks=ranks, groups=groups,
+                                        splitter=ascend_splitter(
+                                            chunked_prefill=runner.scheduler_config
+                                            .enable_chunked_prefill))
+
+
+def register() -> None:
+    """``vllm.general_plugins`` entry point: install the hook where afd_plugin is installed."""
+    if importlib.util.find_spec("afd_plugin") is None:
+        logger.debug("%s: afd_plugin is not installed; nothing to patch", PLUGIN_NAME)
+        return
+    from afd_split.integrations.afd_plugin.patches import install, resolve_seams
+
+    try:
+        seams = resolve_seams()
+    except ImportError as error:
+        # Fail closed without the hook: the unpatched validator refuses token_balanced.
+        logger.warning("%s: afd_plugin's worker modules do not import in this process (%s); "
+                       "async_moe_split=%r stays refused here", PLUGIN_NAME, error,
+                       TOKEN_BALANCED_SPLIT)
+        return
+    branch = install(seams, new_session=engine_session)
+    logger.info("%s: async_moe_split=%r routed through afd_split (afd_plugin %s seams)",
+                PLUGIN_NAME, TOKEN_BALANCED_SPLIT, branch)
+
+
+__all__ = ["PLUGIN_NAME", "TOKEN_BALANCED_SPLIT", "engine_session", "register"]

@@ -1,0 +1,340 @@
+"""The three compatibility patches of the AFD plugin, written to its AGENTS.md rules.
+
+Each patch function carries the pinned upstream header exactly (``pinned.py``),
+has its reason and behaviour in the comment right above it, and marks every
+AFD-split-only delta with ``# ### PATCH START/END``. All three deviate from the
+"copy the upstream body" default in the same, called-out way: every value of
+``async_moe_split`` other than ``token_balanced`` delegates to the ORIGINAL
+function object, so the plugin runs byte-for-byte unchanged (this project reads
+upstream for facts and does not copy its code). The factories close over the
+original; nothing is stored in a module global.
+
+Removal plan (docs/ascend.md): upstream an ``async_moe_split`` planner registry
+to afd-plugin (plan function + metadata splitter per value); then this module
+shrinks to one registration call and the seams stop being patched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from afd_split.adapters.ascend import check_ascend_pcp_startup
+from afd_split.errors import UnsupportedSplitError
+from afd_split.integrations.afd_plugin.pinned import (
+    PLANNER,
+    RELEASE_V0_19_1RC1,
+    SLICER,
+    VALIDATOR,
+    function_header,
+    seams_for,
+)
+from afd_split.integrations.afd_plugin.stages import (
+    SESSION_ATTRIBUTE,
+    TOKEN_BALANCED_SPLIT,
+    HookSession,
+    PlannedUBatchSlices,
+    plan_stages,
+)
+from afd_split.state import preserved_state
+from afd_split.support import SplitSupportConfig, unsupported_reasons
+
+if TYPE_CHECKING:  # names of the pinned headers; never imported at run time
+    import torch
+    from afd_plugin.config import AFDConfig
+    from vllm.config import VllmConfig
+    from vllm.v1.attention.backends.utils import CommonAttentionMetadata
+    from vllm.v1.worker.ubatch_utils import UBatchSlices
+    from vllm_ascend.attention.utils import AscendCommonAttentionMetadata
+    from vllm_ascend.worker.model_runner_v1 import PerLayerAttnMetadata
+
+PATCH_MARKER = "__afd_split_patch__"
+"""Attribute on every patch function naming its seam; makes installation idempotent."""
+
+RUNNER_STATE_KEPT_ACROSS_STAGE_BUILD = ("long_seq_metadata",)
+"""Runner state the full-batch build sets for the full-batch forward and the stage build
+overwrites; ``preserved_state`` restores it so the stages never leak into the parent."""
+
+SPARSE_ATTENTION_CONFIG_KEY = "index_topk"
+"""HF text-config key of DeepSeek V3.2 sparse attention (the plugin's own SFA test)."""
+
+SFA_BUILDER = "AscendSFAMetadataBuilder"
+MLA_BUILDER = "AscendMLAMetadataBuilder"
+
+PCP_REJECTION = (
+    "prefill_context_parallel_size={pcp} > 1: the pinned runner regenerates stage PCP "
+    "metadata from whole-request lengths (_build_stage_local_pcp_metadata), which a cut "
+    "inside a request would mis-describe"
+)
+
+
+class PluginDriftError(RuntimeError):
+    """The installed afd_plugin's seam no longer reads as any pinned variant."""
+
+
+@dataclass(frozen=True)
+class PluginSeams:
+    """The upstream objects the hook patches (modules of the installed plugin, or stand-ins)."""
+
+    validation_module: ModuleType
+    runner_module: ModuleType
+    runner_class: type
+    request_split: str
+    slice_type: type
+
+
+def resolve_seams() -> PluginSeams:
+    """The installed plugin's seams (imports afd_plugin, vLLM and vLLM-Ascend)."""
+    import importlib
+
+    from afd_plugin.connectors.npu.async_cam import ASYNC_MOE_REQUEST_SPLIT
+    from vllm.v1.worker.ubatch_utils import UBatchSlice
+
+    from afd_split.integrations.afd_plugin.pinned import (
+        RUNNER_CLASS,
+        RUNNER_MODULE,
+        VALIDATION_MODULE,
+    )
+
+    runner_module = importlib.import_module(RUNNER_MODULE)
+    return PluginSeams(
+        validation_module=importlib.import_module(VALIDATION_MODULE),
+        runner_module=runner_module,
+        runner_class=vars(runner_module)[RUNNER_CLASS],
+        request_split=ASYNC_MOE_REQUEST_SPLIT,
+        slice_type=UBatchSlice,
+    )
+
+
+def token_balanced_unsupported_reasons(vllm_config, afd_config, num_ubatches: int) -> list[str]:
+    """Why this deployment may not run ``token_balanced`` (afd_split's support rules + PCP)."""
+    parallel = vllm_config.parallel_config
+    model = vllm_config.model_config
+    speculative = vllm_config.speculative_config
+    sparse = SPARSE_ATTENTION_CONFIG_KEY in model.hf_text_config.to_dict()
+    reasons = unsupported_reasons(SplitSupportConfig(
+        attention_builder=SFA_BUILDER if sparse else MLA_BUILDER,
+        split_policy=TOKEN_BALANCED_SPLIT,
+        num_stages=num_ubatches,
+        graph_mode="eager" if model.enforce_eager else "graph",
+        num_speculative_tokens=0 if speculative is None else speculative.num_speculative_tokens,
+        dcp_size=parallel.decode_context_parallel_size,
+        pcp_size=parallel.prefill_context_parallel_size,
+        tp_size=parallel.tensor_parallel_size,
+        compute_gate_on_attention=afd_config.compute_gate_on_attention,
+        native_dbo=parallel.enable_dbo,
+    ))
+    try:
+        # The hook passes no PCP stage builder (see PCP_REJECTION), so PCP > 1 fails here.
+        check_ascend_pcp_startup(pcp_size=parallel.prefill_context_parallel_size,
+                                 pcp_stage_builder=None)
+    except UnsupportedSplitError as error:
+        reasons.append(f"{error}: {PCP_REJECTION.format(pcp=parallel.prefill_context_parallel_size)}")
+    return reasons
+
+
+def make_validator_patch(original: Callable, request_split: str) -> Callable:
+    # Upstream source: afd-plugin main 2e4378f / release/v0.19.1rc1 2f4f462,
+    # compat/npu/feature_validation.py _fail_if_unsupported_npu_async_moe_ubatching_features.
+    # Patch reason: the validator accepts only async_moe_split="request" and
+    # refuses every other value at worker start.
+    # Patch functionality: "token_balanced" runs the plugin's own checks (called
+    # with the request value, so they stay upstream's) plus afd_split's support
+    # rules, failing closed with every reason before any connector exists.
+    # Delegation exception: every other value calls the original unchanged.
+    # Signature: matches upstream; no added parameters.
+    def _fail_if_unsupported_npu_async_moe_ubatching_features(vllm_config: VllmConfig, afd_config: AFDConfig, *, num_ubatches: int, split: str) -> None:
+        # ### PATCH START: afd_split token_balanced value
+        if split == TOKEN_BALANCED_SPLIT:
+            original(vllm_config, afd_config, num_ubatches=num_ubatches, split=request_split)
+            reasons = token_balanced_unsupported_reasons(vllm_config, afd_config, num_ubatches)
+            if reasons:
+                raise RuntimeError(
+                    f"async_moe_split={split!r} is unsupported here: " + "; ".join(reasons)
+                )
+            return None
+        # ### PATCH END: afd_split token_balanced value
+        return original(vllm_config, afd_config, num_ubatches=num_ubatches, split=split)
+
+    setattr(_fail_if_unsupported_npu_async_moe_ubatching_features, PATCH_MARKER, VALIDATOR)
+    return _fail_if_unsupported_npu_async_moe_ubatching_features
+
+
+def make_slicer_patch(original: Callable) -> Callable:
+    # Upstream source: afd-plugin main 2e4378f / release/v0.19.1rc1 2f4f462,
+    # v1/worker/npu/ubatch_utils.py split_attn_metadata, as bound in
+    # attention_model_runner (the name _build_attention_metadata_with_ubatches calls).
+    # Patch reason: the plugin's slicer copies whole-batch fields into each stage
+    # and cannot cut inside a request.
+    # Patch functionality: PlannedUBatchSlices (made only by the token_balanced
+    # planner) are sliced by afd_split's adapter, which request-level checks them.
+    # Delegation exception: any other UBatchSlices go to the original unchanged.
+    # Signature: matches upstream; no added parameters.
+    def split_attn_metadata(ubatch_slices: UBatchSlices, common_attn_metadata: AscendCommonAttentionMetadata, max_num_tokens: int = 0) -> list[AscendCommonAttentionMetadata]:
+        # ### PATCH START: afd_split stage slicing
+        if isinstance(ubatch_slices, PlannedUBatchSlices):
+            return ubatch_slices.split(common_attn_metadata)
+        # ### PATCH END: afd_split stage slicing
+        return original(ubatch_slices, common_attn_metadata, max_num_tokens)
+
+    setattr(split_attn_metadata, PATCH_MARKER, SLICER)
+    return split_attn_metadata
+
+
+def runner_session(runner, new_session: Callable[[Any], HookSession]) -> HookSession:
+    """The runner's ``HookSession``, created on its first token_balanced step."""
+    session = vars(runner).get(SESSION_ATTRIBUTE)
+    if session is None:
+        session = new_session(runner)
+        vars(runner)[SESSION_ATTRIBUTE] = session
+    return session
+
+
+def plan_runner_stages(runner, num_scheduled_tokens_np: np.ndarray, seams: PluginSeams,
+                       new_session: Callable[[Any], HookSession]) -> PlannedUBatchSlices | None:
+    """Plan from the host arrays the pinned runner already holds (no device reads)."""
+    num_reqs = len(num_scheduled_tokens_np)
+    return plan_stages(
+        runner_session(runner, new_session),
+        num_scheduled_tokens_np,
+        num_computed_tokens=runner.input_batch.num_computed_tokens_cpu_tensor[:num_reqs].numpy(),
+        block_size=runner.cache_config.block_size,
+        slice_type=seams.slice_type,
+    )
+
+
+def make_planner_patch_main(original: Callable, seams: PluginSeams,
+                            new_session: Callable[[Any], HookSession]) -> Callable:
+    runner_class = seams.runner_class
+
+    # Upstream source: afd-plugin main 2e4378f, v1/worker/npu/attention_model_runner.py
+    # AFDNPUAttentionModelRunner._build_attention_metadata_with_async_moe_ubatches.
+    # Patch reason: the plugin plans async-MoE stages only on request boundaries
+    # (create_request_boundary_ubatch_slices), so a long request cannot be balanced.
+    # Patch functionality: async_moe_split="token_balanced" plans with afd_split
+    # (cut inside a request), then builds stage metadata through the runner's own
+    # _build_attention_metadata_with_ubatches with PlannedUBatchSlices, which the
+    # patched split_attn_metadata slices with afd_split's adapter.
+    # Delegation exception: every other value calls the original unchanged.
+    # Signature: matches upstream; no added parameters.
+    def _build_attention_metadata_with_async_moe_ubatches(self, num_tokens: int, num_reqs: int, max_query_len: int, num_tokens_padded: int | None, num_reqs_padded: int | None, ubatch_slices: UBatchSlices | None, logits_indices: torch.Tensor | None, use_spec_decode: bool, for_cudagraph_capture: bool, num_scheduled_tokens: dict[str, int] | None, num_scheduled_tokens_np: np.ndarray | None, cascade_attn_prefix_lens: list[list[int]] | None) -> tuple[PerLayerAttnMetadata, CommonAttentionMetadata | None]:
+        # ### PATCH START: afd_split token_balanced stages
+        metadata_kwargs = {
+            "num_tokens": num_tokens, "num_reqs": num_reqs, "max_query_len": max_query_len,
+            "num_tokens_padded": num_tokens_padded, "num_reqs_padded": num_reqs_padded,
+            "ubatch_slices": ubatch_slices, "logits_indices": logits_indices,
+            "use_spec_decode": use_spec_decode, "for_cudagraph_capture": for_cudagraph_capture,
+            "num_scheduled_tokens": num_scheduled_tokens,
+            "num_scheduled_tokens_np": num_scheduled_tokens_np,
+            "cascade_attn_prefix_lens": cascade_attn_prefix_lens,
+        }
+        if self.afd_async_extra_info.async_moe_split != TOKEN_BALANCED_SPLIT:
+            return original(self, **metadata_kwargs)
+        full_metadata = super(runner_class, self)._build_attention_metadata(**metadata_kwargs)
+        self._afd_async_moe_ubatch_metadata = None
+        self._afd_pending_metadata = self._build_afd_metadata(None, num_tokens)
+        if num_scheduled_tokens_np is None:
+            return full_metadata
+        stage_slices = plan_runner_stages(self, num_scheduled_tokens_np, seams, new_session)
+        if stage_slices is None:
+            return full_metadata
+        with preserved_state((self, RUNNER_STATE_KEPT_ACROSS_STAGE_BUILD)):
+            stage_attn_metadata, _ = self._build_attention_metadata_with_ubatches(
+                **{**metadata_kwargs, "ubatch_slices": stage_slices}
+            )
+        self._afd_pending_metadata = self._build_afd_metadata(stage_slices, num_tokens)
+        self._afd_async_moe_ubatch_metadata = {
+            "attn_metadata": stage_attn_metadata,
+            "ubatch_slices": stage_slices,
+        }
+        return full_metadata
+        # ### PATCH END: afd_split token_balanced stages
+
+    setattr(_build_attention_metadata_with_async_moe_ubatches, PATCH_MARKER, PLANNER)
+    return _build_attention_metadata_with_async_moe_ubatches
+
+
+def make_planner_patch_release(original: Callable, seams: PluginSeams,
+                               new_session: Callable[[Any], HookSession]) -> Callable:
+    runner_class = seams.runner_class
+    replace_slices = vars(seams.runner_module)["_replace_attention_metadata_ubatch_slices"]
+
+    # Upstream source: afd-plugin release/v0.19.1rc1 2f4f462, same method as on main;
+    # on this branch it takes the caller's (args, kwargs, values) and rebinds
+    # ubatch_slices with _replace_attention_metadata_ubatch_slices.
+    # Patch reason and functionality: as make_planner_patch_main.
+    # Delegation exception: every other value calls the original unchanged.
+    # Signature: matches upstream; no added parameters.
+    def _build_attention_metadata_with_async_moe_ubatches(self, args: tuple[Any, ...], kwargs: dict[str, Any], values: dict[str, Any]) -> Any:
+        # ### PATCH START: afd_split token_balanced stages
+        if self.afd_async_extra_info.async_moe_split != TOKEN_BALANCED_SPLIT:
+            return original(self, args, kwargs, values)
+        full_metadata = super(runner_class, self)._build_attention_metadata(*args, **kwargs)
+        num_tokens = int(values.get("num_tokens", 0))
+        self._afd_async_moe_ubatch_metadata = None
+        self._afd_pending_metadata = self._build_afd_metadata(None, num_tokens)
+        num_scheduled_tokens_np = values.get("num_scheduled_tokens_np")
+        if num_scheduled_tokens_np is None:
+            return full_metadata
+        stage_slices = plan_runner_stages(self, num_scheduled_tokens_np, seams, new_session)
+        if stage_slices is None:
+            return full_metadata
+        stage_args, stage_kwargs = replace_slices(args, kwargs, stage_slices)
+        with preserved_state((self, RUNNER_STATE_KEPT_ACROSS_STAGE_BUILD)):
+            stage_attn_metadata, _ = self._build_attention_metadata_with_ubatches(
+                *stage_args, **stage_kwargs
+            )
+        self._afd_pending_metadata = self._build_afd_metadata(stage_slices, num_tokens)
+        self._afd_async_moe_ubatch_metadata = {
+            "attn_metadata": stage_attn_metadata,
+            "ubatch_slices": stage_slices,
+        }
+        return full_metadata
+        # ### PATCH END: afd_split token_balanced stages
+
+    setattr(_build_attention_metadata_with_async_moe_ubatches, PATCH_MARKER, PLANNER)
+    return _build_attention_metadata_with_async_moe_ubatches
+
+
+PLANNER_PATCHES = {"main": make_planner_patch_main,
+                   RELEASE_V0_19_1RC1[0]: make_planner_patch_release}
+"""Planner patch factory per pinned branch (the two branches' headers differ)."""
+
+
+def installed_branch(key: str, function: Callable) -> str:
+    """The pinned branch whose header ``function`` carries; PluginDriftError when none does."""
+    header = function_header(function)
+    variants = seams_for(key)
+    for seam in variants:
+        if seam.normalized_header == header:
+            return seam.branch
+    pinned = "; ".join(f"{seam.branch}@{seam.commit[:12]}: {seam.normalized_header}"
+                       for seam in variants)
+    raise PluginDriftError(
+        f"afd_plugin seam {variants[0].module}.{variants[0].qualname} drifted: installed "
+        f"header {header!r} matches no pinned variant ({pinned}); re-pin it (AGENTS.md) before "
+        f"async_moe_split={TOKEN_BALANCED_SPLIT!r} can run"
+    )
+
+
+def install(seams: PluginSeams, *, new_session: Callable[[Any], HookSession]) -> str:
+    """Patch the three seams (drift-checked, idempotent); returns the branch recognised."""
+    validator = vars(seams.validation_module)[
+        "_fail_if_unsupported_npu_async_moe_ubatching_features"]
+    planner = vars(seams.runner_class)["_build_attention_metadata_with_async_moe_ubatches"]
+    slicer = vars(seams.runner_module)["split_attn_metadata"]
+    if getattr(planner, PATCH_MARKER, None) == PLANNER:  # our own attribute, set above
+        return "already-installed"
+    branch = installed_branch(PLANNER, planner)
+    installed_branch(VALIDATOR, validator)
+    installed_branch(SLICER, slicer)
+    seams.validation_module._fail_if_unsupported_npu_async_moe_ubatching_features = (
+        make_validator_patch(validator, seams.request_split))
+    seams.runner_module.split_attn_metadata = make_slicer_patch(slicer)
+    seams.runner_class._build_attention_metadata_with_async_moe_ubatches = (
+        PLANNER_PATCHES[branch](planner, seams, new_session))
+    return branch

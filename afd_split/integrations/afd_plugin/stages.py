@@ -1,0 +1,129 @@
+"""Token-balanced stage planning for the AFD plugin's runner: the hook's per-step work.
+
+Everything the patched seams do beyond routing lives here as small functions
+over explicit inputs, so it is tested without the plugin: plan the step with
+``engine_step.plan_engine_step``, check ranks agree (debug mode), write the
+step's evidence line, and hand the runner ``PlannedUBatchSlices``: the plugin's
+own ``UBatchSlice`` list plus the plan, which the patched ``split_attn_metadata``
+recognises and slices through afd_split's adapter, followed by the per-step
+request-level check the adapter runs on what it produced (``check="requests"``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from afd_split.constraints import SplitConstraints, SplitPolicy
+from afd_split.integrations.engine_step import (
+    StepRanks,
+    agree_across_groups,
+    agreement_enabled,
+    plan_engine_step,
+    step_record,
+)
+from afd_split.integrations.worker_evidence import EvidenceWriter
+from afd_split.plan import SplitPlan
+
+TOKEN_BALANCED_SPLIT = "token_balanced"
+"""The ``async_moe_split`` value this hook adds; distinct from PR #203's ``"token"``."""
+
+HOOK_CONSTRAINTS = SplitConstraints(align=1, pcp_size=1)
+"""The pinned plugin slices stage hidden states by ``UBatchSlice.token_slice`` and has no
+stage-local padding rows, so stages are planned unpadded (align 1) without PCP (PCP is
+rejected by the validator seam)."""
+
+SESSION_ATTRIBUTE = "_afd_split_hook_session"
+"""AFD-only runner attribute holding its ``HookSession`` (one per runner, never global)."""
+
+Splitter = Callable[[SplitPlan, Any, int], list]
+"""(plan, parent common metadata, block size) -> one sliced metadata object per ubatch,
+request-level checked on what it produced (afd_split's adapters do this every call)."""
+
+
+@dataclass
+class HookSession:
+    """Per-runner state of the hook: where it runs, its groups, its evidence file, its step count."""
+
+    ranks: StepRanks
+    groups: Sequence[Any]
+    splitter: Splitter
+    writer: EvidenceWriter | None = None
+    check_agreement: bool = False
+    agreement_device: Any = "cpu"
+    steps_planned: int = field(default=0)
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str], *, ranks: StepRanks,
+                         groups: Sequence[Any], splitter: Splitter) -> HookSession:
+        """Evidence on when ``AFD_EVIDENCE_DIR`` is set; agreement when ``AFD_SPLIT_DEBUG_AGREE=1``."""
+        return cls(
+            ranks=ranks,
+            groups=groups,
+            splitter=splitter,
+            writer=EvidenceWriter.from_env(environ, ranks.label),
+            check_agreement=agreement_enabled(environ),
+        )
+
+
+class PlannedUBatchSlices(list):
+    """The plugin's ``UBatchSlices`` for a plan, carrying what the patched slicer needs."""
+
+    def __init__(self, slices, *, plan: SplitPlan, block_size: int,
+                 session: HookSession) -> None:
+        super().__init__(slices)
+        self.plan = plan
+        self.block_size = block_size
+        self.session = session
+
+    def split(self, common_attn_metadata) -> list:
+        """Per-stage metadata from afd_split's adapter, request-level checked (every step)."""
+        stages = self.session.splitter(self.plan, common_attn_metadata, self.block_size)
+        if len(stages) != len(self.plan.ubatches):
+            raise ValueError(f"the adapter returned {len(stages)} stages for a plan of "
+                             f"{len(self.plan.ubatches)} ubatches")
+        return stages
+
+
+def ubatch_slices_for(plan: SplitPlan, slice_type) -> list:
+    """The plan's ubatches as the plugin's ``UBatchSlice(request_slice, token_slice)``."""
+    return [slice_type(ubatch.request_slice, ubatch.token_slice) for ubatch in plan.ubatches]
+
+
+def plan_stages(session: HookSession, num_scheduled_tokens, *, num_computed_tokens,
+                block_size: int, slice_type) -> PlannedUBatchSlices | None:
+    """Plan one step for the runner; None when it runs unsplit (its line says why)."""
+    plan = plan_engine_step(num_scheduled_tokens, policy=SplitPolicy.TOKEN_BALANCED,
+                            constraints=HOOK_CONSTRAINTS,
+                            num_computed_tokens=num_computed_tokens)
+    if session.check_agreement:
+        agree_across_groups(plan, session.groups, device=session.agreement_device)
+    step = session.steps_planned
+    session.steps_planned += 1
+    if session.writer is not None:
+        session.writer.append(step_record(plan, step=step, ranks=session.ranks, pid=os.getpid()))
+    if not plan.is_split:
+        return None
+    return PlannedUBatchSlices(ubatch_slices_for(plan, slice_type), plan=plan,
+                               block_size=block_size, session=session)
+
+
+def ascend_splitter(*, chunked_prefill: bool) -> Splitter:
+    """afd_split's vLLM-Ascend adapter as the hook's ``Splitter``.
+
+    ``chunked_prefill`` is the engine's ``scheduler_config.enable_chunked_prefill``
+    (it decides the stage ``attn_state``). The adapter slices the ``positions``
+    field itself and runs its own request-level check on what it produced; no
+    PCP stage builder is passed because the validator seam rejects PCP.
+    """
+
+    from afd_split.adapters.ascend import split_ascend_common_metadata  # lazy: engine glue
+
+    def split(plan: SplitPlan, common, block_size: int) -> list:
+        pairs = split_ascend_common_metadata(plan, common, common.positions, block_size,
+                                             chunked_prefill=chunked_prefill)
+        return [stage for stage, _ in pairs]
+
+    return split

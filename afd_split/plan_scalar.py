@@ -1,0 +1,210 @@
+"""The scalar planner: plain Python for small batches, where numpy's per-call cost dominates.
+
+At the recipe's batch sizes (``--max-num-seqs`` 8 to 32) a plan is a handful
+of integer operations; converting to arrays and calling ufuncs costs more than
+the work itself. This planner takes Python ints (or a small int array via
+``tolist``), builds the same plan as ``plan_vectorised`` (a property test
+holds them identical) and leaves ``SplitPlan.token_counts`` to be made on first
+read. Inputs it does not take, it hands back (``None``) so the vectorised path
+names their errors.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from itertools import accumulate
+
+import numpy as np
+
+from afd_split.constraints import MIN_PCP_FOR_ZIGZAG, SplitConstraints, SplitPolicy
+from afd_split.errors import SplitRejectedError
+from afd_split.plan_types import (
+    INT64,
+    SplitPlan,
+    UBatch,
+    _built,
+    fallback_impossible,
+    plain_ubatch,
+)
+from afd_split.policies.request_boundary import request_boundary_cut
+from afd_split.policies.token_balanced import token_balanced_cut
+
+SCALAR_PATH_MAX_REQUESTS = 64
+"""Largest batch the scalar planner takes; above it the vectorised planner is faster."""
+
+INT64_MAX = int(np.iinfo(np.int64).max)
+
+SCALAR_POLICIES = frozenset(
+    {SplitPolicy.NONE, SplitPolicy.REQUEST_BOUNDARY, SplitPolicy.TOKEN_BALANCED}
+)
+"""Policies with a scalar cut (cost_balanced models per-token costs with numpy)."""
+
+# Enum attribute reads and Enum hashing run Python code; the hot path compares identities.
+_NONE, _TOKEN_BALANCED = SplitPolicy.NONE, SplitPolicy.TOKEN_BALANCED
+
+
+def scalar_counts(values, minimum: int) -> tuple[int, ...] | None:
+    """``values`` as a tuple of Python ints in [minimum, int64 max], or None when it is not
+    a small 1-D list / tuple / integer array of such values (the vectorised path decides)."""
+    kind = type(values)
+    if kind is np.ndarray:
+        if (
+            values.ndim != 1
+            or values.dtype.kind not in "iu"
+            or (values.size > SCALAR_PATH_MAX_REQUESTS)
+        ):
+            return None
+        values = values.tolist()
+    elif kind is not list and kind is not tuple:
+        return None
+    elif not values or set(map(type, values)) != _JUST_INT:  # bool, float, np.int64: decline
+        return None
+    if not 0 < len(values) <= SCALAR_PATH_MAX_REQUESTS:
+        return None
+    if min(values) < minimum or max(values) > INT64_MAX:
+        return None
+    return tuple(values)
+
+
+_JUST_INT = frozenset({int})
+
+
+def _read_only(values: list[int]) -> np.ndarray:
+    array = np.array(values, dtype=INT64)
+    array.setflags(write=False)
+    return array
+
+
+def _ubatch(index, token_start, token_stop, request_start, request_stop, pieces, constraints, rows):
+    """``plan_vector._ubatch`` on Python ints (``pieces`` a list, or None without PCP)."""
+    num_real = token_stop - token_start
+    align = constraints.align
+    row_multiple = constraints.pcp_row_multiple
+    piece_tokens = piece_row_starts = None
+    if row_multiple == 1:
+        needed = -(-num_real // align) * align
+    else:
+        starts, cursor = [], 0
+        for piece in pieces:
+            starts.append(cursor)
+            cursor += -(-piece // row_multiple) * row_multiple
+        needed = -(-cursor // align) * align
+        piece_tokens, piece_row_starts = _read_only(pieces), _read_only(starts)
+    if rows is None:
+        rows = needed
+    elif rows < needed:
+        raise SplitRejectedError(
+            f"ubatch {index} would get {rows} rows (padded_total={constraints.padded_total}) "
+            f"but its {num_real} tokens need {needed} rows under align={align}, "
+            f"pcp_size={constraints.pcp_size}"
+        )
+    return _built(
+        UBatch,
+        {
+            "index": index,
+            "token_slice": slice(token_start, token_stop),
+            "request_slice": slice(request_start, request_stop),
+            "num_real_tokens": num_real,
+            "num_padded_tokens": rows - num_real,
+            "piece_tokens": piece_tokens,
+            "piece_row_starts": piece_row_starts,
+        },
+    )
+
+
+def _unsplit(policy, counts, num_tokens, constraints, fallback_reason):
+    pieces = list(counts) if constraints.pcp_size >= MIN_PCP_FOR_ZIGZAG else None
+    ubatch = _ubatch(
+        0, 0, num_tokens, 0, len(counts), pieces, constraints, constraints.padded_total
+    )
+    return _built(
+        SplitPlan,
+        {
+            "policy": policy,
+            "num_scheduled_tokens": counts,
+            "constraints": constraints,
+            "split_token": None,
+            "ubatches": (ubatch,),
+            "boundary_request": None,
+            "head_tokens": 0,
+            "tail_tokens": 0,
+            "fallback_reason": fallback_reason,
+        },
+    )
+
+
+def _split(policy, counts, cu_tokens, constraints, cut):
+    num_tokens = cu_tokens[-1]
+    num_requests = len(counts)
+    if not 0 < cut < num_tokens:
+        raise SplitRejectedError(f"cut at token {cut} leaves an empty ubatch of {num_tokens}")
+    straddling = bisect_right(cu_tokens, cut)  # first request ending after the cut
+    request_end = cu_tokens[straddling]
+    head_tokens = cut - (request_end - counts[straddling])
+    if head_tokens == 0:
+        boundary, head_stop, tail_tokens = None, straddling, 0
+    else:
+        boundary, head_stop, tail_tokens = straddling, straddling + 1, request_end - cut
+    padded_total = constraints.padded_total
+    if padded_total is None and constraints.pcp_size < MIN_PCP_FOR_ZIGZAG:
+        align = constraints.align
+        head = plain_ubatch(0, 0, cut, 0, head_stop, align)
+        tail = plain_ubatch(1, cut, num_tokens, straddling, num_requests, align)
+    else:
+        head_pieces = tail_pieces = None
+        if constraints.pcp_size >= MIN_PCP_FOR_ZIGZAG:
+            head_pieces, tail_pieces = list(counts[:head_stop]), list(counts[straddling:])
+            if boundary is not None:
+                head_pieces[-1], tail_pieces[0] = head_tokens, tail_tokens
+        head = _ubatch(0, 0, cut, 0, head_stop, head_pieces, constraints, None)
+        tail_rows = None if padded_total is None else padded_total - head.num_rows
+        tail = _ubatch(
+            1, cut, num_tokens, straddling, num_requests, tail_pieces, constraints, tail_rows
+        )
+    return _built(
+        SplitPlan,
+        {
+            "policy": policy,
+            "num_scheduled_tokens": counts,
+            "constraints": constraints,
+            "split_token": cut,
+            "ubatches": (head, tail),
+            "boundary_request": boundary,
+            "head_tokens": head_tokens,
+            "tail_tokens": tail_tokens,
+            "fallback_reason": None,
+        },
+    )
+
+
+def plan_scalar(
+    policy: SplitPolicy,
+    counts: tuple[int, ...],
+    constraints: SplitConstraints,
+    allow_fallback: bool,
+) -> SplitPlan:
+    """``plan_split`` for ``scalar_counts`` output and a policy in ``SCALAR_POLICIES``."""
+    cu_tokens = list(accumulate(counts))
+    num_tokens = cu_tokens[-1]
+    if num_tokens > INT64_MAX:
+        raise ValueError(
+            f"num_scheduled_tokens add up to {num_tokens} tokens, past the int64 limit {INT64_MAX}"
+        )
+    if constraints.padded_total is not None:
+        constraints.total_rows_for(num_tokens)  # ValueError when below round_up(T)
+    if policy is _NONE:
+        return _unsplit(policy, counts, num_tokens, constraints, None)
+    try:
+        if policy is _TOKEN_BALANCED:
+            cut = token_balanced_cut(num_tokens, constraints)
+        else:
+            cut = request_boundary_cut(cu_tokens, constraints)
+        return _split(policy, counts, cu_tokens, constraints, cut)
+    except SplitRejectedError as rejection:
+        if not allow_fallback:
+            raise
+        reason = str(rejection)
+    try:
+        return _unsplit(policy, counts, num_tokens, constraints, reason)
+    except SplitRejectedError as impossible:
+        raise fallback_impossible(reason, impossible) from None

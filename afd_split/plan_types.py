@@ -1,0 +1,218 @@
+"""The plan's data types: ``SplitPlan`` and its ``UBatch`` es (pure data, no metadata arrays).
+
+Both are frozen; the planners build them through ``_built`` (no ``__init__``
+round-trip) because construction is a large share of a per-step plan's cost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from afd_split.constraints import SplitConstraints, SplitPolicy
+from afd_split.errors import SplitRejectedError
+
+INT64 = np.dtype(np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class UBatch:
+    """One ubatch: a contiguous token slice of the parent plus its own padding rows.
+
+    Real tokens keep their logical order inside the ubatch's rows. Without PCP
+    they occupy the first ``num_real_tokens`` rows and padding follows; with PCP
+    each request piece starts at ``piece_row_starts[i]`` and is padded to a
+    multiple of 2 * pcp (rows of the ubatch's global layout, before the zigzag
+    hands 2 chunks of each piece to every PCP rank).
+    """
+
+    index: int
+    token_slice: slice
+    request_slice: slice
+    num_real_tokens: int
+    num_padded_tokens: int
+    piece_tokens: np.ndarray | None = field(default=None, repr=False)
+    piece_row_starts: np.ndarray | None = field(default=None, repr=False)
+
+    @property
+    def num_rows(self) -> int:
+        """Rows this ubatch occupies: real tokens plus padding."""
+        return self.num_real_tokens + self.num_padded_tokens
+
+    @property
+    def real_rows_are_prefix(self) -> bool:
+        """True when real tokens are rows [0, num_real_tokens) (no per-request PCP padding)."""
+        return self.piece_row_starts is None
+
+    @cached_property
+    def real_row_indices(self) -> np.ndarray:
+        """Row of each real token inside this ubatch's padded rows (computed on first use)."""
+        if self.piece_row_starts is None:
+            rows = np.arange(self.num_real_tokens, dtype=np.int64)
+        else:
+            token_starts = np.cumsum(self.piece_tokens) - self.piece_tokens
+            shift = np.repeat(self.piece_row_starts - token_starts, self.piece_tokens)
+            rows = np.arange(self.num_real_tokens, dtype=np.int64) + shift
+        rows.setflags(write=False)
+        return rows
+
+    def to_dict(self) -> dict:
+        """Plain-integer description used by evidence, fingerprints and the CLI."""
+        return {
+            "index": self.index,
+            "token_start": self.token_slice.start,
+            "token_stop": self.token_slice.stop,
+            "request_start": self.request_slice.start,
+            "request_stop": self.request_slice.stop,
+            "num_real_tokens": self.num_real_tokens,
+            "num_padded_tokens": self.num_padded_tokens,
+            "num_rows": self.num_rows,
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class SplitPlan:
+    """The outcome of ``plan_split``: one ubatch (unsplit) or two (split at ``split_token``)."""
+
+    policy: SplitPolicy
+    token_counts: np.ndarray = field(repr=False)
+    constraints: SplitConstraints
+    split_token: int | None
+    ubatches: tuple[UBatch, ...]
+    boundary_request: int | None
+    head_tokens: int
+    tail_tokens: int
+    fallback_reason: str | None = None
+
+    @cached_property
+    def cu_tokens(self) -> np.ndarray:
+        """Inclusive prefix sums of token_counts (read-only): query_start_loc[1:] of the batch."""
+        cu_tokens = np.add.accumulate(self.token_counts)
+        cu_tokens.setflags(write=False)
+        return cu_tokens
+
+    @cached_property
+    def num_scheduled_tokens(self) -> tuple[int, ...]:
+        """Per-request scheduled tokens as plain integers."""
+        return tuple(self.token_counts.tolist())
+
+    @property
+    def is_split(self) -> bool:
+        """True when the batch runs as two ubatches."""
+        return self.split_token is not None
+
+    @property
+    def num_tokens(self) -> int:
+        """Real tokens T of the whole batch."""
+        return self.ubatches[-1].token_slice.stop
+
+    @property
+    def num_requests(self) -> int:
+        """Requests of the whole batch."""
+        return self.ubatches[-1].request_slice.stop
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of all ubatches together (real plus padding)."""
+        return sum(ubatch.num_rows for ubatch in self.ubatches)
+
+    @property
+    def imbalance(self) -> float | None:
+        """|t0 - t1| / T over real tokens; None when not split."""
+        if not self.is_split:
+            return None
+        head, tail = self.ubatches
+        return abs(head.num_real_tokens - tail.num_real_tokens) / self.num_tokens
+
+    def to_evidence(self) -> dict:
+        """JSON-able record of the policy and the realized real/padded tokens per ubatch."""
+        ubatches = [ubatch.to_dict() for ubatch in self.ubatches]
+        rows = [ubatch.num_rows for ubatch in self.ubatches]
+        return {
+            "policy": self.policy.value,
+            "split_token": self.split_token,
+            "is_split": self.is_split,
+            "num_requests": self.num_requests,
+            "num_real_tokens": self.num_tokens,
+            "num_padded_tokens": sum(ubatch.num_padded_tokens for ubatch in self.ubatches),
+            "num_rows": sum(rows),
+            "boundary_request": self.boundary_request,
+            "head_tokens": self.head_tokens,
+            "tail_tokens": self.tail_tokens,
+            "fallback_reason": self.fallback_reason,
+            "constraints": self.constraints.to_dict(),
+            "ubatches": ubatches,
+            "imbalance": self.imbalance,
+            "row_imbalance": (abs(rows[0] - rows[1]) / sum(rows)) if self.is_split else None,
+        }
+
+    def fingerprint(self) -> str:
+        """Stable SHA-256 over the inputs and the decision, compared across ranks."""
+        decision = {
+            "policy": self.policy.value,
+            "constraints": self.constraints.to_dict(),
+            "split_token": self.split_token,
+            "boundary_request": self.boundary_request,
+            "ubatches": [ubatch.to_dict() for ubatch in self.ubatches],
+        }
+        digest = hashlib.sha256(json.dumps(decision, sort_keys=True).encode())
+        digest.update(np.ascontiguousarray(self.token_counts, dtype="<i8").tobytes())
+        return digest.hexdigest()
+
+
+class _TokenCountsFromTuple:
+    """``SplitPlan.token_counts`` of a plan the scalar planner built: the read-only int64
+    array is made on first read (most per-step callers never read it)."""
+
+    def __get__(self, plan, owner=None):
+        if plan is None:
+            return self
+        counts = np.array(plan.num_scheduled_tokens, dtype=INT64)
+        counts.setflags(write=False)
+        plan.__dict__["token_counts"] = counts
+        return counts
+
+
+# A non-data descriptor: the dataclass __init__ and the vectorised planner store the array
+# in the instance __dict__, which takes precedence; only scalar-path plans reach __get__.
+SplitPlan.token_counts = _TokenCountsFromTuple()
+
+
+def _built(cls, fields: dict):
+    """Instance of a frozen dataclass from already-validated fields, skipping ``__init__``.
+
+    The generated frozen ``__init__`` sets each field through
+    ``object.__setattr__``; on the per-step planning path that is about half of
+    the plan's construction time, so trusted internal builds fill ``__dict__``
+    directly. Public construction still goes through ``__init__``.
+    """
+    instance = object.__new__(cls)
+    instance.__dict__.update(fields)
+    return instance
+
+
+def fallback_impossible(reason: str, impossible: SplitRejectedError) -> SplitRejectedError:
+    """The error of ``allow_fallback=True`` when the unsplit batch does not fit either."""
+    return SplitRejectedError(
+        f"cannot split this batch ({reason}) and the unsplit fallback does not fit either: "
+        f"{impossible}"
+    )
+
+
+def plain_ubatch(index, token_start, token_stop, request_start, request_stop, align):
+    """A ubatch without PCP or padded_total: its rows are its real tokens rounded up to align."""
+    num_real = token_stop - token_start
+    ubatch = object.__new__(UBatch)  # _built, inlined: this runs twice per plan
+    ubatch.__dict__.update(
+        index=index,
+        token_slice=slice(token_start, token_stop),
+        request_slice=slice(request_start, request_stop),
+        num_real_tokens=num_real,
+        num_padded_tokens=-(-num_real // align) * align - num_real,
+        # piece_tokens / piece_row_starts: the class defaults (None), no PCP pieces.
+    )
+    return ubatch

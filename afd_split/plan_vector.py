@@ -1,0 +1,255 @@
+"""The vectorised planner: numpy over the per-request counts, O(1) numpy calls per plan.
+
+Used for batches above the scalar planner's size and for inputs it does not
+take (any array-like; bad inputs get their error here).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from afd_split.constraints import MIN_PCP_FOR_ZIGZAG, SplitConstraints, SplitPolicy
+from afd_split.errors import SplitRejectedError
+from afd_split.plan_types import (
+    INT64,
+    SplitPlan,
+    UBatch,
+    _built,
+    fallback_impossible,
+    plain_ubatch,
+)
+from afd_split.policies import CUT_SELECTORS
+
+INT64_MAX = int(np.iinfo(np.int64).max)
+
+
+def as_token_counts(values, *, name: str, minimum: int) -> np.ndarray:
+    """Per-request counts as a read-only int64 vector; the error names the first bad entry.
+
+    The plan must not change when the caller later writes its array, so a
+    writable (or borrowed) int64 array is copied; a read-only array that owns
+    its data (e.g. another plan's ``token_counts``) is shared.
+    """
+    array = values if type(values) is np.ndarray else np.asarray(values)
+    if array.ndim != 1 or not array.size:
+        raise ValueError(f"{name} must be a non-empty 1-D sequence, got shape {array.shape}")
+    if array.dtype != INT64:
+        if array.dtype.kind not in "iu":
+            raise ValueError(f"{name} must hold integers within int64, got dtype {array.dtype}")
+        if array.dtype.kind == "u" and array.max() > INT64_MAX:
+            bad = int(np.flatnonzero(array > INT64_MAX)[0])
+            raise ValueError(f"{name}[{bad}]={int(array[bad])} does not fit in int64")
+        array = array.astype(INT64)
+    elif array.flags.writeable or array.base is not None:
+        array = array.copy()
+    lowest = array.argmin()  # argmin + item: a fraction of a ufunc reduce's call cost
+    if array.item(lowest) < minimum:
+        bad = int(np.flatnonzero(array < minimum)[0])
+        raise ValueError(f"{name}[{bad}]={int(array[bad])} is below the minimum {minimum}")
+    array.setflags(write=False)
+    return array
+
+
+def prefix_sums(tokens: np.ndarray, *, name: str) -> np.ndarray:
+    """Read-only inclusive prefix sums; ValueError when the total does not fit in int64.
+
+    Every count is >= 1, so the first wrap-around of the running sum is negative.
+    """
+    cu_tokens = np.add.accumulate(tokens)
+    if cu_tokens.item(cu_tokens.argmin()) < 0:
+        raise ValueError(
+            f"{name} add up to {sum(tokens.tolist())} tokens, past the int64 limit {INT64_MAX}"
+        )
+    cu_tokens.setflags(write=False)
+    return cu_tokens
+
+
+def plan_vectorised(
+    policy: SplitPolicy,
+    num_scheduled_tokens,
+    constraints: SplitConstraints,
+    allow_fallback: bool,
+    num_computed_tokens,
+) -> SplitPlan:
+    """``plan_split`` on numpy arrays (see there)."""
+    tokens = as_token_counts(num_scheduled_tokens, name="num_scheduled_tokens", minimum=1)
+    computed = None
+    if num_computed_tokens is not None:
+        computed = as_token_counts(num_computed_tokens, name="num_computed_tokens", minimum=0)
+        if computed.shape != tokens.shape:
+            raise ValueError(
+                f"num_computed_tokens has {computed.size} entries but num_scheduled_tokens "
+                f"has {tokens.size}"
+            )
+    cu_tokens = prefix_sums(tokens, name="num_scheduled_tokens")
+    if constraints.padded_total is not None:
+        constraints.total_rows_for(cu_tokens.item(-1))  # ValueError when below round_up(T)
+    selector = CUT_SELECTORS.get(policy)
+    if selector is None:
+        return _unsplit_plan(policy, tokens, cu_tokens, constraints, None)
+    try:
+        cut = selector(tokens, cu_tokens, constraints, computed)
+        return _split_plan(policy, tokens, cu_tokens, constraints, cut)
+    except SplitRejectedError as rejection:
+        if not allow_fallback:
+            raise
+        reason = str(rejection)
+    try:
+        return _unsplit_plan(policy, tokens, cu_tokens, constraints, reason)
+    except SplitRejectedError as impossible:
+        raise fallback_impossible(reason, impossible) from None
+
+
+def _piece_layout(pieces: np.ndarray, row_multiple: int) -> tuple[np.ndarray, int]:
+    """Row start of each request piece and the rows they need under PCP padding."""
+    piece_rows = -(-pieces // row_multiple) * row_multiple
+    ends = piece_rows.cumsum()
+    ends.setflags(write=False)
+    starts = ends - piece_rows
+    starts.setflags(write=False)
+    return starts, int(ends[-1])
+
+
+def _ubatch(
+    index: int,
+    token_start: int,
+    token_stop: int,
+    request_start: int,
+    request_stop: int,
+    pieces: np.ndarray | None,
+    constraints: SplitConstraints,
+    rows: int | None,
+) -> UBatch:
+    """Build one ubatch; ``rows=None`` takes the minimum its layout needs.
+
+    Raises ``SplitRejectedError`` when ``rows`` cannot hold that layout.
+    """
+    num_real = token_stop - token_start
+    align = constraints.align
+    row_multiple = constraints.pcp_row_multiple
+    piece_row_starts = None
+    if row_multiple == 1:
+        needed = -(-num_real // align) * align
+        pieces = None
+    else:
+        piece_row_starts, piece_rows = _piece_layout(pieces, row_multiple)
+        needed = -(-piece_rows // align) * align
+    if rows is None:
+        rows = needed
+    elif rows < needed:
+        raise SplitRejectedError(
+            f"ubatch {index} would get {rows} rows (padded_total={constraints.padded_total}) "
+            f"but its {num_real} tokens need {needed} rows under align={align}, "
+            f"pcp_size={constraints.pcp_size}"
+        )
+    return _built(
+        UBatch,
+        {
+            "index": index,
+            "token_slice": slice(token_start, token_stop),
+            "request_slice": slice(request_start, request_stop),
+            "num_real_tokens": num_real,
+            "num_padded_tokens": rows - num_real,
+            "piece_tokens": pieces,
+            "piece_row_starts": piece_row_starts,
+        },
+    )
+
+
+def _unsplit_plan(
+    policy: SplitPolicy,
+    tokens: np.ndarray,
+    cu_tokens: np.ndarray,
+    constraints: SplitConstraints,
+    fallback_reason: str | None,
+) -> SplitPlan:
+    """The whole batch as one padded ubatch (padded_total rows when given)."""
+    num_tokens = cu_tokens.item(-1)
+    ubatch = _ubatch(
+        0, 0, num_tokens, 0, tokens.size, tokens, constraints, constraints.padded_total
+    )
+    return _built(
+        SplitPlan,
+        {
+            "policy": policy,
+            "token_counts": tokens,
+            "constraints": constraints,
+            "split_token": None,
+            "ubatches": (ubatch,),
+            "boundary_request": None,
+            "head_tokens": 0,
+            "tail_tokens": 0,
+            "fallback_reason": fallback_reason,
+            "cu_tokens": cu_tokens,
+        },
+    )
+
+
+def _split_plan(
+    policy: SplitPolicy,
+    tokens: np.ndarray,
+    cu_tokens: np.ndarray,
+    constraints: SplitConstraints,
+    cut: int,
+) -> SplitPlan:
+    """Derive request slices, the boundary request and padding rows from a cut."""
+    num_tokens = cu_tokens.item(-1)
+    num_requests = tokens.size
+    if not 0 < cut < num_tokens:
+        raise SplitRejectedError(f"cut at token {cut} leaves an empty ubatch of {num_tokens}")
+    straddling = int(cu_tokens.searchsorted(cut + 1))  # first request ending after the cut
+    request_end = cu_tokens.item(straddling)
+    head_tokens = cut - (request_end - tokens.item(straddling))
+    if head_tokens == 0:
+        boundary, head_stop, tail_tokens = None, straddling, 0
+    else:
+        boundary, head_stop, tail_tokens = straddling, straddling + 1, request_end - cut
+    if constraints.padded_total is None and constraints.pcp_size < MIN_PCP_FOR_ZIGZAG:
+        head = plain_ubatch(0, 0, cut, 0, head_stop, constraints.align)
+        tail = plain_ubatch(1, cut, num_tokens, straddling, num_requests, constraints.align)
+        return _built(
+            SplitPlan,
+            {
+                "policy": policy,
+                "token_counts": tokens,
+                "constraints": constraints,
+                "split_token": cut,
+                "ubatches": (head, tail),
+                "boundary_request": boundary,
+                "head_tokens": head_tokens,
+                "tail_tokens": tail_tokens,
+                "fallback_reason": None,
+                "cu_tokens": cu_tokens,
+            },
+        )
+    head_pieces = tail_pieces = None
+    if constraints.pcp_size >= MIN_PCP_FOR_ZIGZAG:
+        head_pieces = tokens[:head_stop].copy()
+        tail_pieces = tokens[straddling:].copy()
+        if boundary is not None:
+            head_pieces[-1] = head_tokens
+            tail_pieces[0] = tail_tokens
+        head_pieces.setflags(write=False)
+        tail_pieces.setflags(write=False)
+    head = _ubatch(0, 0, cut, 0, head_stop, head_pieces, constraints, None)
+    tail_rows = None
+    if constraints.padded_total is not None:
+        tail_rows = constraints.padded_total - head.num_rows
+    tail = _ubatch(
+        1, cut, num_tokens, straddling, num_requests, tail_pieces, constraints, tail_rows
+    )
+    return _built(
+        SplitPlan,
+        {
+            "policy": policy,
+            "token_counts": tokens,
+            "constraints": constraints,
+            "split_token": cut,
+            "ubatches": (head, tail),
+            "boundary_request": boundary,
+            "head_tokens": head_tokens,
+            "tail_tokens": tail_tokens,
+            "fallback_reason": None,
+            "cu_tokens": cu_tokens,
+        },
+    )

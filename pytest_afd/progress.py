@@ -1,0 +1,135 @@
+"""Progress lines for long measurement loops: ``case i/N``, what runs, elapsed and an estimate.
+
+Stage suites and benchmark scripts run for minutes; without progress a person
+cannot tell a slow run from a hung one. :class:`Progress` formats one line per
+step and hands it to an emitter: :func:`stream_emitter` writes plain lines
+(benchmark scripts), :func:`pytest_emitter` writes through pytest's terminal
+reporter outside output capture (stage suites), and is None under ``-q``.
+
+The estimate is the mean time of the finished steps times the steps left; it
+is shown only once a step has finished (before that there is nothing to go on).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+Emitter = Callable[[str], None]
+SECONDS_PER_MINUTE = 60
+SECONDS_PER_HOUR = 3600
+# Quietest verbosity that still shows progress: pytest's -q sets verbose to -1.
+MIN_PYTEST_VERBOSITY = 0
+
+
+def format_duration(seconds: float) -> str:
+    """``9.4s``, ``2m05s``, ``1h02m``: short enough for one line."""
+    if seconds < SECONDS_PER_MINUTE:
+        return f"{seconds:.1f}s"
+    whole = round(seconds)
+    if whole < SECONDS_PER_HOUR:
+        return f"{whole // SECONDS_PER_MINUTE}m{whole % SECONDS_PER_MINUTE:02d}s"
+    return f"{whole // SECONDS_PER_HOUR}h{(whole % SECONDS_PER_HOUR) // SECONDS_PER_MINUTE:02d}m"
+
+
+def estimate_remaining(elapsed_s: float, done: int, total: int) -> float | None:
+    """Seconds left at the mean pace of the ``done`` finished steps; None before the first."""
+    if done <= 0:
+        return None
+    return elapsed_s / done * max(total - done, 0)
+
+
+def _field_text(fields: dict[str, Any]) -> str:
+    return " ".join(f"{name}={value}" for name, value in fields.items() if value is not None)
+
+
+class Progress:
+    """Counts steps of a known total and emits one line as each starts, one at the end.
+
+    ``step(policy=..., workload=...)`` emits
+    ``<title> case 3/12 policy=token_balanced workload=uniform elapsed 12.0s, about 36.0s left``.
+    """
+
+    def __init__(
+        self,
+        total: int,
+        emit: Emitter | None,
+        *,
+        title: str = "",
+        unit: str = "case",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if total < 0:
+            raise ValueError(f"Progress total={total}; expected >= 0")
+        self.total = total
+        self.emit = emit
+        self.title = title
+        self.unit = unit
+        self.clock = clock
+        self.started = clock()
+        self.current = 0
+
+    @property
+    def elapsed_s(self) -> float:
+        return self.clock() - self.started
+
+    def _line(self, body: str) -> str:
+        return f"{self.title} {body}".strip()
+
+    def step(self, **fields: Any) -> str:
+        """Start the next step; the estimate counts the steps finished before it."""
+        finished = self.current
+        self.current += 1
+        elapsed = self.elapsed_s
+        left = estimate_remaining(elapsed, finished, self.total)
+        timing = f"elapsed {format_duration(elapsed)}"
+        if left is not None:
+            timing += f", about {format_duration(left)} left"
+        parts = [f"{self.unit} {self.current}/{self.total}", _field_text(fields), timing]
+        line = self._line(" ".join(part for part in parts if part))
+        if self.emit is not None:
+            self.emit(line)
+        return line
+
+    def finish(self) -> str:
+        elapsed = format_duration(self.elapsed_s)
+        line = self._line(f"{self.current}/{self.total} {self.unit}s done in {elapsed}")
+        if self.emit is not None:
+            self.emit(line)
+        return line
+
+
+def stream_emitter(stream: TextIO | None = None) -> Emitter:
+    """Plain lines on ``stream`` (default stderr, so a script's JSON on stdout stays clean)."""
+
+    def emit(line: str) -> None:
+        target = stream if stream is not None else sys.stderr
+        target.write(line + "\n")
+        target.flush()
+
+    return emit
+
+
+def pytest_emitter(config: Any) -> Emitter | None:
+    """Lines through pytest's terminal reporter, shown live despite output capture.
+
+    None under ``-q`` and where no terminal reporter exists (pytest-xdist
+    workers, ``-p no:terminal``): progress is then silent, never an error.
+    """
+    if config.get_verbosity() < MIN_PYTEST_VERBOSITY or hasattr(config, "workerinput"):
+        return None
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None:
+        return None
+    capture = config.pluginmanager.get_plugin("capturemanager")
+
+    def emit(line: str) -> None:
+        if capture is None:
+            reporter.write_line(line)
+            return
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(line)
+
+    return emit

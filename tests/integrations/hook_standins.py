@@ -1,0 +1,163 @@
+"""Structural stand-ins of the AFD plugin's patched seams, built from the pinned headers.
+
+The Ascend common metadata comes from adapt's stand-ins (pinned field lists of
+vLLM-Ascend v0.19.1rc1 and v0.26.0rc) so the hook runs the real Ascend adapter.
+
+afd_plugin cannot be installed here (it needs vLLM-Ascend, torch-npu and CANN),
+so the hook is exercised against real Python modules written from
+``pinned.PINNED_SEAMS``: every patched function carries the pinned header
+verbatim, and each body does what the fact sheet says upstream does at that
+seam (the validator refuses every split but ``request``; the stage builder
+calls the runner module's ``split_attn_metadata`` once per attention group).
+The real patch function (``patches.install``) patches them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import itertools
+import sys
+from pathlib import Path
+
+from afd_split.integrations.afd_plugin.patches import PluginSeams
+from afd_split.integrations.afd_plugin.pinned import (
+    PLANNER,
+    SLICER,
+    VALIDATOR,
+    normalize_header,
+    variant_for_branch,
+)
+
+BLOCK_SIZE = 16
+"""adapter_batches.BLOCK: the stand-in batches' KV block size."""
+REQUEST_SPLIT = "request"
+_MODULE_IDS = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True)
+class StandInUBatchSlice:
+    """vLLM's UBatchSlice fields (request_slice, token_slice)."""
+
+    request_slice: slice
+    token_slice: slice
+
+    @property
+    def num_tokens(self) -> int:
+        return self.token_slice.stop - self.token_slice.start
+
+
+def _body(header: str, lines: list[str]) -> str:
+    return header.rsplit("...", 1)[0] + "\n" + "".join(f"    {line}\n" for line in lines)
+
+
+def _indent(text: str) -> str:
+    return "".join(f"    {line}\n" if line else "\n" for line in text.splitlines())
+
+
+def standin_source(branch: str, header_overrides: dict[str, str] | None = None) -> tuple[str, str]:
+    """(validation module source, runner module source) for ``branch``."""
+    overrides = header_overrides or {}
+
+    def header(key: str) -> str:
+        return normalize_header(overrides.get(key, variant_for_branch(key, branch).header))
+
+    validation = _body(header(VALIDATOR), [
+        "CALLS.append(('validator', split, num_ubatches))",
+        f"if split != {REQUEST_SPLIT!r}:",
+        "    raise RuntimeError('async_moe_ubatching currently supports only request-boundary "
+        "split; got async_moe_split=%r' % split)",
+        "if num_ubatches != 2:",
+        "    raise RuntimeError('async_moe_ubatching currently supports exactly two stages')",
+    ])
+    slicer = _body(header(SLICER), [
+        "CALLS.append(('plugin_slicer', ubatch_slices))",
+        "return ['plugin-stage'] * len(ubatch_slices)",
+    ])
+    if branch == "main":
+        planner_lines = ["CALLS.append(('plugin_planner', num_scheduled_tokens_np))",
+                         "return 'plugin-full'"]
+        build = (
+            "def _build_attention_metadata_with_ubatches(self, **kwargs):\n"
+            "    CALLS.append(('stage_build', kwargs['ubatch_slices']))\n"
+            "    self.long_seq_metadata = 'stage-local'\n"
+            "    stages = split_attn_metadata(kwargs['ubatch_slices'], self.common, "
+            "kwargs['num_tokens_padded'])\n"
+            "    return stages, None\n"
+        )
+        replace = ""
+    else:
+        planner_lines = ["CALLS.append(('plugin_planner', values.get('num_scheduled_tokens_np')))",
+                         "return 'plugin-full'"]
+        build = (
+            "def _build_attention_metadata_with_ubatches(self, *args, **kwargs):\n"
+            "    CALLS.append(('stage_build', kwargs['ubatch_slices']))\n"
+            "    self.long_seq_metadata = 'stage-local'\n"
+            "    stages = split_attn_metadata(kwargs['ubatch_slices'], self.common, 0)\n"
+            "    return stages, None\n"
+        )
+        replace = (
+            "def _replace_attention_metadata_ubatch_slices(args, kwargs, ubatch_slices):\n"
+            "    return args, {**kwargs, 'ubatch_slices': ubatch_slices}\n"
+        )
+    runner = (
+        "CALLS = []\n\n"
+        + slicer + "\n" + replace + "\n"
+        "class NPUModelRunner:\n"
+        "    def _build_attention_metadata(self, *args, **kwargs):\n"
+        "        CALLS.append(('full_build', kwargs.get('num_tokens')))\n"
+        "        return 'full-metadata'\n\n"
+        "class AFDNPUAttentionModelRunner(NPUModelRunner):\n"
+        + _indent(_body(header(PLANNER), planner_lines)) + "\n"
+        + _indent(build) + "\n"
+        "    def _build_afd_metadata(self, ubatch_slices, num_tokens):\n"
+        "        return ('afd-metadata', None if ubatch_slices is None else len(ubatch_slices),"
+        " num_tokens)\n"
+    )
+    future = "from __future__ import annotations\n\n"
+    return future + "CALLS = []\n\n" + validation, future + runner
+
+
+def _load(path: Path, source: str):
+    path.write_text(source)
+    name = f"afd_split_standin_{path.stem}_{next(_MODULE_IDS)}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # inspect.getsource needs the module registered
+    spec.loader.exec_module(module)
+    return module
+
+
+def _adapter_batches():
+    """tests/adapters/adapter_batches.py (adapt's stand-in builders), loaded by path."""
+    path = Path(__file__).resolve().parents[1] / "adapters" / "adapter_batches.py"
+    name = "afd_split_hook_adapter_batches"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def ascend_common(layout, num_scheduled, num_computed):
+    """(AscendCommonAttentionMetadata stand-in at ``layout``'s tag, BatchMetadata of the real
+    part) of a padded prefix-hit prefill batch, as vLLM-Ascend's runner holds it."""
+    batches = _adapter_batches()
+    states = batches.attn_state_enum(layout)
+    common, _, meta = batches.build_common(batches.standin_class(layout), layout,
+                                           tuple(num_scheduled), tuple(num_computed),
+                                           attn_state=states.PrefillCacheHit)
+    return common, meta
+
+
+def load_standin_plugin(folder: Path, branch: str = "main",
+                        header_overrides: dict[str, str] | None = None) -> PluginSeams:
+    """PluginSeams over freshly loaded stand-in modules of ``branch`` (written to ``folder``)."""
+    validation_source, runner_source = standin_source(branch, header_overrides)
+    folder.mkdir(parents=True)
+    validation = _load(folder / "feature_validation.py", validation_source)
+    runner = _load(folder / "attention_model_runner.py", runner_source)
+    return PluginSeams(validation_module=validation, runner_module=runner,
+                       runner_class=runner.AFDNPUAttentionModelRunner,
+                       request_split=REQUEST_SPLIT, slice_type=StandInUBatchSlice)
