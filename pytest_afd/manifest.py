@@ -353,3 +353,24 @@ def with_run(manifest: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[s
     doc[RUN_SECTION] = run_identity(manifest, settings)
     doc["digest"] = manifest_digest(doc)
     return doc
+
+
+# Run fields a case chooses within one stack (the report's condition columns), and
+# the rest, which name the stack itself (what the report groups and labels by).
+CASE_RUN_KEYS = ("routing", "quantization", "block_size")
+STACK_RUN_KEYS = tuple(key for key in RUN_KEYS if key not in CASE_RUN_KEYS)
+
+
+def stack_digest(manifest: Mapping[str, Any]) -> str:
+    """``sha256:`` of the manifest without its digest and without the run's per-case keys.
+
+    Two results with the same stack digest ran on the same software, hardware,
+    topology, model (and layers/overrides), backend mode, rank counts and
+    threads; their ``manifest_digest`` still differs when routing, quantization
+    or block size does.
+    """
+    body = {key: value for key, value in manifest.items() if key != "digest"}
+    run = body.get(RUN_SECTION)
+    if isinstance(run, Mapping):
+        body[RUN_SECTION] = {key: run[key] for key in STACK_RUN_KEYS if key in run}
+    return manifest_digest(body)

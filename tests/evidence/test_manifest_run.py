@@ -7,7 +7,15 @@ from dataclasses import replace
 import pytest
 
 from pytest_afd.backends.base import RunSettings
-from pytest_afd.manifest import RUN_KEYS, RUN_SECTION, collect_manifest, run_identity, with_run
+from pytest_afd.manifest import (
+    CASE_RUN_KEYS,
+    RUN_KEYS,
+    RUN_SECTION,
+    collect_manifest,
+    run_identity,
+    stack_digest,
+    with_run,
+)
 from pytest_afd.results import build_result, metrics_json, settings_json, workload_json
 from pytest_afd.topology import parse_topology
 
@@ -110,3 +118,15 @@ def test_a_case_without_a_backend_says_so():
     )  # fmt: skip
     run = run_identity(manifest, settings_json(BASE_SETTINGS))
     assert run["backend_mode"] == "no_backend" and run["attention_ranks"]["absent_reason"]
+
+
+def test_stack_digest_ignores_only_the_per_case_fields():
+    stack = {field: stack_digest(with_run(*_pair(field))) for field in VARIATIONS}
+    base = stack_digest(with_run(BASE, settings_json(BASE_SETTINGS)))
+    for field in VARIATIONS:
+        assert (stack[field] == base) == (field in CASE_RUN_KEYS), field
+
+
+def _pair(field):
+    manifest, settings = VARIATIONS[field]
+    return manifest, settings_json(settings)
