@@ -9,10 +9,13 @@ request. Every error starts with the name of the violated invariant (one of
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import numpy as np
 
 from afd_split.errors import SplitInvariantError
 from afd_split.plan import INT64, SplitPlan
+from afd_split.plan_scalar import SCALAR_PATH_MAX_REQUESTS
 
 SHAPE = "shape"
 PLAN_MISMATCH = "plan mismatch"
@@ -41,8 +44,11 @@ def _fail(invariant: str, detail: str):
 
 def _fail_difference(invariant, where, name, mine, expected, offset: int = 0):
     """Name the first request where ``mine`` and ``expected`` differ (or the wrong dtype)."""
-    if mine.dtype != INT64:
-        _fail(invariant, f"{where}: {name} has dtype {mine.dtype}, expected int64")
+    if mine.dtype != INT64 or expected.dtype != INT64:
+        _fail(
+            invariant,
+            f"{where}: {name} has dtype {mine.dtype}, expected int64 (reference {expected.dtype})",
+        )
     index = int(np.flatnonzero(mine != expected)[0])
     _fail(
         invariant,
@@ -106,7 +112,7 @@ def _check_plan_layout(plan: SplitPlan) -> None:
 
 def _check_parent(plan: SplitPlan, qsl, seq_lens, computed) -> None:
     """The parent is the batch the plan was made for and holds seq - query == computed."""
-    num_reqs = plan.token_counts.shape[0]
+    num_reqs = plan.num_requests
     if (
         qsl.shape != (num_reqs + 1,)
         or seq_lens.shape != (num_reqs,)
@@ -121,7 +127,18 @@ def _check_parent(plan: SplitPlan, qsl, seq_lens, computed) -> None:
             f"parent: query_start_loc[-1]={qsl.item(-1)} but the plan's ubatches hold "
             f"{plan.ubatches[-1].token_slice.stop} tokens",
         )
-    if qsl[1:].tobytes() != plan.cu_tokens.tobytes():
+    if num_reqs <= SCALAR_PATH_MAX_REQUESTS:
+        # Small batches compare as Python lists, so a scalar-path plan builds no array here.
+        counts = plan.num_scheduled_tokens
+        same_tokens = qsl[1:].tolist() == list(accumulate(counts))
+        lowest = min(computed.tolist())
+        same_computed = (seq_lens - computed).tolist() == list(counts)
+    else:
+        same_tokens = qsl[1:].tobytes() == plan.cu_tokens.tobytes()
+        lowest = computed.item(computed.argmin())  # a fraction of a ufunc reduce's call cost
+        # Used only once same_tokens holds (token_counts are then the parent's query lens).
+        same_computed = (seq_lens - computed).tobytes() == plan.token_counts.tobytes()
+    if not same_tokens:
         query_lens = qsl[1:] - qsl[:-1]
         index = int(np.flatnonzero(query_lens != plan.token_counts)[0])
         _fail(
@@ -129,15 +146,12 @@ def _check_parent(plan: SplitPlan, qsl, seq_lens, computed) -> None:
             f"parent request {index}: query_len {int(query_lens[index])} but the plan was made "
             f"for {int(plan.token_counts[index])} tokens (a plan of another batch)",
         )
-    lowest = computed.argmin()  # argmin + item: a fraction of a ufunc reduce's call cost
-    if computed.item(lowest) < 0:
-        index = int(lowest)
+    if lowest < 0:
+        index = int(np.flatnonzero(computed < 0)[0])
         _fail(COMPUTED_TOKENS, f"parent request {index}: num_computed_tokens {computed[index]} < 0")
-    # query_lens == token_counts now, so seq_lens - token_counts is seq_len - query_len.
-    expected_computed = seq_lens - plan.token_counts
-    if expected_computed.tobytes() != computed.tobytes():
+    if not same_computed:
         _fail_difference(
-            COMPUTED_TOKENS, "parent", "num_computed_tokens", computed, expected_computed
+            COMPUTED_TOKENS, "parent", "num_computed_tokens", computed, seq_lens - plan.token_counts
         )
 
 

@@ -319,8 +319,14 @@ class GoldenStore:
         digest = self.manifest_digest
         return digest() if callable(digest) else digest
 
-    def save(self, name: str, value: Any, profile: str | ToleranceProfile = "float32") -> Path:
-        """Write the data file and its sidecar atomically (temp file, fsync, rename)."""
+    def save(self, name: str, value: Any, profile: str | ToleranceProfile = "float32",
+             *, metadata: Mapping[str, Any] | None = None) -> Path:
+        """Write the data file and its sidecar atomically (temp file, fsync, rename).
+
+        ``metadata`` (JSON) lands in the sidecar under ``"metadata"``: what a
+        later phase must match before it may compare with this golden (see
+        :func:`check_metadata`).
+        """
         prof = get_profile(profile)
         array = to_numpy(value)
         payload = _serialize(array, self.file_format)
@@ -337,6 +343,8 @@ class GoldenStore:
             "manifest_digest": self._digest(),
             "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
         }
+        if metadata is not None:
+            sidecar["metadata"] = dict(metadata)
         atomic_write_json(json_path, sidecar)
         self.updated.append(name)
         return data_path
@@ -419,3 +427,23 @@ class GoldenStore:
             )
             raise GoldenMismatchError(f"golden {name!r}: {result.report}{note}")
         return result
+
+
+def check_metadata(name: str, sidecar: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
+    """A golden recorded in another run is usable only for the same inputs: name every difference.
+
+    Two-phase gate references (docs/gates.md) are recorded from one deployment
+    and checked against a later one; comparing against a reference of other
+    prompts or settings would be a meaningless pass or fail.
+    """
+    recorded = sidecar.get("metadata")
+    if not isinstance(recorded, Mapping):
+        raise GoldenCorruptError(f"golden {name!r} has no metadata: it was not recorded as a "
+                                 "gate reference (record it with --afd-reference-phase record)")
+    differences = {key: (recorded.get(key), value) for key, value in expected.items()
+                   if recorded.get(key) != value}
+    if differences:
+        raise GoldenMismatchError(
+            f"golden {name!r} was recorded for other inputs (field: (recorded, this run)) "
+            f"{differences}; re-record it with --afd-reference-phase record"
+        )

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pytest_afd import hookspecs, outcomes
+from pytest_afd import hardware, hookspecs, outcomes, reference_phase
 from pytest_afd.backends import create_backend
 from pytest_afd.backends.base import Backend, BackendUnavailable
 from pytest_afd.golden import GoldenStore
@@ -166,7 +166,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    add_options(parser)
+    reference_phase.add_option(add_options(parser), parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -180,6 +180,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # Registered as a plugin so it receives every test report (outcome column).
     config.pluginmanager.register(state, AFD_SESSION_PLUGIN)
     outcomes.register(config)
+    reference_phase.reference_phase(config)  # a bad value is a UsageError now, not per test
+    ledger = hardware.HardwareLedger(state.options.backend, state.options.require_hardware,
+                                     lambda: state.backend_instance)
+    config.pluginmanager.register(ledger, hardware.PLUGIN_NAME)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -434,10 +438,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     if state.lost_workers:
         _recover_lost_results(state)
+    ledger = session.config.pluginmanager.get_plugin(hardware.PLUGIN_NAME)
+    measured = ledger.summary() if ledger is not None else None
+    extra: dict[str, Any] = {}
+    if state.lost_workers:
+        extra["lost_workers"] = state.lost_workers
+    if measured is not None:
+        extra[hardware.SUMMARY_KEY] = measured
     outcomes.tracker(session.config).write_summary(
         state.options.results_dir / SUMMARY_FILE, state.written, state.options.results_dir,
-        state.golden_updates,
-        extra={"lost_workers": state.lost_workers} if state.lost_workers else None,
+        state.golden_updates, extra=extra,
     )
 
 

@@ -26,6 +26,9 @@ CAP_CHUNKED_PREFILL = "chunked_prefill"
 CAP_W8A8 = "w8a8"
 CAP_FORCED_ROUTING = "forced_routing"
 CAP_LOGITS = "logits"
+# The generated token's top-k logprobs (vLLM's /v1/completions ``logprobs``):
+# what a backend behind an HTTP API returns instead of logits.
+CAP_TOPK_LOGPROBS = "topk_logprobs"
 CAP_AFD = "afd"
 CAP_INSTRUMENTATION = "instrumentation"
 CAP_PIPELINE_PARALLEL = "pipeline_parallel"
@@ -76,6 +79,8 @@ class RunSettings:
     split_align: int | None = None
     pcp_size: int | None = None
     instrument: bool = False
+    # Return what the gates compare: last-token logits, or top-k logprobs on a
+    # backend that declares CAP_TOPK_LOGPROBS instead of CAP_LOGITS.
     return_logits: bool = True
     # CPU backend: run the Attention and FFN roles as separate processes (the
     # CPU AFD runtime, capability "afd") instead of in one process. A real AFD
@@ -111,6 +116,8 @@ class RequestOutput:
     next_token: int
     # Last-token logits (float32, vocab-sized) when the backend can return them.
     logits: np.ndarray | None = None
+    # Token id -> logprob of the generated token's top-k (CAP_TOPK_LOGPROBS backends).
+    top_logprobs: dict[int, float] | None = None
     ttft_s: float | None = None
     error: str | None = None
 

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from pytest_afd.backends.base import PromptRequest
+from pytest_afd.serving.logprobs import LogprobsFormatError, parse_first_top_logprobs
 from pytest_afd.serving.prometheus import PrefixCacheDelta, ServerCounters, prefix_cache_delta
 
 PREFILL_MAX_TOKENS = 1
@@ -110,6 +111,8 @@ class RequestResult:
     latency_s: float | None = None
     send_offset_s: float | None = None
     token_ids: tuple[int, ...] = ()
+    # Token id -> logprob of the generated token's top-k, when the request asked for logprobs.
+    top_logprobs: dict[int, float] | None = None
     error: str | None = None
 
 
@@ -187,15 +190,22 @@ class CompletionsClient:
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
     # -- single request ------------------------------------------------------
-    def complete(self, prompt: PromptRequest) -> RequestResult:
-        """Stream one prefill; never raises for server-side failures (they are recorded)."""
+    def complete(self, prompt: PromptRequest, *, logprobs: int | None = None) -> RequestResult:
+        """Stream one prefill; never raises for server-side failures (they are recorded).
+
+        ``logprobs`` asks for the generated token's top-k logprobs (vLLM's
+        ``logprobs`` field, tokens spelled as ids); a reply without them is an error.
+        """
         result = RequestResult(prompt.request_id, prompt.num_prompt_tokens)
-        body = json.dumps({
+        request: dict[str, Any] = {
             "model": self.model, "prompt": list(prompt.prompt_token_ids),
             "max_tokens": PREFILL_MAX_TOKENS, "stream": True,
             "stream_options": {"include_usage": True}, "return_token_ids": True,
             "temperature": 0.0,
-        })
+        }
+        if logprobs is not None:
+            request.update(logprobs=logprobs, return_tokens_as_token_ids=True)
+        body = json.dumps(request)
         connection = self._connection(self.request_timeout_s)
         started = time.perf_counter()
         try:
@@ -206,9 +216,13 @@ class CompletionsClient:
                 result.error = _error_message(response.status, response.read())
                 return result
             self._read_stream(response, result, started)
+            if logprobs is not None and result.success and result.top_logprobs is None:
+                result.success = False
+                result.error = (f"asked for logprobs={logprobs} but the stream carried no "
+                                "choices[0].logprobs")
         except (OSError, http.client.HTTPException) as error:
             result.error = f"{type(error).__name__}: {error}"
-        except (ValueError, KeyError, TypeError) as error:  # a chunk outside the API contract
+        except (ValueError, KeyError, TypeError, LogprobsFormatError) as error:  # outside the API contract
             result.success = False
             result.error = f"malformed stream chunk: {type(error).__name__}: {error}"
         finally:
@@ -231,7 +245,10 @@ class CompletionsClient:
             if chunk.get("choices"):
                 if result.ttft_s is None:
                     result.ttft_s = time.perf_counter() - started
-                token_ids.extend(chunk["choices"][0].get("token_ids") or ())
+                choice = chunk["choices"][0]
+                token_ids.extend(choice.get("token_ids") or ())
+                if result.top_logprobs is None:
+                    result.top_logprobs = parse_first_top_logprobs(choice.get("logprobs"))
             usage = chunk.get("usage")
             if usage:
                 result.num_input_tokens = usage["prompt_tokens"]
@@ -280,7 +297,8 @@ class CompletionsClient:
     # -- a benchmark run -----------------------------------------------------
     def run(self, prompts: Sequence[PromptRequest], arrival: Arrival = Arrival(), *,
             read_metrics: bool = True,
-            server_gone: Callable[[], str | None] | None = None) -> ClientRun:
+            server_gone: Callable[[], str | None] | None = None,
+            logprobs: int | None = None) -> ClientRun:
         """Send every prompt on the arrival schedule and wait for all of them.
 
         ``server_gone`` (e.g. ``ManagedServer.exit_reason``) is polled while
@@ -302,7 +320,7 @@ class CompletionsClient:
 
             def send(slot: int = index, request: PromptRequest = prompt) -> None:
                 sent_at = results[slot].send_offset_s
-                results[slot] = self.complete(request)
+                results[slot] = self.complete(request, logprobs=logprobs)
                 results[slot].send_offset_s = sent_at
 
             thread = threading.Thread(target=send, name=f"request-{prompt.request_id}", daemon=True)

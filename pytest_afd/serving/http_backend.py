@@ -19,9 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pytest_afd.backends.base import PromptRequest, RequestOutput, RunOutputs, RunSettings
+from pytest_afd.backends.base import (
+    CAP_TOPK_LOGPROBS,
+    PromptRequest,
+    RequestOutput,
+    RunOutputs,
+    RunSettings,
+)
 from pytest_afd.serving.client import Arrival, ClientError, CompletionsClient
 from pytest_afd.serving.lifecycle import ManagedServer, ServerSpec
+from pytest_afd.serving.logprobs import DEFAULT_NUM_LOGPROBS
 
 # RequestOutput.next_token of a request that produced no token.
 NO_TOKEN = -1
@@ -121,7 +128,11 @@ def cpu_server_launcher(*, log_dir: Path, topology: str | None, model_name: str,
 
 
 class HttpBackend:
-    """Backend protocol over HTTP; no logits, steps or expert load cross the wire."""
+    """Backend protocol over HTTP; no logits, steps or expert load cross the wire.
+
+    With ``return_logits`` a backend that declares :data:`CAP_TOPK_LOGPROBS`
+    asks for the generated token's top-k logprobs instead (what the gates compare).
+    """
 
     def __init__(self, name: str, capabilities: frozenset[str], launcher: Launcher, *,
                  describe_extra: dict[str, Any] | None = None,
@@ -136,6 +147,8 @@ class HttpBackend:
         self._session: ServerSession | None = None
         self._session_settings: RunSettings | None = None
         self.launches = 0
+        # Runs in which every request came back without error (the no-false-green count).
+        self.completed_runs = 0
 
     def _client(self, session: ServerSession) -> CompletionsClient:
         if self._request_timeout_s is None:
@@ -160,9 +173,10 @@ class HttpBackend:
 
     def run(self, prompts: Sequence[PromptRequest], settings: RunSettings) -> RunOutputs:
         session = self.session_for(settings)
+        logprobs = self.num_logprobs(settings)
         started = time.perf_counter()
         client_run = self._client(session).run(prompts, Arrival(), read_metrics=False,
-                                               server_gone=session.exit_reason)
+                                               server_gone=session.exit_reason, logprobs=logprobs)
         outputs = []
         for result in client_run.results:
             error = result.error
@@ -175,10 +189,19 @@ class HttpBackend:
                 # vLLM omits cached_tokens when it is 0 (--enable-prompt-tokens-details on).
                 num_cached_tokens=result.num_cached_tokens or 0,
                 next_token=result.token_ids[0] if result.token_ids else NO_TOKEN,
+                top_logprobs=result.top_logprobs,
                 ttft_s=result.ttft_s,
                 error=error,
             ))
+        if outputs and all(output.error is None for output in outputs):
+            self.completed_runs += 1
         return RunOutputs(requests=outputs, wall_time_s=time.perf_counter() - started)
+
+    def num_logprobs(self, settings: RunSettings) -> int | None:
+        """Top-k logprobs to ask for: when outputs are wanted and the backend declares them."""
+        if settings.return_logits and CAP_TOPK_LOGPROBS in self.capabilities:
+            return DEFAULT_NUM_LOGPROBS
+        return None
 
     def reset_prefix_cache(self) -> None:
         if self._session is not None:
@@ -190,10 +213,27 @@ class HttpBackend:
         if self._session is not None:
             description["base_url"] = self._session.base_url
             try:
-                description["server"] = self._client(self._session).get_json("/afd/describe")
+                description["server"] = self.server_description()
             except (ClientError, ValueError) as error:
                 description["server_describe_error"] = str(error)
         return description
+
+    def server_description(self) -> dict[str, Any]:
+        """The CPU HTTP server's ``GET /afd/describe`` (vLLM has no such route: ClientError)."""
+        if self._session is None:
+            raise ClientError("no server session yet")
+        return self._client(self._session).get_json("/afd/describe")
+
+    def stand_in_device(self) -> str | None:
+        """The device of a pytest-afd server standing in for a deployment, else None.
+
+        Only the harness's own server answers ``/afd/describe``; a vLLM
+        deployment does not, so it counts as the hardware it was launched on.
+        """
+        try:
+            return self.server_description()["backend"]["device"]
+        except (ClientError, ValueError, KeyError, TypeError):
+            return None
 
     def close(self) -> None:
         if self._session is not None:

@@ -34,7 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_afd.backends.base import Backend, PromptRequest, RequestOutput, RunSettings
+from pytest_afd.faults import applied_from_env
 from pytest_afd.serving.engine import DEFAULT_BATCH_WINDOW_S, PrefillEngine
+from pytest_afd.serving.logprobs import MAX_NUM_LOGPROBS, completion_logprobs
 from pytest_afd.serving.requests import (
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_MAX_PROMPT_TOKENS,
@@ -66,6 +68,40 @@ def _usage(output: RequestOutput) -> dict[str, Any]:
 def _choice(output: RequestOutput) -> dict[str, Any]:
     return {"index": 0, "text": "", "token_ids": [output.next_token], "logprobs": None,
             "finish_reason": "length", "stop_reason": None}
+
+
+def parse_logprobs_request(body: dict[str, Any]) -> int | None:
+    """``logprobs`` (top-k of the generated token) as vLLM accepts it; prompt_logprobs refused.
+
+    Tokens are always returned as ``"token_id:<id>"`` (this server has no
+    tokenizer), so ``return_tokens_as_token_ids`` must be true when asking.
+    """
+    if body.get("prompt_logprobs") is not None:
+        raise BadRequest(f"prompt_logprobs={body['prompt_logprobs']!r}: this server returns only "
+                         "the generated token's logprobs (its backend gives last-token logits)")
+    k = body.get("logprobs")
+    if k is None:
+        return None
+    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_NUM_LOGPROBS:
+        raise BadRequest(f"logprobs={k!r}; expected an integer in 0..{MAX_NUM_LOGPROBS}")
+    if body.get("return_tokens_as_token_ids") is not True:
+        raise BadRequest("logprobs needs return_tokens_as_token_ids=true: this server has no "
+                         "tokenizer to spell tokens as text")
+    return k
+
+
+def with_logprobs(choice: dict[str, Any], output: RequestOutput, k: int | None) -> dict[str, Any]:
+    """The choice with vLLM's ``logprobs`` object when the request asked for ``k`` of them."""
+    if k is None:
+        return choice
+    if output.logits is None:
+        raise RuntimeError("the backend returned no logits, so no logprobs can be computed")
+    return {**choice, "logprobs": completion_logprobs(output.logits, output.next_token, k)}
+
+
+def engine_settings(settings: RunSettings) -> RunSettings:
+    """The server's backend always returns last-token logits: logprobs are computed from them."""
+    return dataclasses.replace(settings, return_logits=True)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -150,6 +186,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = self._read_json_body()
             token_ids, stream, include_usage = parse_completion_request(
                 body, self.server.served_model_name)
+            num_logprobs = parse_logprobs_request(body)
         except BadRequest as error:  # bad JSON, a bad Content-Length or a bad field
             self._send_error_json(error.status, str(error))
             return
@@ -171,8 +208,13 @@ class _Handler(BaseHTTPRequestHandler):
         if output.error is not None:
             self._send_error_json(HTTPStatus.INTERNAL_SERVER_ERROR, output.error)
             return
+        try:
+            choice = with_logprobs(_choice(output), output, num_logprobs)
+        except RuntimeError as error:
+            self._send_error_json(HTTPStatus.INTERNAL_SERVER_ERROR, str(error))
+            return
         response = {"id": request_id, "object": "text_completion", "created": int(time.time()),
-                    "model": self.server.served_model_name, "choices": [_choice(output)]}
+                    "model": self.server.served_model_name, "choices": [choice]}
         if not stream:
             self._send_json(HTTPStatus.OK, {**response, "usage": _usage(output)})
             return
@@ -343,7 +385,8 @@ def serve(backend: Backend, settings: RunSettings, *, host: str, port: int,
           limits: ServingLimits | None = None) -> None:
     """Serve until SIGTERM/SIGINT; the backend is closed on the way out."""
     limits = limits or ServingLimits()
-    engine = PrefillEngine(backend, settings, batch_window_s, limits.max_batch_tokens)
+    engine = PrefillEngine(backend, engine_settings(settings), batch_window_s,
+                           limits.max_batch_tokens)
     engine.start()
     httpd = AfdHTTPServer((host, port), engine, served_model_name, limits)
 
@@ -367,9 +410,15 @@ def serve(backend: Backend, settings: RunSettings, *, host: str, port: int,
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     backend = make_backend(args)
-    serve(backend, args.settings_json, host=args.host, port=args.port,
-          served_model_name=args.served_model_name or args.model_name, port_file=args.port_file,
-          batch_window_s=args.batch_window_s, limits=limits_from_args(args, backend))
+    # A seeded split-path fault named by $PYTEST_AFD_FAULT (tests: a broken candidate
+    # deployment the gates must reject); nothing is patched when it is unset.
+    with applied_from_env() as fault:
+        if fault is not None:
+            print(f"seeded fault {fault.name!r} applied for this server's lifetime", flush=True)
+        serve(backend, args.settings_json, host=args.host, port=args.port,
+              served_model_name=args.served_model_name or args.model_name,
+              port_file=args.port_file, batch_window_s=args.batch_window_s,
+              limits=limits_from_args(args, backend))
     return 0
 
 

@@ -16,12 +16,15 @@ from gate_lib import (
     page_scale,
     support_config_for,
 )
+from gate_reference import GateReferences
 
 from afd_split import unsupported_reasons
-from pytest_afd.backends.base import Backend
+from pytest_afd.backends.base import Backend, CapabilityMissing
 from pytest_afd.faults import applied_from_env
+from pytest_afd.golden import GoldenStore
 from pytest_afd.manifest import collect_manifest, manifest_digest
 from pytest_afd.plugin import AfdOptions, afd_session
+from pytest_afd.reference_phase import reference_phase
 from pytest_afd.results import validate_manifest
 from pytest_afd.topology import Topology, parse_topology
 
@@ -30,8 +33,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """``gate_topology`` over the supported topologies (with ``gate_quantization``: the pairs
     of :func:`gate_lib.gate_quantization_cases`); ``gate_afd_topology`` over the AFD ones."""
     if "gate_afd_topology" in metafunc.fixturenames:
-        specs = afd_topology_specs(afd_session(metafunc.config).options)
-        metafunc.parametrize("gate_afd_topology", specs, ids=specs, scope="session")
+        options = afd_session(metafunc.config).options
+        specs = afd_topology_specs(options)
+        cases = specs or [pytest.param(None, id="no-cpu-afd-runtime", marks=pytest.mark.skip(
+            reason=f"the Attention/FFN process-pair runtime is the CPU backend's; backend "
+                   f"{options.backend!r} runs its own AFD deployment, which "
+                   "test_gate_1_token_balanced_matches_unsplit covers through Backend.run"))]
+        metafunc.parametrize("gate_afd_topology", cases, ids=specs or None, scope="session")
     if "gate_topology" not in metafunc.fixturenames:
         return
     specs = gate_topology_specs(afd_session(metafunc.config).options)
@@ -126,3 +134,21 @@ def gate_backend(gate_backends: GateBackends, gate_topology: str) -> Backend:
     backend = gate_backends.get(gate_topology)
     backend.reset_prefix_cache()
     return backend
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function):
+    """A case the deployment cannot run (another split, chunking, ...) is a skip with the reason."""
+    try:
+        return (yield)
+    except CapabilityMissing as error:
+        pytest.skip(f"the backend cannot run this case: {error}")
+
+
+@pytest.fixture
+def gate_references(
+    pytestconfig: pytest.Config, golden: GoldenStore, afd_options: AfdOptions
+) -> GateReferences:
+    """``--afd-reference-phase`` (live, record or check) bound to the golden store."""
+    return GateReferences(reference_phase(pytestconfig), golden, afd_options.model,
+                          afd_options.backend)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from gate_reference import comparable_outputs
 
 from afd_split import SplitInvariantError, SplitSupportConfig, validate_split
 from afd_split.support import CPU_REFERENCE_BUILDER
@@ -143,12 +144,7 @@ class GateBackends:
         model = model_name or self.options.model
         topology = parse_topology(spec, self.options.aliases)
         if self.options.backend != CPU_BACKEND:
-            if topology.canonical != self.options.topology.canonical or model != self.options.model:
-                pytest.skip(
-                    f"backend {self.options.backend!r} serves only --npu-topology "
-                    f"{self.options.topology.canonical} with model {self.options.model}; "
-                    f"{spec} / {model} needs its own deployment"
-                )
+            deployment_mismatch(self.options, topology, model)
             return self.session_backend()
         key = (topology.canonical, model)
         if key not in self.created:
@@ -165,6 +161,21 @@ class GateBackends:
         for backend in self.created.values():
             backend.close()
         self.created.clear()
+
+
+def deployment_mismatch(options: AfdOptions, topology: Topology, model: str) -> None:
+    """Skip, naming only what differs, when a case needs another deployment than the session's."""
+    differences = []
+    if topology.canonical != options.topology.canonical:
+        differences.append(f"--npu-topology {topology.canonical} (this session: "
+                           f"{options.topology.canonical})")
+    if model != options.model:
+        differences.append(f"--afd-model {model} (this session: {options.model})")
+    if differences:
+        pytest.skip(
+            f"backend {options.backend!r} runs the one deployment of this session; this case "
+            f"needs {' and '.join(differences)}: run it in a session with those options"
+        )
 
 
 @dataclass(frozen=True)
@@ -321,15 +332,18 @@ def run_measured(
     *,
     seed_prompts: Sequence[Sequence[PromptRequest]] = (),
     validate: bool = True,
+    seed_split: str = UNSPLIT_POLICY,
 ) -> tuple[RunOutputs, ExecutedSplits]:
     """Cold cache, seed runs (unsplit, prefix caching on), then the measured run under the checker.
 
     The seed runs put the same prefix KV in the cache for a candidate and its
     reference, so the two differ only in what the measured run does. A
-    reference (``split_policy="none"``) must not touch the split path.
+    reference (``split_policy="none"``) must not touch the split path. Against
+    a stored reference (``--afd-reference-phase check``) the deployment has one
+    split, so the seed runs use it (``seed_split``).
     """
     backend.reset_prefix_cache()
-    seed_settings = replace(settings, split_policy=UNSPLIT_POLICY, prefix_caching=True)
+    seed_settings = replace(settings, split_policy=seed_split, prefix_caching=True)
     for seed in seed_prompts:
         backend.run(seed, seed_settings)
     reference = settings.split_policy == UNSPLIT_POLICY
@@ -404,13 +418,16 @@ def judge(
     ref_ids = [r.request_id for r in reference.requests]
     if ids != ref_ids:
         raise AssertionError(f"candidate requests {ids} != reference requests {ref_ids}")
-    actual, expected = stacked_logits(candidate), stacked_logits(reference)
+    outputs = comparable_outputs(candidate, reference, profile)
+    actual, expected, profile = outputs.actual, outputs.expected, outputs.profile
     try:
         golden.check(name, actual, profile=profile, reference=expected)
         ok, report = True, ""
     except GoldenMismatchError as mismatch:
         ok, report = False, str(mismatch)
     numbers = compare(actual, expected, profile)
+    if outputs.shared_logprob_error is not None:
+        numbers.max_abs_error = outputs.shared_logprob_error
     tokens = [
         f"{c.request_id}: {c.next_token} vs {r.next_token}"
         for c, r in zip(candidate.requests, reference.requests, strict=True)
@@ -490,6 +507,37 @@ def record_gate_result(
     )
 
 
+def record_reference_case(
+    afd_results,
+    references: Any,
+    name: str,
+    backend: Backend,
+    prompts: Sequence[PromptRequest],
+    settings: RunSettings,
+    *,
+    topology: Topology,
+    gate: dict[str, Any],
+    dataset: str,
+    seed: int | None,
+    manifest: dict[str, Any],
+) -> None:
+    """Reference phase (``--afd-reference-phase record``): run, store and report the reference only."""
+    from gate_reference import reference_settings
+
+    outputs = references.record(name, backend, prompts, settings)
+    record_gate_result(
+        afd_results,
+        manifest=manifest,
+        settings=reference_settings(settings),
+        topology=topology,
+        prompts=prompts,
+        outputs=outputs,
+        dataset=dataset,
+        seed=seed,
+        gate={**gate, **references.describe(name)},
+    )
+
+
 # ---- what the run's own evidence says happened ---------------------------------------
 
 STEP_KEYS = ("is_split", "boundary_request", "schedule")
@@ -511,6 +559,18 @@ def _require(mapping: dict, keys: Sequence[str], where: str) -> None:
     missing = [key for key in keys if key not in mapping]
     if missing:
         raise AssertionError(f"{where} lacks {missing}: the gate reads the split shape from it")
+
+
+# Why a gate's shape assertion is not made: said in its result, never silently passed.
+NO_STEP_EVIDENCE = (
+    "the backend reported no per-step evidence (a deployment behind an HTTP API): the split/chunk "
+    "shape of this case is not verified, only its outputs"
+)
+
+
+def shape_unverified(outputs: RunOutputs) -> str | None:
+    """:data:`NO_STEP_EVIDENCE` when the run carries no step evidence, else None."""
+    return None if outputs.steps else NO_STEP_EVIDENCE
 
 
 def split_steps(outputs: RunOutputs, prompt_lengths: Sequence[int]) -> list[SplitStep]:

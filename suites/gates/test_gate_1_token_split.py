@@ -30,7 +30,9 @@ from gate_lib import (
     judge,
     make_prompts,
     record_gate_result,
+    record_reference_case,
     run_measured,
+    shape_unverified,
     split_steps,
 )
 
@@ -124,6 +126,7 @@ def test_gate_1_token_balanced_matches_unsplit(
     gate_pages,
     workload,
     golden,
+    gate_references,
     afd_results,
     afd_options,
 ):
@@ -139,14 +142,31 @@ def test_gate_1_token_balanced_matches_unsplit(
         prefix_caching=bool(workload.shared_prefix),
     )
     prompts, seeds = workload.prompts(afd_options.seed, gate_pages)
-    candidate, splits = run_measured(gate_backend, prompts, settings, seed_prompts=seeds)
-    reference, _ = run_measured(
-        gate_backend, prompts, replace(settings, split_policy=UNSPLIT_POLICY), seed_prompts=seeds
+    stored = gate_references.name(f"gate1/{workload.name}", topology.canonical, quantization)
+    if gate_references.recording:
+        record_reference_case(
+            afd_results, gate_references, stored, gate_backend, prompts, settings,
+            manifest=gate_manifest,
+            topology=topology, gate={"gate": 1, "case": workload.name},
+            dataset=f"gate1/{workload.name}", seed=afd_options.seed,
+        )  # fmt: skip
+        return
+    candidate, splits = run_measured(
+        gate_backend, prompts, settings, seed_prompts=seeds,
+        seed_split=gate_references.seed_split(settings),
     )
+    if gate_references.checking:
+        reference = gate_references.load(stored, prompts, settings)
+    else:
+        reference, _ = run_measured(
+            gate_backend, prompts, replace(settings, split_policy=UNSPLIT_POLICY),
+            seed_prompts=seeds,
+        )  # fmt: skip
     lengths = [p.num_prompt_tokens for p in prompts]
     steps = split_steps(candidate, lengths)
     verdict = judge(golden, f"gate1/{workload.name}", candidate, reference, profile, splits)
-    shape_problem = workload.expect(steps, candidate)
+    unverified = shape_unverified(candidate)
+    shape_problem = None if unverified else workload.expect(steps, candidate)
     record_gate_result(
         afd_results,
         manifest=gate_manifest,
@@ -159,16 +179,19 @@ def test_gate_1_token_balanced_matches_unsplit(
         gate={
             "gate": 1,
             "case": workload.name,
-            "reference": "same prompts, schedule and cached prefix with split_policy=none",
+            "reference": gate_references.describe(stored) if gate_references.checking
+            else "same prompts, schedule and cached prefix with split_policy=none",
             "split_forwards": len(steps),
             "split_shapes": [step.__dict__ for step in steps],
             "shape_problem": shape_problem,
+            "shape_unverified": unverified,
             "verdict": verdict.to_json(),
         },
     )
-    assert [r.num_cached_tokens for r in candidate.requests] == [
-        r.num_cached_tokens for r in reference.requests
-    ], "candidate and reference must start from the same cached prefix"
+    if gate_references.live:  # a stored reference is uncached by definition
+        assert [r.num_cached_tokens for r in candidate.requests] == [
+            r.num_cached_tokens for r in reference.requests
+        ], "candidate and reference must start from the same cached prefix"
     assert shape_problem is None, f"{workload.name}: {shape_problem}"
     verdict.raise_if_rejected()
 

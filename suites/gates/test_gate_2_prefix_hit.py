@@ -21,6 +21,7 @@ from gate_lib import (
     judge,
     make_prompts,
     record_gate_result,
+    record_reference_case,
     run_measured,
 )
 
@@ -83,6 +84,7 @@ def test_gate_2_prefix_hit_matches_uncached(
     gate_pages,
     workload,
     golden,
+    gate_references,
     afd_results,
     afd_options,
 ):
@@ -96,11 +98,27 @@ def test_gate_2_prefix_hit_matches_uncached(
         prefix_caching=True,
     )
     prompts, seeds = workload.prompts(afd_options.seed, gate_pages)
-    warm, splits = run_measured(gate_backend, prompts, settings, seed_prompts=seeds)
-    # The reference is cold AND unsplit: a direct whole-batch forward per step.
-    uncached, _ = run_measured(
-        gate_backend, prompts, replace(settings, prefix_caching=False, split_policy=UNSPLIT_POLICY)
+    stored = gate_references.name(f"gate2/{workload.name}", topology.canonical, gate_quantization)
+    if gate_references.recording:
+        record_reference_case(
+            afd_results, gate_references, stored, gate_backend, prompts, settings,
+            manifest=gate_manifest,
+            topology=topology, gate={"gate": 2, "case": workload.name},
+            dataset=f"gate2/{workload.name}", seed=afd_options.seed,
+        )  # fmt: skip
+        return
+    warm, splits = run_measured(
+        gate_backend, prompts, settings, seed_prompts=seeds,
+        seed_split=gate_references.seed_split(settings),
     )
+    if gate_references.checking:
+        uncached = gate_references.load(stored, prompts, settings)
+    else:
+        # The reference is cold AND unsplit: a direct whole-batch forward per step.
+        uncached, _ = run_measured(
+            gate_backend, prompts,
+            replace(settings, prefix_caching=False, split_policy=UNSPLIT_POLICY),
+        )
     hits = [r.num_cached_tokens for r in warm.requests]
     missing = [prompts[i].request_id for i in workload.expected_hits() if hits[i] <= 0]
     verdict = judge(golden, f"gate2/{workload.name}", warm, uncached, profile, splits)
@@ -116,7 +134,8 @@ def test_gate_2_prefix_hit_matches_uncached(
         gate={
             "gate": 2,
             "case": workload.name,
-            "reference": "same prompts, cold (prefix caching off), unsplit direct forward",
+            "reference": gate_references.describe(stored) if gate_references.checking
+            else "same prompts, cold (prefix caching off), unsplit direct forward",
             "realized_hit_tokens": hits,
             "reference_hit_tokens": [r.num_cached_tokens for r in uncached.requests],
             "requests_without_expected_hit": missing,

@@ -21,7 +21,9 @@ from gate_lib import (
     judge,
     make_prompts,
     record_gate_result,
+    record_reference_case,
     run_measured,
+    shape_unverified,
 )
 
 PROMPT_LENGTHS = (100, 30, 69)
@@ -41,6 +43,7 @@ def test_gate_3_chunked_matches_unchunked(
     gate_pages,
     chunk_size,
     golden,
+    gate_references,
     afd_results,
     afd_options,
 ):
@@ -55,11 +58,23 @@ def test_gate_3_chunked_matches_unchunked(
     )
     lengths = gate_pages.lengths(PROMPT_LENGTHS)
     prompts = make_prompts(lengths, afd_options.seed)
+    stored = gate_references.name(f"gate3/chunk{chunk_size}", topology.canonical, gate_quantization)
+    if gate_references.recording:
+        record_reference_case(
+            afd_results, gate_references, stored, gate_backend, prompts, settings,
+            manifest=gate_manifest,
+            topology=topology, gate={"gate": 3, "case": f"chunk_size={settings.chunk_size}"},
+            dataset="gate3/mixed", seed=afd_options.seed,
+        )  # fmt: skip
+        return
     chunked, splits = run_measured(gate_backend, prompts, settings)
-    # The reference is unchunked AND unsplit: a direct whole-batch forward.
-    unchunked, _ = run_measured(
-        gate_backend, prompts, replace(settings, chunk_size=None, split_policy=UNSPLIT_POLICY)
-    )
+    if gate_references.checking:
+        unchunked = gate_references.load(stored, prompts, settings)
+    else:
+        # The reference is unchunked AND unsplit: a direct whole-batch forward.
+        unchunked, _ = run_measured(
+            gate_backend, prompts, replace(settings, chunk_size=None, split_policy=UNSPLIT_POLICY)
+        )
     tails = final_chunk_tokens(chunked, lengths)
     small_tail_tokens = gate_pages.block_size
     small_tails = {r: n for r, n in tails.items() if n < small_tail_tokens}
@@ -76,14 +91,19 @@ def test_gate_3_chunked_matches_unchunked(
         gate={
             "gate": 3,
             "case": f"chunk_size={settings.chunk_size}",
-            "reference": "same prompts unchunked (chunk_size=None), unsplit direct forward",
+            "reference": gate_references.describe(stored) if gate_references.checking
+            else "same prompts unchunked (chunk_size=None), unsplit direct forward",
             "forwards": len(chunked.steps),
             "reference_forwards": len(unchunked.steps),
             "final_piece_tokens_of_chunked_requests": tails,
             "small_tails": small_tails,
+            "shape_unverified": shape_unverified(chunked),
             "verdict": verdict.to_json(),
         },
     )
+    if shape_unverified(chunked):
+        verdict.raise_if_rejected()
+        return
     assert tails, f"chunk_size={settings.chunk_size}: no request spread over several forwards"
     if chunk_size in SMALL_TAIL_CHUNK_SIZES:
         assert small_tails, (

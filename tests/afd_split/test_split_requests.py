@@ -18,6 +18,7 @@ from afd_split import (
     split_request_fields,
     validate_split_requests,
 )
+from afd_split.plan_scalar import SCALAR_PATH_MAX_REQUESTS
 from afd_split.requests import INVARIANTS
 
 TB = "token_balanced"
@@ -170,6 +171,23 @@ def test_parent_invariants_are_checked():
     expect("query_start_loc", plan, with_entry(parent, "query_start_loc", 0, -1), parts)
 
 
+@pytest.mark.parametrize("num_requests", [3, 2 * SCALAR_PATH_MAX_REQUESTS])
+def test_parent_checks_on_small_and_large_batches(num_requests):
+    """Small batches are checked as Python lists, large ones as arrays: same verdicts."""
+    tokens = list(range(5, 5 + num_requests))
+    plan, parent, parts = setup(tokens, [7] * num_requests)
+    validate_split_requests(plan, parent, parts)
+    swapped = tokens[1:2] + tokens[:1] + tokens[2:]  # same R and T, other request lengths
+    other = RequestFields.from_requests(swapped, [7] * num_requests)
+    assert "parent request 0" in expect("plan mismatch", plan, other, parts)
+    broken = with_entry(parent, "seq_lens", 1, 1)
+    assert "parent request 1" in expect("computed tokens", plan, broken, parts)
+    negative = with_entry(with_entry(parent, "num_computed_tokens", 2, -9), "seq_lens", 2, -9)
+    assert "parent request 2: num_computed_tokens -2 < 0" in expect(
+        "computed tokens", plan, negative, parts
+    )
+
+
 def test_plan_made_for_other_per_request_tokens_is_refused():
     """Same R and T, other per-request tokens: a PCP plan for [2,2,4] on metadata of [1,3,4]."""
     plan = plan_split([2, 2, 4], policy=TB, constraints=SplitConstraints(pcp_size=2))
@@ -222,7 +240,7 @@ def test_wrong_shapes_counts_and_dtypes_are_named():
 
 @settings(max_examples=150, deadline=None, database=None)
 @given(
-    tokens=st.lists(st.integers(1, 300), min_size=1, max_size=40),
+    tokens=st.lists(st.integers(1, 300), min_size=1, max_size=2 * SCALAR_PATH_MAX_REQUESTS),
     align=st.sampled_from((1, 4, 8)),
     pcp=st.sampled_from((1, 2)),
     data=st.data(),

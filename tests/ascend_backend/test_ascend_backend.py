@@ -91,13 +91,16 @@ def test_run_settings_map_to_a_loopback_launch_plan():
     settings = RunSettings(split_policy="token_balanced", chunk_size=8192, prefix_caching=True,
                            routing="forced_balanced", quantization="w8a8")
     options = launch_options(settings, model="/m", devices=16)
-    assert (options.split, options.chunk_size, options.node_addresses) == ("token", 8192, ("127.0.0.1",))
-    plan = build_launch_plan(parse_topology("dp1pcp8-ep8"), options)
+    assert (options.split, options.chunk_size, options.node_addresses) == (
+        "token_balanced", 8192, ("127.0.0.1",))
+    plan = build_launch_plan(parse_topology("dp1tp8-ep8"), options)
     specs = server_specs(plan, startup_timeout_s=5.0)
     assert [(spec.name, spec.port, spec.health_path) for spec in specs] == [
         ("0-attention-node0", 8000, "/health"), ("1-ffn-node0", 8001, "/health")]
     assert specs[0].env["AFD_FORCE_BALANCED_TOPK_IDS"] == "1"
-    recipe_plan = build_launch_plan(RECIPE, LaunchOptions(model="/m", devices_per_node=16))
+    recipe_plan = build_launch_plan(RECIPE, LaunchOptions(
+        model="/m", devices_per_node=16, node_addresses=("10.0.0.1", "10.0.0.2"),
+        socket_ifname="eth0"))
     recipe_specs = server_specs(recipe_plan, startup_timeout_s=5.0)
     assert [spec.health_path for spec in recipe_specs] == ["/health", None, "/health"]
     with pytest.raises(CapabilityMissing, match="cost_balanced"):

@@ -20,10 +20,12 @@ from pytest_afd.backends.vllm_ascend.launch import (
 
 MODEL = "/models/DeepSeek-V3.2-W8A8"
 RECIPE_NODES = ("10.0.0.1", "10.0.0.2")
+NIC = "eth0"
 
 
 def recipe_options(**changes):
-    values = {"devices_per_node": 16, "node_addresses": RECIPE_NODES, **changes}
+    values = {"devices_per_node": 16, "node_addresses": RECIPE_NODES, "socket_ifname": NIC,
+              **changes}
     return LaunchOptions(model=MODEL, **values)
 
 
@@ -86,7 +88,7 @@ def test_baseline_dp4pcp8_matches_recipe_shape():
 
 
 def test_token_split_and_chunking_reach_every_role():
-    plan = build_launch_plan("dp3pcp8-ep8", recipe_options(split="token", chunk_size=16384,
+    plan = build_launch_plan("dp2tp8-ep16", recipe_options(split="token", chunk_size=16384,
                                                            prefix_caching=True))
     for process in plan.processes:
         assert process.additional_config()["afd"]["connector_extra_config"]["async_moe_split"] == "token"
@@ -109,20 +111,34 @@ def test_command_line_is_shell_quoted_and_round_trips():
     words = shlex.split(process.command_line())
     assert words[0] == "env"
     assert words[words.index("vllm"):] == list(process.argv)
+    # The CAM operator library goes in front of whatever LD_LIBRARY_PATH the node has.
+    run = subprocess.run(["bash", "-c", process.command_line().split(" vllm ")[0] + " printenv "
+                          "LD_LIBRARY_PATH"], capture_output=True, text=True, timeout=30,
+                         env={"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": "/opt/x"})
+    assert run.stdout.strip() == "/usr/local/Ascend/cann-8.5.1/opp/vendors/CAM/op_api/lib:/opt/x"
     assert json.loads(single(flag_values(words, "--additional-config"))) == process.additional_config()
 
 
 @pytest.mark.parametrize(
     ("topology", "changes", "message"),
     [
-        ("dp3pcp8-ep8", {"devices_per_node": 12, "node_addresses": ("a", "b", "c")}, "straddle"),
-        ("dp3pcp8-ep8", {"node_addresses": ("10.0.0.1",)}, "only 1 node address"),
+        ("dp3pcp8-ep8", {"devices_per_node": 12,
+                         "node_addresses": ("10.0.0.1", "10.0.0.2", "10.0.0.3")}, "straddle"),
+        ("dp3pcp8-ep8", {"node_addresses": ("10.0.0.1",)}, "1 node address"),
+        ("dp3pcp8-ep8", {"node_addresses": ()}, "0 node address"),
+        ("dp3pcp8-ep8", {"node_addresses": ("node0", "node1")}, "placeholders"),
+        ("dp3pcp8-ep8", {"node_addresses": ("head", "worker")}, "not an IP address"),
+        ("dp3pcp8-ep8", {"socket_ifname": None}, "--nic-name"),
+        ("dp3pcp8-ep8", {"split": "token"}, "needs Attention TP > 1 and no PCP"),
+        ("dp2pcp2tp4-ep8", {"split": "token"}, "no PCP"),
+        ("dp3pcp8-ep8", {"split": "token_balanced"}, "does not support PCP"),
+        ("dp3pcp8-ep8", {"stack": "v0.20"}, "stack"),
         ("dp3pcp8-ep8", {"extra_args": {"attention": ("--enable-dbo",)}}, "native DBO"),
         ("dp3pcp8-ep8", {"extra_args": {"ffn": ("--dbo-prefill-token-threshold=512",)}}, "native DBO"),
         ("dp3pcp8-ep8", {"extra_args": {"ffn": ("--max-num-batched-tokens=8192",)}}, "differs across AFD"),
         ("dp3pcp8-ep8", {"split": "cost_balanced"}, "cost_balanced"),
         ("dp4pcp8", {"split": "token"}, "needs an AFD topology"),
-        ("dp4-ep8", {"split": "token"}, "one rank per DP replica"),
+        ("dp4-ep8", {"split": "token"}, "tp1 pcp1"),
         ("dp3pcp8-ep7", {}, "do not divide"),
         ("dp3pcp8-ep8", {"chunk_size": 1000}, "multiple of the block size"),
         ("dp3pcp8-ep8", {"max_num_batched_tokens": 8192}, "max_model_len"),
@@ -152,13 +168,18 @@ def test_validate_plan_rejects_an_edited_plan():
         validate_plan(overlapping)
 
 
+NODE_ARGS = ["--node-address", RECIPE_NODES[0], "--node-address", RECIPE_NODES[1],
+             "--nic-name", NIC]
+
+
 def test_cli_prints_plan_and_json(capsys):
     assert main(["--npu-topology", "dp3pcp8-ep8", "--devices-per-node", "16", "--model", MODEL,
-                 "--split", "token", "--json"]) == 0
+                 *NODE_ARGS, "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
-    assert payload["split"] == "token" and payload["nodes"] == ["node0", "node1"]
+    assert payload["split"] == "request" and payload["nodes"] == list(RECIPE_NODES)
     assert [p["role"] for p in payload["processes"]] == ["attention", "attention", "ffn"]
-    assert main(["--npu-topology", "recipe-baseline", "--devices-per-node", "16", "--model", MODEL]) == 0
+    assert main(["--npu-topology", "recipe-baseline", "--devices-per-node", "16", "--model", MODEL,
+                 *NODE_ARGS]) == 0
     text = capsys.readouterr().out
     assert text.count("vllm serve") == 2 and "--headless" in text
 
@@ -166,14 +187,16 @@ def test_cli_prints_plan_and_json(capsys):
 def test_cli_rejects_invalid_combination_with_exit_code_2():
     completed = subprocess.run(
         [sys.executable, "-m", "pytest_afd.backends.vllm_ascend.launch", "--npu-topology",
-         "dp3pcp8-ep8", "--devices-per-node", "16", "--model", MODEL, "--ffn-arg=--enable-dbo"],
+         "dp3pcp8-ep8", "--devices-per-node", "16", "--model", MODEL, *NODE_ARGS,
+         "--ffn-arg=--enable-dbo"],
         capture_output=True, text=True, timeout=60)
     assert completed.returncode == 2
     assert "native DBO" in completed.stderr and completed.stdout == ""
 
 
 def test_plan_says_how_to_attach_the_harness():
-    plan = build_launch_plan("dp3pcp8-ep8", recipe_options(split="token", chunk_size=16384))
+    plan = build_launch_plan("dp2tp8-ep16", recipe_options(split="token_balanced",
+                                                           chunk_size=16384))
     env = plan.attach_env()
     assert env["AFD_ASCEND_SERVER_URL"] == "http://10.0.0.1:8000"
     declared = RunSettings(**json.loads(env["AFD_ASCEND_SERVER_SETTINGS"]))

@@ -61,7 +61,8 @@ def test_local_launch_serves_stops_and_logs(tmp_path):
     backend = HttpBackend("vllm-ascend", capabilities_for(TOPOLOGY), launcher,
                           server_fields=LAUNCH_FIELDS)
     prompts = [PromptRequest("a", tuple(range(1, 40))), PromptRequest("b", tuple(range(1, 25)))]
-    settings = RunSettings(block_size=16, prefix_caching=True, split_align=8, pcp_size=8)
+    settings = RunSettings(block_size=16, prefix_caching=True, split_align=8, pcp_size=8,
+                           split_policy="request_boundary")
     pids = []
     try:
         first = backend.run(prompts, settings)

@@ -30,6 +30,7 @@ from pytest_afd.backends.base import (
     CAP_FORCED_ROUTING,
     CAP_PREFIX_CACHE,
     CAP_SPLIT,
+    CAP_TOPK_LOGPROBS,
     CAP_W8A8,
     BackendUnavailable,
     CapabilityMissing,
@@ -76,13 +77,13 @@ REQUIRED_MODULES = ("vllm", "vllm_ascend", "torch_npu")
 LAUNCH_FIELDS = ("split_policy", "chunk_size", "prefix_caching", "routing", "quantization",
                  "max_num_batched_tokens", "max_num_seqs", "block_size")
 BASE_CAPABILITIES = frozenset({CAP_SPLIT, CAP_PREFIX_CACHE, CAP_CHUNKED_PREFILL, CAP_W8A8,
-                               CAP_FORCED_ROUTING})
+                               CAP_FORCED_ROUTING, CAP_TOPK_LOGPROBS})
 HINT = (f"run the plan printed by `afd-launch-plan` with the cluster job system and set "
         f"{ENV_SERVER_URL}=http://HOST:PORT (and {ENV_SERVER_SETTINGS}) to attach to it")
 
 
 def capabilities_for(topology: Topology) -> frozenset[str]:
-    """No logits, per-step evidence or instrumentation cross the HTTP API."""
+    """Top-k logprobs, but no logits, per-step evidence or instrumentation, cross the HTTP API."""
     return BASE_CAPABILITIES | ({CAP_AFD} if topology.is_afd else frozenset())
 
 
@@ -172,7 +173,7 @@ def server_specs(plan: LaunchPlan, *, startup_timeout_s: float) -> list[ServerSp
     for index, process in enumerate(plan.processes):
         specs.append(ServerSpec(
             name=f"{index}-{process.role}-node{process.node}",
-            argv=process.argv, env=dict(process.env), port=process.api_port,
+            argv=process.argv, env=process.resolved_env(os.environ), port=process.api_port,
             health_path=None if process.headless else "/health",
             startup_timeout_s=startup_timeout_s,
         ))

@@ -1,0 +1,117 @@
+"""No false green: how many cases a hardware backend really measured, said out loud.
+
+A ``--afd-backend vllm-ascend`` session on a machine without a deployment
+skips every case that needs one, and the pure-Python checks still pass, so the
+session would exit 0 and a misconfigured CI node would look green. The ledger
+counts the test cases whose call completed at least one backend run on
+hardware (a run on the harness's own CPU HTTP server standing in for a
+deployment is counted apart), reports the count in the terminal summary and in
+``summary.json``, and with ``--afd-require-hardware`` turns zero into a failed
+session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from pytest_afd.serving.http_backend import HttpBackend
+
+# Backends whose results are claims about real devices.
+HARDWARE_BACKENDS = ("vllm-ascend",)
+SUMMARY_KEY = "hardware"
+PLUGIN_NAME = "afd-hardware-ledger"
+# pytest-xdist: a worker's counts travel to the controller under this workeroutput key.
+WORKEROUTPUT_KEY = "afd_hardware"
+
+
+@dataclass(eq=False)  # identity-hashed: registered as a pytest plugin
+class HardwareLedger:
+    """Per-session count of cases measured on hardware (xdist workers report to the controller)."""
+
+    backend_name: str
+    require_hardware: bool
+    # The session's backend if it has been created (never creates it).
+    current_backend: Callable[[], Any]
+    on_hardware: list[str] = field(default_factory=list)
+    on_stand_in: list[str] = field(default_factory=list)
+    stand_in_device: str | None = None
+    failed_session: bool = False
+
+    @property
+    def applies(self) -> bool:
+        return self.backend_name in HARDWARE_BACKENDS
+
+    def _completed_runs(self) -> int:
+        backend = self.current_backend()
+        return backend.completed_runs if isinstance(backend, HttpBackend) else 0
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
+        before = self._completed_runs()
+        try:
+            return (yield)
+        finally:
+            if self.applies and self._completed_runs() > before:
+                self._count(item.nodeid)
+
+    def _count(self, nodeid: str) -> None:
+        backend = self.current_backend()
+        if self.stand_in_device is None and not self.on_hardware:
+            self.stand_in_device = backend.stand_in_device()
+        (self.on_stand_in if self.stand_in_device is not None else self.on_hardware).append(nodeid)
+
+    def summary(self) -> dict[str, Any] | None:
+        """The ``summary.json`` entry (None for an emulated backend such as ``cpu``)."""
+        if not self.applies:
+            return None
+        return {
+            "backend": self.backend_name,
+            "cases_measured_on_hardware": len(self.on_hardware),
+            "cases_on_stand_in": len(self.on_stand_in),
+            "stand_in_device": self.stand_in_device,
+            "require_hardware": self.require_hardware,
+            "fails_session": self.require_hardware and not self.on_hardware,
+            "measured_cases": sorted(self.on_hardware),
+        }
+
+    def line(self) -> str:
+        text = f"{len(self.on_hardware)} cases measured on hardware (backend {self.backend_name})"
+        if self.on_stand_in:
+            text += (f"; {len(self.on_stand_in)} ran on a pytest-afd server standing in for the "
+                     f"deployment (device {self.stand_in_device})")
+        if self.failed_session:
+            text += "; --afd-require-hardware: failing the session"
+        return text
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        config = session.config
+        if hasattr(config, "workerinput"):  # an xdist worker: the controller decides
+            config.workeroutput[WORKEROUTPUT_KEY] = {
+                "on_hardware": self.on_hardware, "on_stand_in": self.on_stand_in,
+                "stand_in_device": self.stand_in_device}
+            return
+        if self.applies and self.require_hardware and not self.on_hardware:
+            self.failed_session = True
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """pytest-xdist: add a finished worker's counts (a crashed worker sends none)."""
+        if error is not None:
+            return
+        output = node.workeroutput.get(WORKEROUTPUT_KEY)
+        if output is None:
+            return
+        self.on_hardware.extend(output["on_hardware"])
+        self.on_stand_in.extend(output["on_stand_in"])
+        self.stand_in_device = self.stand_in_device or output["stand_in_device"]
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.applies:
+            terminalreporter.write_sep("-", "pytest-afd hardware")
+            terminalreporter.write_line(self.line())
