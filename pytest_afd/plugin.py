@@ -21,6 +21,7 @@ from pytest_afd.backends import BACKEND_NAMES, create_backend
 from pytest_afd.backends.base import Backend, BackendUnavailable, RunSettings
 from pytest_afd.golden import GoldenStore
 from pytest_afd.manifest import collect_manifest, manifest_digest
+from pytest_afd.markers import MARKER_SIGNATURES, MARKERS
 from pytest_afd.results import (
     CASE_KINDS,
     ResultValidationError,
@@ -42,20 +43,6 @@ from pytest_afd.topology import (
     parse_topology,
 )
 
-MARKERS = {
-    "gate": "an RFC correctness gate (run before merging a split-path change)",
-    "stage_a": "RFC Stage A: split-policy validation",
-    "stage_b": "RFC Stage B: prefix-cache hit ratio",
-    "stage_c": "RFC Stage C: workload/request imbalance",
-    "stage_d": "RFC Stage D: chunked prefill",
-    "stage_e": "RFC Stage E: full layers and natural expert routing",
-    "stage_f": "RFC Stage F: PP/dynamic CPP comparison (optional)",
-    "slow": "slow test, deselected by the default run (select with -m slow)",
-    "npu": "needs N local Ascend NPUs (of that SoC); skipped with the reason otherwise",
-    "multi_node": "needs N nodes (AFD_NUM_NODES); skipped with the reason otherwise",
-}
-# Registered as "name(signature): help" so `pytest --markers` shows the arguments.
-MARKER_SIGNATURES = {"npu": "npu(devices=N, soc=None)", "multi_node": "multi_node(nodes=N)"}
 # --afd-routing names the CLI value; RunSettings uses the backend protocol's name.
 ROUTING_CHOICES = {"natural": "natural", "forced": "forced_balanced"}
 MODEL_CHOICES = ("reduced", "full")
