@@ -27,6 +27,9 @@ LINE_HEIGHT_IN = 0.17
 FRAME_HEIGHT_IN = 1.6
 MIN_AXES_HEIGHT_IN = 1.8
 LEGEND_COLUMNS = 4
+# Legend entry width at fontsize "small": per character, plus the handle and padding.
+LEGEND_CHAR_WIDTH_IN = 0.08
+LEGEND_HANDLE_IN = 0.8
 # Artists with this gid are reference lines, not data (a figure of only those is empty).
 REFERENCE_GID = "reference"
 POINT_LABEL_OFFSET_PT = (3, 3)
@@ -69,11 +72,13 @@ def figure_legend(figure: Figure, axes: Sequence[Any], where: str = "upper cente
         for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, handle)
     if handles:
+        widest = max(len(label) for label in handles) * LEGEND_CHAR_WIDTH_IN + LEGEND_HANDLE_IN
+        fitting = max(1, int(figure.get_figwidth() // widest))
         figure.legend(
             list(handles.values()),
             list(handles),
             loc=f"outside {where}",
-            ncols=min(LEGEND_COLUMNS, len(handles)),
+            ncols=min(LEGEND_COLUMNS, len(handles), fitting),
             fontsize="small",
         )
 

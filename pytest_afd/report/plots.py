@@ -288,7 +288,7 @@ def draw_rank_skew(results: Sequence[LoadedResult]) -> Figure | None:
 
 # --- chunk sweep and prefix-cache hits -------------------------------------------------------
 def draw_chunk_sweep(results: Sequence[LoadedResult]) -> Figure | None:
-    """Throughput per chunk size, one line per (dataset, policy); invalid sizes marked x."""
+    """Throughput per chunk size, one line per dataset (and policy); invalid sizes marked x."""
     sizes = sorted({chunk_label(r.doc) for r in results}, key=chunk_sort_key)
     if len(sizes) < 2:  # noqa: PLR2004 - a sweep needs two sizes
         return None
@@ -296,8 +296,10 @@ def draw_chunk_sweep(results: Sequence[LoadedResult]) -> Figure | None:
     figure.set_figwidth(layout.PANEL_WIDTH_IN * 2)
     (axis,) = layout.grid(figure, 1)
     series: dict[str, list[LoadedResult]] = defaultdict(list)
+    several_policies = len(policies_of(results)) > 1
     for result in results:
-        series[f"{result.dataset} / {result.policy}"].append(result)
+        name = f"{result.dataset} / {result.policy}" if several_policies else result.dataset
+        series[name].append(result)
     invalid_drawn = False
     for name, members in sorted(series.items()):
         xs, ys, low, high = [], [], [], []
