@@ -6,6 +6,9 @@
   side, with ratio, dispersion and a significance call.
 - ``trace-imbalance [--max-batch-requests 8] [--json]``: the best request-boundary
   split imbalance of the shipped Azure traces (the numbers in docs/workloads.md).
+- ``fault-check [--fault NAME] [--jobs N] [--control]``: runs ``pytest -m gate``
+  under each seeded split-path fault and fails unless every run fails
+  (docs/gates.md, "Seeded faults").
 
 Each command is one ``_add_<name>`` parser builder plus one entry in ``COMMANDS``.
 """
@@ -166,11 +169,25 @@ def _trace_imbalance(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- fault-check (pytest_afd.fault_check) ----------------------------------------------------
+def _add_fault_check(commands: argparse._SubParsersAction) -> None:
+    from pytest_afd import fault_check
+
+    fault_check.add_parser(commands)
+
+
+def _fault_check(args: argparse.Namespace) -> int:
+    from pytest_afd import fault_check
+
+    return fault_check.main(args)
+
+
 # --- dispatch --------------------------------------------------------------------------------
 COMMANDS: dict[str, tuple[Callable, Callable[[argparse.Namespace], int]]] = {
     "report": (_add_report, _report),
     "compare": (_add_compare, _compare),
     "trace-imbalance": (_add_trace_imbalance, _trace_imbalance),
+    "fault-check": (_add_fault_check, _fault_check),
 }
 
 

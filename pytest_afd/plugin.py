@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pytest_afd import hookspecs
+from pytest_afd import hookspecs, outcomes
 from pytest_afd.backends import BACKEND_NAMES, create_backend
 from pytest_afd.backends.base import Backend, BackendUnavailable, RunSettings
 from pytest_afd.golden import GoldenStore
@@ -25,7 +25,6 @@ from pytest_afd.markers import MARKER_SIGNATURES, MARKERS
 from pytest_afd.results import (
     CASE_KINDS,
     ResultValidationError,
-    atomic_write_json,
     build_result,
     headline,
     result_path,
@@ -457,6 +456,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[AFD_SESSION_KEY] = state
     # Registered as a plugin so it receives every test report (outcome column).
     config.pluginmanager.register(state, AFD_SESSION_PLUGIN)
+    outcomes.register(config)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -634,6 +634,7 @@ class ResultWriter:
                 f"result {doc['case_id']!r} written twice: one result per case", pytrace=False
             )
         path = result_path(self.results_dir, str(doc.get("case_id", self.case_id)))
+        doc = outcomes.tracker(self.state.config).stamp(doc)
         try:
             write_result(path, doc)
         except ResultValidationError as exc:
@@ -688,15 +689,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             "golden_updates": state.golden_updates,
         }
         return
-    if state.written:
-        for entry in state.written:
-            entry["outcome"] = state.outcomes.get(entry["nodeid"], "unknown")
-        summary = {
-            "results_dir": str(state.options.results_dir),
-            "results": sorted(state.written, key=lambda entry: entry["case_id"]),
-            "golden_updates": sorted(state.golden_updates),
-        }
-        atomic_write_json(state.options.results_dir / SUMMARY_FILE, summary)
+    outcomes.tracker(session.config).write_summary(
+        state.options.results_dir / SUMMARY_FILE, state.written, state.options.results_dir,
+        state.golden_updates,
+    )
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -9,6 +9,7 @@ plugin turns a missing capability into a skip with a reason.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -28,6 +29,9 @@ CAP_LOGITS = "logits"
 CAP_AFD = "afd"
 CAP_INSTRUMENTATION = "instrumentation"
 CAP_PIPELINE_PARALLEL = "pipeline_parallel"
+# The backend calls SplitObservers on every split its in-process executor consumes
+# (``observe_splits``): the gates check exactly what ran without reaching into it.
+CAP_SPLIT_OBSERVER = "split_observer"
 
 
 class BackendUnavailable(RuntimeError):
@@ -150,6 +154,34 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class SplitObserver(Protocol):
+    """Sees each split a backend executes: the parent before slicing, then the parts it ran.
+
+    Observers must not keep strong references to what they are shown (the soak
+    checks that every plan, metadata and part is dead after its step).
+    """
+
+    def before_split(self, plan: Any, metadata: Any) -> None:
+        """Called with the parent metadata before ``split_metadata`` runs."""
+        ...
+
+    def after_split(self, plan: Any, metadata: Any, parts: Sequence[Any]) -> None:
+        """Called with the per-ubatch metadata the executor will run."""
+        ...
+
+
+def observe_splits(backend: Backend, observer: SplitObserver) -> AbstractContextManager[None]:
+    """``backend.observe_splits(observer)``: observe every split inside the ``with`` block.
+
+    Needs capability ``split_observer``. A run with ``split_policy="none"``
+    is a direct whole-batch forward (no ``afd_split`` slicing, gather or
+    merge), so its observer sees no split: the gates' unsplit reference is
+    independent of the code they judge.
+    """
+    require_capability(backend, CAP_SPLIT_OBSERVER)
+    return backend.observe_splits(observer)
 
 
 def require_capability(backend: Backend, capability: str) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 from gate_lib import (
+    CPU_BACKEND,
     SUPPORTED_CPU_TOPOLOGIES,
     GateBackends,
     PageScale,
@@ -18,7 +19,10 @@ from gate_lib import (
 
 from afd_split import unsupported_reasons
 from pytest_afd.backends.base import Backend
+from pytest_afd.faults import applied_from_env
+from pytest_afd.manifest import collect_manifest, manifest_digest
 from pytest_afd.plugin import AfdOptions, afd_session
+from pytest_afd.results import validate_manifest
 from pytest_afd.topology import Topology, parse_topology
 
 
@@ -43,12 +47,45 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("gate_topology", specs, ids=specs, scope="session")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def seeded_fault() -> Iterator[str | None]:
+    """The split-path fault ``$PYTEST_AFD_FAULT`` names, applied for the whole gate session.
+
+    The mutation check (``python -m pytest_afd fault-check``) sets it and
+    expects ``pytest -m gate`` to fail; unset, nothing is patched.
+    """
+    with applied_from_env() as fault:
+        yield None if fault is None else fault.name
+
+
 @pytest.fixture(scope="session")
 def gate_backends(
     afd_options: AfdOptions, request: pytest.FixtureRequest
 ) -> Iterator[GateBackends]:
     """Backends by (topology, model), created on first use and closed at the end."""
-    backends = GateBackends(afd_options, lambda: request.getfixturevalue("afd_backend"))
+
+    def make_manifest(backend: Backend | None, topology: Topology, model: str) -> dict:
+        manifest = collect_manifest(
+            topology=topology,
+            backend_name=afd_options.backend,
+            backend_description=None if backend is None else backend.describe(),
+            backend_absent_reason="this case runs no backend" if backend is None else None,
+            model_name=model,
+            protocol=afd_options.protocol(),
+            emulated=afd_options.backend == CPU_BACKEND,
+            devices_per_node=afd_options.devices_per_node,
+        )
+        request.config.hook.pytest_afd_manifest(config=request.config, manifest=manifest)
+        manifest["digest"] = manifest_digest(manifest)
+        validate_manifest(manifest)
+        return manifest
+
+    backends = GateBackends(
+        afd_options,
+        lambda: request.getfixturevalue("afd_backend"),
+        make_manifest,
+        lambda: request.getfixturevalue("afd_manifest"),
+    )
     yield backends
     backends.close()
 
@@ -75,6 +112,12 @@ def gate_topology_obj(gate_topology: str, afd_options: AfdOptions) -> Topology:
         f"{gate_topology} is listed as supported but the split path rejects it: {reasons}"
     )
     return topology
+
+
+@pytest.fixture
+def gate_manifest(gate_backends: GateBackends, gate_topology: str) -> dict:
+    """The manifest of this case's backend: its own topology and model."""
+    return gate_backends.manifest(gate_topology)
 
 
 @pytest.fixture

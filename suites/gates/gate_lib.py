@@ -2,10 +2,13 @@
 
 Every gate compares a candidate run with a reference run of the same backend
 and judges it with the ``golden`` fixture's tolerance profile (``w8a8`` for
-W8A8 runs, ``float32`` otherwise). On the CPU backend the judgement also
-includes the split invariant checker (``afd_split.validate_split``) applied to
-exactly the split metadata the executor consumed, so a broken split is caught
-even where it happens not to move the outputs. See docs/gates.md.
+W8A8 runs, ``float32`` otherwise). Where the backend
+declares ``split_observer`` (the CPU backend) the judgement also includes the
+split invariant checker (``afd_split.validate_split`` and parent-unchanged)
+applied, through the backend protocol, to exactly the split metadata the
+executor consumed, so a broken split is caught even where it happens not to
+move the outputs. The reference (``split_policy="none"``) is a direct
+whole-batch forward that must not touch the split path. See docs/gates.md.
 """
 
 from __future__ import annotations
@@ -15,22 +18,22 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import pytest
 
-from afd_split import (
-    SplitInvariantError,
-    SplitSupportConfig,
-    split_metadata,
-    validate_split,
-)
+from afd_split import SplitInvariantError, SplitSupportConfig, validate_split
 from afd_split.support import CPU_REFERENCE_BUILDER
 from pytest_afd import results
 from pytest_afd.backends import create_backend
-from pytest_afd.backends.base import Backend, PromptRequest, RunOutputs, RunSettings
-from pytest_afd.backends.cpu import executor as cpu_executor
+from pytest_afd.backends.base import (
+    CAP_SPLIT_OBSERVER,
+    Backend,
+    PromptRequest,
+    RunOutputs,
+    RunSettings,
+    observe_splits,
+)
 from pytest_afd.golden import GoldenMismatchError, GoldenStore, compare, get_profile
 from pytest_afd.plugin import AfdOptions
 from pytest_afd.topology import Topology, parse_topology
@@ -106,13 +109,35 @@ def support_config_for(
     return SplitSupportConfig(**{**facts, **overrides})
 
 
+ManifestMaker = Callable[[Backend | None, Topology, str], dict]
+
+
 @dataclass
 class GateBackends:
-    """One backend per topology for the CPU backend (created on first use, closed at the end)."""
+    """One backend per (topology, model) for the CPU backend, each with its own manifest.
+
+    ``make_manifest(backend, topology, model)`` builds the manifest a case on
+    that backend records (its true topology and model, not the session's).
+    """
 
     options: AfdOptions
     session_backend: Callable[[], Backend]
+    make_manifest: ManifestMaker
+    session_manifest: Callable[[], dict]
     created: dict[tuple[str, str], Backend] = field(default_factory=dict)
+    manifests: dict[tuple[str, str], dict] = field(default_factory=dict)
+
+    def manifest(self, spec: str, model_name: str | None = None, *, backend: bool = True) -> dict:
+        """The manifest of cases on (``spec``, model); ``backend=False``: no backend ran."""
+        model = model_name or self.options.model
+        topology = parse_topology(spec, self.options.aliases)
+        if self.options.backend != CPU_BACKEND:
+            return self.session_manifest()
+        key = (topology.canonical, model, backend)
+        if key not in self.manifests:
+            ran = self.get(spec, model) if backend else None
+            self.manifests[key] = self.make_manifest(ran, topology, model)
+        return self.manifests[key]
 
     def get(self, spec: str, model_name: str | None = None) -> Backend:
         model = model_name or self.options.model
@@ -202,53 +227,90 @@ def make_prompts(
 # ---- the split check and the verdict -----------------------------------------
 
 
+PARENT_FIELDS = (
+    "query_start_loc", "seq_lens", "num_computed_tokens", "slot_mapping", "block_table",
+    "positions", "block_size",
+)  # fmt: skip
+
+
+def _parent_snapshot(metadata) -> dict[str, Any]:
+    """Copies of every parent field, to prove the split left the parent untouched."""
+    return {name: np.array(getattr(metadata, name), copy=True) for name in PARENT_FIELDS}
+
+
 @dataclass
 class ExecutedSplits:
-    """The split plans the CPU executor ran during one run and the invariant violations in them."""
+    """What the backend's executor split during one run, and the invariant violations in it.
 
-    plans: list[Any] = field(default_factory=list)
+    A :class:`~pytest_afd.backends.base.SplitObserver`: it keeps each plan's
+    evidence (never the plan, metadata or parts themselves, which must die
+    with their step) and checks every split with ``validate_split`` plus the
+    parent-never-mutated rule, on exactly the parts the executor ran.
+    """
+
+    validate: bool = True
+    plan_evidence: list[dict[str, Any]] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     active: bool = True
+    _pending: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def num_checked(self) -> int:
+        return len(self.plan_evidence)
 
     @property
     def num_split(self) -> int:
-        return sum(plan.is_split for plan in self.plans)
+        return sum(bool(evidence["is_split"]) for evidence in self.plan_evidence)
 
+    def before_split(self, plan, metadata) -> None:
+        self._pending[id(metadata)] = _parent_snapshot(metadata)
 
-Splitter = Callable[..., list]
-
-
-@contextmanager
-def checked_splits(
-    backend_name: str, splitter: Splitter = split_metadata, *, validate: bool = True
-) -> Iterator[ExecutedSplits]:
-    """Run the invariant checker on every split the CPU executor consumes inside the block.
-
-    ``splitter`` produces the per-ubatch metadata (the real ``split_metadata``
-    unless a test injects a fault); the executor receives exactly what was
-    checked. Other backends split in their own processes: nothing to hook.
-    """
-    record = ExecutedSplits(active=backend_name == CPU_BACKEND)
-    if not record.active:
-        yield record
-        return
-
-    def checked(plan, metadata, **kwargs):
-        parts = splitter(plan, metadata, **kwargs)
-        if validate:
+    def after_split(self, plan, metadata, parts) -> None:
+        forward = len(self.plan_evidence)
+        before = self._pending.pop(id(metadata))
+        if self.validate:
             try:
                 validate_split(plan, metadata, parts)
             except SplitInvariantError as error:
-                record.violations.append(f"forward {len(record.plans)}: {error}")
-        record.plans.append(plan)
-        return parts
+                self.violations.append(f"forward {forward}: {error}")
+            changed = [
+                name for name, value in before.items()
+                if not np.array_equal(np.asarray(getattr(metadata, name)), value)
+            ]  # fmt: skip
+            if changed:
+                self.violations.append(f"forward {forward}: the split mutated the parent's {changed}")
+        self.plan_evidence.append(plan.to_evidence())
 
-    with mock.patch.object(cpu_executor, "split_metadata", checked):
+
+@contextmanager
+def checked_splits(backend: Backend, *, validate: bool = True, expect_splits: bool = True,
+                   in_reach: bool = True) -> Iterator[ExecutedSplits]:
+    """Run the invariant checker on every split the backend executes inside the block.
+
+    Through the backend protocol's ``observe_splits`` (capability
+    ``split_observer``). ``expect_splits``: a split run whose observer saw no
+    split means the seam moved and the check would be vacuous (a failure); an
+    unsplit reference run must see none (it is a direct whole-batch forward,
+    independent of the split path). A backend without the capability splits
+    out of reach (its own processes), and so does a run with ``afd_processes``
+    (``in_reach=False``): nothing is checked here.
+    """
+    active = in_reach and CAP_SPLIT_OBSERVER in backend.capabilities
+    record = ExecutedSplits(validate=validate, active=active)
+    if not record.active:
         yield record
-    if not record.plans:
+        return
+    with observe_splits(backend, record):
+        yield record
+    if expect_splits and not record.plan_evidence:
         raise AssertionError(
-            "the CPU executor ran no split_metadata call through the gate's checker: "
+            f"backend {backend.name!r} reported no split through its split observer: "
             "its split seam moved, so the invariant check would be vacuous"
+        )
+    if not expect_splits and record.plan_evidence:
+        raise AssertionError(
+            f"the unsplit reference ran {len(record.plan_evidence)} forward(s) through the split "
+            "path: it would share the code the gate judges"
         )
 
 
@@ -258,19 +320,21 @@ def run_measured(
     settings: RunSettings,
     *,
     seed_prompts: Sequence[Sequence[PromptRequest]] = (),
-    splitter: Splitter = split_metadata,
     validate: bool = True,
 ) -> tuple[RunOutputs, ExecutedSplits]:
     """Cold cache, seed runs (unsplit, prefix caching on), then the measured run under the checker.
 
     The seed runs put the same prefix KV in the cache for a candidate and its
-    reference, so the two differ only in what the measured run does.
+    reference, so the two differ only in what the measured run does. A
+    reference (``split_policy="none"``) must not touch the split path.
     """
     backend.reset_prefix_cache()
     seed_settings = replace(settings, split_policy=UNSPLIT_POLICY, prefix_caching=True)
     for seed in seed_prompts:
         backend.run(seed, seed_settings)
-    with checked_splits(backend.name, splitter, validate=validate) as splits:
+    reference = settings.split_policy == UNSPLIT_POLICY
+    with checked_splits(backend, validate=validate, expect_splits=not reference,
+                        in_reach=not settings.afd_processes) as splits:
         outputs = backend.run(prompts, settings)
     return outputs, splits
 
@@ -360,7 +424,7 @@ def judge(
         max_rel_error=numbers.max_rel_error,
         violations=list(splits.violations) if splits is not None else [],
         token_mismatches=tokens,
-        checked_forwards=len(splits.plans) if splits is not None else 0,
+        checked_forwards=splits.num_checked if splits is not None else 0,
     )
 
 
@@ -370,6 +434,7 @@ def judge(
 def record_gate_result(
     afd_results,
     *,
+    manifest: dict[str, Any],
     settings: RunSettings,
     topology: Topology,
     prompts: Sequence[PromptRequest],
@@ -379,7 +444,11 @@ def record_gate_result(
     seed: int | None,
     requested_hit_ratio: float | None = None,
 ) -> None:
-    """Write this case's schema-valid result JSON; ``gate`` holds the gate's own evidence."""
+    """Write this case's schema-valid result JSON; ``gate`` holds the gate's own evidence.
+
+    ``manifest`` is the case's own (``GateBackends.manifest``): its topology,
+    model and backend, which ``results.build_result`` turns into ``run``.
+    """
     gate_doc = {
         **gate,
         "topology": topology.canonical,
@@ -405,6 +474,7 @@ def record_gate_result(
         )
         completed = sum(r.error is None for r in outputs.requests)
     afd_results.record(
+        manifest=manifest,
         settings=settings,
         workload=results.workload_json(
             dataset_name=dataset,

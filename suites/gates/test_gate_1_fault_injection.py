@@ -1,18 +1,18 @@
-"""Gate 1 must reject a broken split: faults injected into a copy of the split metadata.
+"""Gate 1 must reject a broken split: the seeded faults of ``pytest_afd.faults`` applied.
 
 The faults are the split bugs other engines shipped (docs/gates.md): the tail's
-``num_computed_tokens`` left at the parent's value (vLLM), and token-indexed
-positions taken from the parent without the ubatch's offset. Each is injected
-into copies of the per-ubatch metadata that the CPU executor then runs, and the
-gate's own comparison (:func:`gate_lib.judge`, the one gate 1 uses) must reject
-the run. A control run with the real split passes the same comparison.
+``num_computed_tokens`` left at the parent's value (vLLM), positions or slots
+sliced at the wrong offset, the wrong block-table rows, an untruncated head,
+gather/merge row-order bugs and a mutated parent. Each patches the split path
+the CPU executor runs, and the gate's own comparison (:func:`gate_lib.judge`,
+the one gate 1 uses) must reject the run. A control run with the real split
+passes the same comparison, and the unsplit reference is unchanged by them.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
 from gate_lib import (
     CPU_BACKEND,
@@ -28,7 +28,7 @@ from gate_lib import (
     split_steps,
 )
 
-from afd_split import split_metadata
+from pytest_afd.faults import FAULTS, get_fault
 
 SHARED_PREFIX_TOKENS = 96
 PREFIX_SEED_SUFFIX = 8
@@ -38,31 +38,19 @@ MEASURED_LENGTHS = (40, 150)
 QUANTIZATION = "none"
 
 
-def tail_computed_unadjusted(plan, metadata, **kwargs):
-    """vLLM's bug: the tail piece keeps the parent's num_computed_tokens (seq_lens are right)."""
-    parts = split_metadata(plan, metadata, **kwargs)
-    if plan.boundary_request is None:
-        return parts
-    head, tail = parts
-    computed = np.array(tail.num_computed_tokens)
-    computed[0] = metadata.num_computed_tokens[plan.boundary_request]
-    return [head, replace(tail, num_computed_tokens=computed)]
-
-
-def positions_not_sliced(plan, metadata, **kwargs):
-    """Every ubatch reads the parent's positions from token 0 (the slice offset dropped)."""
-    parts = split_metadata(plan, metadata, **kwargs)
-    return [replace(part, positions=metadata.positions[..., : part.num_tokens]) for part in parts]
-
-
-FAULTS = {
-    "tail_computed_unadjusted": tail_computed_unadjusted,
-    "positions_not_sliced": positions_not_sliced,
-}
+# Faults the gate's own comparison must reject (the leaks are gate 5's: see its tests).
+LEAKS = ("retained_reference", "executor_keeps_metadata")
+JUDGED_FAULTS = tuple(sorted(set(FAULTS) - set(LEAKS)))
 # Faults that corrupt what the kernels read, so the outputs themselves move. The
-# unadjusted tail count alone does not (the CPU attention reads seq_lens and
-# positions); only the invariant checker sees it, which is why the gate runs it.
-OUTPUT_VISIBLE = ("positions_not_sliced",)
+# unadjusted tail count, the untruncated head seq_len and a mutated parent do not
+# (the CPU attention reads positions and the block table); only the invariant
+# checker sees them, which is why the gate runs it.
+OUTPUT_VISIBLE = (
+    "positions_not_sliced", "slot_mapping_shifted", "block_table_wrong_rows",
+    "merge_order_swapped", "rows_shifted_in_gather",
+)  # fmt: skip
+# Faults in the rows, not the metadata: only the outputs can show them.
+ROW_FAULTS = ("merge_order_swapped", "rows_shifted_in_gather")
 
 
 @pytest.fixture(scope="module")
@@ -89,17 +77,19 @@ def fault_case(gate_backends, afd_options):
     return backend, settings, prompts, seeds, reference
 
 
-def run_with(fault_case, splitter, *, validate=True):
+def run_with(fault_case, fault: str | None, *, validate=True):
+    """The measured run with the named seeded fault applied (None: the real split path)."""
     backend, settings, prompts, seeds, _ = fault_case
-    return run_measured(
-        backend, prompts, settings, seed_prompts=seeds, splitter=splitter, validate=validate
-    )
+    if fault is None:
+        return run_measured(backend, prompts, settings, seed_prompts=seeds, validate=validate)
+    with get_fault(fault).applied():
+        return run_measured(backend, prompts, settings, seed_prompts=seeds, validate=validate)
 
 
 @pytest.mark.gate
 def test_gate_1_comparison_accepts_the_real_split(fault_case, golden):
     _, _, prompts, _, reference = fault_case
-    candidate, splits = run_with(fault_case, split_metadata)
+    candidate, splits = run_with(fault_case, None)
     steps = split_steps(candidate, [p.num_prompt_tokens for p in prompts])
     assert any(s.boundary_request == 1 and s.boundary_computed > 0 for s in steps), steps
     verdict = judge(golden, "fault/control", candidate, reference, "float32", splits)
@@ -107,16 +97,32 @@ def test_gate_1_comparison_accepts_the_real_split(fault_case, golden):
 
 
 @pytest.mark.gate
-@pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.parametrize("fault", JUDGED_FAULTS)
 def test_gate_1_comparison_rejects_an_injected_fault(fault_case, fault, golden):
     reference = fault_case[-1]
     profile = TOLERANCE_PROFILES[QUANTIZATION]
-    candidate, splits = run_with(fault_case, FAULTS[fault])
+    candidate, splits = run_with(fault_case, fault)
     assert splits.num_split > 0, "the fault was never exercised: no split forward ran"
     verdict = judge(golden, f"fault/{fault}", candidate, reference, profile, splits)
     with pytest.raises(GateRejected):
         verdict.raise_if_rejected()
-    assert verdict.violations, f"the invariant checker missed {fault}"
+    if fault in ROW_FAULTS:
+        assert not verdict.ok_outputs, f"{fault} did not move the outputs"
+    else:
+        assert verdict.violations, f"the invariant checker missed {fault}"
+
+
+@pytest.mark.gate
+def test_gate_1_reference_is_independent_of_the_split_path(fault_case, golden):
+    """A seeded fault in split_metadata, gather and merge leaves the unsplit reference unchanged."""
+    backend, settings, prompts, seeds, reference = fault_case
+    unsplit = replace(settings, split_policy=UNSPLIT_POLICY)
+    for fault in ("positions_not_sliced", "rows_shifted_in_gather", "merge_order_swapped"):
+        with get_fault(fault).applied():
+            again, splits = run_measured(backend, prompts, unsplit, seed_prompts=seeds)
+        assert splits.num_checked == 0
+        verdict = judge(golden, f"fault/reference/{fault}", again, reference, "float32")
+        assert verdict.ok and verdict.max_abs_error == 0.0, (fault, verdict.report)
 
 
 @pytest.mark.gate
@@ -124,7 +130,7 @@ def test_gate_1_comparison_rejects_an_injected_fault(fault_case, fault, golden):
 def test_gate_1_tolerance_alone_rejects_output_visible_faults(fault_case, fault, golden):
     """With the invariant checker off, the logits comparison by itself still rejects these."""
     reference = fault_case[-1]
-    candidate, splits = run_with(fault_case, FAULTS[fault], validate=False)
+    candidate, splits = run_with(fault_case, fault, validate=False)
     verdict = judge(golden, f"fault/{fault}", candidate, reference, "float32", splits)
     assert not verdict.violations
     assert not verdict.ok_outputs, f"{fault} did not move the outputs beyond float32 tolerance"

@@ -7,9 +7,11 @@ model's tolerance profile. The split shape the case is about (a cut inside
 one long request, on a request boundary, inside a prefix-hit request, inside a
 partial chunk) is asserted from the run's own step evidence, not assumed.
 
-On the CPU backend the AFD topologies also run through the CPU AFD runtime
-(Attention and FFN as separate processes, gloo point-to-point): the same batch
-shapes, token-split there, against the unsplit in-process executor.
+The reference is a direct whole-batch forward (``split_policy="none"`` never
+enters afd_split's slicing, gather or merge), so a bug there cannot corrupt both
+sides alike. On a backend with capability ``afd`` the AFD topologies also run
+with ``afd_processes`` (Attention and FFN as separate processes): the same
+batch shapes, token-split there, against the in-process unsplit forward.
 """
 
 from __future__ import annotations
@@ -17,13 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-import numpy as np
 import pytest
 from gate_lib import (
     SPLIT_POLICY,
     TOLERANCE_PROFILES,
     UNSPLIT_POLICY,
-    ExecutedSplits,
     PageScale,
     SplitStep,
     gate_settings,
@@ -34,16 +34,7 @@ from gate_lib import (
     split_steps,
 )
 
-from afd_split import (
-    BatchMetadata,
-    SplitConstraints,
-    SplitInvariantError,
-    plan_split,
-    split_metadata,
-    validate_split,
-)
-from pytest_afd.backends.base import PromptRequest, RequestOutput, RunOutputs
-from pytest_afd.backends.cpu import Executor, PagedKVCache, build_model, named_config
+from pytest_afd.backends.base import CAP_AFD, PromptRequest, RunOutputs, require_capability
 from pytest_afd.topology import parse_topology
 
 SHARED_PREFIX_TOKENS = 96  # six 16-token pages: a whole-block prefix hit
@@ -129,6 +120,7 @@ def test_gate_1_token_balanced_matches_unsplit(
     gate_topology_obj,
     gate_quantization,
     gate_backend,
+    gate_manifest,
     gate_pages,
     workload,
     golden,
@@ -157,6 +149,7 @@ def test_gate_1_token_balanced_matches_unsplit(
     shape_problem = workload.expect(steps, candidate)
     record_gate_result(
         afd_results,
+        manifest=gate_manifest,
         settings=settings,
         topology=topology,
         prompts=prompts,
@@ -182,154 +175,64 @@ def test_gate_1_token_balanced_matches_unsplit(
 
 # ---- the AFD topology: Attention and FFN as separate processes ------------------------
 
-
-@dataclass(frozen=True)
-class AfdCase:
-    """Executor-level batch: earlier unsplit forwards (cache fill), then the measured forward.
-
-    Pieces are (request, first position, tokens) of the prompts ``lengths``.
-    """
-
-    name: str
-    lengths: tuple[int, ...]
-    measured: tuple[tuple[int, int, int], ...]
-    expect: Callable[[list[SplitStep], RunOutputs], str | None]
-    earlier: tuple[tuple[int, int, int], ...] = ()
-    # The earlier forwards stand for a prefix-cache hit (else: earlier chunks).
-    earlier_is_prefix_hit: bool = False
-
-
-AFD_CASES = (
-    AfdCase("one_long_request", (300,), ((0, 0, 300),), cut_inside_a_request),
-    AfdCase("unequal_requests", (150, 37, 260), ((0, 0, 150), (1, 0, 37), (2, 0, 260)),
-            cut_inside_a_request),
-    AfdCase("cut_on_request_boundary", (128, 64, 64), ((0, 0, 128), (1, 0, 64), (2, 0, 64)),
-            cut_on_request_boundaries),
-    AfdCase("prefix_hit_nonzero_computed", (40, 246), ((0, 0, 40), (1, 96, 150)),
-            cut_inside_a_prefix_hit, earlier=((1, 0, 96),), earlier_is_prefix_hit=True),
-    AfdCase("chunked_partial_query", (150, 40), ((0, 64, 64), (1, 0, 40)),
-            cut_inside_a_partial_chunk, earlier=((0, 0, 64),)),
+# The split shapes the AFD process pair must reproduce (the in-process workloads'
+# names); each runs through Backend.run with ``afd_processes`` on.
+AFD_WORKLOADS = tuple(
+    w for w in WORKLOADS
+    if w.name in ("one_long_request", "unequal_requests", "cut_on_request_boundary",
+                  "prefix_hit_nonzero_computed", "chunked_partial_query")
 )  # fmt: skip
 
 
-def piece_batch(prompts, pieces, block_size):
-    """Token ids and metadata of one forward; request r owns blocks [r * width, (r+1) * width)."""
-    width = -(-max(p.num_prompt_tokens for p in prompts) // block_size)
-    requests = [r for r, _, _ in pieces]
-    table = np.array([np.arange(r * width, (r + 1) * width) for r in requests])
-    metadata = BatchMetadata.from_requests(
-        [n for _, _, n in pieces], [s for _, s, _ in pieces], table, block_size
-    )
-    ids = np.concatenate([prompts[r].prompt_token_ids[s : s + n] for r, s, n in pieces])
-    return ids, metadata
-
-
-def as_run_outputs(prompts, pieces, logits, plan, metadata, cached_tokens) -> RunOutputs:
-    """The measured forward in the backend protocol's shape, so gate 1's judge applies."""
-    requests = [
-        RequestOutput(
-            request_id=prompts[r].request_id,
-            num_prompt_tokens=prompts[r].num_prompt_tokens,
-            num_cached_tokens=cached_tokens.get(r, 0),
-            next_token=int(np.argmax(row)),
-            logits=np.asarray(row, dtype=np.float32),
-        )
-        for (r, _, _), row in zip(pieces, logits, strict=True)
-    ]
-    schedule = {
-        "requests": [r for r, _, _ in pieces],
-        "num_scheduled_tokens": [n for _, _, n in pieces],
-        "num_computed_tokens": np.asarray(metadata.num_computed_tokens).tolist(),
-    }
-    return RunOutputs(requests=requests, steps=[{**plan.to_evidence(), "schedule": schedule}])
-
-
-@pytest.fixture(scope="module")
-def afd_runtime(afd_options):
-    """One Attention + one FFN process (the CPU emulation of every AFD topology here)."""
-    from pytest_afd.backends.cpu.afd import AfdRuntime
-
-    config = named_config(afd_options.model)
-    with AfdRuntime(config, afd_options.seed, num_attention=1, num_ffn=1) as runtime:
-        yield runtime
-
-
-@pytest.fixture(scope="module")
-def reference_model(afd_options):
-    return build_model(named_config(afd_options.model), afd_options.seed)
-
-
-def executor_reference(model, prompts, case: AfdCase, block_size):
-    """The measured forward unsplit, in-process, after the same earlier forwards."""
-    executor = Executor(model, PagedKVCache(model.config, block_size))
-    for pieces in [(piece,) for piece in case.earlier] + [case.measured]:
-        ids, metadata = piece_batch(prompts, pieces, block_size)
-        executor.kv_cache.ensure_blocks(int(metadata.block_table.max()) + 1)
-        output = executor.execute(ids, metadata)
-    return output.last_logits.numpy(), metadata
-
-
 @pytest.mark.gate
-@pytest.mark.parametrize("case", AFD_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("workload", AFD_WORKLOADS, ids=lambda w: w.name)
 def test_gate_1_afd_runtime_split_matches_unsplit(
-    gate_afd_topology,
-    gate_pages,
-    afd_runtime,
-    reference_model,
-    case,
-    golden,
-    afd_results,
-    afd_options,
+    gate_afd_topology, gate_backends, gate_pages, workload, golden, afd_results, afd_options
 ):
-    """The token split through the AFD process pair vs the unsplit in-process executor."""
+    """The token split on separate Attention/FFN processes vs the unsplit in-process forward.
+
+    Both sides go through the backend protocol: the candidate with
+    ``afd_processes=True`` (capability ``afd``), the reference as a direct
+    whole-batch in-process forward, same prompts, schedule and cached prefix.
+    """
+    backend = gate_backends.get(gate_afd_topology)
+    require_capability(backend, CAP_AFD)
     topology = parse_topology(gate_afd_topology, afd_options.aliases)
-    settings = gate_settings(topology, gate_pages, split_policy=SPLIT_POLICY)
-    constraints = SplitConstraints(align=settings.split_align, pcp_size=settings.pcp_size)
-    prompts = make_prompts(case.lengths, afd_options.seed)
-    block_size = settings.block_size
-    reference_logits, metadata = executor_reference(reference_model, prompts, case, block_size)
-    afd_runtime.reset_kv_cache()
-    for piece in case.earlier:
-        ids, earlier = piece_batch(prompts, (piece,), block_size)
-        afd_runtime.run_forward(ids, earlier, plan_split([piece[2]], policy=UNSPLIT_POLICY))
-    ids, metadata = piece_batch(prompts, case.measured, block_size)
-    plan = plan_split(
-        np.diff(metadata.query_start_loc), policy=SPLIT_POLICY, constraints=constraints,
-        num_computed_tokens=metadata.num_computed_tokens,
-    )  # fmt: skip
-    splits = ExecutedSplits(plans=[plan])
-    try:  # the ranks split in their own process; check the same split here
-        validate_split(plan, metadata, split_metadata(plan, metadata))
-    except SplitInvariantError as error:
-        splits.violations.append(str(error))
-    result = afd_runtime.run_forward(
-        ids, metadata, plan, logits_rows=np.asarray(metadata.query_start_loc[1:]) - 1
+    settings = gate_settings(
+        topology,
+        gate_pages,
+        split_policy=SPLIT_POLICY,
+        chunk_size=gate_pages.tokens(workload.chunk_size),
+        prefix_caching=bool(workload.shared_prefix),
+        afd_processes=True,
     )
-    cached = {r: s for r, s, _ in case.measured} if case.earlier_is_prefix_hit else {}
-    candidate = as_run_outputs(prompts, case.measured, result.logits, plan, metadata, cached)
-    reference = as_run_outputs(prompts, case.measured, reference_logits, plan, metadata, cached)
-    lengths = [p.num_prompt_tokens for p in prompts]
-    steps = split_steps(candidate, lengths)
-    verdict = judge(golden, f"gate1/afd/{case.name}", candidate, reference, "float32", splits)
-    shape_problem = case.expect(steps, candidate)
+    prompts, seeds = workload.prompts(afd_options.seed, gate_pages)
+    candidate, splits = run_measured(backend, prompts, settings, seed_prompts=seeds)
+    reference, _ = run_measured(
+        backend, prompts, replace(settings, split_policy=UNSPLIT_POLICY, afd_processes=False),
+        seed_prompts=seeds,
+    )  # fmt: skip
+    steps = split_steps(candidate, [p.num_prompt_tokens for p in prompts])
+    verdict = judge(golden, f"gate1/afd/{workload.name}", candidate, reference, "float32", splits)
+    shape_problem = workload.expect(steps, candidate)
     record_gate_result(
         afd_results,
+        manifest=gate_backends.manifest(gate_afd_topology),
         settings=settings,
         topology=topology,
         prompts=prompts,
         outputs=candidate,
-        dataset=f"gate1/afd/{case.name}",
+        dataset=f"gate1/afd/{workload.name}",
         seed=afd_options.seed,
         gate={
             "gate": 1,
-            "case": case.name,
-            "runtime": afd_runtime.describe(),
-            "reference": "in-process executor, unsplit, after the same earlier forwards",
+            "case": workload.name,
+            "reference": "in-process direct whole-batch forward (split_policy=none), same "
+            "prompts, schedule and cached prefix",
             "split_shapes": [step.__dict__ for step in steps],
             "shape_problem": shape_problem,
-            "afd_evidence": result.evidence,
             "verdict": verdict.to_json(),
         },
     )
-    assert shape_problem is None, f"{case.name}: {shape_problem}"
+    assert shape_problem is None, f"{workload.name}: {shape_problem}"
     verdict.raise_if_rejected()

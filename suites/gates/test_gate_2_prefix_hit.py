@@ -15,6 +15,7 @@ import pytest
 from gate_lib import (
     SPLIT_POLICY,
     TOLERANCE_PROFILES,
+    UNSPLIT_POLICY,
     PageScale,
     gate_settings,
     judge,
@@ -78,6 +79,7 @@ def test_gate_2_prefix_hit_matches_uncached(
     gate_topology_obj,
     gate_quantization,
     gate_backend,
+    gate_manifest,
     gate_pages,
     workload,
     golden,
@@ -95,12 +97,16 @@ def test_gate_2_prefix_hit_matches_uncached(
     )
     prompts, seeds = workload.prompts(afd_options.seed, gate_pages)
     warm, splits = run_measured(gate_backend, prompts, settings, seed_prompts=seeds)
-    uncached, _ = run_measured(gate_backend, prompts, replace(settings, prefix_caching=False))
+    # The reference is cold AND unsplit: a direct whole-batch forward per step.
+    uncached, _ = run_measured(
+        gate_backend, prompts, replace(settings, prefix_caching=False, split_policy=UNSPLIT_POLICY)
+    )
     hits = [r.num_cached_tokens for r in warm.requests]
     missing = [prompts[i].request_id for i in workload.expected_hits() if hits[i] <= 0]
     verdict = judge(golden, f"gate2/{workload.name}", warm, uncached, profile, splits)
     record_gate_result(
         afd_results,
+        manifest=gate_manifest,
         settings=settings,
         topology=topology,
         prompts=prompts,
@@ -110,7 +116,7 @@ def test_gate_2_prefix_hit_matches_uncached(
         gate={
             "gate": 2,
             "case": workload.name,
-            "reference": "same prompts, cold, prefix caching off, same split policy",
+            "reference": "same prompts, cold (prefix caching off), unsplit direct forward",
             "realized_hit_tokens": hits,
             "reference_hit_tokens": [r.num_cached_tokens for r in uncached.requests],
             "requests_without_expected_hit": missing,

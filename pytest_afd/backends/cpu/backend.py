@@ -9,10 +9,11 @@ tokens come from what the run actually reused, not from the workload spec.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from pytest_afd.backends.base import (
     CAP_LOGITS,
     CAP_PREFIX_CACHE,
     CAP_SPLIT,
+    CAP_SPLIT_OBSERVER,
     CAP_W8A8,
     PromptRequest,
     RequestOutput,
@@ -48,10 +50,11 @@ from pytest_afd.backends.cpu.model import DeepseekV32Model, num_parameters
 from pytest_afd.scheduling import PrefixCacheIndex, SchedulerConfig, schedule
 
 BACKEND_NAME = "cpu"
+UNSPLIT_POLICY = "none"
 UNUSED_BLOCK = -1
 CAPABILITIES = frozenset({
     CAP_SPLIT, CAP_PREFIX_CACHE, CAP_CHUNKED_PREFILL, CAP_W8A8, CAP_FORCED_ROUTING, CAP_LOGITS,
-    CAP_INSTRUMENTATION, CAP_AFD,
+    CAP_INSTRUMENTATION, CAP_AFD, CAP_SPLIT_OBSERVER,
 })  # fmt: skip
 # AFD-runtime step evidence lifted to the top level of each step (Stage A reads them).
 AFD_STEP_SUMMARY_KEYS = ("overlap_fraction", "straggler_s", "exposed_bubble_s", "ffn_idle_s")
@@ -186,6 +189,7 @@ class CpuBackend:
         self._afd_runtime: AfdRuntime | None = None
         self._afd_caches: dict[int, _CacheState] = {}
         self._digest: str | None = None
+        self._split_observers: list = []
 
     # ---- protocol -------------------------------------------------------
     def run(self, prompts: Sequence[PromptRequest], settings: RunSettings) -> RunOutputs:
@@ -201,7 +205,8 @@ class CpuBackend:
                                    routing=settings.routing, instrument=settings.instrument)
         else:
             state = self._cache_state(block_size)
-            executor = Executor(self._variant(settings.quantization, settings.routing), state.cache)
+            executor = Executor(self._variant(settings.quantization, settings.routing), state.cache,
+                                split_observers=tuple(self._split_observers))
         cached = [state.index.lookup(t) if settings.prefix_caching else 0 for t in token_lists]
         sched = schedule(
             [len(t) for t in token_lists],
@@ -237,7 +242,11 @@ class CpuBackend:
                     result = executor.execute(ids, metadata, plan)
                     afd_fields = afd_step_fields(executor.last_evidence)
                 else:
-                    result = executor.execute(ids, metadata, plan, instrument=settings.instrument)
+                    # split_policy "none" is a direct whole-batch forward: no afd_split
+                    # slicing, gather or merge, so it is an independent reference.
+                    executed = None if settings.split_policy == UNSPLIT_POLICY else plan
+                    result = executor.execute(ids, metadata, executed,
+                                              instrument=settings.instrument)
                     afd_fields = {}
                 total_load += result.expert_load
                 add_layer_seconds(layer_seconds, result.layer_seconds)
@@ -272,6 +281,15 @@ class CpuBackend:
             wall_time_s=time.perf_counter() - started,
             peak_memory_bytes=peak_rss_bytes() if measure_memory else None,
         )
+
+    @contextlib.contextmanager
+    def observe_splits(self, observer) -> Iterator[None]:
+        """Show ``observer`` every split the in-process executor runs inside the block."""
+        self._split_observers.append(observer)
+        try:
+            yield
+        finally:
+            self._split_observers.remove(observer)
 
     def reset_prefix_cache(self) -> None:
         for state in (*self._caches.values(), *self._afd_caches.values()):

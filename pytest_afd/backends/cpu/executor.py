@@ -82,7 +82,8 @@ class _Stage:
 class Executor:
     """Executes forwards of ``model`` against ``kv_cache`` (blocks are allocated by the caller)."""
 
-    def __init__(self, model: DeepseekV32Model, kv_cache: PagedKVCache) -> None:
+    def __init__(self, model: DeepseekV32Model, kv_cache: PagedKVCache,
+                 split_observers: tuple = ()) -> None:
         if kv_cache.config.num_hidden_layers != model.config.num_hidden_layers:
             raise ValueError(
                 f"kv cache has {kv_cache.config.num_hidden_layers} layers, model has "
@@ -90,6 +91,8 @@ class Executor:
             )
         self.model = model
         self.kv_cache = kv_cache
+        # ``pytest_afd.backends.base.SplitObserver``s shown every split this executor runs.
+        self.split_observers = tuple(split_observers)
 
     @torch.inference_mode()
     def execute(self, input_ids, metadata: BatchMetadata, plan: SplitPlan | None = None, *,
@@ -166,9 +169,13 @@ class Executor:
             raise ValueError(
                 f"plan covers {plan.num_tokens} tokens; metadata has {metadata.num_tokens}"
             )
+        for observer in self.split_observers:
+            observer.before_split(plan, metadata)
+        parts = split_metadata(plan, metadata)
+        for observer in self.split_observers:
+            observer.after_split(plan, metadata, parts)
         stages = []
-        for index, (ubatch, part) in enumerate(zip(plan.ubatches, split_metadata(plan, metadata),
-                                                   strict=True)):
+        for index, (ubatch, part) in enumerate(zip(plan.ubatches, parts, strict=True)):
             ub_ids = gather_ubatch_rows(plan, index, ids, pad_value=PAD_TOKEN_ID)
             real_rows = np.asarray(ubatch.real_row_indices)
             rows = torch.from_numpy(real_rows.astype(np.int64))

@@ -1,0 +1,221 @@
+"""Gate 5's soak driver and leak detectors (the test module holds only the cases).
+
+The soak runs many small ``Backend.run`` calls of random batches through the
+backend protocol. Its detectors see what a run leaves behind:
+
+* :class:`WeakSplitLog` (a ``SplitObserver``) holds weak references to every
+  step's plan, parent metadata and parts, and checks the split invariants and
+  that the parent was not mutated; after each run all of them must be dead;
+* :func:`module_state` scans ``afd_split`` and the executor modules' globals
+  (added or rebound names, containers that grew);
+* traced Python memory (``tracemalloc``) and gc-tracked objects must not grow
+  beyond a bound between the warmed-up start and the end.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+import time
+import tracemalloc
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from afd_split import SplitInvariantError, validate_split
+
+# Modules whose globals a leak or a contamination would grow: the split path and
+# the executor that drives it.
+SCANNED_MODULE_PREFIXES = ("afd_split",)
+SCANNED_MODULES = ("pytest_afd.backends.cpu.executor", "pytest_afd.backends.cpu.backend")
+CONTAINER_TYPES = (list, dict, set, tuple, frozenset)
+PARENT_FIELDS = (
+    "query_start_loc", "seq_lens", "num_computed_tokens", "slot_mapping", "block_table",
+    "positions",
+)  # fmt: skip
+WATCHDOG_POLL_S = 0.2
+
+
+def module_state(module_names: Iterable[str] | None = None) -> dict[str, tuple[int, int | None]]:
+    """``module.name -> (id, len or None)`` of every non-dunder global of the scanned modules."""
+    if module_names is None:
+        module_names = [
+            name for name in sorted(sys.modules)
+            if name.startswith(SCANNED_MODULE_PREFIXES) or name in SCANNED_MODULES
+        ]  # fmt: skip
+    state = {}
+    for module_name in module_names:
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
+        for name, value in vars(module).items():
+            if name.startswith("__"):
+                continue
+            size = len(value) if isinstance(value, CONTAINER_TYPES) else None
+            state[f"{module_name}.{name}"] = (id(value), size)
+    return state
+
+
+def module_state_changes(before: dict, after: dict) -> list[str]:
+    """Names added, removed, rebound or grown between two :func:`module_state` scans."""
+    changes = [f"added {name}" for name in sorted(set(after) - set(before))]
+    changes += [f"removed {name}" for name in sorted(set(before) - set(after))]
+    for name in sorted(set(before) & set(after)):
+        (old_id, old_len), (new_id, new_len) = before[name], after[name]
+        if old_id != new_id:
+            changes.append(f"rebound {name}")
+        elif old_len != new_len:
+            changes.append(f"{name} changed size {old_len} -> {new_len}")
+    return changes
+
+
+@dataclass
+class WeakSplitLog:
+    """SplitObserver keeping only weak references, and the invariant checks, per run."""
+
+    forwards: int = 0
+    violations: list[str] = field(default_factory=list)
+    refs: list[tuple[str, weakref.ref]] = field(default_factory=list)
+    _parents: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    def before_split(self, plan, metadata) -> None:
+        self._parents[id(metadata)] = {
+            name: np.array(getattr(metadata, name), copy=True) for name in PARENT_FIELDS
+        }
+
+    def after_split(self, plan, metadata, parts) -> None:
+        label = f"forward {self.forwards}"
+        before = self._parents.pop(id(metadata))
+        try:
+            validate_split(plan, metadata, parts)
+        except SplitInvariantError as error:
+            self.violations.append(f"{label}: {error}")
+        changed = [n for n, v in before.items() if not np.array_equal(getattr(metadata, n), v)]
+        if changed:
+            self.violations.append(f"{label}: the split mutated the parent's {changed}")
+        self.refs.append((f"{label} plan", weakref.ref(plan)))
+        self.refs.append((f"{label} metadata", weakref.ref(metadata)))
+        self.refs.extend((f"{label} part {i}", weakref.ref(p)) for i, p in enumerate(parts))
+        self.forwards += 1
+
+    def alive_after_run(self) -> list[str]:
+        """What of this run's splits is still referenced (after a collection); then forget them."""
+        alive = [label for label, ref in self.refs if ref() is not None]
+        if alive:
+            gc.collect()
+            alive = [label for label, ref in self.refs if ref() is not None]
+        self.refs.clear()
+        return alive
+
+
+@dataclass
+class MemoryProbe:
+    """Traced Python bytes and gc-tracked objects at the soak's start and end (after collection)."""
+
+    start_bytes: int = 0
+    start_objects: int = 0
+    end_bytes: int = 0
+    end_objects: int = 0
+
+    def start(self) -> None:
+        gc.collect()
+        tracemalloc.start()
+        self.start_bytes = tracemalloc.get_traced_memory()[0]
+        self.start_objects = len(gc.get_objects())
+
+    def stop(self) -> None:
+        gc.collect()
+        self.end_bytes = tracemalloc.get_traced_memory()[0]
+        self.end_objects = len(gc.get_objects())
+        tracemalloc.stop()
+
+    @property
+    def bytes_growth(self) -> int:
+        return self.end_bytes - self.start_bytes
+
+    @property
+    def objects_growth(self) -> int:
+        return self.end_objects - self.start_objects
+
+
+@dataclass
+class SoakProgress:
+    """Shared between the soak thread and the watchdog."""
+
+    steps_done: int = 0
+    last_progress: float = field(default_factory=time.monotonic)
+    error: BaseException | None = None
+    finished: bool = False
+
+
+def run_watched(target, progress: SoakProgress, *, step_timeout_s: float, soak_timeout_s: float
+                ) -> str | None:
+    """Run ``target(progress)`` in a thread; the reason it hung, or None."""
+
+    def worker() -> None:
+        try:
+            target(progress)
+        except BaseException as error:  # handed to the test thread
+            progress.error = error
+        finally:
+            progress.finished = True
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    return watch(thread, progress, step_timeout_s=step_timeout_s, soak_timeout_s=soak_timeout_s)
+
+
+def watch(thread: threading.Thread, progress: SoakProgress, *, step_timeout_s: float,
+          soak_timeout_s: float) -> str | None:
+    """Wait for the soak, bounded; the reason it hung, or None."""
+    started = time.monotonic()
+    while thread.is_alive():
+        thread.join(WATCHDOG_POLL_S)
+        now = time.monotonic()
+        if now - progress.last_progress > step_timeout_s:
+            return f"step {progress.steps_done} made no progress for {step_timeout_s:g} s"
+        if now - started > soak_timeout_s:
+            return f"the soak exceeded {soak_timeout_s:g} s at step {progress.steps_done}"
+    return None
+
+
+@dataclass
+class StepCounts:
+    """What the run's own step evidence says the soak's forwards were."""
+
+    forwards: int = 0
+    split: int = 0
+    partial_request: int = 0
+    partial_with_computed: int = 0
+    fallback: int = 0
+    unsplit_policy: int = 0
+    policies: dict[str, int] = field(default_factory=dict)
+
+    def add(self, steps: list[dict[str, Any]]) -> None:
+        for step in steps:
+            self.forwards += 1
+            self.policies[step["policy"]] = self.policies.get(step["policy"], 0) + 1
+            self.unsplit_policy += step["policy"] == "none"
+            self.fallback += step["fallback_reason"] is not None
+            if not step["is_split"]:
+                continue
+            self.split += 1
+            local = step["boundary_request"]
+            if local is not None:
+                self.partial_request += 1
+                self.partial_with_computed += step["schedule"]["num_computed_tokens"][local] > 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "forwards": self.forwards,
+            "truly_split": self.split,
+            "partial_request_cuts": self.partial_request,
+            "partial_cuts_with_computed_tokens": self.partial_with_computed,
+            "fallbacks": self.fallback,
+            "unsplit_policy_steps": self.unsplit_policy,
+            "policies": dict(sorted(self.policies.items())),
+        }

@@ -1,0 +1,37 @@
+"""The seeded-fault check: command shape, bad input, and (slow) every fault caught by the gates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_afd import fault_check
+from pytest_afd.__main__ import main
+from pytest_afd.faults import FAULTS
+
+GATES_DIR = Path(__file__).resolve().parents[2] / "suites" / "gates"
+
+
+def test_gate_command_runs_the_leak_seeing_modules_first(tmp_path):
+    command = fault_check.gate_command(GATES_DIR, tmp_path)
+    assert command[command.index("-m", 2) + 1] == "gate" and "-x" in command
+    modules = [Path(arg).name for arg in command if arg.endswith(".py")]
+    assert modules[:2] == list(fault_check.FIRST_MODULES)
+    assert sorted(modules) == sorted(p.name for p in GATES_DIR.glob("test_*.py"))
+
+
+def test_unknown_fault_and_missing_gates_dir_are_errors(tmp_path, capsys):
+    assert main(["fault-check", "--gates-dir", str(tmp_path / "nope")]) == 2
+    assert "no such directory" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown split-path fault 'nope'"):
+        fault_check.fault_check(["nope"], gates_dir=GATES_DIR)
+
+
+@pytest.mark.slow
+def test_every_seeded_fault_makes_the_gates_fail():
+    """The mutation check itself: `pytest -m gate` fails under each of the >= 8 fault classes."""
+    runs = fault_check.fault_check(gates_dir=GATES_DIR)
+    assert len(runs) == len(FAULTS) >= 8
+    missed = {run.fault: (run.returncode, run.output_tail[-600:]) for run in runs if not run.caught}
+    assert not missed, missed
