@@ -9,7 +9,7 @@ The package is split by job: ``loading`` (files, sessions, verdicts),
 """
 
 from pytest_afd.report.loading import LoadedResult, LoadedResults, load_results
-from pytest_afd.report.render import ReportError, render, render_markdown
+from pytest_afd.report.rendering import ReportError, render, render_markdown
 from pytest_afd.report.tables import short_digest
 from pytest_afd.report.values import (
     condition_labels,

@@ -23,7 +23,7 @@ from pytest_afd.markers import STAGE_MARKERS
 from pytest_afd.report import layout
 from pytest_afd.report.html import markdown_to_html
 from pytest_afd.report.loading import LoadedResult, load_results, select_latest_session
-from pytest_afd.report.render import PLOTS_DIR_NAME, ReportError, prepare_report_dir, slug
+from pytest_afd.report.rendering import PLOTS_DIR_NAME, ReportError, prepare_report_dir, slug
 from pytest_afd.report.sidebyside import draw_side_by_side
 from pytest_afd.report.tables import EMPTY, fmt, fmt_measure, short_digest, table
 from pytest_afd.report.values import (

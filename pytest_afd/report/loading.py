@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_afd.manifest import with_run
 from pytest_afd.results import ResultValidationError, validate_result
 
 REPORT_DIR_NAME = "report"
@@ -79,6 +80,8 @@ class LoadedResults:
     ignored: list[Path] = field(default_factory=list)
     # Results left out by the session filter (see select_latest_session).
     earlier: list[LoadedResult] = field(default_factory=list)
+    # How many results predate run identities and sessions (read through legacy_view).
+    legacy: int = 0
 
 
 def read_json(path: Path) -> Any:
@@ -107,6 +110,26 @@ def _validation_reason(doc: Mapping[str, Any]) -> str | None:
     return None
 
 
+RUN_SECTION = "run"
+
+
+def legacy_view(doc: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A result from before run identities and sessions, with its run identity filled in.
+
+    Such results have no ``session_id``, no ``outcome`` and no ``manifest.run``;
+    the run identity is derived from the manifest and settings they do carry
+    (the digest is recomputed), so they still group into stacks. None for a
+    document that is not of that vintage.
+    """
+    manifest = doc.get("manifest")
+    if SESSION_KEY in doc or OUTCOME_KEY in doc or not isinstance(manifest, Mapping):
+        return None
+    if RUN_SECTION in manifest or not isinstance(doc.get("settings"), Mapping):
+        return None
+    upgraded = with_run(manifest, doc["settings"])
+    return {**doc, "manifest": upgraded, "manifest_digest": upgraded["digest"]}
+
+
 def load_results(results_dir: Path, *, exclude: Path | None = None) -> LoadedResults:
     """Every valid result under ``results_dir``, except files under ``exclude`` (the report)."""
     loaded = LoadedResults()
@@ -124,8 +147,15 @@ def load_results(results_dir: Path, *, exclude: Path | None = None) -> LoadedRes
             continue
         reason = _validation_reason(doc)
         if reason is not None:
-            loaded.skipped.append((path, reason))
-            continue
+            try:
+                upgraded = legacy_view(doc)
+            except (TypeError, KeyError, AttributeError, ValueError):
+                upgraded = None
+            if upgraded is None or _validation_reason(upgraded) is not None:
+                loaded.skipped.append((path, reason))
+                continue
+            doc = upgraded
+            loaded.legacy += 1
         loaded.results.append(LoadedResult(path=path, doc=doc))
     return loaded
 
@@ -143,7 +173,7 @@ def select_latest_session(loaded: LoadedResults) -> LoadedResults:
     latest = latest_session(loaded.results)
     kept = [r for r in loaded.results if r.session == latest]
     earlier = [r for r in loaded.results if r.session != latest]
-    return LoadedResults(kept, loaded.skipped, loaded.ignored, earlier)
+    return LoadedResults(kept, loaded.skipped, loaded.ignored, earlier, loaded.legacy)
 
 
 def session_label(session: str | None) -> str:

@@ -322,22 +322,30 @@ def _known(value: Any) -> Any:
 
 
 def stack_fields(doc: Mapping[str, Any]) -> dict[str, str]:
-    """Identifying manifest fields (those present): backend and mode, model, layers, topology."""
+    """What ran, from the manifest's run identity (``manifest.run``) where present.
+
+    backend and mode (with rank counts), model, layers, topology, quantization,
+    threads, and whether the hardware was emulated.
+    """
     manifest = doc["manifest"]
-    backend, model = manifest["backend"], manifest["model"]
-    layers = _known(model.get("num_layers"))
+    run = manifest.get("run", {})
+    model = manifest["model"]
+    layers = _known(run.get("num_layers", model.get("num_layers")))
+    mode = _known(run.get("backend_mode"))
+    if mode == "afd_processes":
+        attention, ffn = _known(run.get("attention_ranks")), _known(run.get("ffn_ranks"))
+        mode = f"{mode} ({attention} attention + {ffn} FFN)"
+    threads = _known(run.get("threads"))
     fields = {
-        "backend": backend["name"],
-        "mode": _known(backend.get("mode")),
-        "model": model["name"],
+        "backend": _known(run.get("backend")) or manifest["backend"]["name"],
+        "mode": mode,
+        "model": _known(run.get("model")) or model["name"],
         "layers": None if layers is None else f"{layers} layers",
-        "topology": manifest["topology"]["canonical"],
-        "quantization": _known(model.get("quantization")),
+        "topology": _known(run.get("topology")) or manifest["topology"]["canonical"],
+        "quantization": _known(run.get("quantization", model.get("quantization"))),
+        "threads": None if threads is None else f"{threads} threads",
         "emulated": "CPU emulation" if manifest["hardware"]["emulated"] else None,
     }
-    mode = fields["mode"]
-    if isinstance(mode, Mapping):  # e.g. {"kind": "afd_processes", ...}
-        fields["mode"] = " ".join(f"{k}={v}" for k, v in sorted(mode.items()))
     return {name: str(value) for name, value in fields.items() if value not in (None, "none")}
 
 
@@ -350,13 +358,19 @@ def stack_description(doc: Mapping[str, Any]) -> str:
     parts += [model, f"topology {fields['topology']}"]
     if "quantization" in fields:
         parts.append(f"quantization {fields['quantization']}")
+    if "threads" in fields:
+        parts.append(fields["threads"])
     text = ", ".join(parts)
     return f"{text} ({fields['emulated']})" if "emulated" in fields else text
 
 
 def stack_short_label(doc: Mapping[str, Any]) -> str:
-    """``reduced/10L dp3pcp8-ep8``: what a plot legend or heading needs."""
+    """``reduced/10L dp3pcp8-ep8 afd_processes``: what a plot legend or heading needs."""
     fields = stack_fields(doc)
     layers = fields.get("layers", "").removesuffix(" layers")
     model = f"{fields['model']}/{layers}L" if layers else fields["model"]
-    return f"{model} {fields['topology']}"
+    mode = fields.get("mode", "").split(" ")[0]
+    quant = " w8a8" if fields.get("quantization") == "w8a8" else ""
+    return f"{model} {fields['topology']}{quant}" + (
+        f" {mode}" if mode and mode != "in_process" else ""
+    )

@@ -184,6 +184,13 @@ def render_markdown(
         "",
         *_sessions_lines(loaded, all_sessions),
     ]
+    if loaded.legacy:
+        lines += [
+            f"{loaded.legacy} result(s) predate recorded outcomes, sessions and run identities "
+            "(legacy): their verdict is unknown and their run identity is derived from the "
+            "manifest they carry.",
+            "",
+        ]
     if loaded.ignored:
         names = ", ".join(f"`{path.relative_to(results_dir)}`" for path in loaded.ignored)
         lines += [f"Other JSON files (not results, not read): {names}.", ""]
