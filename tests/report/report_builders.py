@@ -136,3 +136,13 @@ def make_result(
 def write(directory, doc):
     """write_result validates against the schema first (an invalid doc raises)."""
     return results.write_result(results.result_path(directory, doc["case_id"]), doc)
+
+
+def stamped(doc, status, *, session, created_at, reason=None):
+    """``doc`` as the plugin writes it since outcomes: a session id and the test's outcome."""
+    return {
+        **doc,
+        "session_id": session,
+        "outcome": {"status": status, "reason": reason},
+        "created_at": created_at,
+    }
