@@ -134,3 +134,17 @@ def test_trace_imbalance_text_explains_its_keys(capsys):
     assert "conv" in out and "2421" in out
     for key in ("batches:", "mean:", "p90:", "unsplittable_fraction:"):
         assert f"  {key} " in out
+
+
+def test_the_report_does_not_import_the_pytest_plugin():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, pytest_afd.report, pytest_afd.report.compare;"
+        "print(sorted(m for m in sys.modules if m in ('pytest', 'pytest_afd.plugin', '_pytest')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"
