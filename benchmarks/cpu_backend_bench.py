@@ -1,20 +1,26 @@
-"""CPU backend benchmark and W8A8 tolerance measurement; prints JSON.
+"""CPU backend benchmark and W8A8 tolerance measurement.
 
-    python benchmarks/cpu_backend_bench.py --json             # prefill tokens/s, split vs
-        unsplit, and transformers' eager forward on the same config/weights/tokens
-    python benchmarks/cpu_backend_bench.py --w8a8-tolerance   # the measurement behind
+    python benchmarks/cpu_backend_bench.py                  # ~1-3 min: 1k / 4k batches
+    python benchmarks/cpu_backend_bench.py --full --json    # 2k / 8k / 32k, 5 repetitions
+    python benchmarks/cpu_backend_bench.py --w8a8-tolerance # the measurement behind
         docs/tolerance.md and pytest_afd.golden.W8A8_ATOL / W8A8_RTOL
 
-Batches are several requests of mixed lengths (half, quarter, eighth, eighth of the
-batch) so that the token-balanced cut falls inside a request. Ratios are measured
-side by side in one process.
+Prefill time unsplit vs token-balanced split (and instrumented, and
+transformers' eager forward on the same config/weights/tokens where its
+[S, S] masks fit). Batches are several requests of mixed lengths (half,
+quarter, eighth, eighth of the batch) so that the token-balanced cut falls
+inside a request. Repetitions interleave the variants in a rotating order, so
+each ratio compares runs made under the same host load; medians come with
+min/max/IQR and the load average. Progress lines go to stderr, one per case.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import statistics
 import sys
 import time
 
@@ -31,9 +37,15 @@ from pytest_afd.backends.cpu import (
     build_model,
     named_config,
 )
+from pytest_afd.progress import Progress, stream_emitter
 
 BATCH_SHARES = (0.5, 0.25, 0.125, 0.125)
-DEFAULT_SIZES = (2048, 8192, 32768)
+DEFAULT_SIZES = (1024, 4096)
+DEFAULT_REPETITIONS = 3
+FULL_SIZES = (2048, 8192, 32768)
+FULL_REPETITIONS = 5
+UNSPLIT, SPLIT, INSTRUMENTED, TRANSFORMERS = "unsplit", "split", "instrumented_split", "transformers"
+QUARTILES = 4
 # transformers materialises [S, S] masks and index scores per request: skip longer ones.
 TRANSFORMERS_MAX_REQUEST = 8192
 # Indexer top-k large enough that every benchmark prompt attends densely (the
@@ -88,52 +100,105 @@ def load_transformers(model):
     return reference
 
 
-def bench(sizes: list[int], seed: int, sparse: bool, with_transformers: bool) -> dict:
+def dispersion(values: list[float]) -> dict:
+    ordered = sorted(values)
+    q1, _, q3 = statistics.quantiles(ordered, n=QUARTILES) if len(ordered) > 1 else (ordered[0],) * 3
+    median = statistics.median(ordered)
+    return {"median": round(median, 4), "min": round(ordered[0], 4), "max": round(ordered[-1], 4),
+            "rel_iqr": round((q3 - q1) / median, 3), "samples": [round(v, 4) for v in values]}
+
+
+def rotated(variants: list[str], repetition: int) -> list[str]:
+    """The variants in a different order each repetition, so none always runs first."""
+    shift = repetition % len(variants)
+    return variants[shift:] + variants[:shift]
+
+
+def paired(numerator: list[float], denominator: list[float]) -> dict:
+    """Median and range of the per-repetition ratios (both runs of a pair under the same load)."""
+    ratios = [n / d for n, d in zip(numerator, denominator, strict=True)]
+    return {"median": round(statistics.median(ratios), 3), "min": round(min(ratios), 3),
+            "max": round(max(ratios), 3)}
+
+
+def run_variant(variant: str, model, reference, prompts: list[list[int]]) -> float:
+    if variant == TRANSFORMERS:
+        return time_transformers(reference, prompts)
+    policy = "none" if variant == UNSPLIT else "token_balanced"
+    return time_ours(model, prompts, policy, instrument=variant == INSTRUMENTED)
+
+
+def bench(sizes: list[int], repetitions: int, seed: int, sparse: bool,
+          with_transformers: bool) -> dict:
     config = named_config("reduced") if sparse else named_config("reduced", index_topk=DENSE_TOPK)
     model = build_model(config, seed)
     reference = load_transformers(model) if with_transformers else None
     time_ours(model, prompts_for([64, 64], config.vocab_size, seed), "token_balanced")  # warmup
-    rows = []
+    plan = []
     for total in sizes:
+        variants = [UNSPLIT, SPLIT, INSTRUMENTED]
+        if reference is not None and total * BATCH_SHARES[0] <= TRANSFORMERS_MAX_REQUEST:
+            variants.append(TRANSFORMERS)
+        plan.append((total, variants))
+    progress = Progress(sum(repetitions * len(v) for _, v in plan), stream_emitter(),
+                        title="cpu_backend_bench")
+    load_before = os.getloadavg()
+    rows = []
+    for total, variants in plan:
         lengths = batch_lengths(total)
         prompts = prompts_for(lengths, config.vocab_size, seed)
-        unsplit = time_ours(model, prompts, "none")
-        split = time_ours(model, prompts, "token_balanced")
-        instrumented = time_ours(model, prompts, "token_balanced", instrument=True)
+        time_ours(model, prompts, "token_balanced")  # warm-up at this size (allocations)
+        times = {v: [] for v in variants}
+        for repetition in range(repetitions):
+            for variant in rotated(variants, repetition):
+                progress.step(tokens=total, variant=variant, repetition=repetition + 1)
+                times[variant].append(run_variant(variant, model, reference, prompts))
         row = {
             "tokens": total,
             "request_lengths": lengths,
-            "unsplit_s": round(unsplit, 3),
-            "split_s": round(split, 3),
-            "unsplit_tokens_per_s": round(total / unsplit, 1),
-            "split_tokens_per_s": round(total / split, 1),
-            "split_over_unsplit_time": round(split / unsplit, 3),
-            "instrumented_split_s": round(instrumented, 3),
-            "instrumentation_overhead": round(instrumented / split - 1, 3),
-        }
-        if reference is not None:
-            hf_time = time_transformers(reference, prompts)
-            row["transformers_s"] = None if hf_time is None else round(hf_time, 3)
-            row["transformers_tokens_per_s"] = None if hf_time is None else round(total / hf_time, 1)
-            row["ours_speedup_vs_transformers"] = (
-                None if hf_time is None else round(hf_time / unsplit, 2)
-            )
-            if hf_time is None:
-                row["transformers_skipped"] = (
-                    f"a request is longer than {TRANSFORMERS_MAX_REQUEST} tokens"
-                )
+            **{f"{v}_s": dispersion(times[v]) for v in variants},
+            "unsplit_tokens_per_s": round(total / statistics.median(times[UNSPLIT]), 1),
+            "split_tokens_per_s": round(total / statistics.median(times[SPLIT]), 1),
+            "split_over_unsplit_time": paired(times[SPLIT], times[UNSPLIT]),
+            "instrumentation_overhead": round(paired(times[INSTRUMENTED], times[SPLIT])["median"] - 1, 3),
+        }  # fmt: skip
+        if TRANSFORMERS in times:
+            row["transformers_tokens_per_s"] = round(total / statistics.median(times[TRANSFORMERS]), 1)
+            row["ours_speedup_vs_transformers"] = paired(times[TRANSFORMERS], times[UNSPLIT])
+        elif reference is not None:
+            row["transformers_skipped"] = f"a request is longer than {TRANSFORMERS_MAX_REQUEST} tokens"
         rows.append(row)
-        print(json.dumps(row), file=sys.stderr)
+    progress.finish()
     return {
         "benchmark": "cpu_backend_prefill",
         "model": config.name,
         "index_topk": config.index_topk,
         "num_layers": config.num_hidden_layers,
+        "repetitions": repetitions,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "wall_s": round(progress.elapsed_s, 1),
         "results": rows,
     }
+
+
+def summary_line(result: dict) -> str:
+    """One line: split/unsplit per size with its range, the load and the run time."""
+    parts = []
+    for row in result["results"]:
+        ratio = row["split_over_unsplit_time"]
+        part = (f"{row['tokens']} tok: unsplit {row['unsplit_s']['median']:.3f}s, "
+                f"split/unsplit {ratio['median']:.3f} [{ratio['min']:.3f}-{ratio['max']:.3f}]")
+        if "ours_speedup_vs_transformers" in row:
+            part += f", {row['ours_speedup_vs_transformers']['median']:.1f}x vs transformers"
+        parts.append(part)
+    load = result["loadavg_before"][0], result["loadavg_after"][0]
+    return (f"cpu_backend_bench ({result['repetitions']} interleaved repetitions, load "
+            f"{load[0]:.2f}->{load[1]:.2f}, {result['wall_s']:.0f}s): " + "; ".join(parts))
 
 
 # ---- W8A8 tolerance ---------------------------------------------------------
@@ -220,8 +285,14 @@ def measure_w8a8(seeds: list[int], models: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true", help="print one JSON document (default)")
-    parser.add_argument("--sizes", type=int, nargs="+", default=list(DEFAULT_SIZES))
+    parser.add_argument("--json", action="store_true",
+                        help="print the whole result as JSON (the summary line goes to stderr)")
+    parser.add_argument("--full", action="store_true",
+                        help=f"sizes {list(FULL_SIZES)}, {FULL_REPETITIONS} repetitions (minutes more)")
+    parser.add_argument("--sizes", type=int, nargs="+",
+                        help=f"batch sizes in tokens (default: {list(DEFAULT_SIZES)})")
+    parser.add_argument("--repetitions", type=int,
+                        help=f"interleaved repetitions per variant (default: {DEFAULT_REPETITIONS})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     parser.add_argument("--sparse", action="store_true",
@@ -231,13 +302,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tolerance-seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--tolerance-models", nargs="+", default=["reduced", "full"])
     args = parser.parse_args(argv)
+    sizes = args.sizes or list(FULL_SIZES if args.full else DEFAULT_SIZES)
+    repetitions = args.repetitions or (FULL_REPETITIONS if args.full else DEFAULT_REPETITIONS)
+    if repetitions < 1 or min(sizes) < len(BATCH_SHARES):
+        parser.error(f"--repetitions={repetitions} / --sizes={sizes}: expected >= 1 and "
+                     f">= {len(BATCH_SHARES)} tokens")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.w8a8_tolerance:
-        result = measure_w8a8(args.tolerance_seeds, args.tolerance_models)
+        print(json.dumps(measure_w8a8(args.tolerance_seeds, args.tolerance_models), indent=2))
+        return 0
+    result = bench(sizes, repetitions, args.seed, args.sparse, not args.no_transformers)
+    line = summary_line(result)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        print(line, file=sys.stderr)
     else:
-        result = bench(args.sizes, args.seed, args.sparse, not args.no_transformers)
-    print(json.dumps(result, indent=2))
+        print(line)
     return 0
 
 

@@ -269,6 +269,21 @@ def _deserialize(data: bytes, file_format: str) -> np.ndarray:
         return archive[NPZ_KEY]
 
 
+def _check_sidecar_describes(
+    name: str, sidecar: dict[str, Any], array: np.ndarray, data_path: Path
+) -> None:
+    """The sidecar's dtype and shape must be the stored array's: a checksum alone cannot
+    tell a golden re-recorded from another tensor under a stale sidecar."""
+    recorded = {"dtype": sidecar.get("dtype"), "shape": sidecar.get("shape")}
+    stored = {"dtype": str(array.dtype), "shape": list(array.shape)}
+    for key, value in recorded.items():
+        if value != stored[key]:
+            raise GoldenCorruptError(
+                f"golden {name!r}: sidecar {key} {value!r} does not match {data_path}'s "
+                f"{stored[key]!r}; re-record with --afd-update-golden"
+            )
+
+
 @dataclass
 class GoldenStore:
     """Goldens under ``directory``; ``manifest_digest`` may be a string or a callable giving one.
@@ -371,6 +386,7 @@ class GoldenStore:
             array = _deserialize(data, file_format)
         except Exception as exc:  # any reader failure means the file cannot be trusted
             raise GoldenCorruptError(f"golden {name!r}: cannot read {data_path}: {exc}") from exc
+        _check_sidecar_describes(name, sidecar, array, data_path)
         return array, sidecar
 
     def check(

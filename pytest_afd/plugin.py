@@ -1,6 +1,6 @@
 """pytest plugin entry point (registered through the ``pytest11`` entry point).
 
-Options (group ``afd``), markers, fixtures (``npu_topology``, ``rank_layout``,
+Options (group ``afd``, defined in :mod:`pytest_afd.options`), markers, fixtures (``npu_topology``, ``rank_layout``,
 ``afd_backend``, ``afd_options``, ``afd_manifest``, ``golden``,
 ``afd_results``), hardware-marker skips, per-worker result collection merged
 under pytest-xdist, and the terminal summary. See ``docs/plugin.md``.
@@ -9,7 +9,7 @@ under pytest-xdist, and the terminal summary. See ``docs/plugin.md``.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,36 +17,32 @@ from typing import Any
 import pytest
 
 from pytest_afd import hookspecs, outcomes
-from pytest_afd.backends import BACKEND_NAMES, create_backend
-from pytest_afd.backends.base import Backend, BackendUnavailable, RunSettings
+from pytest_afd.backends import create_backend
+from pytest_afd.backends.base import Backend, BackendUnavailable
 from pytest_afd.golden import GoldenStore
 from pytest_afd.manifest import collect_manifest, manifest_digest
 from pytest_afd.markers import MARKER_SIGNATURES, MARKERS
+from pytest_afd.options import (  # noqa: F401  (AfdOptions and the defaults are re-exported)
+    DEFAULT_GOLDEN_DIR,
+    DEFAULT_RESULTS_DIR,
+    OPTION_SPECS,
+    AfdOptions,
+    add_options,
+    resolve_options,
+)
 from pytest_afd.results import (
     CASE_KINDS,
     ResultValidationError,
+    atomic_write_json,
     build_result,
     headline,
     result_path,
     validate_manifest,
     write_result,
 )
-from pytest_afd.stats import MIN_REPETITIONS, RUN_ORDERS, RepeatedRun, run_repeated
-from pytest_afd.topology import (
-    DEFAULT_CPU_TOPOLOGY,
-    DEFAULT_DEVICES_PER_NODE,
-    RankInfo,
-    Topology,
-    TopologyError,
-    load_aliases,
-    parse_topology,
-)
+from pytest_afd.results_dir import remove_stale_temp_files, results_written_since
+from pytest_afd.topology import RankInfo, Topology
 
-# --afd-routing names the CLI value; RunSettings uses the backend protocol's name.
-ROUTING_CHOICES = {"natural": "natural", "forced": "forced_balanced"}
-MODEL_CHOICES = ("reduced", "full")
-DEFAULT_RESULTS_DIR = "afd-results"
-DEFAULT_GOLDEN_DIR = "golden"
 SUMMARY_FILE = "summary.json"
 WORKEROUTPUT_KEY = "afd_results"
 AFD_SESSION_PLUGIN = "afd-session"
@@ -55,279 +51,6 @@ DEFAULT_NUM_NODES = 1
 # Marker defaults: npu() alone means one NPU, multi_node() alone means two nodes.
 DEFAULT_NPU_DEVICES = 1
 DEFAULT_MULTI_NODE_NODES = 2
-TRUE_WORDS = ("1", "true", "yes", "on")
-FALSE_WORDS = ("0", "false", "no", "off", "")
-
-
-@dataclass(frozen=True)
-class OptionSpec:
-    """One ``--afd-*`` option with its ini key and, where CI needs it, an env variable."""
-
-    flag: str
-    dest: str
-    help: str
-    default: Any = None
-    kind: str = "str"  # "str", "int", "bool", "path"
-    choices: tuple[str, ...] | None = None
-    env: str | None = None
-
-    @property
-    def ini(self) -> str:
-        """ini keys all carry the ``afd_`` prefix (``afd_npu_topology``)."""
-        return self.dest if self.dest.startswith("afd_") else f"afd_{self.dest}"
-
-
-OPTION_SPECS = (
-    OptionSpec(
-        "--npu-topology",
-        "npu_topology",
-        f"topology string or alias, e.g. dp3pcp8-ep8 (default {DEFAULT_CPU_TOPOLOGY}, the recipe's AFD layout)",
-        env="AFD_NPU_TOPOLOGY",
-    ),
-    OptionSpec(
-        "--afd-topology-aliases",
-        "afd_topology_aliases",
-        "YAML file mapping alias -> topology",
-        kind="path",
-        env="AFD_TOPOLOGY_ALIASES",
-    ),
-    OptionSpec(
-        "--afd-backend",
-        "afd_backend",
-        "backend to run",
-        "cpu",
-        choices=BACKEND_NAMES,
-        env="AFD_BACKEND",
-    ),
-    OptionSpec(
-        "--afd-model",
-        "afd_model",
-        "model config",
-        "reduced",
-        choices=MODEL_CHOICES,
-        env="AFD_MODEL",
-    ),
-    OptionSpec(
-        "--afd-routing",
-        "afd_routing",
-        "expert routing (forced = forced-balanced, synthetic)",
-        "natural",
-        choices=tuple(ROUTING_CHOICES),
-        env="AFD_ROUTING",
-    ),
-    OptionSpec(
-        "--afd-results-dir",
-        "afd_results_dir",
-        f"where result JSON goes (default <rootdir>/{DEFAULT_RESULTS_DIR})",
-        kind="path",
-        env="AFD_RESULTS_DIR",
-    ),
-    OptionSpec(
-        "--afd-repeats",
-        "afd_repeats",
-        f"measured repetitions (>= {MIN_REPETITIONS})",
-        MIN_REPETITIONS,
-        kind="int",
-        env="AFD_REPEATS",
-    ),
-    OptionSpec(
-        "--afd-warmups", "afd_warmups", "warmup runs per case", 1, kind="int", env="AFD_WARMUPS"
-    ),
-    OptionSpec(
-        "--afd-seed", "afd_seed", "seed for workloads and run order", 0, kind="int", env="AFD_SEED"
-    ),
-    OptionSpec(
-        "--afd-run-order",
-        "afd_run_order",
-        "order of measured repetitions",
-        "interleaved",
-        choices=RUN_ORDERS,
-        env="AFD_RUN_ORDER",
-    ),
-    OptionSpec(
-        "--afd-profile",
-        "afd_profile",
-        "instrumented runs (per-layer timings; not for headline numbers)",
-        False,
-        kind="bool",
-        env="AFD_PROFILE",
-    ),
-    OptionSpec(
-        "--afd-cpu-processes",
-        "afd_cpu_processes",
-        "CPU backend: run Attention and FFN roles as separate processes (AFD runtime)",
-        False,
-        kind="bool",
-        env="AFD_CPU_PROCESSES",
-    ),
-    OptionSpec(
-        "--afd-golden-dir",
-        "afd_golden_dir",
-        f"golden outputs directory (default <rootdir>/{DEFAULT_GOLDEN_DIR})",
-        kind="path",
-        env="AFD_GOLDEN_DIR",
-    ),
-    OptionSpec(
-        "--afd-update-golden",
-        "afd_update_golden",
-        "rewrite goldens from this run (atomically)",
-        False,
-        kind="bool",
-    ),
-    OptionSpec(
-        "--afd-require-hardware",
-        "afd_require_hardware",
-        "fail instead of skip when the backend or the devices a test needs are missing",
-        False,
-        kind="bool",
-        env="AFD_REQUIRE_HARDWARE",
-    ),
-    OptionSpec(
-        "--afd-devices-per-node",
-        "afd_devices_per_node",
-        f"NPUs per node for node counts and the rank layout (default {DEFAULT_DEVICES_PER_NODE})",
-        DEFAULT_DEVICES_PER_NODE,
-        kind="int",
-        env="AFD_DEVICES_PER_NODE",
-    ),
-)
-
-
-@dataclass(frozen=True)
-class AfdOptions:
-    """Resolved options (CLI > environment > ini > default); the ``afd_options`` fixture."""
-
-    topology_spec: str
-    backend: str
-    model: str
-    routing: str  # RunSettings' name: "natural" or "forced_balanced"
-    results_dir: Path
-    repeats: int
-    warmups: int
-    seed: int
-    run_order: str
-    profile: bool
-    cpu_processes: bool
-    golden_dir: Path
-    update_golden: bool
-    require_hardware: bool
-    devices_per_node: int
-    topology: Topology
-    aliases: Mapping[str, str] = field(default_factory=dict)
-
-    def run_settings(self, **overrides: Any) -> RunSettings:
-        """RunSettings defaults from the options (routing, profile, split constraints), then overrides."""
-        emulation = self.topology.cpu_emulation()
-        defaults = {
-            "routing": self.routing,
-            "instrument": self.profile,
-            "afd_processes": self.cpu_processes,
-            "split_align": emulation.split_align,
-            "pcp_size": emulation.pcp_size,
-        }
-        return RunSettings(**{**defaults, **overrides})
-
-    def protocol(self) -> dict[str, Any]:
-        return {
-            "seed": self.seed,
-            "warmups": self.warmups,
-            "repetitions": self.repeats,
-            "run_order": self.run_order,
-            "instrumented": self.profile,
-            "routing": self.routing,
-        }
-
-    def repeat(self, cases: Mapping[str, Callable[[], Any]], **overrides: Any) -> RepeatedRun:
-        """:func:`pytest_afd.stats.run_repeated` with the session's repeats/warmups/order/seed."""
-        kwargs = {
-            "repetitions": self.repeats,
-            "warmups": self.warmups,
-            "run_order": self.run_order,
-            "seed": self.seed,
-        }
-        return run_repeated(cases, **{**kwargs, **overrides})
-
-
-def _raw_option(config: pytest.Config, spec: OptionSpec) -> tuple[Any, str]:
-    """The first value given by CLI, environment or ini file, and where it came from."""
-    cli = config.getoption(spec.dest)
-    if cli is not None:
-        return cli, spec.flag
-    if spec.env and os.environ.get(spec.env, "") != "":
-        return os.environ[spec.env], f"${spec.env}"
-    ini = config.getini(spec.ini)
-    if ini not in (None, "", []):
-        return ini, f"ini {spec.ini}"
-    return spec.default, f"{spec.flag} default"
-
-
-def _convert(spec: OptionSpec, value: Any, source: str, rootdir: Path) -> Any:
-    if value is None:
-        return None
-    if spec.kind == "bool":
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text not in TRUE_WORDS + FALSE_WORDS:
-            raise pytest.UsageError(
-                f"{source}={value!r}: expected a boolean ({'/'.join(TRUE_WORDS)})"
-            )
-        return text in TRUE_WORDS
-    if spec.kind == "int":
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise pytest.UsageError(f"{source}={value!r}: expected an integer") from None
-    text = str(value).strip()
-    if spec.choices is not None and text not in spec.choices:
-        raise pytest.UsageError(f"{source}={text!r}: expected one of {', '.join(spec.choices)}")
-    if spec.kind == "path":
-        path = Path(text).expanduser()
-        return path if path.is_absolute() else rootdir / path
-    return text
-
-
-def resolve_options(config: pytest.Config) -> AfdOptions:
-    """Read and check every ``--afd-*`` option; a bad value is a UsageError naming it."""
-    rootdir = Path(config.rootpath)
-    values: dict[str, Any] = {}
-    for spec in OPTION_SPECS:
-        raw, source = _raw_option(config, spec)
-        values[spec.dest] = _convert(spec, raw, source, rootdir)
-    checks = (
-        ("afd_repeats", MIN_REPETITIONS, f"at least {MIN_REPETITIONS} measured repetitions (RFC)"),
-        ("afd_warmups", 0, "a non-negative warmup count"),
-        ("afd_devices_per_node", 1, "at least one device per node"),
-    )
-    for dest, minimum, why in checks:
-        if values[dest] < minimum:
-            raise pytest.UsageError(f"--{dest.replace('_', '-')}={values[dest]}: expected {why}")
-    aliases_path = values["afd_topology_aliases"]
-    spec_text = values["npu_topology"] or DEFAULT_CPU_TOPOLOGY
-    try:
-        aliases = load_aliases(aliases_path) if aliases_path is not None else {}
-        topology = parse_topology(spec_text, aliases)
-    except TopologyError as exc:
-        raise pytest.UsageError(f"--npu-topology: {exc}") from None
-    return AfdOptions(
-        topology_spec=spec_text,
-        backend=values["afd_backend"],
-        model=values["afd_model"],
-        routing=ROUTING_CHOICES[values["afd_routing"]],
-        results_dir=values["afd_results_dir"] or rootdir / DEFAULT_RESULTS_DIR,
-        repeats=values["afd_repeats"],
-        warmups=values["afd_warmups"],
-        seed=values["afd_seed"],
-        run_order=values["afd_run_order"],
-        profile=values["afd_profile"],
-        cpu_processes=values["afd_cpu_processes"],
-        golden_dir=values["afd_golden_dir"] or rootdir / DEFAULT_GOLDEN_DIR,
-        update_golden=values["afd_update_golden"],
-        require_hardware=values["afd_require_hardware"],
-        devices_per_node=values["afd_devices_per_node"],
-        aliases=aliases,
-        topology=topology,
-    )
 
 
 @dataclass(eq=False)  # identity-hashed: it is registered as a pytest plugin
@@ -342,6 +65,12 @@ class AfdSession:
     manifest_doc: dict[str, Any] | None = None
     written: list[dict[str, Any]] = field(default_factory=list)
     golden_updates: list[str] = field(default_factory=list)
+    # Controller side under xdist: workers that died before handing back their results.
+    lost_workers: list[dict[str, str]] = field(default_factory=list)
+    # Temp files of killed atomic writes removed at start-up (controller only).
+    stale_temp_removed: list[Path] = field(default_factory=list)
+    # Result files modified since then belong to this session (lost-worker recovery).
+    started_at: float = field(default_factory=time.time)
     # Test outcome per node id (controller side under xdist: it sees every report).
     outcomes: dict[str, str] = field(default_factory=dict)
 
@@ -425,28 +154,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("afd", "pytest-afd: AFD prefill harness (topology, backend, results)")
-    for spec in OPTION_SPECS:
-        env_note = f" [env {spec.env}]" if spec.env else ""
-        if spec.kind == "bool":
-            group.addoption(
-                spec.flag,
-                dest=spec.dest,
-                action="store_true",
-                default=None,
-                help=spec.help + env_note,
-            )
-            parser.addini(spec.ini, spec.help, type="bool", default=None)
-            continue
-        group.addoption(
-            spec.flag,
-            dest=spec.dest,
-            default=None,
-            choices=spec.choices,
-            type=int if spec.kind == "int" else str,
-            help=f"{spec.help}{env_note}",
-        )
-        parser.addini(spec.ini, spec.help, default=None)
+    add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -454,13 +162,17 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{MARKER_SIGNATURES.get(name, name)}: {help_text}")
     state = AfdSession(config=config, options=resolve_options(config))
     config.stash[AFD_SESSION_KEY] = state
+    if not _is_worker(config):  # workers start while the controller's session runs
+        for directory in (state.options.results_dir, state.options.golden_dir):
+            state.stale_temp_removed += remove_stale_temp_files(directory)
     # Registered as a plugin so it receives every test report (outcome column).
     config.pluginmanager.register(state, AFD_SESSION_PLUGIN)
     outcomes.register(config)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    opts = afd_session(config).options
+    state = afd_session(config)
+    opts = state.options
     topo = opts.topology
     roles = (
         f"{topo.attention_ranks} Attention + {topo.ffn_ranks} FFN ranks, ratio {topo.ratio_label}"
@@ -473,6 +185,11 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"model={opts.model} routing={opts.routing} seed={opts.seed} repeats={opts.repeats} "
         f"warmups={opts.warmups} order={opts.run_order}"
     ]
+    if state.stale_temp_removed:
+        lines.append(
+            f"afd: removed {len(state.stale_temp_removed)} stale temp file(s) of killed writes "
+            f"({', '.join(sorted({str(path.parent) for path in state.stale_temp_removed}))})"
+        )
     if opts.backend == "cpu":
         lines.append(f"afd: CPU emulation: {topo.cpu_emulation().note}")
     return lines
@@ -490,7 +207,7 @@ def _marker_count(marker: pytest.Mark, key: str, default: int) -> int:
 
 def _available_nodes() -> int:
     text = os.environ.get(ENV_NUM_NODES, "").strip() or str(DEFAULT_NUM_NODES)
-    if not text.isdigit() or int(text) < 1:
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
         pytest.fail(f"${ENV_NUM_NODES}={text!r}: expected a positive integer", pytrace=False)
     return int(text)
 
@@ -597,6 +314,35 @@ def case_kind(item: pytest.Item) -> str:
     return "other"
 
 
+def summary_entry(doc: dict[str, Any], nodeid: str, path: Path) -> dict[str, Any]:
+    """One row of summary.json and of the terminal table for a written result."""
+    metric, median, cv, unit = headline(doc)
+    return {
+        "case_id": doc["case_id"],
+        "nodeid": nodeid,
+        "case_kind": doc["case_kind"],
+        "path": str(path),
+        "metric": metric,
+        "median": median,
+        "cv": cv,
+        "unit": unit,
+        "synthetic": doc["labels"]["synthetic"],
+        "comparability": doc["labels"]["comparability"],
+        "manifest_digest": doc["manifest_digest"],
+    }
+
+
+def _recover_lost_results(state: AfdSession) -> None:
+    """Results a dead worker wrote this session, read back from the results dir."""
+    listed = {entry["case_id"] for entry in state.written}
+    for path, doc in results_written_since(state.options.results_dir, state.started_at):
+        if doc["case_id"] in listed:
+            continue
+        owners = [nodeid for nodeid in state.outcomes if doc["case_id"].startswith(nodeid)]
+        entry = summary_entry(doc, max(owners, key=len, default=doc["case_id"]), path)
+        state.written.append({**entry, "recovered": True})
+
+
 @dataclass
 class ResultWriter:
     """The ``afd_results`` fixture: one validated, atomically written result JSON per case."""
@@ -640,22 +386,7 @@ class ResultWriter:
         except ResultValidationError as exc:
             pytest.fail(str(exc), pytrace=False)
         self.written.append(doc["case_id"])
-        metric, median, cv, unit = headline(doc)
-        self.state.written.append(
-            {
-                "case_id": doc["case_id"],
-                "nodeid": self.case_id,
-                "case_kind": doc["case_kind"],
-                "path": str(path),
-                "metric": metric,
-                "median": median,
-                "cv": cv,
-                "unit": unit,
-                "synthetic": doc["labels"]["synthetic"],
-                "comparability": doc["labels"]["comparability"],
-                "manifest_digest": doc["manifest_digest"],
-            }
-        )
+        self.state.written.append(summary_entry(doc, self.case_id, path))
         self.state.config.hook.pytest_afd_result_written(
             config=self.state.config, path=path, result=doc
         )
@@ -689,19 +420,32 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             "golden_updates": state.golden_updates,
         }
         return
-    outcomes.tracker(session.config).write_summary(
-        state.options.results_dir / SUMMARY_FILE, state.written, state.options.results_dir,
-        state.golden_updates,
+    if state.lost_workers:
+        _recover_lost_results(state)
+    # Always replaced (never a stale summary), with each result's outcome and the lost workers.
+    summary = outcomes.tracker(session.config).summary(
+        state.written, state.options.results_dir, state.golden_updates
     )
+    if state.lost_workers:
+        summary["lost_workers"] = state.lost_workers
+    atomic_write_json(state.options.results_dir / SUMMARY_FILE, summary)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
-    """pytest-xdist: merge a finished worker's results into the controller's summary."""
+    """pytest-xdist: merge a finished worker's results into the controller's summary.
+
+    A worker that died (``error`` set) never sends ``workeroutput``: xdist reports
+    its running test as failed, the other workers' results are kept, and the
+    summary lists the lost worker (its result files stay on disk).
+    """
+    state = afd_session(node.config)
+    if error is not None:
+        state.lost_workers.append({"worker": str(node.gateway.id), "error": str(error)})
+        return
     output = node.workeroutput.get(WORKEROUTPUT_KEY)
     if output is None:
         return
-    state = afd_session(node.config)
     state.written.extend(output["results"])
     state.golden_updates.extend(output["golden_updates"])
 
@@ -712,7 +456,7 @@ def _format_value(value: float | None) -> str:
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     state = afd_session(config)
-    if _is_worker(config) or not (state.written or state.golden_updates):
+    if _is_worker(config) or not (state.written or state.golden_updates or state.lost_workers):
         return
     reporter = terminalreporter
     reporter.section("pytest-afd results")
@@ -745,6 +489,11 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         reporter.write_line(
             f"{len(state.written)} result JSON file(s) in {state.options.results_dir} "
             f"(summary: {state.options.results_dir / SUMMARY_FILE})"
+        )
+    for lost in state.lost_workers:
+        reporter.write_line(
+            f"worker {lost['worker']} crashed ({lost['error']}): the results it wrote this "
+            f"session were read back from {state.options.results_dir} (marked recovered)"
         )
     if state.golden_updates:
         reporter.write_line(

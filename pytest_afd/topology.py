@@ -5,7 +5,11 @@ Grammar (case-insensitive, see ``docs/topology.md``)::
     topology  := part [ "-" part ]          # a second part makes it AFD: attention-ffn
     part      := ( dim size )+              # each dim at most once per part
     dim       := dp | pcp | dcp | cp | tp | sp | pp | ep
-    size      := positive integer without leading zeros
+    size      := positive integer without leading zeros (ASCII digits)
+
+A topology may use at most ``MAX_TOTAL_RANKS`` ranks (Attention + FFN), so a
+typo such as ``dp99999999999`` is a clear error instead of a rank layout that
+never finishes.
 
 Rank counting, per part: ``ranks = pp * width`` with
 ``width = dp * pcp * group`` where ``group = max(tp, cp, sp, dcp)`` is the
@@ -35,9 +39,17 @@ GRAMMAR = (
     "e.g. dp3pcp8-ep8, dp4pcp8, pp2cp8tp8, dp32ep32"
 )
 # Longest names first so "pcp"/"dcp" win over "cp" and "pp".
-_DIM_PATTERN = re.compile(r"(pcp|dcp|dp|cp|tp|sp|pp|ep)(\d*)")
-_WORD_PATTERN = re.compile(r"[a-z]+\d*")
+# ASCII digits only: str.isdigit and \\d also accept e.g. Arabic-Indic digits.
+_DIM_PATTERN = re.compile(r"(pcp|dcp|dp|cp|tp|sp|pp|ep)([0-9]*)")
+_WORD_PATTERN = re.compile(r"[a-z]+[0-9]*")
 MAX_PARTS = 2
+# 1,024 nodes of 8 NPUs: far past any AFD deployment studied, small enough
+# that the per-rank manifest mapping stays cheap to build and to write.
+MAX_TOTAL_RANKS = 8192
+# A size needs at most as many digits as MAX_TOTAL_RANKS (checked before int()).
+MAX_SIZE_DIGITS = len(str(MAX_TOTAL_RANKS))
+# Longer strings are refused before parsing (and quoted shortened in the error).
+MAX_SPEC_CHARS = 128
 # Atlas 800 A2 / A3 nodes carry 8 NPUs; override with --afd-devices-per-node.
 DEFAULT_DEVICES_PER_NODE = 8
 # The DeepSeek V3.2 CAM async recipe's AFD layout: the CPU backend's default.
@@ -303,6 +315,11 @@ def _parse_part(text: str, whole: str, role: str) -> RolePart:
             raise TopologyError(
                 f"topology {whole!r}: dim {dim!r} repeated in token {token!r} of {text!r}"
             )
+        if len(size_text) > MAX_SIZE_DIGITS:
+            raise TopologyError(
+                f"topology {whole!r}: token {token!r} has a {len(size_text)}-digit size; "
+                f"a topology has at most {MAX_TOTAL_RANKS} ranks"
+            )
         dims[dim] = int(size_text)
         position = match.end()
     part = RolePart(spec="".join(f"{d}{s}" for d, s in dims.items()), dims=MappingProxyType(dims))
@@ -335,6 +352,17 @@ def parse_topology(spec: str, aliases: Mapping[str, str] | None = None) -> Topol
         alias, text = text, alias_table[text].strip().lower()
     if not text:
         raise TopologyError(f"topology {spec!r} is empty; expected {GRAMMAR}")
+    if len(text) > MAX_SPEC_CHARS:
+        raise TopologyError(
+            f"topology {spec[:40]!r}... is {len(text)} characters long; at most {MAX_SPEC_CHARS} "
+            f"(a topology has at most {MAX_TOTAL_RANKS} ranks)"
+        )
+    if not text.isascii():
+        odd = next(char for char in text if not char.isascii())
+        raise TopologyError(
+            f"topology {spec!r} contains the non-ASCII character {odd!r} (U+{ord(odd):04X}); "
+            f"sizes are ASCII digits 0-9: {GRAMMAR}"
+        )
     if re.search(r"\s", text):
         raise TopologyError(f"topology {spec!r} contains whitespace; expected {GRAMMAR}")
     parts = text.split("-")
@@ -344,7 +372,13 @@ def parse_topology(spec: str, aliases: Mapping[str, str] | None = None) -> Topol
         )
     attention = _parse_part(parts[0], spec, "attention")
     ffn = _parse_part(parts[1], spec, "ffn") if len(parts) == MAX_PARTS else None
-    return Topology(spec=spec, attention=attention, ffn=ffn, alias=alias)
+    topology = Topology(spec=spec, attention=attention, ffn=ffn, alias=alias)
+    if topology.total_ranks > MAX_TOTAL_RANKS:
+        raise TopologyError(
+            f"topology {spec!r} needs {topology.total_ranks} ranks ({topology.attention_ranks} "
+            f"attention + {topology.ffn_ranks} ffn); at most {MAX_TOTAL_RANKS} are supported"
+        )
+    return topology
 
 
 def load_aliases(path: str | Path) -> dict[str, str]:
@@ -354,9 +388,17 @@ def load_aliases(path: str | Path) -> dict[str, str]:
     """
     file = Path(path)
     try:
-        loaded = yaml.safe_load(file.read_text())
+        loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise TopologyError(f"topology alias file {file} does not exist") from exc
+    except IsADirectoryError as exc:
+        raise TopologyError(f"topology alias file {file} is a directory, not a YAML file") from exc
+    except UnicodeDecodeError as exc:
+        raise TopologyError(
+            f"topology alias file {file} is not UTF-8 text (byte {exc.start}: {exc.reason})"
+        ) from exc
+    except OSError as exc:
+        raise TopologyError(f"topology alias file {file} cannot be read: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
         raise TopologyError(f"topology alias file {file} is not valid YAML: {exc}") from exc
     if isinstance(loaded, Mapping) and set(loaded) == {"aliases"}:

@@ -16,11 +16,19 @@ from itertools import cycle, islice
 from pathlib import Path
 from typing import Any
 
+from pytest_afd.scheduling.arguments import (  # noqa: F401  (re-exported: the CLI's API)
+    MAX_FORWARDS,
+    MAX_NUM_REQUESTS,
+    MAX_PROMPT_LEN,
+    PROG,
+    UNCHUNKED,
+    build_parser,
+    chunk_list,
+    chunk_value,
+    nonnegative_int,
+    positive_int,
+)
 from pytest_afd.scheduling.model import (
-    DEFAULT_MAX_BATCHED_TOKENS,
-    DEFAULT_MAX_PREFILL_REQS,
-    DEFAULT_PAGE_SIZE,
-    DEFAULT_ROUND_CAPACITY,
     JSON_FIRST_FORWARDS,
     SchedulePlan,
     SchedulerConfig,
@@ -29,159 +37,11 @@ from pytest_afd.scheduling.model import (
 from pytest_afd.scheduling.prefix_cache import realized_cached_tokens
 from pytest_afd.scheduling.sweep import SweepCandidate, sweep
 
-PROG = "afd-chunk-plan"
-UNCHUNKED = "unchunked"
-# "8k" / "8K" in a chunk size means 8 * 1024 tokens (the RFC's "8K tokens").
-KILO_SUFFIX_TOKENS = 1024
 AZURE_PROMPT_COLUMN = "ContextTokens"
 JSONL_PROMPT_KEY = "prompt_len"
 JSONL_CACHED_KEY = "cached_prefix"
-DEFAULT_SHOW_FORWARDS = 8
 EXIT_OK = 0
 EXIT_INVALID_PLAN = 1
-
-
-# ---------------------------------------------------------------------------
-# Argument types: each names the bad value
-
-
-def _int_at_least(text: str, minimum: int, requirement: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"{text!r} must be {requirement}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    return _int_at_least(text, 1, "a positive integer")
-
-
-def nonnegative_int(text: str) -> int:
-    return _int_at_least(text, 0, ">= 0")
-
-
-def chunk_value(text: str) -> int | None:
-    """A chunk size: a positive token count (``8192`` or ``8k``) or ``unchunked``."""
-    cleaned = text.strip()
-    if cleaned.lower() == UNCHUNKED:
-        return None
-    multiplier = 1
-    if cleaned[-1:] in ("k", "K"):
-        cleaned, multiplier = cleaned[:-1], KILO_SUFFIX_TOKENS
-    try:
-        value = int(cleaned) * multiplier
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"chunk {text!r}: expected a positive token count or {UNCHUNKED!r}"
-        ) from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(
-            f"chunk {text!r}: expected a positive token count or {UNCHUNKED!r}"
-        )
-    return value
-
-
-def chunk_list(text: str) -> list[int | None]:
-    items = [item for item in text.split(",") if item.strip()]
-    if not items:
-        raise argparse.ArgumentTypeError(f"sweep {text!r}: expected a comma-separated list")
-    return [chunk_value(item) for item in items]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description=(
-            "Model how a prefill chunk size is interpreted (DP folding, page-granular "
-            "admission, CP zigzag rows, communication rounds) and print the batch shapes."
-        ),
-    )
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument(
-        "--prompt-len",
-        type=positive_int,
-        action="append",
-        metavar="N",
-        help="a prompt length in tokens (repeatable)",
-    )
-    source.add_argument(
-        "--workload",
-        type=Path,
-        metavar="FILE",
-        help='JSONL (an integer or {"prompt_len": N, "cached_prefix": M} '
-        "per line) or an Azure trace CSV (column ContextTokens)",
-    )
-    parser.add_argument(
-        "--num-requests",
-        type=positive_int,
-        metavar="N",
-        help="the first N lengths, cycling through them if there are fewer",
-    )
-    size = parser.add_mutually_exclusive_group(required=True)
-    size.add_argument(
-        "--chunk",
-        type=chunk_value,
-        metavar="N|unchunked",
-        help="the GLOBAL chunk flag (divided by --dp)",
-    )
-    size.add_argument(
-        "--sweep",
-        type=chunk_list,
-        metavar="LIST",
-        help="comma-separated chunk sizes, e.g. 8192,16384,32768,65536,unchunked",
-    )
-    parser.add_argument("--dp", type=positive_int, metavar="N", help="DP size (default 1)")
-    parser.add_argument(
-        "--cp", type=positive_int, default=1, metavar="N", help="prefill context-parallel size"
-    )
-    parser.add_argument(
-        "--ranks",
-        type=positive_int,
-        metavar="N",
-        help="attention ranks (dp * cp); checked, and gives --dp when omitted",
-    )
-    parser.add_argument("--page-size", type=positive_int, default=DEFAULT_PAGE_SIZE, metavar="N")
-    parser.add_argument(
-        "--max-prefill-reqs",
-        type=positive_int,
-        default=DEFAULT_MAX_PREFILL_REQS,
-        metavar="N",
-        help="request slots per batch (Pcap)",
-    )
-    parser.add_argument(
-        "--max-running-seqs",
-        type=positive_int,
-        metavar="N",
-        help="max running sequences (vLLM max_num_seqs)",
-    )
-    parser.add_argument(
-        "--max-batched-tokens", type=positive_int, default=DEFAULT_MAX_BATCHED_TOKENS, metavar="N"
-    )
-    parser.add_argument(
-        "--round-capacity",
-        type=positive_int,
-        default=DEFAULT_ROUND_CAPACITY,
-        metavar="N",
-        help="rows per rank one dispatch/combine round moves",
-    )
-    parser.add_argument(
-        "--cached-prefix",
-        type=nonnegative_int,
-        metavar="N",
-        help="requested cached prefix per request; realized as whole pages",
-    )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument(
-        "--show-forwards",
-        type=nonnegative_int,
-        default=DEFAULT_SHOW_FORWARDS,
-        metavar="K",
-        help="forwards listed in the table",
-    )
-    return parser
 
 
 # ---------------------------------------------------------------------------
@@ -197,7 +57,28 @@ class QueueEntry:
 def _positive_field(value: object, where: str, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{where}: {what} {value!r} is not a positive integer")
+    if value > MAX_PROMPT_LEN:
+        raise ValueError(f"{where}: {what} {value} is more than the limit {MAX_PROMPT_LEN}")
     return value
+
+
+def _check_size(
+    entries: Sequence[QueueEntry], chunks: Sequence[int | None], max_batched: int
+) -> None:
+    """Refuse a queue whose plan would take minutes: too many requests or forwards."""
+    if len(entries) > MAX_NUM_REQUESTS:
+        raise ValueError(f"{len(entries)} requests is more than the limit {MAX_NUM_REQUESTS}")
+    total = sum(entry.prompt_len for entry in entries)
+    for chunk in chunks:
+        per_forward = max_batched if chunk is None else min(chunk, max_batched)
+        forwards = -(-total // per_forward)
+        if forwards > MAX_FORWARDS:
+            label = UNCHUNKED if chunk is None else f"chunk {chunk}"
+            raise ValueError(
+                f"{total} prompt tokens at {per_forward} tokens per forward ({label}, "
+                f"--max-batched-tokens {max_batched}) need at least {forwards} forwards; "
+                f"the limit is {MAX_FORWARDS}"
+            )
 
 
 def _read_azure_csv(path: Path) -> list[QueueEntry]:
@@ -309,6 +190,9 @@ def _cached(
 def prepare(args: argparse.Namespace) -> PlanInputs:
     """Validate the arguments together; raises ValueError naming the bad value."""
     entries = _queue(args)
+    _check_size(
+        entries, [args.chunk] if args.sweep is None else args.sweep, args.max_batched_tokens
+    )
     chunk = args.chunk if args.sweep is None else args.sweep[0]
     config = SchedulerConfig(
         chunk_size=chunk,

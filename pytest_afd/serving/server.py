@@ -8,7 +8,11 @@ optional SSE streaming), ``GET /health``, ``GET /metrics`` (vLLM counter names),
 
 Concurrent requests are queued and prefilled together by one engine thread, the
 way a serving scheduler batches waiting prefills: everything that is waiting
-when the previous batch finishes (up to ``max_num_seqs``) forms the next batch.
+when the previous batch finishes (up to ``max_num_seqs`` requests and
+``--max-batch-tokens`` prompt tokens) forms the next batch. Requests are
+validated while they are read (:mod:`pytest_afd.serving.requests`), and a
+batch the backend fails is rerun request by request, so one bad request fails
+only itself. Limits, backlog and timeouts: ``docs/serving.md``.
 """
 
 from __future__ import annotations
@@ -17,230 +21,37 @@ import argparse
 import dataclasses
 import json
 import os
-import queue
 import signal
+import socket
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future
-from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from pytest_afd.backends.base import Backend, PromptRequest, RequestOutput, RunSettings
+from pytest_afd.serving.engine import DEFAULT_BATCH_WINDOW_S, PrefillEngine
+from pytest_afd.serving.requests import (
+    DEFAULT_MAX_BATCH_TOKENS,
+    DEFAULT_MAX_PROMPT_TOKENS,
+    DEFAULT_READ_TIMEOUT_S,
+    DEFAULT_REQUEST_QUEUE_SIZE,
+    PREFILL_MAX_TOKENS,
+    BadRequest,
+    ServingLimits,
+    check_prompt,
+    parse_completion_request,
+    parse_json_body,
+    read_body,
+)
 
-PREFILL_MAX_TOKENS = 1
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
-ENGINE_IDLE_POLL_S = 0.2
-# How long the engine keeps collecting after the first waiting request. A burst
-# of concurrent clients reaches the server over a few milliseconds; without a
-# window the first request of an all-at-once burst would be prefilled alone.
-DEFAULT_BATCH_WINDOW_S = 0.02
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SSE_DONE = b"data: [DONE]\n\n"
-
-
-class BadRequest(ValueError):
-    """The request body breaks the API contract; answered with HTTP 400."""
-
-
-@dataclass
-class _Pending:
-    prompt: PromptRequest
-    future: Future[RequestOutput]
-
-
-@dataclass
-class _Counters:
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    request_success: int = 0
-    request_failure: int = 0
-    batches: int = 0
-    submitted: int = 0
-    running: int = 0  # requests in the batch the backend is running now
-
-
-class PrefillEngine:
-    """Owns the backend: every backend call happens on this one thread."""
-
-    def __init__(self, backend: Backend, settings: RunSettings,
-                 batch_window_s: float = DEFAULT_BATCH_WINDOW_S) -> None:
-        self.backend = backend
-        self.settings = settings
-        self.batch_window_s = batch_window_s
-        self._deferred: Callable[[], None] | None = None
-        self._queue: queue.Queue[_Pending | Callable[[], None]] = queue.Queue()
-        self._lock = threading.Lock()
-        self._counters = _Counters()
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="prefill-engine", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._thread.join()
-
-    @property
-    def healthy(self) -> bool:
-        return self._thread.is_alive()
-
-    def submit(self, prompt: PromptRequest) -> Future[RequestOutput]:
-        future: Future[RequestOutput] = Future()
-        with self._lock:
-            self._counters.submitted += 1
-        self._queue.put(_Pending(prompt, future))
-        return future
-
-    def reset_prefix_cache(self) -> None:
-        """Runs between batches so a reset never races a forward."""
-        done: Future[None] = Future()
-
-        def reset() -> None:
-            try:
-                self.backend.reset_prefix_cache()
-            except Exception as error:  # reported to the caller; the engine keeps running
-                done.set_exception(error)
-                return
-            done.set_result(None)
-
-        self._queue.put(reset)
-        done.result()
-
-    def counters(self) -> _Counters:
-        with self._lock:
-            return dataclasses.replace(self._counters)
-
-    def _next_batch(self) -> list[_Pending] | Callable[[], None] | None:
-        """The next control item, or the requests that arrive within the batch window."""
-        if self._deferred is not None:
-            control, self._deferred = self._deferred, None
-            return control
-        try:
-            first = self._queue.get(timeout=ENGINE_IDLE_POLL_S)
-        except queue.Empty:
-            return None
-        if not isinstance(first, _Pending):
-            return first
-        batch = [first]
-        deadline = time.monotonic() + self.batch_window_s
-        while len(batch) < self.settings.max_num_seqs:
-            try:
-                item = self._queue.get(timeout=max(deadline - time.monotonic(), 0.0))
-            except queue.Empty:
-                break
-            if not isinstance(item, _Pending):
-                self._deferred = item  # runs right after this batch
-                break
-            batch.append(item)
-        return batch
-
-    def _loop(self) -> None:
-        while not self._stopping.is_set():
-            work = self._next_batch()
-            if work is None:
-                continue
-            if callable(work):
-                work()
-                continue
-            self._run_batch(work)
-
-    def _run_batch(self, batch: list[_Pending]) -> None:
-        with self._lock:
-            self._counters.running = len(batch)
-        try:
-            outputs = self.backend.run([pending.prompt for pending in batch], self.settings)
-        except Exception as error:  # one failing batch fails its requests, not the server
-            with self._lock:
-                self._counters.running = 0
-                self._counters.request_failure += len(batch)
-            for pending in batch:
-                pending.future.set_exception(error)
-            return
-        by_id = outputs.by_id()
-        missing = RuntimeError("the backend returned no output for this request")
-        with self._lock:
-            self._counters.running = 0
-            self._counters.batches += 1
-            for pending in batch:
-                output = by_id.get(pending.prompt.request_id)
-                if output is not None and output.error is None:
-                    self._counters.request_success += 1
-                    self._counters.prompt_tokens += output.num_prompt_tokens
-                    self._counters.cached_tokens += output.num_cached_tokens
-                else:
-                    self._counters.request_failure += 1
-        for pending in batch:
-            output = by_id.get(pending.prompt.request_id)
-            if output is None:
-                pending.future.set_exception(missing)
-            else:
-                pending.future.set_result(output)
-
-    def metrics_text(self, model_name: str) -> str:
-        """vLLM's counter names, so the same scraper reads this server and vLLM."""
-        counters = self.counters()
-        labels = f'model_name="{model_name}",engine="0"'
-        rows = [
-            ("vllm:prefix_cache_queries", "counter", "Prefix cache queries, in tokens.",
-             f"{{{labels}}}", counters.prompt_tokens),
-            ("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in tokens.",
-             f"{{{labels}}}", counters.cached_tokens),
-            ("vllm:prompt_tokens", "counter", "Number of prefill tokens processed.",
-             f"{{{labels}}}", counters.prompt_tokens),
-            ("vllm:request_success", "counter", "Count of successfully processed requests.",
-             f'{{{labels},finished_reason="length"}}', counters.request_success),
-            ("afd:request_failure", "counter", "Requests whose prefill failed.",
-             f"{{{labels}}}", counters.request_failure),
-            ("afd:prefill_batches", "counter", "Backend prefill batches run.",
-             f"{{{labels}}}", counters.batches),
-        ]
-        lines = []
-        for name, kind, help_text, label_text, value in rows:
-            lines += [f"# HELP {name}_total {help_text}", f"# TYPE {name}_total {kind}",
-                      f"{name}_total{label_text} {float(value)}"]
-        finished = counters.request_success + counters.request_failure
-        waiting = counters.submitted - finished - counters.running
-        for name, help_text, value in (
-            ("vllm:num_requests_running", "Requests in the batch being prefilled.", counters.running),
-            ("vllm:num_requests_waiting", "Requests queued for the next batch.", waiting),
-        ):
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge",
-                      f"{name}{{{labels}}} {float(value)}"]
-        return "\n".join(lines) + "\n"
-
-
-def parse_completion_request(body: dict[str, Any], served_model_name: str) -> tuple[tuple[int, ...], bool, bool]:
-    """Validate a ``/v1/completions`` body; returns (token ids, stream, include_usage)."""
-    model = body.get("model", served_model_name)
-    if model != served_model_name:
-        raise BadRequest(f"model={model!r}; this server serves {served_model_name!r}")
-    prompt = body.get("prompt")
-    if not isinstance(prompt, list) or not prompt or not all(
-        isinstance(token, int) and not isinstance(token, bool) and token >= 0 for token in prompt
-    ):
-        raise BadRequest(
-            f"prompt must be a non-empty list of token ids (non-negative ints); got "
-            f"{type(prompt).__name__} {str(prompt)[:80]!r}"
-        )
-    max_tokens = body.get("max_tokens", PREFILL_MAX_TOKENS)
-    if max_tokens != PREFILL_MAX_TOKENS:
-        raise BadRequest(
-            f"max_tokens={max_tokens!r}; this prefill-only server generates exactly "
-            f"{PREFILL_MAX_TOKENS} token"
-        )
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise BadRequest(f"stream={stream!r}; expected a boolean")
-    stream_options = body.get("stream_options") or {}
-    include_usage = bool(stream_options.get("include_usage", False))
-    return tuple(prompt), stream, include_usage
 
 
 def _usage(output: RequestOutput) -> dict[str, Any]:
@@ -260,6 +71,12 @@ def _choice(output: RequestOutput) -> dict[str, Any]:
 class _Handler(BaseHTTPRequestHandler):
     server: AfdHTTPServer  # type: ignore[assignment]
 
+    def setup(self) -> None:
+        # StreamRequestHandler applies ``timeout`` to the socket: a stalled read
+        # (a body shorter than its Content-Length, held open) raises TimeoutError.
+        self.timeout = self.server.limits.read_timeout_s
+        super().setup()
+
     def log_message(self, format: str, *args: Any) -> None:
         sys.stderr.write(f"{self.address_string()} {format % args}\n")
 
@@ -274,6 +91,22 @@ class _Handler(BaseHTTPRequestHandler):
     def _send_error_json(self, status: HTTPStatus, message: str) -> None:
         self._send_json(status, {"error": {"message": message, "type": status.phrase,
                                            "code": int(status)}})
+
+    def _read_json_body(self) -> dict[str, Any]:
+        """The body as JSON; a client error closes the connection (its stream is out of step)."""
+        try:
+            return parse_json_body(read_body(self.rfile, self.headers))
+        except BadRequest:
+            self.close_connection = True
+            raise
+        except TimeoutError:
+            self.close_connection = True
+            self._send_error_json(
+                HTTPStatus.REQUEST_TIMEOUT,
+                f"body not received within {self.server.limits.read_timeout_s} s "
+                f"(Content-Length {self.headers.get('Content-Length')})",
+            )
+            raise
 
     def do_GET(self) -> None:
         engine = self.server.engine
@@ -314,14 +147,18 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error_json(HTTPStatus.NOT_FOUND, f"no route POST {self.path}")
             return
         try:
-            length = int(self.headers.get("Content-Length", "0"))
-            body = json.loads(self.rfile.read(length) or b"null")
-            if not isinstance(body, dict):
-                raise BadRequest(f"body must be a JSON object, got {type(body).__name__}")
+            body = self._read_json_body()
             token_ids, stream, include_usage = parse_completion_request(
                 body, self.server.served_model_name)
-        except ValueError as error:  # BadRequest, bad JSON or a bad Content-Length
-            self._send_error_json(HTTPStatus.BAD_REQUEST, str(error))
+        except BadRequest as error:  # bad JSON, a bad Content-Length or a bad field
+            self._send_error_json(error.status, str(error))
+            return
+        except TimeoutError:
+            return  # _read_json_body answered 408 and closes the connection
+        try:
+            check_prompt(token_ids, self.server.limits, self.server.schedulable_prompt_tokens)
+        except BadRequest as error:
+            self._send_error_json(error.status, str(error))
             return
         request_id = self.headers.get("X-Request-Id") or f"cmpl-{uuid.uuid4().hex}"
         # Internal ids stay unique even when clients reuse theirs.
@@ -354,10 +191,30 @@ class _Handler(BaseHTTPRequestHandler):
 class AfdHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], engine: PrefillEngine, served_model_name: str) -> None:
+    def __init__(self, address: tuple[str, int], engine: PrefillEngine, served_model_name: str,
+                 limits: ServingLimits | None = None) -> None:
+        self.limits = limits or ServingLimits()
+        # listen() takes socketserver's backlog (default 5) when the base class binds.
+        self.request_queue_size = self.limits.request_queue_size
         super().__init__(address, _Handler)
         self.engine = engine
         self.served_model_name = served_model_name
+
+    @property
+    def schedulable_prompt_tokens(self) -> int:
+        """Without chunked prefill a prompt must fit one step's token budget, which the
+        scheduler charges in whole KV pages (page-granular admission, docs/chunk-planner.md)."""
+        settings = self.engine.settings
+        if settings.chunk_size is not None:
+            return sys.maxsize
+        return settings.max_num_batched_tokens // settings.block_size * settings.block_size
+
+    def handle_error(self, request: socket.socket | tuple[bytes, socket.socket],
+                     client_address: Any) -> None:
+        """A client that went away mid-answer is its own business, not a traceback."""
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)
 
 
 def check_loopback(host: str) -> str:
@@ -415,7 +272,57 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="how long to collect requests after the first one of a batch")
     parser.add_argument("--settings-json", type=_argument(settings_from_json), default=RunSettings(),
                         help="RunSettings as a JSON object (dataclasses.asdict)")
+    limits = parser.add_argument_group("limits (docs/serving.md)")
+    limits.add_argument("--max-prompt-tokens", type=_argument(_positive_int),
+                        default=DEFAULT_MAX_PROMPT_TOKENS,
+                        help="longer prompts are answered 400 (default %(default)s)")
+    limits.add_argument("--max-batch-tokens", type=_argument(_positive_int),
+                        default=DEFAULT_MAX_BATCH_TOKENS,
+                        help="prompt tokens admitted into one engine batch (default %(default)s)")
+    limits.add_argument("--vocab-size", type=_argument(_positive_int), default=None,
+                        help="token ids must be below this (default: the vocabulary the "
+                             "backend describes, model.config.vocab_size)")
+    limits.add_argument("--request-queue-size", type=_argument(_positive_int),
+                        default=DEFAULT_REQUEST_QUEUE_SIZE,
+                        help="listen backlog (default %(default)s; the kernel caps it at "
+                             "net.core.somaxconn)")
+    limits.add_argument("--read-timeout-s", type=_argument(_positive_seconds),
+                        default=DEFAULT_READ_TIMEOUT_S,
+                        help="a connection silent this long is answered 408 and closed "
+                             "(default %(default)s)")
     return parser
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1 or not text.strip().isascii():
+        raise ValueError(f"{text!r}: expected a positive integer")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{text!r}: expected seconds > 0")
+    return value
+
+
+def described_vocab_size(description: dict[str, Any]) -> int | None:
+    """The vocabulary a backend description records (``model.config.vocab_size``, as the CPU
+    backend writes it); None when it records none (the backend then checks token ids)."""
+    model = description.get("model")
+    config = model.get("config") if isinstance(model, dict) else None
+    return config.get("vocab_size") if isinstance(config, dict) else None
+
+
+def limits_from_args(args: argparse.Namespace, backend: Backend) -> ServingLimits:
+    vocab_size = args.vocab_size
+    if vocab_size is None:
+        vocab_size = described_vocab_size(backend.describe())
+    return ServingLimits(vocab_size=vocab_size, max_prompt_tokens=args.max_prompt_tokens,
+                         max_batch_tokens=args.max_batch_tokens,
+                         request_queue_size=args.request_queue_size,
+                         read_timeout_s=args.read_timeout_s)
 
 
 def make_backend(args: argparse.Namespace) -> Backend:
@@ -432,11 +339,13 @@ def make_backend(args: argparse.Namespace) -> Backend:
 
 def serve(backend: Backend, settings: RunSettings, *, host: str, port: int,
           served_model_name: str, port_file: Path | None = None,
-          batch_window_s: float = DEFAULT_BATCH_WINDOW_S) -> None:
+          batch_window_s: float = DEFAULT_BATCH_WINDOW_S,
+          limits: ServingLimits | None = None) -> None:
     """Serve until SIGTERM/SIGINT; the backend is closed on the way out."""
-    engine = PrefillEngine(backend, settings, batch_window_s)
+    limits = limits or ServingLimits()
+    engine = PrefillEngine(backend, settings, batch_window_s, limits.max_batch_tokens)
     engine.start()
-    httpd = AfdHTTPServer((host, port), engine, served_model_name)
+    httpd = AfdHTTPServer((host, port), engine, served_model_name, limits)
 
     def shutdown(signum: int, frame: object) -> None:
         threading.Thread(target=httpd.shutdown, daemon=True).start()
@@ -460,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     backend = make_backend(args)
     serve(backend, args.settings_json, host=args.host, port=args.port,
           served_model_name=args.served_model_name or args.model_name, port_file=args.port_file,
-          batch_window_s=args.batch_window_s)
+          batch_window_s=args.batch_window_s, limits=limits_from_args(args, backend))
     return 0
 
 

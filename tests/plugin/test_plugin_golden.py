@@ -122,7 +122,8 @@ def test_plugin_store_unreadable_npz_with_matching_checksum(tmp_path):
     import hashlib
 
     (tmp_path / "x.npz").write_bytes(b"not a zip")
-    (tmp_path / "x.json").write_text(json.dumps({"sha256": hashlib.sha256(b"not a zip").hexdigest()}))
+    (tmp_path / "x.json").write_text(json.dumps({"sha256": hashlib.sha256(b"not a zip").hexdigest(),
+                                                 "dtype": "int64", "shape": [2]}))
     with pytest.raises(GoldenCorruptError, match="cannot read"):
         GoldenStore(tmp_path).load("x")
 
@@ -154,3 +155,28 @@ def test_plugin_store_unknown_sidecar_format(tmp_path):
     (tmp_path / "t.json").write_text(json.dumps(sidecar))
     with pytest.raises(GoldenCorruptError, match="'pickle' is not one of"):
         GoldenStore(tmp_path).check("t", [1, 2], profile="exact")
+
+
+@pytest.mark.parametrize("file_format", ["npz", "safetensors"])
+@pytest.mark.parametrize(
+    ("key", "wrong", "message"),
+    [
+        ("dtype", "float64", "sidecar dtype 'float64' does not match .*'float32'"),
+        ("shape", [4, 3], r"sidecar shape \[4, 3\] does not match .*\[3, 4\]"),
+        ("shape", None, r"sidecar shape None does not match"),
+    ],
+)
+def test_plugin_store_sidecar_dtype_and_shape_must_describe_the_array(tmp_path, file_format, key,
+                                                                       wrong, message):
+    logits = np.arange(12, dtype=np.float32).reshape(3, 4)
+    GoldenStore(tmp_path, update=True, file_format=file_format).check("l", logits)
+    sidecar_path = tmp_path / "l.json"
+    sidecar = json.loads(sidecar_path.read_text())
+    assert GoldenStore(tmp_path).check("l", logits).ok  # untouched, it loads
+    if wrong is None:
+        del sidecar[key]
+    else:
+        sidecar[key] = wrong
+    sidecar_path.write_text(json.dumps(sidecar))  # the checksum still matches the data file
+    with pytest.raises(GoldenCorruptError, match=f"golden 'l': {message}"):
+        GoldenStore(tmp_path).check("l", logits)

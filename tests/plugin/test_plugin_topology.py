@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from pytest_afd.topology import (
     DEFAULT_CPU_TOPOLOGY,
+    MAX_TOTAL_RANKS,
     TopologyError,
     load_aliases,
     parse_topology,
@@ -194,3 +195,40 @@ def test_plugin_property_arbitrary_strings_parse_or_raise_topology_error(text):
         assert "topology" in str(exc)
     else:
         assert topo.total_ranks >= 1
+
+
+def test_plugin_rank_count_is_bounded_with_a_clear_error():
+    assert parse_topology("dp1024pcp8").total_ranks == MAX_TOTAL_RANKS  # the limit itself parses
+    assert parse_topology("dp1023pcp8-ep8").total_ranks == MAX_TOTAL_RANKS
+    with pytest.raises(TopologyError, match=r"'dp1024pcp8-ep8' needs 8200 ranks .* at most 8192"):
+        parse_topology("dp1024pcp8-ep8")
+    with pytest.raises(TopologyError, match=r"token 'dp99999999999' has a 11-digit size"):
+        parse_topology("dp99999999999pcp8-ep8")
+    with pytest.raises(TopologyError, match=r"is 5002 characters long; at most 128"):
+        parse_topology("dp" + "9" * 5000)  # int() would refuse more than 4,300 digits
+
+
+@pytest.mark.parametrize("digit", ["\u0663", "\uff18", "\u0968", "\u00b2"])
+def test_plugin_non_ascii_digits_are_refused(digit):
+    with pytest.raises(TopologyError, match=rf"non-ASCII character '{digit}' \(U\+{ord(digit):04X}\)"):
+        parse_topology(f"dp3pcp{digit}-ep8")
+
+
+def test_plugin_launch_plan_refuses_an_oversized_topology_at_once(capsys):
+    from pytest_afd.backends.vllm_ascend.launch import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--npu-topology", "dp99999999999pcp8-ep8", "--model", "/models/x"])
+    assert exit_info.value.code == 2
+    assert "afd-launch-plan: error: topology 'dp99999999999pcp8-ep8'" in capsys.readouterr().err
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(alphabet=st.characters(categories=("Nd", "No")), min_size=1, max_size=3))
+def test_plugin_property_only_ascii_digits_are_sizes(digits):
+    try:
+        topo = parse_topology(f"dp{digits}")
+    except TopologyError as exc:
+        assert "topology" in str(exc)
+    else:
+        assert digits.isascii() and topo.attention_ranks == int(digits)

@@ -151,13 +151,14 @@ def test_non_streaming_completion_reports_usage(cpu_server):
         ({"prompt": [1, 2], "max_tokens": 16}, 400, "max_tokens=16"),
         ({"model": "other", "prompt": [1]}, 400, "model='other'"),
         (b"not json", 400, "Expecting value"),
-        ({"prompt": [5000], "max_tokens": 1}, 500, "outside the vocabulary"),
+        ({"prompt": [5000], "max_tokens": 1}, 400,
+         "prompt[0]=5000: token id outside the vocabulary [0, 2048)"),
     ],
 )
 def test_bad_requests_get_clear_errors(cpu_server, client, body, status, message):
     got_status, got = post(cpu_server, "/v1/completions", body)
     assert got_status == status and message in got["error"]["message"]
-    if status == 500:  # a failing request is recorded, the server keeps serving
+    if body == {"prompt": [5000], "max_tokens": 1}:  # a refused request leaves the server serving
         single = client.complete(PromptRequest("after-error", (1, 2, 3)))
         assert single.success, single.error
 
@@ -165,7 +166,7 @@ def test_bad_requests_get_clear_errors(cpu_server, client, body, status, message
 def test_client_records_http_errors_per_request(client):
     bad = PromptRequest("oov", (5000,))
     result = client.complete(bad)
-    assert not result.success and result.error.startswith("HTTP 500") and "vocabulary" in result.error
+    assert not result.success and result.error.startswith("HTTP 400") and "vocabulary" in result.error
 
 
 def test_workload_with_requested_hits_reports_realized_ratio(client):

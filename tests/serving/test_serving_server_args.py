@@ -47,6 +47,9 @@ def test_completion_request_contract():
     [
         (["--host", "0.0.0.0"], "binds loopback only"),
         (["--settings-json", '{"routing": "skewed"}'], "routing='skewed'"),
+        (["--max-prompt-tokens", "0"], "'0': expected a positive integer"),
+        (["--request-queue-size", "\u0663"], "expected a positive integer"),
+        (["--read-timeout-s", "inf"], "'inf': expected seconds > 0"),
     ],
 )
 def test_cli_refuses_bad_arguments_before_loading_anything(arguments, message):

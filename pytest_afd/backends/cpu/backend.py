@@ -200,6 +200,7 @@ class CpuBackend:
         block_size = validate_block_size(settings.block_size)
         layout = split_layout(settings, self.topology)
         if settings.afd_processes:
+            self._drop_failed_runtime()
             state = self._afd_cache_state(block_size)
             executor = AfdExecutor(self._runtime(), quantization=settings.quantization,
                                    routing=settings.routing, instrument=settings.instrument)
@@ -295,6 +296,7 @@ class CpuBackend:
         for state in (*self._caches.values(), *self._afd_caches.values()):
             state.pool.reset()
             state.index.clear()
+        self._drop_failed_runtime()
         if self._afd_runtime is not None:
             self._afd_runtime.reset_kv_cache()
 
@@ -366,6 +368,12 @@ class CpuBackend:
             self._afd_runtime = AfdRuntime(self.config, self.seed or 0, num_attention=1,
                                            num_ffn=num_ffn, model_dir=self.model_dir)
         return self._afd_runtime
+
+    def _drop_failed_runtime(self) -> None:
+        """A rank failure closed the runtime and its KV cache: the next run starts a fresh one."""
+        if self._afd_runtime is not None and self._afd_runtime.closed:
+            self._afd_runtime = None
+            self._afd_caches.clear()
 
     def _afd_cache_state(self, block_size: int) -> _CacheState:
         if block_size not in self._afd_caches:

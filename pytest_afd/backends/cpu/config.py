@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,14 @@ HF_MODEL_TYPE = "deepseek_v32"
 HF_ARCHITECTURE = "DeepseekV32ForCausalLM"
 # Separates a named config from its field overrides in a model name.
 OVERRIDE_SEPARATOR = ":"
+# Fields that fix tensor shapes: a config.json without one cannot describe its checkpoint.
+REQUIRED_HF_KEYS = (
+    "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+    "num_hidden_layers", "first_k_dense_replace", "num_attention_heads", "q_lora_rank",
+    "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
+    "num_experts_per_tok",
+)  # fmt: skip
+POSITIVE_FLOAT_FIELDS = ("routed_scaling_factor", "rms_norm_eps", "rope_theta")
 
 
 @dataclass(frozen=True)
@@ -95,8 +104,27 @@ def _require_positive(config: ModelConfig, names: tuple[str, ...]) -> None:
             raise ValueError(f"{field_name}={value!r}; expected a positive integer")
 
 
+def _require_positive_finite(config: ModelConfig, names: tuple[str, ...]) -> None:
+    for field_name in names:
+        value = getattr(config, field_name)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{field_name}={value!r}; expected a positive finite number")
+
+
+def _require_type(config: ModelConfig, field_name: str, kind: type) -> None:
+    value = getattr(config, field_name)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"{field_name}={value!r}; expected a {kind.__name__}")
+
+
 def validate_config(config: ModelConfig) -> None:
     """Reject configs the model cannot run, naming the offending value."""
+    _require_type(config, "n_shared_experts", int)
+    _require_type(config, "first_k_dense_replace", int)
+    _require_type(config, "norm_topk_prob", bool)
+    _require_type(config, "hidden_act", str)
+    _require_positive_finite(config, POSITIVE_FLOAT_FIELDS)
     _require_positive(
         config,
         (
@@ -146,10 +174,6 @@ def validate_config(config: ModelConfig) -> None:
         )
     if config.hidden_act != SUPPORTED_ACTIVATION:
         raise ValueError(f"hidden_act={config.hidden_act!r}; only {SUPPORTED_ACTIVATION!r} is supported")
-    if not config.rms_norm_eps > 0:
-        raise ValueError(f"rms_norm_eps={config.rms_norm_eps!r}; expected > 0")
-    if not config.rope_theta > 0:
-        raise ValueError(f"rope_theta={config.rope_theta!r}; expected > 0")
 
 
 # The recipe's reduced model is the first ten layers of the real one (3 dense +
@@ -193,13 +217,23 @@ def parse_model_name(model_name: str) -> ModelConfig:
             overrides[key] = json.loads(raw)
         except json.JSONDecodeError:
             overrides[key] = raw
-    config = named_config(name, **overrides)
-    return config.replace(name=model_name) if overrides else config
+    try:
+        config = named_config(name, **overrides)
+        return config.replace(name=model_name) if overrides else config
+    except ValueError as error:
+        raise ValueError(f"model name {model_name!r}: {error}") from None
 
 
 def config_from_hf_dict(hf: dict[str, Any], *, name: str = "custom") -> ModelConfig:
     """Read the fields we model from a Hugging Face DeepSeek V3/V3.2 ``config.json``."""
+    if not isinstance(hf, dict):
+        raise ValueError(f"expected a JSON object, got {type(hf).__name__}")
+    missing = [key for key in REQUIRED_HF_KEYS if key not in hf]
+    if missing:
+        raise ValueError(f"missing key(s) {missing}")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if not isinstance(rope, dict):
+        raise ValueError(f"rope_parameters={rope!r}; expected an object")
     rope_type = rope.get("rope_type", rope.get("type", SUPPORTED_ROPE_TYPE))
     if rope_type != SUPPORTED_ROPE_TYPE:
         raise ValueError(f"rope_type={rope_type!r}; only {SUPPORTED_ROPE_TYPE!r} RoPE is supported")
@@ -211,13 +245,32 @@ def config_from_hf_dict(hf: dict[str, Any], *, name: str = "custom") -> ModelCon
     values = {key: hf[key] for key in known if key in hf}
     theta = rope.get("rope_theta", hf.get("rope_theta"))
     if theta is not None:
-        values["rope_theta"] = float(theta)
+        values["rope_theta"] = float(theta) if type(theta) is int else theta
     return ModelConfig(name=name, **values)
 
 
 def load_hf_config(path: str | Path, *, name: str = "custom") -> ModelConfig:
-    """``path`` is a ``config.json`` file or a directory holding one."""
+    """``path`` is a ``config.json`` file or a directory holding one.
+
+    Every failure (unreadable, not UTF-8, not JSON, a missing key, a bad value)
+    is a ValueError that names the file and, where there is one, the field.
+    """
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    return config_from_hf_dict(json.loads(path.read_text()), name=name)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as error:
+        raise ValueError(f"{str(path)!r}: cannot read the model config: {error}") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{str(path)!r}: not a UTF-8 JSON file ({error})") from None
+    try:
+        hf = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{str(path)!r}: not valid JSON: {error}") from None
+    except RecursionError:
+        raise ValueError(f"{str(path)!r}: JSON nested too deeply") from None
+    try:
+        return config_from_hf_dict(hf, name=name)
+    except ValueError as error:
+        raise ValueError(f"{str(path)!r}: {error}") from None

@@ -26,6 +26,7 @@ NORM_WEIGHT_JITTER = 0.1
 ROUTER_BIAS_STD = 0.05
 EMBEDDING_STD = 1.0
 SEED_DIGEST_BYTES = 8
+_LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
 _PER_EXPERT_KEY = re.compile(r"^(model\.layers\.\d+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 
 Weights = dict[str, torch.Tensor]
@@ -140,7 +141,8 @@ def _pack_per_expert(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def check_weights(config: ModelConfig, weights: Weights) -> Weights:
-    """Keep the tensors the config needs (float32), raising on a missing or misshapen one."""
+    """Keep the tensors the config needs (float32), raising on a missing, misshapen or
+    non-finite one (a NaN or Inf weight would only show as all-NaN logits later)."""
     checked = {}
     for name, shape in expected_shapes(config).items():
         if name not in weights:
@@ -148,23 +150,65 @@ def check_weights(config: ModelConfig, weights: Weights) -> Weights:
         tensor = weights[name]
         if tuple(tensor.shape) != shape:
             raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}; config needs {shape}")
-        checked[name] = tensor.to(torch.float32).contiguous()
+        tensor = tensor.to(torch.float32).contiguous()
+        finite = torch.isfinite(tensor)
+        if not bool(finite.all()):
+            bad = int((~finite).sum())
+            first = tuple(int(i) for i in torch.nonzero(~finite)[0])
+            raise ValueError(
+                f"weight {name!r} has {bad} non-finite value(s) (NaN/Inf), first at index "
+                f"{first}: {float(tensor[first])}"
+            )
+        checked[name] = tensor
     return checked
+
+
+def check_no_unused(config: ModelConfig, weights: Weights, source: str) -> None:
+    """A checkpoint tensor the config does not use means config and checkpoint disagree."""
+    unused = sorted(set(weights) - set(expected_shapes(config)))
+    if not unused:
+        return
+    layers = sorted({int(m.group(1)) for m in map(_LAYER_KEY.match, unused) if m})
+    beyond = [layer for layer in layers if layer >= config.num_hidden_layers]
+    if beyond:
+        raise ValueError(
+            f"{source}: the checkpoint has layer(s) {beyond[0]}..{beyond[-1]} but its config "
+            f"has num_hidden_layers={config.num_hidden_layers}: {len(unused)} tensor(s) would "
+            f"be ignored, e.g. {unused[0]!r}"
+        )
+    raise ValueError(
+        f"{source}: {len(unused)} checkpoint tensor(s) the config does not use, e.g. {unused[:3]}"
+    )
+
+
+def read_shards(files: list[Path]) -> Weights:
+    """Every tensor of every shard; a tensor defined by two shards is an error naming both."""
+    from safetensors.torch import load_file
+
+    state: Weights = {}
+    origin: dict[str, Path] = {}
+    for path in files:
+        for name, tensor in load_file(str(path)).items():
+            if name in origin:
+                raise ValueError(
+                    f"tensor {name!r} is defined by two shards: {str(origin[name])!r} and "
+                    f"{str(path)!r}"
+                )
+            origin[name] = path
+            state[name] = tensor
+    return state
 
 
 def load_pretrained(directory: str | Path, *, name: str = "custom") -> tuple[ModelConfig, Weights]:
     """Load ``config.json`` + ``*.safetensors`` from a Hugging Face-style directory."""
-    from safetensors.torch import load_file
-
     directory = Path(directory)
     config = load_hf_config(directory / CONFIG_FILE, name=name)
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ValueError(f"no *.safetensors file in {str(directory)!r}")
-    state: dict[str, torch.Tensor] = {}
-    for path in files:
-        state.update(load_file(str(path)))
-    return config, check_weights(config, _pack_per_expert(state))
+    state = _pack_per_expert(read_shards(files))
+    check_no_unused(config, state, str(directory))
+    return config, check_weights(config, state)
 
 
 def save_pretrained(config: ModelConfig, weights: Weights, directory: str | Path) -> Path:

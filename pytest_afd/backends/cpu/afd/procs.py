@@ -24,7 +24,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 LOOPBACK = "127.0.0.1"
 LOOPBACK_INTERFACE = "lo"
@@ -88,6 +88,7 @@ class WorkerConfig:
     collective_timeout_s: float
     role_factory: Callable[..., Any]
     role_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    cpu_core: int | None = None  # pin the process (and its threads) to this core
 
 
 def free_loopback_port() -> int:
@@ -114,6 +115,8 @@ def worker_main(conn: multiprocessing.connection.Connection, config: WorkerConfi
         os._exit(1)
     # Ctrl-C reaches the whole process group; the parent decides how children end.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if config.cpu_core is not None:  # before torch starts its threads: they inherit it
+        os.sched_setaffinity(0, {config.cpu_core})
     import torch
     import torch.distributed as dist
 
@@ -164,12 +167,14 @@ class ProcessGroupHandle:
         collective_timeout_s: float,
         role_factory: Callable[..., Any],
         role_kwargs_for: Callable[[RankSpec], Mapping[str, Any]],
+        cpu_affinity: Sequence[int] | None = None,
     ) -> None:
         self.specs = tuple(specs)
         self._num_threads = num_threads
         self._collective_timeout_s = collective_timeout_s
         self._role_factory = role_factory
         self._role_kwargs_for = role_kwargs_for
+        self._cpu_affinity = None if cpu_affinity is None else tuple(cpu_affinity)
         self._processes: dict[int, multiprocessing.process.BaseProcess] = {}
         self._conns: dict[int, multiprocessing.connection.Connection] = {}
         self.pids: dict[int, int] = {}
@@ -192,6 +197,9 @@ class ProcessGroupHandle:
                 collective_timeout_s=self._collective_timeout_s,
                 role_factory=self._role_factory,
                 role_kwargs=dict(self._role_kwargs_for(spec)),
+                cpu_core=None
+                if self._cpu_affinity is None
+                else self._cpu_affinity[spec.global_rank],
             )
             # daemon: multiprocessing's own exit hook kills it if close() never runs.
             process = context.Process(
@@ -211,11 +219,32 @@ class ProcessGroupHandle:
         if self.closed:
             raise AfdRuntimeError("the AFD runtime is closed (an earlier failure or close())")
         try:
+            # A rank killed between steps is found here, by name, before any send.
+            self._raise_if_any_dead()
             for rank, message in messages.items():
-                self._conns[rank].send(message)
-        except (BrokenPipeError, OSError) as exc:
-            self._fail(f"could not reach a rank: {exc!r}", [])
+                self._send(rank, message)
+        except BaseException:
+            self.kill_all()
+            raise
         return self._gather(list(messages), timeout_s, expect=MSG_OK)
+
+    def _send(self, rank: int, message: Any) -> None:
+        """Send one command; a pipe broken by a rank that just died fails naming that rank."""
+        try:
+            self._conns[rank].send(message)
+        except OSError as exc:  # BrokenPipeError, ConnectionResetError
+            self._raise_if_any_dead(grace_s=ROOT_CAUSE_GRACE_S)
+            name = self.spec(rank).name
+            self._fail(f"could not send the command to {name}: {exc!r}", [name])
+
+    def _receive(self, rank: int) -> tuple[str, Any]:
+        """Read one reply; a pipe closed or reset by a dying rank fails naming that rank."""
+        try:
+            return self._conns[rank].recv()
+        except (EOFError, OSError) as exc:  # OSError: ConnectionResetError of a killed rank
+            self._raise_if_any_dead(grace_s=ROOT_CAUSE_GRACE_S)
+            name = self.spec(rank).name
+            self._fail(f"{name} closed its pipe without replying ({exc!r})", [name])
 
     def _gather(self, ranks: list[int], timeout_s: float, *, expect: str) -> dict[int, Any]:
         """Wait for one reply per rank while watching every child; tear down on any failure."""
@@ -238,12 +267,7 @@ class ProcessGroupHandle:
                     conn = self._conns[rank]
                     if conn not in ready:
                         continue
-                    try:
-                        kind, payload = conn.recv()
-                    except EOFError:
-                        self._raise_if_any_dead(grace_s=ROOT_CAUSE_GRACE_S)
-                        name = self.spec(rank).name
-                        self._fail(f"{name} closed its pipe without replying", [name])
+                    kind, payload = self._receive(rank)
                     if kind == MSG_ERROR:
                         self._raise_if_any_dead(grace_s=ROOT_CAUSE_GRACE_S, reported=payload)
                         self._fail(payload, [self.spec(rank).name])
@@ -280,7 +304,7 @@ class ProcessGroupHandle:
             message += f"\nfirst error reported by a surviving rank: {reported}"
         self._fail(message, [self.spec(rank).name for rank, _ in dead])
 
-    def _fail(self, message: str, rank_names: Sequence[str]) -> None:
+    def _fail(self, message: str, rank_names: Sequence[str]) -> NoReturn:
         self.kill_all()
         raise AfdRankFailure(f"AFD runtime failed: {message}", rank_names=rank_names)
 

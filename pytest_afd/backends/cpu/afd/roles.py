@@ -16,6 +16,7 @@ said the step ended.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import time
 from dataclasses import dataclass
@@ -230,6 +231,7 @@ class AttentionRole(_Role):
         expert_load = []
         step_start = time.perf_counter()
         cpu_start = time.process_time()
+        switches_start = involuntary_switches()
         ids = torch.from_numpy(np.asarray(input_ids, dtype=np.int64))
         first_moe = next((layer.index for layer in layers if layer.is_moe), len(layers))
         if any(not layer.is_moe for layer in layers[first_moe:]):
@@ -271,6 +273,7 @@ class AttentionRole(_Role):
         step_end = time.perf_counter()
         return {
             "cpu_time_s": time.process_time() - cpu_start,
+            "involuntary_switches": involuntary_switches() - switches_start,
             "hidden": hidden.numpy(),
             "logits": logits.numpy(),
             "expert_load": expert_load,
@@ -383,6 +386,7 @@ class FfnRole(_Role):
         model = self.models.get(quantization, routing)
         timeline = Timeline(instrument)
         cpu_start = time.process_time()
+        switches_start = involuntary_switches()
         ended = 0
         served = 0
         sends = []
@@ -428,6 +432,7 @@ class FfnRole(_Role):
             "served": served,
             "routed_rows": routed_rows,
             "cpu_time_s": time.process_time() - cpu_start,
+            "involuntary_switches": involuntary_switches() - switches_start,
         }
 
     @staticmethod
@@ -453,6 +458,11 @@ class FfnRole(_Role):
             if shared_rows.numel():
                 result[shared_rows] += layer.shared_experts(normed[shared_rows])
         return result, int(routed_rows.numel())
+
+
+def involuntary_switches() -> int:
+    """Times the OS preempted this process so far: other load taking its core."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
 
 
 def _maybe_fault(fault: dict | None, layer: int) -> None:

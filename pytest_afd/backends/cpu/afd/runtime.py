@@ -74,6 +74,18 @@ def default_threads_per_rank(world_size: int) -> int:
     return max(1, (cores or 1) // world_size)
 
 
+def allowed_cores() -> list[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def cpu_affinity(world_size: int) -> list[int]:
+    """Core of each global rank: the allowed cores, round robin."""
+    cores = allowed_cores()
+    return [cores[rank % len(cores)] for rank in range(world_size)]
+
+
 class AfdRuntime:
     """Attention and FFN ranks as separate processes over gloo on loopback."""
 
@@ -90,11 +102,14 @@ class AfdRuntime:
         startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
         model_dir: str | None = None,
         support: SplitSupportConfig | None = None,
+        pin_cpus: bool = False,
     ) -> None:
         """``model_dir``: load weights from a Hugging Face-style directory whose
         ``config.json`` equals ``config`` instead of seeding them. ``support``:
         the deployment facts checked (fail closed) before any rank or gloo group
-        exists; default: the CPU reference attention, eager, two stages."""
+        exists; default: the CPU reference attention, eager, two stages.
+        ``pin_cpus``: pin rank i to the i-th allowed core (round robin), so the
+        OS never moves two ranks onto one core (benchmarks)."""
         for name, value in (("num_attention", num_attention), ("num_ffn", num_ffn)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}; expected an integer >= 1")
@@ -112,6 +127,7 @@ class AfdRuntime:
         world = num_attention + num_ffn
         self.threads_per_rank = threads_per_rank or default_threads_per_rank(world)
         self.peer_timeout_s = peer_timeout_s
+        self.cpu_affinity = cpu_affinity(world) if pin_cpus else None
         self.step_timeout_s = max(step_timeout_s, peer_timeout_s + STEP_TIMEOUT_MARGIN_S)
         specs = [RankSpec(ROLE_ATTENTION, i, i) for i in range(num_attention)]
         specs += [RankSpec(ROLE_FFN, f, num_attention + f) for f in range(num_ffn)]
@@ -147,6 +163,7 @@ class AfdRuntime:
             collective_timeout_s=self.step_timeout_s,
             role_factory=make_role,
             role_kwargs_for=lambda spec: role_kwargs,
+            cpu_affinity=self.cpu_affinity,
         )
 
     # ---- introspection -------------------------------------------------------
@@ -177,6 +194,7 @@ class AfdRuntime:
             "num_ffn": self.topology.num_ffn,
             "expert_ranges": self.topology.expert_ranges(),
             "threads_per_rank": self.threads_per_rank,
+            "cpu_affinity": self.cpu_affinity,
             "transport": "torch.distributed gloo, TCP loopback",
             "peer_timeout_s": self.peer_timeout_s,
             "step_timeout_s": self.step_timeout_s,
@@ -280,6 +298,7 @@ class AfdRuntime:
             step_time_s=max(ends) - min(starts),
             instrumented=instrument,
             cpu_time_s={r: replies[r]["cpu_time_s"] for r in replies},
+            involuntary_switches={r: replies[r]["involuntary_switches"] for r in replies},
         )
         return [
             AfdForwardResult(

@@ -103,6 +103,7 @@ def step_evidence(
     step_time_s: float,
     instrumented: bool,
     cpu_time_s: Mapping[int, float],
+    involuntary_switches: Mapping[int, int] | None = None,
 ) -> dict:
     """JSON-able evidence of one step; timing detail only when the step was instrumented."""
     attention_ranks = list(range(topology.num_attention))
@@ -121,6 +122,11 @@ def step_evidence(
         # shared host, Attention busy wall time well above its CPU time means the OS
         # ran something else: interference, not the split, explains that part.
         "cpu_time_s": {_rank_name(topology, r): t for r, t in sorted(cpu_time_s.items())},
+        # Preemptions of each rank's process in the step (getrusage ru_nivcsw): a
+        # direct count of the host's interference.
+        "involuntary_switches": {
+            _rank_name(topology, r): n for r, n in sorted((involuntary_switches or {}).items())
+        },
     }
     if not instrumented:
         return evidence

@@ -1,0 +1,180 @@
+"""Reading and validating one ``/v1/completions`` request, before it reaches the engine.
+
+Everything a client can get wrong is answered 400 for that request alone (the
+message names the field): a body shorter than its ``Content-Length``, JSON
+that is not an object or is nested too deeply, a token id outside the
+vocabulary, a prompt longer than the server admits. What the engine batches
+has passed these checks, so one bad request cannot fail the others. See
+``docs/serving.md`` ("Limits").
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, BinaryIO
+
+PREFILL_MAX_TOKENS = 1
+# One prompt at most this many tokens: the CPU backend prefills about 250
+# tokens/s with the reduced model, so 4,096 tokens hold the engine ~15 s at worst.
+DEFAULT_MAX_PROMPT_TOKENS = 4096
+# The engine admits waiting requests into a batch up to this many prompt tokens
+# (a longer prompt runs alone): requests queued before a long prompt are not
+# held back by it.
+DEFAULT_MAX_BATCH_TOKENS = 4096
+# Listen backlog (socketserver's default is 5: a burst of 16 clients lost one).
+DEFAULT_REQUEST_QUEUE_SIZE = 512
+# A connection that sends nothing for this long (a body shorter than its
+# Content-Length, held open) is answered 408 and closed.
+DEFAULT_READ_TIMEOUT_S = 30.0
+# A request body: a JSON token list needs at most ~12 bytes per token.
+MAX_BODY_BYTES = 1 << 24
+# Completion bodies are flat objects; deeper JSON is refused, never a crash.
+MAX_JSON_DEPTH = 16
+# Longer digit strings are refused before int() (which gives up past 4,300 digits).
+MAX_CONTENT_LENGTH_DIGITS = 20
+
+
+class BadRequest(ValueError):
+    """The request breaks the API contract; answered with ``status`` (400 unless said)."""
+
+    def __init__(self, message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class ServingLimits:
+    """What one server admits; every limit is a server flag (``--max-prompt-tokens`` ...)."""
+
+    vocab_size: int | None = None  # None: token ids are checked by the backend only
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    request_queue_size: int = DEFAULT_REQUEST_QUEUE_SIZE
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        for name in ("max_prompt_tokens", "max_batch_tokens", "request_queue_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)!r}; expected a positive integer")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ValueError(f"vocab_size={self.vocab_size!r}; expected a positive integer or None")
+        if not self.read_timeout_s > 0:
+            raise ValueError(f"read_timeout_s={self.read_timeout_s!r}; expected seconds > 0")
+
+
+def read_body(rfile: BinaryIO, headers: Mapping[str, str]) -> bytes:
+    """Exactly ``Content-Length`` bytes; a short body is a BadRequest, a stalled one times out.
+
+    The socket's read timeout (``ServingLimits.read_timeout_s``) raises
+    ``TimeoutError`` out of here; the handler answers 408.
+    """
+    text = headers.get("Content-Length")
+    if text is None:
+        raise BadRequest("Content-Length header is required", HTTPStatus.LENGTH_REQUIRED)
+    text = text.strip()
+    if not (text.isascii() and text.isdigit()) or len(text) > MAX_CONTENT_LENGTH_DIGITS:
+        raise BadRequest(f"Content-Length {text[:32]!r} is not a byte count")
+    length = int(text)
+    if length > MAX_BODY_BYTES:
+        raise BadRequest(
+            f"Content-Length {length} is more than {MAX_BODY_BYTES} bytes",
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+        )
+    data = rfile.read(length)
+    if len(data) < length:
+        raise BadRequest(f"body has {len(data)} bytes, Content-Length says {length}")
+    return data
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of decoded JSON, without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return deepest
+
+
+def parse_json_body(data: bytes) -> dict[str, Any]:
+    """The body as a JSON object; invalid, non-object or too deeply nested JSON is a BadRequest."""
+    try:
+        body = json.loads(data or b"null")
+    except RecursionError:
+        raise BadRequest(f"body JSON is nested more than {MAX_JSON_DEPTH} levels deep") from None
+    except ValueError as error:  # JSONDecodeError and UnicodeDecodeError
+        raise BadRequest(f"body is not valid JSON: {error}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"body must be a JSON object, got {type(body).__name__}")
+    if _depth(body) > MAX_JSON_DEPTH:
+        raise BadRequest(f"body JSON is nested more than {MAX_JSON_DEPTH} levels deep")
+    return body
+
+
+def _token_ids(prompt: Any) -> tuple[int, ...]:
+    if not isinstance(prompt, list) or not prompt:
+        raise BadRequest(
+            f"prompt must be a non-empty list of token ids (non-negative ints); got "
+            f"{type(prompt).__name__} {str(prompt)[:80]!r}"
+        )
+    for index, token in enumerate(prompt):
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise BadRequest(
+                f"prompt[{index}]={token!r}: prompt must be a list of token ids (non-negative ints)"
+            )
+    return tuple(prompt)
+
+
+def parse_completion_request(
+    body: dict[str, Any], served_model_name: str
+) -> tuple[tuple[int, ...], bool, bool]:
+    """Validate a ``/v1/completions`` body; returns (token ids, stream, include_usage)."""
+    model = body.get("model", served_model_name)
+    if model != served_model_name:
+        raise BadRequest(f"model={model!r}; this server serves {served_model_name!r}")
+    token_ids = _token_ids(body.get("prompt"))
+    max_tokens = body.get("max_tokens", PREFILL_MAX_TOKENS)
+    if max_tokens != PREFILL_MAX_TOKENS:
+        raise BadRequest(
+            f"max_tokens={max_tokens!r}; this prefill-only server generates exactly "
+            f"{PREFILL_MAX_TOKENS} token"
+        )
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest(f"stream={stream!r}; expected a boolean")
+    stream_options = body.get("stream_options")
+    if stream_options is None:
+        stream_options = {}
+    if not isinstance(stream_options, dict):
+        raise BadRequest(f"stream_options={str(stream_options)[:80]!r}; expected a JSON object")
+    include_usage = stream_options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise BadRequest(f"stream_options.include_usage={include_usage!r}; expected a boolean")
+    return token_ids, stream, include_usage
+
+
+def check_prompt(token_ids: tuple[int, ...], limits: ServingLimits, schedulable: int) -> None:
+    """Token ids inside the vocabulary, and no longer than the server admits or can schedule."""
+    if limits.vocab_size is not None:
+        for index, token in enumerate(token_ids):
+            if token >= limits.vocab_size:
+                raise BadRequest(
+                    f"prompt[{index}]={token}: token id outside the vocabulary "
+                    f"[0, {limits.vocab_size})"
+                )
+    longest = min(limits.max_prompt_tokens, schedulable)
+    if len(token_ids) > longest:
+        why = (
+            f"--max-prompt-tokens {limits.max_prompt_tokens}"
+            if longest == limits.max_prompt_tokens
+            else f"the step budget max_num_batched_tokens in whole KV pages, without chunked "
+            f"prefill: {schedulable}"
+        )
+        raise BadRequest(
+            f"prompt has {len(token_ids)} tokens; this server admits at most {longest} ({why})"
+        )

@@ -1,0 +1,27 @@
+"""Benchmark aids of the runtime: ranks pinned to cores, per-rank preemption counts."""
+
+import os
+
+from afd_runtime_helpers import SEED, make_batch, plan_for
+
+from pytest_afd.backends.cpu.afd import AfdRuntime
+from pytest_afd.backends.cpu.afd.runtime import allowed_cores, cpu_affinity
+
+
+def test_cpu_affinity_is_round_robin_over_allowed_cores():
+    cores = allowed_cores()
+    assert cpu_affinity(len(cores) + 1) == [*cores, cores[0]]
+
+
+def test_pinned_ranks_run_on_their_core_and_report_preemptions(afd_config):
+    with AfdRuntime(afd_config, SEED, threads_per_rank=1, pin_cpus=True) as runtime:
+        expected = cpu_affinity(2)
+        assert runtime.describe()["cpu_affinity"] == expected
+        for name, core in (("Attention rank 0", expected[0]), ("FFN rank 0", expected[1])):
+            assert os.sched_getaffinity(runtime.pids[name]) == {core}
+        ids, metadata = make_batch(afd_config, [40, 24], seed=5)
+        evidence = runtime.run_forward(ids, metadata, plan_for(metadata, "token_balanced")).evidence
+    switches = evidence["involuntary_switches"]
+    assert set(switches) == {"Attention rank 0", "FFN rank 0"}
+    assert all(isinstance(n, int) and n >= 0 for n in switches.values())
+    assert os.sched_getaffinity(0) == set(allowed_cores())  # the parent stays unpinned

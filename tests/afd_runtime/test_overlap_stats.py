@@ -1,0 +1,71 @@
+"""The overlap benchmark's verdicts: paired ratios, bootstrap intervals, noise floor, met flags.
+
+Fed with synthetic step times (no runtime), so each verdict is seen to flip.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+STATS_FILE = Path(__file__).parents[2] / "benchmarks" / "afd_overlap_stats.py"
+
+
+@pytest.fixture(scope="module")
+def stats():
+    spec = importlib.util.spec_from_file_location("afd_overlap_stats", STATS_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _noisy(base, rounds, spread, seed):
+    """Step times of one policy: a base time plus load that every policy of a round shares."""
+    load = np.random.default_rng(seed).uniform(1.0, 1.0 + spread, rounds)
+    return (base * load).tolist()
+
+
+def test_shared_load_cancels_in_paired_ratios(stats):
+    rb = _noisy(1.0, 20, spread=1.0, seed=1)
+    tb = [0.7 * t for t in rb]
+    ratio = stats.paired_ratio(tb, rb, seed=0)
+    assert ratio["median"] == pytest.approx(0.7)
+    assert ratio["ci95"] == pytest.approx([0.7, 0.7])
+    target = stats.ratio_target("tb/rb", ratio, 0.85, where="m")
+    assert target["met"] is True
+
+
+def test_ratio_target_needs_interval_clear_of_one(stats):
+    rb = [1.0] * 9
+    tb = [0.5, 1.3] * 4 + [0.5]  # a median of 0.5 that four rounds out of nine contradict
+    ratio = stats.paired_ratio(tb, rb, seed=0)
+    assert ratio["median"] == 0.5 and ratio["ci95"][1] >= 1.0
+    assert stats.ratio_target("tb/rb", ratio, 0.85, where="m")["met"] is False
+    assert stats.inside_noise(ratio, floor=None) is True
+    assert stats.ratio_target("tb/rb", None, 0.85, where="m")["met"] is False
+
+
+def test_identical_plans_target_and_noise_floor(stats):
+    close = stats.paired_ratio([1.02, 0.99, 1.01], [1.0, 1.0, 1.0], seed=0)
+    far = stats.paired_ratio([1.2, 1.3, 1.25], [1.0, 1.0, 1.0], seed=0)
+    assert stats.identical_plans_target({"a": close}, 0.05)["met"] is True
+    verdict = stats.identical_plans_target({"a": close, "b": far}, 0.05)
+    assert verdict["met"] is False and verdict["worst_pair"] == "b"
+    floor = stats.noise_floor([close, far])
+    assert floor == pytest.approx(0.3)
+    small_win = stats.paired_ratio([0.8, 0.8, 0.8], [1.0, 1.0, 1.0], seed=0)
+    assert stats.inside_noise(small_win, floor) is True
+    assert stats.inside_noise(small_win, stats.noise_floor([close])) is False
+
+
+def test_load_target_and_unequal_rounds(stats):
+    assert stats.load_target((1.5, 3.0, 3.0), 2.0)["met"] is True
+    assert stats.load_target((2.5, 1.0, 1.0), 2.0)["met"] is False
+    with pytest.raises(ValueError, match="equally many rounds"):
+        stats.paired_ratio([1.0, 2.0], [1.0], seed=0)
+
+
+def test_dispersion_of_one_sample(stats):
+    one = stats.dispersion([0.5])
+    assert one["median"] == one["min"] == one["max"] == 0.5 and one["iqr"] == 0
