@@ -83,14 +83,22 @@ def test_report_has_one_table_per_stage_with_every_case(rendered):
     assert path == directory / "report" / "report.md"
     for stage in ("stage_a", "stage_b", "stage_d", "stage_e"):
         section = _section(text, stage)
-        assert section.count("| case | verdict | workload | policy |") == 1, stage
+        # Stage E's routings are two stacks: the run identity (manifest.run) names the routing.
+        tables = 2 if stage == "stage_e" else 1
+        assert section.count("| case | verdict | workload | policy |") == tables, stage
     assert "## stage_c" not in text
     for result_file in directory.glob("*.json"):
         case_id = json.loads(result_file.read_text())["case_id"]
         stage, _, short = case_id.partition("/")  # the table drops the shared "stage_x/"
+        if stage == "stage_e":  # one case per stack keeps its whole id
+            assert f"| {case_id} |" in _section(text, stage)
+            continue
         assert f"| {short} |" in _section(text, stage)
         assert f"Case ids below follow `{stage}/`." in _section(text, stage)
-    assert "1 stacks" not in text and "different stacks" not in text
+    assert "1 stacks" not in text
+    for stage in ("stage_a", "stage_b", "stage_d"):
+        assert "different stacks" not in _section(text, stage)
+    assert "2 different stacks" in _section(text, "stage_e")
 
 
 def test_table_values_come_from_the_results(rendered):
@@ -133,8 +141,10 @@ def test_hit_ratio_rank_skew_and_labels(rendered):
     _, _, text = rendered
     hit_row = next(line for line in text.splitlines() if line.startswith("| uniform-fixed-hit50 |"))
     assert "50.0% / 50.0%" in hit_row
-    natural = next(line for line in text.splitlines() if line.startswith("| natural |"))
-    forced = next(line for line in text.splitlines() if line.startswith("| forced_balanced |"))
+    natural = next(line for line in text.splitlines() if line.startswith("| stage_e/natural |"))
+    forced = next(
+        line for line in text.splitlines() if line.startswith("| stage_e/forced_balanced |")
+    )
     assert "| 2 |" in natural  # rank 0: 60 of 120 tokens over 4 ranks -> max/mean = 2
     assert "| 1 |" in forced and "synthetic" in forced and "synthetic" not in natural
 
@@ -166,7 +176,7 @@ def test_plots_are_linked_and_open_as_images(rendered, stage, plots):
     linked = [
         line[line.index("](") + 2 : -1] for line in section.splitlines() if line.startswith("![")
     ]
-    names = sorted(link.rsplit("-", 1)[1].removesuffix(".png") for link in linked)
+    names = sorted({link.rsplit("-", 1)[1].removesuffix(".png") for link in linked})
     assert names == sorted(plots)
     for link in linked:
         pixels = mpimg.imread(path.parent / link)
@@ -200,14 +210,19 @@ def test_stacks_are_never_mixed(tmp_path):
             )
     text = report.render(tmp_path).read_text()
     assert "2 different stacks" in text
+    # A result's digest names its manifest plus its run identity (manifest.run).
+    digests = {
+        doc["case_id"].split("/")[1]: doc["manifest_digest"]
+        for doc in (json.loads(f.read_text()) for f in tmp_path.glob("*.json"))
+    }
     headings = [line for line in text.splitlines() if line.startswith("### Stack")]
     assert sorted(headings) == sorted(
-        f"### Stack `{report.short_digest(m['digest'])}`: reduced/{layers}L dp3pcp8-ep8"
-        for m, layers in ((reduced, 3), (full, 61))
+        f"### Stack `{report.short_digest(digests[name])}`: reduced/{layers}L dp3pcp8-ep8"
+        for name, layers in (("reduced", 3), ("full", 61))
     )
     assert "3 layers" in text and "61 layers" in text
-    for manifest, name in ((reduced, "reduced"), (full, "full")):
-        start = text.index(f"### Stack `{report.short_digest(manifest['digest'])}`")
+    for name in ("reduced", "full"):
+        start = text.index(f"### Stack `{report.short_digest(digests[name])}`")
         end = text.find("### Stack", start + 1)
         block = text[start : end if end >= 0 else len(text)]
         rows = [
