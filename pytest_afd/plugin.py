@@ -21,6 +21,7 @@ from pytest_afd.backends import create_backend
 from pytest_afd.backends.base import Backend, BackendUnavailable
 from pytest_afd.golden import GoldenStore
 from pytest_afd.manifest import collect_manifest, manifest_digest
+from pytest_afd.markers import MARKER_SIGNATURES, MARKERS
 from pytest_afd.options import (  # noqa: F401  (AfdOptions and the defaults are re-exported)
     DEFAULT_GOLDEN_DIR,
     DEFAULT_RESULTS_DIR,
@@ -41,20 +42,6 @@ from pytest_afd.results import (
 from pytest_afd.results_dir import remove_stale_temp_files, results_written_since
 from pytest_afd.topology import RankInfo, Topology
 
-MARKERS = {
-    "gate": "an RFC correctness gate (run before merging a split-path change)",
-    "stage_a": "RFC Stage A: split-policy validation",
-    "stage_b": "RFC Stage B: prefix-cache hit ratio",
-    "stage_c": "RFC Stage C: workload/request imbalance",
-    "stage_d": "RFC Stage D: chunked prefill",
-    "stage_e": "RFC Stage E: full layers and natural expert routing",
-    "stage_f": "RFC Stage F: PP/dynamic CPP comparison (optional)",
-    "slow": "slow test, deselected by the default run (select with -m slow)",
-    "npu": "needs N local Ascend NPUs (of that SoC); skipped with the reason otherwise",
-    "multi_node": "needs N nodes (AFD_NUM_NODES); skipped with the reason otherwise",
-}
-# Registered as "name(signature): help" so `pytest --markers` shows the arguments.
-MARKER_SIGNATURES = {"npu": "npu(devices=N, soc=None)", "multi_node": "multi_node(nodes=N)"}
 SUMMARY_FILE = "summary.json"
 WORKEROUTPUT_KEY = "afd_results"
 AFD_SESSION_PLUGIN = "afd-session"

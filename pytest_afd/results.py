@@ -297,7 +297,7 @@ def workload_json(
     prompt_lengths: Sequence[int],
     seed: int | None,
     dataset_digest: str | None = None,
-    arrival_process: str = "all-at-once",
+    arrival_process: str = "all_at_once",
     output_length: int = 1,
     **extra: Any,
 ) -> dict[str, Any]:
