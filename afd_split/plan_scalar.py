@@ -26,7 +26,10 @@ from afd_split.plan_types import (
     fallback_impossible,
     plain_ubatch,
 )
-from afd_split.policies.request_boundary import request_boundary_cut
+from afd_split.policies.request_boundary import (
+    MIN_REQUESTS_FOR_BOUNDARY_SPLIT,
+    request_boundary_cut,
+)
 from afd_split.policies.token_balanced import token_balanced_cut
 
 SCALAR_PATH_MAX_REQUESTS = 64
@@ -42,24 +45,33 @@ SCALAR_POLICIES = frozenset(
 # Enum attribute reads and Enum hashing run Python code; the hot path compares identities.
 _NONE, _TOKEN_BALANCED = SplitPolicy.NONE, SplitPolicy.TOKEN_BALANCED
 
+ONE_REQUEST_REJECTION = "request_boundary: a batch of 1 request(s) has no interior boundary"
+"""``request_boundary_cut``'s rejection of a one-request batch (the path test compares them)."""
+
+_new = object.__new__  # one global read per object on the per-step path
+
 
 def scalar_counts(values, minimum: int) -> tuple[int, ...] | None:
     """``values`` as a tuple of Python ints in [minimum, int64 max], or None when it is not
     a small 1-D list / tuple / integer array of such values (the vectorised path decides)."""
     kind = type(values)
     if kind is np.ndarray:
-        if (
-            values.ndim != 1
-            or values.dtype.kind not in "iu"
-            or (values.size > SCALAR_PATH_MAX_REQUESTS)
-        ):
+        dtype = values.dtype
+        if values.ndim != 1 or not 0 < values.size <= SCALAR_PATH_MAX_REQUESTS:
             return None
-        values = values.tolist()
-    elif kind is not list and kind is not tuple:
+        if dtype.kind not in "iu":
+            return None
+        counts = tuple(values.tolist())
+        # Only uint64 holds values past int64 max; other integer dtypes need the minimum only.
+        if min(counts) < minimum or (dtype.kind == "u" and max(counts) > INT64_MAX):
+            return None
+        return counts
+    if kind is not list and kind is not tuple:
         return None
-    elif not values or set(map(type, values)) != _JUST_INT:  # bool, float, np.int64: decline
-        return None
-    if not 0 < len(values) <= SCALAR_PATH_MAX_REQUESTS:
+    # bool, float, np.int64 entries: decline (issuperset stops at the first other type).
+    if not 0 < len(values) <= SCALAR_PATH_MAX_REQUESTS or not _JUST_INT.issuperset(
+        map(type, values)
+    ):
         return None
     if min(values) < minimum or max(values) > INT64_MAX:
         return None
@@ -177,6 +189,55 @@ def _split(policy, counts, cu_tokens, constraints, cut):
     )
 
 
+def _plain_split(policy, counts, cu_tokens, constraints, cut, align):
+    """``_split`` without padded_total or PCP, for a cut known to be inside (0, T): each
+    ubatch's rows are its real tokens rounded up to align. Objects are filled directly."""
+    num_tokens = cu_tokens[-1]
+    straddling = bisect_right(cu_tokens, cut)  # first request ending after the cut
+    tail_tokens = cu_tokens[straddling] - cut
+    head_tokens = counts[straddling] - tail_tokens
+    if head_tokens:
+        boundary, head_stop = straddling, straddling + 1
+    else:
+        boundary, head_stop, tail_tokens = None, straddling, 0
+    tail_real = num_tokens - cut
+    head = _new(UBatch)
+    head.__dict__.update(
+        {
+            "index": 0,
+            "token_slice": slice(0, cut),
+            "request_slice": slice(0, head_stop),
+            "num_real_tokens": cut,
+            "num_padded_tokens": -cut % align,  # round_up(cut, align) - cut
+        }
+    )
+    tail = _new(UBatch)
+    tail.__dict__.update(
+        {
+            "index": 1,
+            "token_slice": slice(cut, num_tokens),
+            "request_slice": slice(straddling, len(counts)),
+            "num_real_tokens": tail_real,
+            "num_padded_tokens": -tail_real % align,
+        }
+    )
+    plan = _new(SplitPlan)
+    plan.__dict__.update(
+        {
+            "policy": policy,
+            "num_scheduled_tokens": counts,
+            "constraints": constraints,
+            "split_token": cut,
+            "ubatches": (head, tail),
+            "boundary_request": boundary,
+            "head_tokens": head_tokens,
+            "tail_tokens": tail_tokens,
+            "fallback_reason": None,
+        }
+    )
+    return plan
+
+
 def plan_scalar(
     policy: SplitPolicy,
     counts: tuple[int, ...],
@@ -190,20 +251,41 @@ def plan_scalar(
         raise ValueError(
             f"num_scheduled_tokens add up to {num_tokens} tokens, past the int64 limit {INT64_MAX}"
         )
-    if constraints.padded_total is not None:
+    padded_total = constraints.padded_total
+    if padded_total is not None:
         constraints.total_rows_for(num_tokens)  # ValueError when below round_up(T)
     if policy is _NONE:
         return _unsplit(policy, counts, num_tokens, constraints, None)
+    plain = padded_total is None and constraints.pcp_size < MIN_PCP_FOR_ZIGZAG
+    if policy is _TOKEN_BALANCED:
+        align, min_tokens = constraints.align, constraints.min_ubatch_tokens
+        lowest = -(-min_tokens // align) * align
+        highest = (num_tokens - min_tokens) // align * align
+        if plain and align < num_tokens and lowest <= highest:
+            # token_balanced_cut inlined: its cut lies in [lowest, highest], inside (0, T).
+            cut = min(max((num_tokens + align) // (2 * align) * align, lowest), highest)
+            return _plain_split(policy, counts, cu_tokens, constraints, cut, align)
+    elif len(counts) < MIN_REQUESTS_FOR_BOUNDARY_SPLIT:
+        # request_boundary's one-request rejection, without raising and catching it.
+        if not allow_fallback:
+            raise SplitRejectedError(ONE_REQUEST_REJECTION)
+        return _fallback(policy, counts, num_tokens, constraints, ONE_REQUEST_REJECTION)
     try:
         if policy is _TOKEN_BALANCED:
             cut = token_balanced_cut(num_tokens, constraints)
         else:
-            cut = request_boundary_cut(cu_tokens, constraints)
+            cut = request_boundary_cut(cu_tokens, constraints)  # a boundary inside (0, T)
+            if plain:
+                return _plain_split(policy, counts, cu_tokens, constraints, cut, constraints.align)
         return _split(policy, counts, cu_tokens, constraints, cut)
     except SplitRejectedError as rejection:
         if not allow_fallback:
             raise
         reason = str(rejection)
+    return _fallback(policy, counts, num_tokens, constraints, reason)
+
+
+def _fallback(policy, counts, num_tokens, constraints, reason):
     try:
         return _unsplit(policy, counts, num_tokens, constraints, reason)
     except SplitRejectedError as impossible:

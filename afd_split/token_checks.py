@@ -15,6 +15,7 @@ import numpy as np
 from afd_split.errors import SplitInvariantError
 from afd_split.plan import SplitPlan
 from afd_split.request_checks import validate_split_requests
+from afd_split.token_runs import RUNS_MIN_TOKENS, token_fields_hold
 
 MROPE_POSITION_ROWS = 3
 """M-RoPE positions carry temporal / height / width rows."""
@@ -129,8 +130,19 @@ def validate_metadata(metadata) -> None:
 
 
 def _check_token_fields(metadata, qsl, query_lens, computed, seq_lens) -> None:
-    """Positions and slots against the request fields: a few passes over [T] int64 buffers,
-    reused in place (fresh T-sized arrays cost page faults that dwarf the arithmetic)."""
+    """Positions and slots against the request fields. From RUNS_MIN_TOKENS tokens,
+    ``token_fields_hold`` accepts a valid batch in cache-sized chunks; otherwise the passes
+    of ``name_token_violation`` over [T] int64 buffers (reused in place) check the batch and
+    name the first violation."""
+    if metadata.num_tokens < RUNS_MIN_TOKENS or not token_fields_hold(
+        metadata, qsl, query_lens, computed, seq_lens
+    ):
+        name_token_violation(metadata, qsl, query_lens, computed, seq_lens)
+
+
+def name_token_violation(metadata, qsl, query_lens, computed, seq_lens) -> None:
+    """Raise ``SplitInvariantError`` for the first bad position, block or slot (whole-batch
+    passes: only a failing batch, or the equivalence test, runs them)."""
     expected = expected_positions(qsl, computed, query_lens)
     unequal = np.empty(expected.size, dtype=bool)
     # M-RoPE rows follow image grids, so only 1-D positions have a checkable value;

@@ -1,12 +1,16 @@
-"""``python -m pytest_afd report RESULTS_DIR``: render the Markdown + PNG report.
+"""``python -m pytest_afd COMMAND``: the report, A/B comparison and trace tools.
 
-``python -m pytest_afd trace-imbalance [--max-batch-requests 8]`` prints, as
-JSON, the best request-boundary split imbalance of the shipped Azure traces
-replayed in arrival order (the numbers quoted in docs/workloads.md).
+- ``report RESULTS_DIR [--output DIR] [--all-sessions]``: Markdown + HTML + PNG report
+  of the latest session (every session with ``--all-sessions``).
+- ``compare A B [--output DIR]``: every case shared by two result selections side by
+  side, with ratio, dispersion and a significance call.
+- ``trace-imbalance [--max-batch-requests 8] [--json]``: the best request-boundary
+  split imbalance of the shipped Azure traces (the numbers in docs/workloads.md).
+- ``fault-check [--fault NAME] [--jobs N] [--control]``: runs ``pytest -m gate``
+  under each seeded split-path fault and fails unless every run fails
+  (docs/gates.md, "Seeded faults").
 
-``python -m pytest_afd fault-check [--fault NAME] [--jobs N] [--control]``
-runs ``pytest -m gate`` under each seeded split-path fault and fails unless
-every run fails (docs/gates.md, "Seeded faults").
+Each command is one ``_add_<name>`` parser builder plus one entry in ``COMMANDS``.
 """
 
 from __future__ import annotations
@@ -14,72 +18,194 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+DEFAULT_BATCH_REQUESTS = 8  # the recipe's --max-num-seqs
+USAGE_ERROR = 2
+PERCENT = 100.0
+# trace-imbalance: what each printed key means (shown with the text output).
+TRACE_KEYS = {
+    "batches": "batches of up to max_batch_requests requests, replayed in arrival order",
+    "mean": "mean over batches of the best request-boundary split's |t0 - t1| / T",
+    "p90": "90th percentile of that imbalance over batches",
+    "unsplittable_fraction": "share of batches with one request (no request boundary to cut)",
+}
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m pytest_afd", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    report = commands.add_parser("report", help="render a results directory into a Markdown report")
+# --- report ----------------------------------------------------------------------------
+def _add_report(commands: argparse._SubParsersAction) -> None:
+    report = commands.add_parser(
+        "report",
+        help="render a results directory into report.md, report.html and plots",
+        description="Render RESULTS_DIR into report.md, report.html and plots/*.png.",
+    )
     report.add_argument("results_dir", help="directory holding the result JSON files")
     report.add_argument(
         "--output", default=None, help="report directory (default: RESULTS_DIR/report)"
     )
+    report.add_argument(
+        "--all-sessions",
+        action="store_true",
+        help="report the results of every session (default: only the latest session)",
+    )
+
+
+def _report(args: argparse.Namespace) -> int:
+    from pytest_afd.report import ReportError, render  # lazy: matplotlib only here
+
+    try:
+        path = render(args.results_dir, args.output, all_sessions=args.all_sessions)
+    except (FileNotFoundError, ReportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    print(path)
+    return 0
+
+
+# --- compare ---------------------------------------------------------------------------
+def _add_compare(commands: argparse._SubParsersAction) -> None:
+    compare = commands.add_parser(
+        "compare",
+        help="A/B: every shared case of two result selections side by side",
+        description="Compare two results directories (or two sessions or stacks of one): "
+        "per shared case, both medians with dispersion, B / A, a bootstrap interval and "
+        "a significance call. Writes compare.md, compare.html and plots.",
+    )
+    compare.add_argument("a", help="results directory A (the baseline)")
+    compare.add_argument("b", help="results directory B (may be A, with another session/stack)")
+    for side in ("a", "b"):
+        compare.add_argument(
+            f"--{side}-session", default=None, help=f"only session ID of {side.upper()}"
+        )
+        compare.add_argument(
+            f"--{side}-stack",
+            default=None,
+            help=f"only the stack of {side.upper()} whose manifest digest starts with this",
+        )
+    compare.add_argument(
+        "--all-sessions",
+        action="store_true",
+        help="use every session of each side (default: each side's latest session)",
+    )
+    compare.add_argument("--output", default=None, help="output directory (default: B/compare)")
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pytest_afd.report import ReportError
+    from pytest_afd.report.compare import Side, render_comparison
+
+    sides = [
+        Side(Path(path), session, stack, args.all_sessions)
+        for path, session, stack in (
+            (args.a, args.a_session, args.a_stack),
+            (args.b, args.b_session, args.b_stack),
+        )
+    ]
+    output = None if args.output is None else Path(args.output)
+    try:
+        path = render_comparison(*sides, output)
+    except (FileNotFoundError, ReportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    print(path)
+    return 0
+
+
+# --- trace-imbalance -----------------------------------------------------------------------
+def _add_trace_imbalance(commands: argparse._SubParsersAction) -> None:
     imbalance = commands.add_parser(
-        "trace-imbalance", help="request-boundary split imbalance of the shipped traces (JSON)"
+        "trace-imbalance",
+        help="request-boundary split imbalance of the shipped traces",
+        description="Best request-boundary split imbalance of the shipped Azure traces.",
     )
     imbalance.add_argument(
         "--max-batch-requests",
         type=int,
         default=DEFAULT_BATCH_REQUESTS,
-        help="default: %(default)s",
+        help="requests per replayed batch (default: %(default)s)",
     )
-    from pytest_afd import fault_check
-
-    fault_check.add_parser(commands)
-    return parser
+    imbalance.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-DEFAULT_BATCH_REQUESTS = 8  # the recipe's --max-num-seqs
-
-
-def _trace_imbalance(max_batch_requests: int) -> int:
+def trace_imbalance_summary(max_batch_requests: int) -> dict:
     from pytest_afd.workloads import TRACE_NAMES, trace_boundary_imbalance
 
-    summary = {}
+    traces = {}
     for name in TRACE_NAMES:
         measured = trace_boundary_imbalance(name, max_batch_requests=max_batch_requests)
-        summary[name] = {
+        traces[name] = {
             "batches": int(measured.per_batch.size),
             "mean": measured.mean,
             "p90": measured.p90,
             "unsplittable_fraction": measured.unsplittable_fraction,
         }
-    print(json.dumps({"max_batch_requests": max_batch_requests, "traces": summary}, indent=2))
+    return {"max_batch_requests": max_batch_requests, "traces": traces}
+
+
+def trace_imbalance_text(summary: dict) -> str:
+    """A table with one row per trace and the meaning of every column under it."""
+    lines = [
+        f"request-boundary split imbalance, max_batch_requests={summary['max_batch_requests']}",
+        f"{'trace':<8} {'batches':>8} {'mean':>8} {'p90':>8} {'unsplittable_fraction':>22}",
+    ]
+    for name, row in summary["traces"].items():
+        lines.append(
+            f"{name:<8} {row['batches']:>8} {row['mean'] * PERCENT:>7.2f}% "
+            f"{row['p90'] * PERCENT:>7.2f}% {row['unsplittable_fraction'] * PERCENT:>21.2f}%"
+        )
+    lines += ["", "keys:"] + [f"  {key}: {meaning}" for key, meaning in TRACE_KEYS.items()]
+    return "\n".join(lines)
+
+
+def _trace_imbalance(args: argparse.Namespace) -> int:
+    try:
+        summary = trace_imbalance_summary(args.max_batch_requests)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    print(json.dumps(summary, indent=2) if args.json else trace_imbalance_text(summary))
     return 0
+
+
+# --- fault-check (pytest_afd.fault_check) ----------------------------------------------------
+def _add_fault_check(commands: argparse._SubParsersAction) -> None:
+    from pytest_afd import fault_check
+
+    fault_check.add_parser(commands)
+
+
+def _fault_check(args: argparse.Namespace) -> int:
+    from pytest_afd import fault_check
+
+    return fault_check.main(args)
+
+
+# --- dispatch --------------------------------------------------------------------------------
+COMMANDS: dict[str, tuple[Callable, Callable[[argparse.Namespace], int]]] = {
+    "report": (_add_report, _report),
+    "compare": (_add_compare, _compare),
+    "trace-imbalance": (_add_trace_imbalance, _trace_imbalance),
+    "fault-check": (_add_fault_check, _fault_check),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pytest_afd",
+        description="The pytest-afd report, A/B comparison and trace tools. "
+        "Run 'python -m pytest_afd COMMAND --help' for a command's options.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    for add, _ in COMMANDS.values():
+        add(commands)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "fault-check":
-        from pytest_afd import fault_check
-
-        return fault_check.main(args)
-    if args.command == "trace-imbalance":
-        try:
-            return _trace_imbalance(args.max_batch_requests)
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    from pytest_afd.report import render  # lazy: matplotlib is only needed here
-
-    try:
-        path = render(args.results_dir, args.output)
-    except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(path)
-    return 0
+    return COMMANDS[args.command][1](args)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,9 @@ of those runs FAILS with test failures (exit status 1); a run that passes
 means the gates cannot see that fault class, and a usage / collection /
 internal error (status 2-5) proves nothing, so both are reported as misses.
 
-Speed: the soak module is listed first, so the leaks (which only gate 5 sees)
-fail within one soak, and the split faults fail in gate 1's fault-injection
-control case; ``-x`` stops at the first failure. ``jobs`` > 1 runs that many
+Speed: gate 1's fault-injection module runs first (a split fault fails its
+control case within seconds), then the soak (the leaks, which only gate 5
+sees, fail within one soak); ``-x`` stops at the first failure. ``jobs`` > 1 runs that many
 faults at once (only worth it with spare cores).
 """
 
@@ -30,8 +30,9 @@ from pytest_afd.faults import FAULT_ENV, FAULTS, get_fault
 
 PYTEST_TESTS_FAILED = 1
 DEFAULT_GATES_DIR = "suites/gates"
-# Gate 5 first: it is the only gate that sees the leak faults.
-FIRST_MODULES = ("test_gate_5_soak.py", "test_gate_1_fault_injection.py")
+# Gate 1's fault-injection module first (its control case fails within seconds
+# under any split fault), then gate 5, the only gate that sees the leaks.
+FIRST_MODULES = ("test_gate_1_fault_injection.py", "test_gate_5_soak.py")
 DEFAULT_TIMEOUT_S = 1800.0
 OUTPUT_TAIL_CHARS = 2000
 

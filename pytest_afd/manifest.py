@@ -263,3 +263,114 @@ def collect_manifest(
     }
     manifest["digest"] = manifest_digest(manifest)
     return manifest
+
+
+# ---- what one case really ran: manifest["run"] ------------------------------------
+RUN_SECTION = "run"
+"""The manifest key holding the case's run identity (the report groups stacks by it)."""
+RUN_KEYS = (
+    "topology", "model", "num_layers", "model_overrides", "backend", "backend_mode",
+    "attention_ranks", "ffn_ranks", "threads", "routing", "quantization", "block_size",
+)  # fmt: skip
+MODE_IN_PROCESS = "in_process"
+MODE_AFD_PROCESSES = "afd_processes"
+MODE_NO_BACKEND = "no_backend"
+HTTP_MODE_PREFIX = "http_"
+MODEL_OVERRIDE_SEPARATOR = ":"
+
+
+def model_overrides(model_name: str) -> dict[str, str]:
+    """``field=value`` overrides after the colon of a model name (``reduced:num_hidden_layers=2``)."""
+    _, _, text = model_name.partition(MODEL_OVERRIDE_SEPARATOR)
+    pairs = (item.partition("=") for item in filter(None, text.split(",")))
+    return {key.strip(): value.strip() for key, _, value in pairs}
+
+
+def _setting(settings: Mapping[str, Any], *path: str, default: Any = None) -> Any:
+    value: Any = settings
+    for key in path:
+        if not isinstance(value, Mapping) or key not in value:
+            return default
+        value = value[key]
+    return value
+
+
+def _backend_mode(description: Mapping[str, Any] | None, afd_processes: bool,
+                  emulation: Mapping[str, Any] | None) -> tuple[str, Any, Any]:
+    """(mode, attention ranks, FFN ranks) of the process layout the case ran on."""
+    if description is None:
+        ranks = absent("no backend ran for this case")
+        return MODE_NO_BACKEND, ranks, ranks
+    if description.get("transport") == "http":
+        mode = description.get("mode")
+        ranks = absent("an HTTP deployment's rank layout is its server's, not reported here")
+        return HTTP_MODE_PREFIX + (mode or "attach"), ranks, ranks
+    if afd_processes:
+        ffn = max(1, int(emulation["ffn_processes"])) if emulation else 1
+        return MODE_AFD_PROCESSES, 1, ffn
+    return MODE_IN_PROCESS, 1, 0
+
+
+def run_identity(manifest: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The case's identity from its manifest (topology, model, backend) and its settings doc.
+
+    ``settings`` is the result's ``settings`` object (``results.settings_json``).
+    ``ffn_ranks`` 0 means the FFN runs in the Attention process.
+    """
+    backend = manifest.get("backend", {})
+    described = backend.get("description")
+    description = described if isinstance(described, Mapping) and "absent_reason" not in (
+        described
+    ) else None
+    topology = manifest.get("topology", {})
+    emulation = topology.get("cpu_emulation")
+    emulation = emulation if isinstance(emulation, Mapping) and "ffn_processes" in emulation else None
+    mode, attention_ranks, ffn_ranks = _backend_mode(
+        description, bool(settings.get("afd_processes", False)), emulation
+    )
+    threads = None if description is None else description.get("torch_threads")
+    model = manifest.get("model", {})
+    return {
+        "topology": topology.get("canonical", absent("the manifest has no topology")),
+        "model": model.get("name", absent("the manifest has no model")),
+        "num_layers": model.get("num_layers", absent("the manifest has no layer count")),
+        "model_overrides": model_overrides(str(model.get("name", ""))),
+        "backend": backend.get("name", absent("the manifest has no backend")),
+        "backend_mode": mode,
+        "attention_ranks": attention_ranks,
+        "ffn_ranks": ffn_ranks,
+        "threads": absent("the backend did not report its thread count")
+        if threads is None else threads,
+        "routing": _setting(settings, "expert_balancing", "routing"),
+        "quantization": settings.get("quantization"),
+        "block_size": _setting(settings, "scheduler", "block_size"),
+    }
+
+
+def with_run(manifest: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``manifest`` with ``run`` = :func:`run_identity` and the digest recomputed."""
+    doc = {key: value for key, value in manifest.items() if key != "digest"}
+    doc[RUN_SECTION] = run_identity(manifest, settings)
+    doc["digest"] = manifest_digest(doc)
+    return doc
+
+
+# Run fields a case chooses within one stack (the report's condition columns), and
+# the rest, which name the stack itself (what the report groups and labels by).
+CASE_RUN_KEYS = ("routing", "quantization", "block_size")
+STACK_RUN_KEYS = tuple(key for key in RUN_KEYS if key not in CASE_RUN_KEYS)
+
+
+def stack_digest(manifest: Mapping[str, Any]) -> str:
+    """``sha256:`` of the manifest without its digest and without the run's per-case keys.
+
+    Two results with the same stack digest ran on the same software, hardware,
+    topology, model (and layers/overrides), backend mode, rank counts and
+    threads; their ``manifest_digest`` still differs when routing, quantization
+    or block size does.
+    """
+    body = {key: value for key, value in manifest.items() if key != "digest"}
+    run = body.get(RUN_SECTION)
+    if isinstance(run, Mapping):
+        body[RUN_SECTION] = {key: run[key] for key in STACK_RUN_KEYS if key in run}
+    return manifest_digest(body)

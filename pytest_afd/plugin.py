@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from pytest_afd import hardware, hookspecs, reference_phase
+from pytest_afd import hardware, hookspecs, outcomes, reference_phase
 from pytest_afd.backends import create_backend
 from pytest_afd.backends.base import Backend, BackendUnavailable
 from pytest_afd.golden import GoldenStore
 from pytest_afd.manifest import collect_manifest, manifest_digest
+from pytest_afd.markers import MARKER_SIGNATURES, MARKERS
 from pytest_afd.options import (  # noqa: F401  (AfdOptions and the defaults are re-exported)
     DEFAULT_GOLDEN_DIR,
     DEFAULT_RESULTS_DIR,
@@ -32,7 +33,6 @@ from pytest_afd.options import (  # noqa: F401  (AfdOptions and the defaults are
 from pytest_afd.results import (
     CASE_KINDS,
     ResultValidationError,
-    atomic_write_json,
     build_result,
     headline,
     result_path,
@@ -42,20 +42,6 @@ from pytest_afd.results import (
 from pytest_afd.results_dir import remove_stale_temp_files, results_written_since
 from pytest_afd.topology import RankInfo, Topology
 
-MARKERS = {
-    "gate": "an RFC correctness gate (run before merging a split-path change)",
-    "stage_a": "RFC Stage A: split-policy validation",
-    "stage_b": "RFC Stage B: prefix-cache hit ratio",
-    "stage_c": "RFC Stage C: workload/request imbalance",
-    "stage_d": "RFC Stage D: chunked prefill",
-    "stage_e": "RFC Stage E: full layers and natural expert routing",
-    "stage_f": "RFC Stage F: PP/dynamic CPP comparison (optional)",
-    "slow": "slow test, deselected by the default run (select with -m slow)",
-    "npu": "needs N local Ascend NPUs (of that SoC); skipped with the reason otherwise",
-    "multi_node": "needs N nodes (AFD_NUM_NODES); skipped with the reason otherwise",
-}
-# Registered as "name(signature): help" so `pytest --markers` shows the arguments.
-MARKER_SIGNATURES = {"npu": "npu(devices=N, soc=None)", "multi_node": "multi_node(nodes=N)"}
 SUMMARY_FILE = "summary.json"
 WORKEROUTPUT_KEY = "afd_results"
 AFD_SESSION_PLUGIN = "afd-session"
@@ -180,6 +166,7 @@ def pytest_configure(config: pytest.Config) -> None:
             state.stale_temp_removed += remove_stale_temp_files(directory)
     # Registered as a plugin so it receives every test report (outcome column).
     config.pluginmanager.register(state, AFD_SESSION_PLUGIN)
+    outcomes.register(config)
     reference_phase.reference_phase(config)  # a bad value is a UsageError now, not per test
     ledger = hardware.HardwareLedger(state.options.backend, state.options.require_hardware,
                                      lambda: state.backend_instance)
@@ -396,6 +383,7 @@ class ResultWriter:
                 f"result {doc['case_id']!r} written twice: one result per case", pytrace=False
             )
         path = result_path(self.results_dir, str(doc.get("case_id", self.case_id)))
+        doc = outcomes.tracker(self.state.config).stamp(doc)
         try:
             write_result(path, doc)
         except ResultValidationError as exc:
@@ -439,19 +427,15 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         _recover_lost_results(state)
     ledger = session.config.pluginmanager.get_plugin(hardware.PLUGIN_NAME)
     measured = ledger.summary() if ledger is not None else None
-    if state.written or state.lost_workers or measured is not None:
-        for entry in state.written:
-            entry["outcome"] = state.outcomes.get(entry["nodeid"], "unknown")
-        summary = {
-            "results_dir": str(state.options.results_dir),
-            "results": sorted(state.written, key=lambda entry: entry["case_id"]),
-            "golden_updates": sorted(state.golden_updates),
-        }
-        if state.lost_workers:
-            summary["lost_workers"] = state.lost_workers
-        if measured is not None:
-            summary[hardware.SUMMARY_KEY] = measured
-        atomic_write_json(state.options.results_dir / SUMMARY_FILE, summary)
+    extra: dict[str, Any] = {}
+    if state.lost_workers:
+        extra["lost_workers"] = state.lost_workers
+    if measured is not None:
+        extra[hardware.SUMMARY_KEY] = measured
+    outcomes.tracker(session.config).write_summary(
+        state.options.results_dir / SUMMARY_FILE, state.written, state.options.results_dir,
+        state.golden_updates, extra=extra,
+    )
 
 
 @pytest.hookimpl(optionalhook=True)

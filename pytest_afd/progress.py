@@ -6,8 +6,9 @@ step and hands it to an emitter: :func:`stream_emitter` writes plain lines
 (benchmark scripts), :func:`pytest_emitter` writes through pytest's terminal
 reporter outside output capture (stage suites), and is None under ``-q``.
 
-The estimate is the mean time of the finished steps times the steps left; it
-is shown only once a step has finished (before that there is nothing to go on).
+The estimate is the mean time of the finished steps times the steps left,
+leaving out the first step once another has finished (it pays one-time
+costs); it is shown only once a step has finished.
 """
 
 from __future__ import annotations
@@ -34,10 +35,18 @@ def format_duration(seconds: float) -> str:
     return f"{whole // SECONDS_PER_HOUR}h{(whole % SECONDS_PER_HOUR) // SECONDS_PER_MINUTE:02d}m"
 
 
-def estimate_remaining(elapsed_s: float, done: int, total: int) -> float | None:
-    """Seconds left at the mean pace of the ``done`` finished steps; None before the first."""
+def estimate_remaining(
+    elapsed_s: float, done: int, total: int, first_step_s: float | None = None
+) -> float | None:
+    """Seconds left at the mean pace of the finished steps; None before the first.
+
+    With ``first_step_s`` and two or more finished steps, the first is left out
+    of the pace: it pays one-time costs (model build, caches, process start).
+    """
     if done <= 0:
         return None
+    if first_step_s is not None and done >= 2:  # noqa: PLR2004 - the first plus one more
+        return (elapsed_s - first_step_s) / (done - 1) * max(total - done, 0)
     return elapsed_s / done * max(total - done, 0)
 
 
@@ -70,6 +79,7 @@ class Progress:
         self.clock = clock
         self.started = clock()
         self.current = 0
+        self.first_step_s: float | None = None
 
     @property
     def elapsed_s(self) -> float:
@@ -83,7 +93,9 @@ class Progress:
         finished = self.current
         self.current += 1
         elapsed = self.elapsed_s
-        left = estimate_remaining(elapsed, finished, self.total)
+        if finished == 1:
+            self.first_step_s = elapsed
+        left = estimate_remaining(elapsed, finished, self.total, self.first_step_s)
         timing = f"elapsed {format_duration(elapsed)}"
         if left is not None:
             timing += f", about {format_duration(left)} left"

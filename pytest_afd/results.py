@@ -22,6 +22,7 @@ import datetime as _dt
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -36,7 +37,7 @@ from jsonschema.exceptions import ValidationError, best_match
 from referencing import Registry, Resource
 
 from pytest_afd.backends.base import RunOutputs, RunSettings
-from pytest_afd.manifest import absent, manifest_digest
+from pytest_afd.manifest import absent, manifest_digest, with_run
 from pytest_afd.stats import summarize
 
 SCHEMA_VERSION = "1.0.0"
@@ -54,6 +55,7 @@ def schemas_dir() -> Path:
 
 
 MANIFEST_SCHEMA_FILE = "manifest.schema.json"
+RESULT_FILE_MODE = 0o644
 RESULT_SCHEMA_FILE = "result.schema.json"
 CASE_KINDS = (
     "gate",
@@ -120,7 +122,23 @@ def _describe_error(error: ValidationError) -> str:
     return f"at {where}: {detail}"
 
 
+def non_finite_paths(doc: Any, path: str = "") -> list[str]:
+    """JSON-pointer paths of NaN / Infinity values (JSON Schema cannot refuse them)."""
+    if isinstance(doc, float):
+        return [] if math.isfinite(doc) else [path or "/"]
+    if isinstance(doc, dict):
+        return [p for key, value in doc.items() for p in non_finite_paths(value, f"{path}/{key}")]
+    if isinstance(doc, (list, tuple)):
+        return [p for i, value in enumerate(doc) for p in non_finite_paths(value, f"{path}/{i}")]
+    return []
+
+
 def _validate(doc: Any, file_name: str, what: str) -> None:
+    bad = non_finite_paths(doc)
+    if bad:
+        raise ResultValidationError(
+            f"{what} holds non-finite numbers (NaN/Infinity are not JSON) at: {', '.join(bad[:10])}"
+        )
     errors = sorted(
         _validator(file_name).iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))
     )
@@ -157,6 +175,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], payload: bytes) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        # mkstemp creates 0600; results are shared artefacts (CI uploads, other users' reports).
+        os.fchmod(fd, RESULT_FILE_MODE)
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)
             handle.flush()
@@ -243,6 +263,7 @@ def settings_json(
             )
         },
         "instrumented": settings.instrument,
+        "afd_processes": settings.afd_processes,
     }
 
 
@@ -276,7 +297,7 @@ def workload_json(
     prompt_lengths: Sequence[int],
     seed: int | None,
     dataset_digest: str | None = None,
-    arrival_process: str = "all-at-once",
+    arrival_process: str = "all_at_once",
     output_length: int = 1,
     **extra: Any,
 ) -> dict[str, Any]:
@@ -374,7 +395,9 @@ def reported_peak_memory(runs: Sequence[RunOutputs]) -> dict:
     """The runs' own peak-memory readings, or absent when any run lacks one."""
     readings = [run.peak_memory_bytes for run in runs]
     if any(value is None for value in readings):
-        return absent("the backend did not report peak memory for these runs")
+        reasons = [run.peak_memory_absent_reason for run in runs if run.peak_memory_bytes is None]
+        return absent(next((r for r in reasons if r), None)
+                      or "the backend did not report peak memory for these runs")
     return measurement(readings, "bytes")
 
 
@@ -489,9 +512,9 @@ def build_result(
     routing = settings_doc["expert_balancing"]["routing"]
     label_doc = {"synthetic": routing == "forced_balanced", "comparability": "comparable"}
     label_doc.update(labels or {})
-    manifest_doc = dict(manifest)
-    digest = manifest_digest(manifest_doc)
-    manifest_doc["digest"] = digest
+    # The case's own run identity (manifest["run"]) is part of what its digest names.
+    manifest_doc = with_run(manifest, settings_doc)
+    digest = manifest_doc["digest"]
     doc = {
         "schema_version": SCHEMA_VERSION,
         "kind": "afd-result",

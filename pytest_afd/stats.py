@@ -13,6 +13,7 @@ import random
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -172,3 +173,52 @@ def run_repeated(
         for metric, value in _as_metrics(cases[name](), name).items():
             result.values[name].setdefault(metric, []).append(value)
     return result
+
+
+# ---- is a difference larger than the repetitions' noise? ---------------------------
+BOOTSTRAP_RESAMPLES = 2000
+CONFIDENCE = 0.95
+
+
+def iqr_bounds(values: Sequence[float]) -> tuple[float, float]:
+    """(25th, 75th) percentile of ``values``."""
+    low, high = np.percentile(np.asarray(values, dtype=np.float64), QUARTILES)
+    return float(low), float(high)
+
+
+def iqrs_overlap(a: Sequence[float], b: Sequence[float]) -> bool:
+    """Whether the interquartile ranges of two repetition sets overlap (then: no clear order)."""
+    (a_low, a_high), (b_low, b_high) = iqr_bounds(a), iqr_bounds(b)
+    return a_low <= b_high and b_low <= a_high
+
+
+def bootstrap_interval(
+    samples: Mapping[Any, Sequence[float]],
+    statistic: Callable[[Mapping[Any, float]], float],
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    confidence: float = CONFIDENCE,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile-bootstrap interval of ``statistic`` over the repetitions of several cases.
+
+    Each resample draws every case's repetitions with replacement and hands
+    ``statistic`` the median per case; the interval is the central
+    ``confidence`` share of the resampled statistic.
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence={confidence!r}; expected 0 < confidence < 1")
+    if resamples < 1:
+        raise ValueError(f"resamples={resamples!r}; expected >= 1")
+    rng = np.random.default_rng(seed)
+    arrays = {key: np.asarray(values, dtype=np.float64) for key, values in samples.items()}
+    for key, values in arrays.items():
+        if values.size == 0 or not np.isfinite(values).all():
+            raise ValueError(f"bootstrap_interval: case {key!r} has no finite repetitions")
+    drawn = {key: rng.integers(0, values.size, (resamples, values.size))
+             for key, values in arrays.items()}  # fmt: skip
+    medians = {key: np.median(arrays[key][drawn[key]], axis=1) for key in arrays}
+    values = [statistic({key: float(medians[key][i]) for key in arrays}) for i in range(resamples)]
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(np.asarray(values), (tail, 100 - tail))
+    return float(low), float(high)

@@ -262,6 +262,11 @@ class MeasuredCase:
         return float(self.result["metrics"][THROUGHPUT_METRIC]["stats"]["median"])
 
     @property
+    def throughput_repetitions(self) -> list[float]:
+        """Every measured repetition's prefill tokens/s (the dispersion a comparison must beat)."""
+        return [float(v) for v in self.result["metrics"][THROUGHPUT_METRIC]["repetitions"]]
+
+    @property
     def representative(self) -> RunOutputs:
         return self.runs[-1]
 

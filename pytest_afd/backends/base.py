@@ -136,6 +136,8 @@ class RunOutputs:
     # Peak resident memory of the process that held the model during the run
     # (device memory on NPUs); None when the backend cannot measure it.
     peak_memory_bytes: int | None = None
+    # Why peak_memory_bytes is None (recorded as the result's absent_reason).
+    peak_memory_absent_reason: str | None = None
 
     def by_id(self) -> dict[str, RequestOutput]:
         return {r.request_id: r for r in self.requests}

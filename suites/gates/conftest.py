@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 from gate_lib import (
+    CPU_BACKEND,
     SUPPORTED_CPU_TOPOLOGIES,
     GateBackends,
     PageScale,
@@ -21,8 +22,10 @@ from afd_split import unsupported_reasons
 from pytest_afd.backends.base import Backend, CapabilityMissing
 from pytest_afd.faults import applied_from_env
 from pytest_afd.golden import GoldenStore
+from pytest_afd.manifest import collect_manifest, manifest_digest
 from pytest_afd.plugin import AfdOptions, afd_session
 from pytest_afd.reference_phase import reference_phase
+from pytest_afd.results import validate_manifest
 from pytest_afd.topology import Topology, parse_topology
 
 
@@ -68,7 +71,29 @@ def gate_backends(
     afd_options: AfdOptions, request: pytest.FixtureRequest
 ) -> Iterator[GateBackends]:
     """Backends by (topology, model), created on first use and closed at the end."""
-    backends = GateBackends(afd_options, lambda: request.getfixturevalue("afd_backend"))
+
+    def make_manifest(backend: Backend | None, topology: Topology, model: str) -> dict:
+        manifest = collect_manifest(
+            topology=topology,
+            backend_name=afd_options.backend,
+            backend_description=None if backend is None else backend.describe(),
+            backend_absent_reason="this case runs no backend" if backend is None else None,
+            model_name=model,
+            protocol=afd_options.protocol(),
+            emulated=afd_options.backend == CPU_BACKEND,
+            devices_per_node=afd_options.devices_per_node,
+        )
+        request.config.hook.pytest_afd_manifest(config=request.config, manifest=manifest)
+        manifest["digest"] = manifest_digest(manifest)
+        validate_manifest(manifest)
+        return manifest
+
+    backends = GateBackends(
+        afd_options,
+        lambda: request.getfixturevalue("afd_backend"),
+        make_manifest,
+        lambda: request.getfixturevalue("afd_manifest"),
+    )
     yield backends
     backends.close()
 
@@ -95,6 +120,12 @@ def gate_topology_obj(gate_topology: str, afd_options: AfdOptions) -> Topology:
         f"{gate_topology} is listed as supported but the split path rejects it: {reasons}"
     )
     return topology
+
+
+@pytest.fixture
+def gate_manifest(gate_backends: GateBackends, gate_topology: str) -> dict:
+    """The manifest of this case's backend: its own topology and model."""
+    return gate_backends.manifest(gate_topology)
 
 
 @pytest.fixture

@@ -110,13 +110,35 @@ def support_config_for(
     return SplitSupportConfig(**{**facts, **overrides})
 
 
+ManifestMaker = Callable[[Backend | None, Topology, str], dict]
+
+
 @dataclass
 class GateBackends:
-    """One backend per topology for the CPU backend (created on first use, closed at the end)."""
+    """One backend per (topology, model) for the CPU backend, each with its own manifest.
+
+    ``make_manifest(backend, topology, model)`` builds the manifest a case on
+    that backend records (its true topology and model, not the session's).
+    """
 
     options: AfdOptions
     session_backend: Callable[[], Backend]
+    make_manifest: ManifestMaker
+    session_manifest: Callable[[], dict]
     created: dict[tuple[str, str], Backend] = field(default_factory=dict)
+    manifests: dict[tuple[str, str], dict] = field(default_factory=dict)
+
+    def manifest(self, spec: str, model_name: str | None = None, *, backend: bool = True) -> dict:
+        """The manifest of cases on (``spec``, model); ``backend=False``: no backend ran."""
+        model = model_name or self.options.model
+        topology = parse_topology(spec, self.options.aliases)
+        if self.options.backend != CPU_BACKEND:
+            return self.session_manifest()
+        key = (topology.canonical, model, backend)
+        if key not in self.manifests:
+            ran = self.get(spec, model) if backend else None
+            self.manifests[key] = self.make_manifest(ran, topology, model)
+        return self.manifests[key]
 
     def get(self, spec: str, model_name: str | None = None) -> Backend:
         model = model_name or self.options.model
@@ -429,6 +451,7 @@ def judge(
 def record_gate_result(
     afd_results,
     *,
+    manifest: dict[str, Any],
     settings: RunSettings,
     topology: Topology,
     prompts: Sequence[PromptRequest],
@@ -438,7 +461,11 @@ def record_gate_result(
     seed: int | None,
     requested_hit_ratio: float | None = None,
 ) -> None:
-    """Write this case's schema-valid result JSON; ``gate`` holds the gate's own evidence."""
+    """Write this case's schema-valid result JSON; ``gate`` holds the gate's own evidence.
+
+    ``manifest`` is the case's own (``GateBackends.manifest``): its topology,
+    model and backend, which ``results.build_result`` turns into ``run``.
+    """
     gate_doc = {
         **gate,
         "topology": topology.canonical,
@@ -464,6 +491,7 @@ def record_gate_result(
         )
         completed = sum(r.error is None for r in outputs.requests)
     afd_results.record(
+        manifest=manifest,
         settings=settings,
         workload=results.workload_json(
             dataset_name=dataset,
@@ -491,6 +519,7 @@ def record_reference_case(
     gate: dict[str, Any],
     dataset: str,
     seed: int | None,
+    manifest: dict[str, Any],
 ) -> None:
     """Reference phase (``--afd-reference-phase record``): run, store and report the reference only."""
     from gate_reference import reference_settings
@@ -498,6 +527,7 @@ def record_reference_case(
     outputs = references.record(name, backend, prompts, settings)
     record_gate_result(
         afd_results,
+        manifest=manifest,
         settings=reference_settings(settings),
         topology=topology,
         prompts=prompts,

@@ -122,6 +122,7 @@ def test_gate_1_token_balanced_matches_unsplit(
     gate_topology_obj,
     gate_quantization,
     gate_backend,
+    gate_manifest,
     gate_pages,
     workload,
     golden,
@@ -145,6 +146,7 @@ def test_gate_1_token_balanced_matches_unsplit(
     if gate_references.recording:
         record_reference_case(
             afd_results, gate_references, stored, gate_backend, prompts, settings,
+            manifest=gate_manifest,
             topology=topology, gate={"gate": 1, "case": workload.name},
             dataset=f"gate1/{workload.name}", seed=afd_options.seed,
         )  # fmt: skip
@@ -167,6 +169,7 @@ def test_gate_1_token_balanced_matches_unsplit(
     shape_problem = None if unverified else workload.expect(steps, candidate)
     record_gate_result(
         afd_results,
+        manifest=gate_manifest,
         settings=settings,
         topology=topology,
         prompts=prompts,
@@ -237,6 +240,7 @@ def test_gate_1_afd_runtime_split_matches_unsplit(
     shape_problem = workload.expect(steps, candidate)
     record_gate_result(
         afd_results,
+        manifest=gate_backends.manifest(gate_afd_topology),
         settings=settings,
         topology=topology,
         prompts=prompts,

@@ -15,6 +15,7 @@ import pytest
 from gate_lib import (
     SPLIT_POLICY,
     TOLERANCE_PROFILES,
+    UNSPLIT_POLICY,
     PageScale,
     gate_settings,
     judge,
@@ -79,6 +80,7 @@ def test_gate_2_prefix_hit_matches_uncached(
     gate_topology_obj,
     gate_quantization,
     gate_backend,
+    gate_manifest,
     gate_pages,
     workload,
     golden,
@@ -100,6 +102,7 @@ def test_gate_2_prefix_hit_matches_uncached(
     if gate_references.recording:
         record_reference_case(
             afd_results, gate_references, stored, gate_backend, prompts, settings,
+            manifest=gate_manifest,
             topology=topology, gate={"gate": 2, "case": workload.name},
             dataset=f"gate2/{workload.name}", seed=afd_options.seed,
         )  # fmt: skip
@@ -111,12 +114,17 @@ def test_gate_2_prefix_hit_matches_uncached(
     if gate_references.checking:
         uncached = gate_references.load(stored, prompts, settings)
     else:
-        uncached, _ = run_measured(gate_backend, prompts, replace(settings, prefix_caching=False))
+        # The reference is cold AND unsplit: a direct whole-batch forward per step.
+        uncached, _ = run_measured(
+            gate_backend, prompts,
+            replace(settings, prefix_caching=False, split_policy=UNSPLIT_POLICY),
+        )
     hits = [r.num_cached_tokens for r in warm.requests]
     missing = [prompts[i].request_id for i in workload.expected_hits() if hits[i] <= 0]
     verdict = judge(golden, f"gate2/{workload.name}", warm, uncached, profile, splits)
     record_gate_result(
         afd_results,
+        manifest=gate_manifest,
         settings=settings,
         topology=topology,
         prompts=prompts,
@@ -127,7 +135,7 @@ def test_gate_2_prefix_hit_matches_uncached(
             "gate": 2,
             "case": workload.name,
             "reference": gate_references.describe(stored) if gate_references.checking
-            else "same prompts, cold, prefix caching off, same split policy",
+            else "same prompts, cold (prefix caching off), unsplit direct forward",
             "realized_hit_tokens": hits,
             "reference_hit_tokens": [r.num_cached_tokens for r in uncached.requests],
             "requests_without_expected_hit": missing,

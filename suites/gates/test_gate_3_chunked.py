@@ -15,6 +15,7 @@ import pytest
 from gate_lib import (
     SPLIT_POLICY,
     TOLERANCE_PROFILES,
+    UNSPLIT_POLICY,
     final_chunk_tokens,
     gate_settings,
     judge,
@@ -38,6 +39,7 @@ def test_gate_3_chunked_matches_unchunked(
     gate_topology_obj,
     gate_quantization,
     gate_backend,
+    gate_manifest,
     gate_pages,
     chunk_size,
     golden,
@@ -60,6 +62,7 @@ def test_gate_3_chunked_matches_unchunked(
     if gate_references.recording:
         record_reference_case(
             afd_results, gate_references, stored, gate_backend, prompts, settings,
+            manifest=gate_manifest,
             topology=topology, gate={"gate": 3, "case": f"chunk_size={settings.chunk_size}"},
             dataset="gate3/mixed", seed=afd_options.seed,
         )  # fmt: skip
@@ -68,13 +71,17 @@ def test_gate_3_chunked_matches_unchunked(
     if gate_references.checking:
         unchunked = gate_references.load(stored, prompts, settings)
     else:
-        unchunked, _ = run_measured(gate_backend, prompts, replace(settings, chunk_size=None))
+        # The reference is unchunked AND unsplit: a direct whole-batch forward.
+        unchunked, _ = run_measured(
+            gate_backend, prompts, replace(settings, chunk_size=None, split_policy=UNSPLIT_POLICY)
+        )
     tails = final_chunk_tokens(chunked, lengths)
     small_tail_tokens = gate_pages.block_size
     small_tails = {r: n for r, n in tails.items() if n < small_tail_tokens}
     verdict = judge(golden, f"gate3/chunk{chunk_size}", chunked, unchunked, profile, splits)
     record_gate_result(
         afd_results,
+        manifest=gate_manifest,
         settings=settings,
         topology=topology,
         prompts=prompts,
@@ -85,7 +92,7 @@ def test_gate_3_chunked_matches_unchunked(
             "gate": 3,
             "case": f"chunk_size={settings.chunk_size}",
             "reference": gate_references.describe(stored) if gate_references.checking
-            else "same prompts unchunked (chunk_size=None), same split policy",
+            else "same prompts unchunked (chunk_size=None), unsplit direct forward",
             "forwards": len(chunked.steps),
             "reference_forwards": len(unchunked.steps),
             "final_piece_tokens_of_chunked_requests": tails,

@@ -86,7 +86,8 @@ def references(full_backend, gate_pages, afd_options):
 @pytest.mark.parametrize("quantization", (QUANT_NONE, QUANT_W8A8))
 @pytest.mark.parametrize("candidate", sorted(CANDIDATES))
 def test_gate_4_full_natural_greedy_tokens_match_unsplit(
-    full_backend, references, gate_pages, candidate, quantization, golden, afd_results, afd_options
+    full_backend, references, gate_backends, gate_pages, candidate, quantization, golden,
+    afd_results, afd_options,
 ):
     topology = afd_options.topology
     prompts, reference_for = references
@@ -105,6 +106,7 @@ def test_gate_4_full_natural_greedy_tokens_match_unsplit(
     )
     record_gate_result(
         afd_results,
+        manifest=gate_backends.manifest(afd_options.topology.canonical, FULL_MODEL),
         settings=settings,
         topology=topology,
         prompts=prompts,

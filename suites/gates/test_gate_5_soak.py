@@ -202,12 +202,13 @@ def soak_backend(gate_backends):
 
 
 @pytest.mark.gate
-def test_gate_5_soak_mixed_partial_splits(soak_backend, afd_options, afd_results):
+def test_gate_5_soak_mixed_partial_splits(soak_backend, gate_backends, afd_options, afd_results):
     pages = page_scale(afd_options.backend)
     outcome = soak(soak_backend, pages, afd_options.seed, SOAK_STEPS)
     counts = outcome.counts
     record_gate_result(
         afd_results,
+        manifest=gate_backends.manifest(SOAK_TOPOLOGY, SOAK_MODEL),
         settings=gate_settings(parse_topology(SOAK_TOPOLOGY), pages, split_policy=SPLIT_POLICY),
         topology=parse_topology(SOAK_TOPOLOGY),
         prompts=make_prompts(PROBE_LENGTHS, afd_options.seed + PROBE_SEED_OFFSET, tag="probe"),

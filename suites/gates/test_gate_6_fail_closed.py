@@ -100,7 +100,7 @@ def no_group_before():
 @pytest.mark.gate
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_gate_6_unsupported_fails_before_communication(
-    case, no_group_before, gate_pages, afd_options, afd_results
+    case, no_group_before, gate_pages, gate_backends, afd_options, afd_results
 ):
     topology = parse_topology(case.topology or afd_options.topology.canonical, afd_options.aliases)
     config = support_config_for(topology, afd_options.backend, **case.overrides)
@@ -114,6 +114,7 @@ def test_gate_6_unsupported_fails_before_communication(
     new_children = set(multiprocessing.active_children()) - no_group_before
     record_gate_result(
         afd_results,
+        manifest=gate_backends.manifest(topology.canonical, backend=False),
         settings=gate_settings(topology, gate_pages),
         topology=topology,
         prompts=[],

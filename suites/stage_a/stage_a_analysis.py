@@ -1,6 +1,10 @@
-"""Stage A analysis: pick the winning policy, and correlate imbalance with step cost.
+"""Stage A analysis: rank the policies (a winner only beyond noise), correlate imbalance with cost.
 
 Pure functions over measured numbers, so they are unit-tested without a backend.
+A policy is named best only when the bootstrap interval of its score over the
+runner-up's (resampling the repetitions) lies entirely above 1; otherwise the
+ranking records "no significant difference" and the confirmation runs keep
+the controls.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from pytest_afd.stats import CONFIDENCE, bootstrap_interval
 
 BASELINE_POLICY = "none"  # no async MoE dual batching
 CONTROL_POLICY = "request_boundary"  # the current two-stage split
@@ -53,15 +59,60 @@ def pick_winner(throughput: Mapping[tuple[str, str], float]) -> str:
     return max(sorted(scores), key=lambda policy: scores[policy])
 
 
-def confirmation_policies(winner: str) -> tuple[str, ...]:
-    """The winning and control cases repeated on the full model.
+NO_SIGNIFICANT_DIFFERENCE = "no significant difference"
+NOISE_METHOD = "percentile bootstrap over the repetitions (score ratio of leader to runner-up)"
 
-    When the control itself wins, the proposal is kept as the challenger so
-    the full-model run still compares two split policies.
+
+def rank_policies(repetitions: Mapping[tuple[str, str], Sequence[float]], *, seed: int = 0
+                  ) -> dict[str, Any]:
+    """Scores from the medians, and a winner only when the lead exceeds the repetitions' noise.
+
+    ``repetitions``: (workload, policy) -> measured throughputs. The lead is
+    significant when the ``CONFIDENCE`` bootstrap interval of score(leader) /
+    score(runner-up) excludes 1.
     """
-    if winner == CONTROL_POLICY:
+    medians = {key: float(np.median(values)) for key, values in repetitions.items()}
+    scores = policy_scores(medians)
+    order = sorted(sorted(scores), key=lambda policy: -scores[policy])
+    leader, runner_up = order[0], order[1] if len(order) > 1 else None
+    ranking: dict[str, Any] = {"scores": scores, "leader": leader, "runner_up": runner_up}
+    if runner_up is None:
+        return {**ranking, "winner": leader, "significant": True, "verdict": f"{leader} only"}
+    low, high = bootstrap_interval(
+        repetitions, lambda m: _ratio(policy_scores(m), leader, runner_up), seed=seed
+    )
+    significant = low > 1.0
+    return {
+        **ranking,
+        "winner": leader if significant else None,
+        "significant": significant,
+        "verdict": f"{leader} is best" if significant else NO_SIGNIFICANT_DIFFERENCE,
+        "leader_vs_runner_up": {
+            "ratio": _ratio(scores, leader, runner_up), "interval": [low, high],
+            "confidence": CONFIDENCE, "method": NOISE_METHOD,
+        },
+    }  # fmt: skip
+
+
+def _ratio(scores: Mapping[str, float], leader: str, runner_up: str) -> float:
+    return scores[leader] / scores[runner_up]
+
+
+def confirmation_policies(winner: str | None) -> tuple[str, ...]:
+    """The split policies repeated on the full model (the baseline always runs as well).
+
+    A significant winner other than the baseline or the control is confirmed
+    against the control; otherwise (no significant difference, or the
+    baseline or control won) the controls are kept: control and proposal.
+    """
+    if winner in (None, BASELINE_POLICY, CONTROL_POLICY):
         return (CONTROL_POLICY, CANDIDATE_POLICY)
     return (CONTROL_POLICY, winner)
+
+
+def confirmation_case_policies(winner: str | None) -> tuple[str, ...]:
+    """Every policy of the confirmation run: the baseline first, each policy once."""
+    return tuple(dict.fromkeys((BASELINE_POLICY, *confirmation_policies(winner))))
 
 
 def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:

@@ -7,13 +7,18 @@ import math
 import pytest
 from stage_a_analysis import (
     AFD_OVERLAP_KEYS,
+    NO_SIGNIFICANT_DIFFERENCE,
     afd_overlap,
+    confirmation_case_policies,
     confirmation_policies,
     correlation_evidence,
     pearson,
     pick_winner,
     policy_scores,
+    rank_policies,
 )
+
+from pytest_afd.stats import bootstrap_interval, iqrs_overlap
 
 
 def _throughput(values):
@@ -45,8 +50,65 @@ def test_stage_a_ranking_needs_the_baseline():
 
 def test_stage_a_confirmation_keeps_two_split_policies():
     assert confirmation_policies("token_balanced") == ("request_boundary", "token_balanced")
-    assert confirmation_policies("none") == ("request_boundary", "none")
+    assert confirmation_policies("none") == ("request_boundary", "token_balanced")
     assert confirmation_policies("request_boundary") == ("request_boundary", "token_balanced")
+    assert confirmation_policies(None) == ("request_boundary", "token_balanced")
+
+
+def _repetitions(values):
+    return {
+        (workload, policy): reps
+        for workload, row in values.items()
+        for policy, reps in zip(("none", "request_boundary", "token_balanced"), row, strict=True)
+    }
+
+
+def test_stage_a_forced_none_win_builds_unique_confirmation_cases():
+    """The regression: a significant `none` win made duplicate case names."""
+    reps = _repetitions({
+        "uniform": ([200, 201, 199], [100, 101, 99], [110, 111, 109]),
+        "long_short": ([150, 151, 149], [80, 81, 79], [90, 91, 89]),
+    })  # fmt: skip
+    ranking = rank_policies(reps)
+    assert ranking["winner"] == "none" and ranking["significant"]
+    policies = confirmation_case_policies(ranking["winner"])
+    assert policies == ("none", "request_boundary", "token_balanced")
+    names = [f"{w}/{p}" for w in ("long_short", "uniform") for p in policies]
+    assert len(names) == len(set(names))
+
+
+def test_stage_a_no_winner_within_noise():
+    """Medians 5% apart with 25-65% spread between repetitions: no significant difference."""
+    reps = _repetitions({
+        "uniform": ([100, 60, 150], [105, 62, 160], [110, 58, 170]),
+        "long_short": ([80, 50, 120], [84, 45, 130], [88, 52, 125]),
+    })  # fmt: skip
+    ranking = rank_policies(reps)
+    assert ranking["winner"] is None and not ranking["significant"]
+    assert ranking["verdict"] == NO_SIGNIFICANT_DIFFERENCE
+    assert ranking["leader"] == "token_balanced"
+    low, high = ranking["leader_vs_runner_up"]["interval"]
+    assert low <= 1.0 <= high
+    assert confirmation_case_policies(ranking["winner"]) == (
+        "none", "request_boundary", "token_balanced"
+    )
+
+
+def test_stage_a_clear_winner_beyond_noise():
+    reps = _repetitions({
+        "uniform": ([100, 99, 101], [110, 109, 111], [130, 129, 131]),
+        "long_short": ([50, 49, 51], [40, 39, 41], [80, 79, 81]),
+    })  # fmt: skip
+    ranking = rank_policies(reps)
+    assert ranking["winner"] == "token_balanced" and ranking["leader_vs_runner_up"]["interval"][0] > 1
+
+
+def test_noise_helpers():
+    assert iqrs_overlap([1, 2, 3], [2, 2.5, 3]) and not iqrs_overlap([1, 2, 3], [10, 11, 12])
+    low, high = bootstrap_interval({"a": [1, 2, 3], "b": [4, 5, 6]}, lambda m: m["b"] - m["a"])
+    assert 0 < low <= 3 <= high
+    with pytest.raises(ValueError, match="no finite repetitions"):
+        bootstrap_interval({"a": []}, lambda m: 0.0)
 
 
 def test_stage_a_pearson():

@@ -21,10 +21,9 @@ from stage_a_analysis import (
     CONTROL_POLICY,
     POLICIES,
     afd_overlap,
-    confirmation_policies,
+    confirmation_case_policies,
     correlation_evidence,
-    pick_winner,
-    policy_scores,
+    rank_policies,
 )
 
 from pytest_afd.backends.base import CAP_AFD, CAP_INSTRUMENTATION
@@ -40,8 +39,11 @@ FULL_MODEL_WORKLOADS = ("long_short", "uniform")
 FULL_MODEL = "full"
 # Multipliers on the stage scale: "smallest" is what CI runs.
 SIZES = {"smallest": 0.5, "stage": 1.0}
-# Session-wide store so the full-model repeat can use the matrix's winner.
-WINNER_KEY = pytest.StashKey[str]()
+# Fixed bootstrap seed: the significance verdict is reproducible from the result files.
+BOOTSTRAP_SEED = 0
+# Session-wide store so the full-model repeat can use the matrix's winner (None:
+# no significant difference).
+WINNER_KEY = pytest.StashKey["str | None"]()
 
 
 def _case_name(workload: str, policy: str) -> str:
@@ -93,9 +95,10 @@ def _overlap_source(runner) -> str:
 
 def _annotate(measured, workloads, policies, runner) -> dict:
     """Add the cross-case correlation and the policy ranking to every result's evidence."""
-    throughput = {
-        (w, p): measured[_case_name(w, p)].throughput for w in workloads for p in policies
-    }
+    repetitions = {
+        (w, p): measured[_case_name(w, p)].throughput_repetitions
+        for w in workloads for p in policies
+    }  # fmt: skip
     points = []
     for workload in workloads:
         baseline = measured[_case_name(workload, BASELINE_POLICY)].throughput
@@ -113,7 +116,7 @@ def _annotate(measured, workloads, policies, runner) -> dict:
             points.append(point)
     correlation = correlation_evidence(points)
     correlation["source"] = _overlap_source(runner)
-    ranking = {"scores": policy_scores(throughput), "winner": pick_winner(throughput)}
+    ranking = rank_policies(repetitions, seed=BOOTSTRAP_SEED)
     for item in measured.values():
         item.result["evidence"]["stage_a"] = {"correlation": correlation, "ranking": ranking}
         own = afd_overlap(item.instrumented.steps) if item.instrumented else None
@@ -176,14 +179,12 @@ def test_stage_a_full_model_confirmation(stage_runner, afd_options, pytestconfig
     """The winning and control policies again, on the full-depth model."""
     if afd_options.model == FULL_MODEL:
         pytest.skip("the session already runs the full model: the matrix is the full-model result")
-    winner = pytestconfig.stash.get(WINNER_KEY, CANDIDATE_POLICY)
-    policies = confirmation_policies(winner)
+    winner = pytestconfig.stash.get(WINNER_KEY, None)
+    policies = confirmation_case_policies(winner)
     full = stage_runner.on(model_name=FULL_MODEL)
-    cases = _matrix_cases(
-        full, SIZES["smallest"], FULL_MODEL_WORKLOADS, (BASELINE_POLICY, *policies)
-    )
+    cases = _matrix_cases(full, SIZES["smallest"], FULL_MODEL_WORKLOADS, policies)
     measured = full.measure(cases, explain=True, write=False)
-    _annotate(measured, FULL_MODEL_WORKLOADS, (BASELINE_POLICY, *policies), full)
+    _annotate(measured, FULL_MODEL_WORKLOADS, policies, full)
     for item in measured.values():
         item.result["evidence"]["stage_a"]["reduced_model_winner"] = winner
     full.write(measured)
@@ -191,6 +192,4 @@ def test_stage_a_full_model_confirmation(stage_runner, afd_options, pytestconfig
     assert layers != {stage_runner.handle.manifest["model"]["num_layers"]}, (
         f"the full-model results embed the session model's layer count {layers}"
     )
-    _check_matrix(
-        full, measured, FULL_MODEL_WORKLOADS, (BASELINE_POLICY, *policies), afd_options.repeats
-    )
+    _check_matrix(full, measured, FULL_MODEL_WORKLOADS, policies, afd_options.repeats)

@@ -30,8 +30,8 @@ def test_lines_count_steps_and_estimate_from_finished_ones():
     clock.now += 10.0
     second = progress.step(policy="token_balanced", workload=None)  # None fields are left out
     assert second == "stage_a case 2/4 policy=token_balanced elapsed 10.0s, about 30.0s left"
-    clock.now += 110.0
-    assert progress.step().endswith("elapsed 2m00s, about 2m00s left")
+    clock.now += 110.0  # the second step took 110 s; the first (10 s) paid start-up costs
+    assert progress.step().endswith("elapsed 2m00s, about 3m40s left")
     clock.now += 5.0
     progress.step()
     assert progress.finish() == "stage_a 4/4 cases done in 2m05s"
@@ -48,6 +48,7 @@ def test_estimate_and_durations():
     assert estimate_remaining(10.0, 0, 5) is None
     assert estimate_remaining(10.0, 2, 5) == pytest.approx(15.0)
     assert estimate_remaining(10.0, 6, 5) == 0.0  # more steps than announced: nothing left
+    assert estimate_remaining(40.0, 3, 5, first_step_s=30.0) == pytest.approx(10.0)
     assert format_duration(9.44) == "9.4s"
     assert format_duration(125) == "2m05s"
     assert format_duration(3720) == "1h02m"

@@ -4,144 +4,14 @@ import json
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 from matplotlib import image as mpimg
+from report_builders import NUM_LAYERS, SMALL, make_manifest, make_result, write
 
-from afd_split import SplitConstraints, SplitPolicy, plan_split
 from pytest_afd import report, results
 from pytest_afd.__main__ import main
-from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
-from pytest_afd.manifest import collect_manifest
 from pytest_afd.scheduling import SchedulerConfig, schedule
-from pytest_afd.stats import execution_order
-from pytest_afd.topology import parse_topology
 from pytest_afd.workloads import make_workload
-
-SMALL = {"target_total_tokens": 16384, "scale": 1 / 32, "block_size": 16, "vocab_size": 128}
-REPS = 3
-NUM_EXPERTS = 8
-NUM_LAYERS = 3
-EP_RANKS = 4
-
-
-def _manifest(num_layers=NUM_LAYERS):
-    protocol = {
-        "seed": 0,
-        "warmups": 1,
-        "repetitions": REPS,
-        "run_order": "interleaved",
-        "instrumented": False,
-        "routing": "natural",
-    }
-    return collect_manifest(
-        topology=parse_topology("dp3pcp8-ep8"),
-        backend_name="cpu",
-        backend_description={"model": {"num_layers": num_layers}},
-        model_name="reduced",
-        protocol=protocol,
-        emulated=True,
-        environ={},
-    )
-
-
-def _protocol(case_id):
-    order = execution_order([case_id], REPS, "interleaved", 0)
-    return {
-        "seed": 0,
-        "warmups": 1,
-        "repetitions": REPS,
-        "run_order": "interleaved",
-        "executed_order": [f"{name}#{rep}" for name, rep in order],
-    }
-
-
-def _expert_load(skewed):
-    base = np.full((NUM_LAYERS, NUM_EXPERTS), 10)
-    if skewed:
-        base[:, 0] = 50  # expert 0 is hot: rank 0 holds 60 of 120 tokens per layer
-    return base.tolist()
-
-
-def _runs(workload, policy, *, wall_s, chunk_size=None, timings=None, skewed=False):
-    """REPS synthetic backend runs; wall time grows 10 % per repetition."""
-    lengths = list(workload.prompt_lengths)
-    plan = plan_split(lengths, policy=SplitPolicy(policy), constraints=SplitConstraints())
-    runs = []
-    for rep in range(REPS):
-        wall = wall_s * (1 + 0.1 * rep)
-        requests = [
-            RequestOutput(
-                request_id=p.request_id,
-                num_prompt_tokens=p.num_prompt_tokens,
-                num_cached_tokens=workload.shared_prefix_tokens,
-                next_token=1,
-                ttft_s=wall * (i + 1) / len(lengths),
-            )
-            for i, p in enumerate(workload.prompts())
-        ]
-        runs.append(
-            RunOutputs(
-                requests=requests,
-                steps=[plan.to_evidence()],
-                expert_load=_expert_load(skewed),
-                timings=timings or {},
-                wall_time_s=wall,
-            )
-        )
-    return runs
-
-
-def _result(
-    case_id,
-    kind,
-    workload,
-    policy,
-    *,
-    wall_s=1.0,
-    manifest=None,
-    chunk_size=None,
-    chunk_plan=None,
-    timings=None,
-    routing="natural",
-    skewed=False,
-):
-    runs = _runs(workload, policy, wall_s=wall_s, timings=timings, skewed=skewed)
-    settings = RunSettings(
-        split_policy=policy,
-        chunk_size=chunk_size,
-        routing=routing,
-        prefix_caching=workload.shared_prefix_tokens > 0,
-    )
-    extra = {} if chunk_plan is None else {"chunk_plan": chunk_plan}
-    doc = results.build_result(
-        case_id=case_id,
-        case_kind=kind,
-        backend="cpu",
-        settings=settings,
-        manifest=manifest or _manifest(),
-        workload=results.workload_json(
-            dataset_name=workload.name,
-            prompt_lengths=workload.prompt_lengths,
-            seed=workload.spec.seed,
-            dataset_digest=workload.content_hash,
-        ),
-        protocol=_protocol(case_id),
-        metrics=results.metrics_from_runs(runs),
-        evidence=results.evidence_from_outputs(
-            runs[0],
-            routing=routing,
-            num_ep_ranks=EP_RANKS,
-            requested_hit_ratio=workload.spec.requested_hit_ratio or None,
-            **extra,
-        ),
-    )
-    return doc
-
-
-def _write(directory, doc):
-    """write_result validates against the schema first (an invalid doc raises)."""
-    return results.write_result(results.result_path(directory, doc["case_id"]), doc)
 
 
 @pytest.fixture(scope="module")
@@ -153,24 +23,25 @@ def rendered(tmp_path_factory):
     walls = {"none": 2.0, "request_boundary": 1.6, "token_balanced": 1.0}
     for workload in (balanced, long_short):
         for policy, wall in walls.items():
-            _write(
+            write(
                 directory,
-                _result(
+                make_result(
                     f"stage_a/{workload.name}/{policy}", "stage_a", workload, policy, wall_s=wall
                 ),
             )
     for ratio in (0.0, 0.25, 0.5):
         workload = make_workload("uniform", requested_hit_ratio=ratio, **SMALL)
-        _write(
-            directory, _result(f"stage_b/{workload.name}", "stage_b", workload, "token_balanced")
+        write(
+            directory,
+            make_result(f"stage_b/{workload.name}", "stage_b", workload, "token_balanced"),
         )
     for chunk, wall in ((64, 1.5), (128, 1.2), (100, None)):
         plan = schedule(
             list(balanced.prompt_lengths), config=SchedulerConfig(chunk_size=chunk, page_size=16)
         )
-        _write(
+        write(
             directory,
-            _result(
+            make_result(
                 f"stage_d/chunk{chunk}",
                 "stage_d",
                 balanced,
@@ -180,14 +51,14 @@ def rendered(tmp_path_factory):
                 chunk_plan=plan.to_json(),
             ),
         )
-    _write(directory, _result("stage_d/unchunked", "stage_d", balanced, "token_balanced"))
+    write(directory, make_result("stage_d/unchunked", "stage_d", balanced, "token_balanced"))
     timings = {
         "layers": [{"attention_s": 0.01 * (i + 1), "moe_s": 0.02} for i in range(NUM_LAYERS)]
     }
     for routing, skewed in (("natural", True), ("forced_balanced", False)):
-        _write(
+        write(
             directory,
-            _result(
+            make_result(
                 f"stage_e/{routing}",
                 "stage_e",
                 long_short,
@@ -212,14 +83,22 @@ def test_report_has_one_table_per_stage_with_every_case(rendered):
     assert path == directory / "report" / "report.md"
     for stage in ("stage_a", "stage_b", "stage_d", "stage_e"):
         section = _section(text, stage)
-        assert section.count("| case | workload | policy |") == 1, stage
+        # Stage E's routings are two stacks: the run identity (manifest.run) names the routing.
+        tables = 2 if stage == "stage_e" else 1
+        assert section.count("| case | verdict | workload | policy |") == tables, stage
     assert "## stage_c" not in text
     for result_file in directory.glob("*.json"):
         case_id = json.loads(result_file.read_text())["case_id"]
         stage, _, short = case_id.partition("/")  # the table drops the shared "stage_x/"
+        if stage == "stage_e":  # one case per stack keeps its whole id
+            assert f"| {case_id} |" in _section(text, stage)
+            continue
         assert f"| {short} |" in _section(text, stage)
         assert f"Case ids below follow `{stage}/`." in _section(text, stage)
-    assert "1 stacks" not in text and "different stacks" not in text
+    assert "1 stacks" not in text
+    for stage in ("stage_a", "stage_b", "stage_d"):
+        assert "different stacks" not in _section(text, stage)
+    assert "2 different stacks" in _section(text, "stage_e")
 
 
 def test_table_values_come_from_the_results(rendered):
@@ -231,13 +110,14 @@ def test_table_values_come_from_the_results(rendered):
     )
     cells = [c.strip() for c in row.strip("|").split("|")]
     tokens = 512  # long_short total after scaling: 16384 / 32
-    assert cells[4].startswith(f"{tokens / (1.6 * 1.1):.4g} ")  # median of 3 reps
-    assert "n=3" in cells[4]
+    assert cells[1] == "unknown"  # built without an outcome: a legacy result
+    assert cells[5].startswith(f"{tokens / (1.6 * 1.1):.4g} ")  # median of 3 reps
+    assert "n=3" in cells[5]
     # The request-boundary cut on one long + seven short requests.
     lengths = make_workload("long_short", **SMALL).prompt_lengths
     expected = abs(2 * lengths[0] - sum(lengths)) / sum(lengths)
-    assert cells[10] == f"{tokens} / {tokens} / 0"
-    assert cells[11] == f"{expected * 100:.1f}% / {expected * 100:.1f}%"
+    assert cells[11] == f"{tokens} / {tokens} / 0"
+    assert cells[12] == f"{expected * 100:.1f}% / {expected * 100:.1f}%"
     none_row = next(
         line for line in text.splitlines() if line.startswith("| long_short-fixed/none |")
     )
@@ -254,15 +134,17 @@ def test_workload_statistics_are_listed_once_per_dataset(rendered):
     assert cells[1] == f"`{workload.content_hash[:12]}`"
     assert cells[2:5] == ["8", str(stats.total), f"{stats.mean:.5g}"]
     assert cells[8] == f"{stats.cv:.5g}"
-    assert cells[-1] == "all-at-once"
+    assert cells[-1] == "all_at_once"
 
 
 def test_hit_ratio_rank_skew_and_labels(rendered):
     _, _, text = rendered
     hit_row = next(line for line in text.splitlines() if line.startswith("| uniform-fixed-hit50 |"))
     assert "50.0% / 50.0%" in hit_row
-    natural = next(line for line in text.splitlines() if line.startswith("| natural |"))
-    forced = next(line for line in text.splitlines() if line.startswith("| forced_balanced |"))
+    natural = next(line for line in text.splitlines() if line.startswith("| stage_e/natural |"))
+    forced = next(
+        line for line in text.splitlines() if line.startswith("| stage_e/forced_balanced |")
+    )
     assert "| 2 |" in natural  # rank 0: 60 of 120 tokens over 4 ranks -> max/mean = 2
     assert "| 1 |" in forced and "synthetic" in forced and "synthetic" not in natural
 
@@ -294,7 +176,7 @@ def test_plots_are_linked_and_open_as_images(rendered, stage, plots):
     linked = [
         line[line.index("](") + 2 : -1] for line in section.splitlines() if line.startswith("![")
     ]
-    names = sorted(link.rsplit("-", 1)[1].removesuffix(".png") for link in linked)
+    names = sorted({link.rsplit("-", 1)[1].removesuffix(".png") for link in linked})
     assert names == sorted(plots)
     for link in linked:
         pixels = mpimg.imread(path.parent / link)
@@ -304,7 +186,7 @@ def test_plots_are_linked_and_open_as_images(rendered, stage, plots):
 
 def test_step_time_is_derived_from_throughput_and_steps():
     workload = make_workload("bimodal", **SMALL)
-    doc = _result("x", "stage_a", workload, "token_balanced", wall_s=2.0)
+    doc = make_result("x", "stage_a", workload, "token_balanced", wall_s=2.0)
     median_wall = 2.0 * 1.1
     assert report.step_time_s(doc) == pytest.approx(median_wall / 1)
     for step, seconds in zip(doc["evidence"]["steps"], [0.25], strict=True):
@@ -316,23 +198,31 @@ def test_step_time_is_derived_from_throughput_and_steps():
 
 def test_stacks_are_never_mixed(tmp_path):
     workload = make_workload("bimodal", **SMALL)
-    reduced, full = _manifest(num_layers=3), _manifest(num_layers=61)
+    reduced, full = make_manifest(num_layers=3), make_manifest(num_layers=61)
     assert reduced["digest"] != full["digest"]
     for policy in ("request_boundary", "token_balanced"):
         for name, manifest in (("reduced", reduced), ("full", full)):
-            _write(
+            write(
                 tmp_path,
-                _result(f"stage_a/{name}/{policy}", "stage_a", workload, policy, manifest=manifest),
+                make_result(
+                    f"stage_a/{name}/{policy}", "stage_a", workload, policy, manifest=manifest
+                ),
             )
     text = report.render(tmp_path).read_text()
     assert "2 different stacks" in text
+    # A result's digest names its manifest plus its run identity (manifest.run).
+    digests = {
+        doc["case_id"].split("/")[1]: doc["manifest_digest"]
+        for doc in (json.loads(f.read_text()) for f in tmp_path.glob("*.json"))
+    }
     headings = [line for line in text.splitlines() if line.startswith("### Stack")]
     assert sorted(headings) == sorted(
-        f"### Stack `{report.short_digest(m['digest'])}`" for m in (reduced, full)
+        f"### Stack `{report.short_digest(digests[name])}`: reduced/{layers}L dp3pcp8-ep8"
+        for name, layers in (("reduced", 3), ("full", 61))
     )
     assert "3 layers" in text and "61 layers" in text
-    for manifest, name in ((reduced, "reduced"), (full, "full")):
-        start = text.index(f"### Stack `{report.short_digest(manifest['digest'])}`")
+    for name in ("reduced", "full"):
+        start = text.index(f"### Stack `{report.short_digest(digests[name])}`")
         end = text.find("### Stack", start + 1)
         block = text[start : end if end >= 0 else len(text)]
         rows = [
@@ -348,9 +238,9 @@ def test_stacks_are_never_mixed(tmp_path):
 
 def test_a_case_without_measurements_shows_why(tmp_path):
     workload = make_workload("uniform", **SMALL)
-    doc = _result("stage_b/hit95", "stage_b", workload, "token_balanced")
+    doc = make_result("stage_b/hit95", "stage_b", workload, "token_balanced")
     doc["metrics"]["prefill_tokens_per_s"] = results.absent("omitted, not measured: not realizable")
-    _write(tmp_path, doc)
+    write(tmp_path, doc)
     text = report.render(tmp_path).read_text()
     row = next(line for line in text.splitlines() if line.startswith("| stage_b/hit95 |"))
     assert row.endswith("| omitted, not measured: not realizable |")
@@ -358,8 +248,8 @@ def test_a_case_without_measurements_shows_why(tmp_path):
 
 def test_bad_and_foreign_files_are_listed_not_fatal(tmp_path):
     workload = make_workload("uniform", **SMALL)
-    doc = _result("stage_c/ok", "stage_c", workload, "token_balanced")
-    _write(tmp_path, doc)
+    doc = make_result("stage_c/ok", "stage_c", workload, "token_balanced")
+    write(tmp_path, doc)
     (tmp_path / "torn.json").write_text("{not json")
     (tmp_path / "summary.json").write_text(json.dumps({"kind": "session-summary"}))
     broken = json.loads(json.dumps(doc))
@@ -387,7 +277,7 @@ def test_empty_directory_and_cli(tmp_path, capsys):
 
 def test_python_dash_m_entry_point(tmp_path):
     workload = make_workload("uniform", **SMALL)
-    _write(tmp_path, _result("stage_a/u/token_balanced", "stage_a", workload, "token_balanced"))
+    write(tmp_path, make_result("stage_a/u/token_balanced", "stage_a", workload, "token_balanced"))
     out = subprocess.run(
         [
             sys.executable,
@@ -422,26 +312,26 @@ def test_condition_labels_separate_phases_and_keep_policies_together():
     workload = make_workload("uniform", requested_hit_ratio=0.5, **SMALL)
     loaded = [
         report.LoadedResult(
-            path=None, doc=_result(f"stage_b/{phase}/{policy}", "stage_b", workload, policy)
+            path=None, doc=make_result(f"stage_b/{phase}/{policy}", "stage_b", workload, policy)
         )
         for phase in ("cold", "steady")
         for policy in ("request_boundary", "token_balanced")
     ]
     labels = report.condition_labels(loaded)
     assert labels == {
-        "stage_b/cold/request_boundary": "cold",
-        "stage_b/cold/token_balanced": "cold",
-        "stage_b/steady/request_boundary": "steady",
-        "stage_b/steady/token_balanced": "steady",
+        "stage_b/cold/request_boundary": "uniform-fixed-hit50 cold",
+        "stage_b/cold/token_balanced": "uniform-fixed-hit50 cold",
+        "stage_b/steady/request_boundary": "uniform-fixed-hit50 steady",
+        "stage_b/steady/token_balanced": "uniform-fixed-hit50 steady",
     }
-    chunked = _result("stage_d/c64", "stage_d", workload, "token_balanced", chunk_size=64)
-    plain = _result("stage_d/none", "stage_d", workload, "token_balanced")
+    chunked = make_result("stage_d/c64", "stage_d", workload, "token_balanced", chunk_size=64)
+    plain = make_result("stage_d/none", "stage_d", workload, "token_balanced")
     labels = report.condition_labels(
         [report.LoadedResult(path=None, doc=d) for d in (chunked, plain)]
     )
     assert labels == {
-        "stage_d/c64": "uniform-fixed-hit50 chunk=64",
-        "stage_d/none": "uniform-fixed-hit50 chunk=unchunked",
+        "stage_d/c64": "uniform-fixed-hit50 chunk 64",
+        "stage_d/none": "uniform-fixed-hit50 chunk unchunked",
     }
 
 
@@ -466,9 +356,9 @@ def test_layer_breakdown_from_afd_runtime_tables():
 
 def test_per_layer_rank_skew():
     workload = make_workload("uniform", **SMALL)
-    skewed = _result("e/n", "stage_e", workload, "token_balanced", skewed=True)
+    skewed = make_result("e/n", "stage_e", workload, "token_balanced", skewed=True)
     assert report.per_layer_rank_skew(skewed) == [2.0] * NUM_LAYERS
-    balanced = _result("e/f", "stage_e", workload, "token_balanced", routing="forced_balanced")
+    balanced = make_result("e/f", "stage_e", workload, "token_balanced", routing="forced_balanced")
     assert report.per_layer_rank_skew(balanced) == [1.0] * NUM_LAYERS
     balanced["evidence"]["expert_load"] = results.absent("no load")
     assert report.per_layer_rank_skew(balanced) is None
@@ -479,10 +369,35 @@ def test_condition_labels_use_the_recorded_cache_phase():
     workload = make_workload("uniform", requested_hit_ratio=0.5, **SMALL)
     docs = []
     for phase in ("cold", "steady"):
-        doc = _result(f"stage_b/{phase}", "stage_b", workload, "token_balanced")
+        doc = make_result(f"stage_b/{phase}", "stage_b", workload, "token_balanced")
         doc["settings"]["prefix_cache"]["phase"] = phase
         docs.append(report.LoadedResult(path=None, doc=doc))
     assert report.condition_labels(docs) == {
-        "stage_b/cold": "uniform-fixed-hit50 phase=cold",
-        "stage_b/steady": "uniform-fixed-hit50 phase=steady",
+        "stage_b/cold": "uniform-fixed-hit50 cold",
+        "stage_b/steady": "uniform-fixed-hit50 steady",
     }
+
+
+def test_condition_labels_never_show_a_test_id():
+    """Two parametrisations with one condition: told apart by their parameters, not node ids."""
+    workload = make_workload("uniform", **SMALL)
+    node = "suites/gates/test_gate_1.py::test_gate_1_token_balanced_matches_unsplit"
+    ids = [f"{node}[dp3pcp8-ep8-none-equal]", f"{node}[dp4pcp8-none-equal]"]
+    loaded = [
+        report.LoadedResult(path=None, doc=make_result(i, "gate", workload, "token_balanced"))
+        for i in ids
+    ]
+    labels = report.condition_labels(loaded)
+    assert labels == {ids[0]: "uniform-fixed dp3pcp8 ep8", ids[1]: "uniform-fixed dp4pcp8"}
+    sizes = [
+        f"s/test_stage_a.py::test_stage_a_policy_matrix[{size}]/uniform/{policy}"
+        for size in ("smallest", "stage")
+        for policy in ("none", "token_balanced")
+    ]
+    loaded = [
+        report.LoadedResult(path=None, doc=make_result(i, "stage_a", workload, i.rsplit("/")[-1]))
+        for i in sizes
+    ]
+    labels = report.condition_labels(loaded)
+    assert sorted(set(labels.values())) == ["uniform-fixed smallest", "uniform-fixed stage"]
+    assert not any("test_" in label or "::" in label for label in labels.values())

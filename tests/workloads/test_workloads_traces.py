@@ -156,7 +156,7 @@ def test_issue2_motivation_numbers_documented_in_docs(name, mean, p90):
 def test_trace_imbalance_command_prints_the_documented_numbers(capsys):
     from pytest_afd.__main__ import main
 
-    assert main(["trace-imbalance", "--max-batch-requests", "8"]) == 0
+    assert main(["trace-imbalance", "--max-batch-requests", "8", "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["traces"]["conv"]["batches"] == 2421
     assert printed["traces"]["conv"]["mean"] == trace_boundary_imbalance("conv").mean

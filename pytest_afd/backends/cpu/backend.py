@@ -54,6 +54,13 @@ from pytest_afd.backends.cpu.kv_cache import (
     RequestBlocks,
     validate_block_size,
 )
+from pytest_afd.backends.cpu.memory import (
+    AFD_PROCESSES_REASON,
+    NO_PROC_REASON,
+    case_peak_bytes,
+    current_rss_bytes,
+    tensors_bytes,
+)
 from pytest_afd.backends.cpu.model import DeepseekV32Model, num_parameters
 from pytest_afd.scheduling import PrefixCacheIndex, SchedulerConfig, schedule
 
@@ -206,6 +213,7 @@ class CpuBackend:
         started = time.perf_counter()
         # In-process runs hold the model here; AFD-process runs hold it on the ranks.
         measure_memory = not settings.afd_processes and reset_peak_rss()
+        rss_at_start = current_rss_bytes() if measure_memory else None
         token_lists = self._check_prompts(prompts)
         block_size = validate_block_size(settings.block_size)
         layout = split_layout(settings, self.topology)
@@ -296,8 +304,14 @@ class CpuBackend:
             expert_load=total_load.tolist(),
             timings=timings_document(layer_seconds) if settings.instrument else {},
             wall_time_s=time.perf_counter() - started,
-            peak_memory_bytes=peak_rss_bytes() if measure_memory else None,
-        )
+            peak_memory_bytes=case_peak_bytes(
+                peak_rss_bytes(), rss_at_start,
+                tensors_bytes(self._variant(settings.quantization, settings.routing).weights.values())
+                + state.cache.nbytes(),
+            ) if measure_memory else None,
+            peak_memory_absent_reason=AFD_PROCESSES_REASON if settings.afd_processes
+            else None if measure_memory else NO_PROC_REASON,
+        )  # fmt: skip
 
     @contextlib.contextmanager
     def observe_splits(self, observer) -> Iterator[None]:

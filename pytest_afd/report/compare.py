@@ -1,0 +1,299 @@
+"""A/B comparison of two result selections: every shared case side by side.
+
+A side is a results directory, optionally narrowed to one session or one stack
+(manifest digest prefix). By default each side is its latest session. Cases
+are matched by case id. Per case and metric: both medians with their
+dispersion, the ratio B / A, a bootstrap interval of that ratio over the
+repetitions, and a call. The call names a change only when the interval
+excludes 1 *and* the two sides' min-max ranges do not overlap; anything less
+is "no significant difference" (a difference must exceed the noise).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pytest_afd.markers import STAGE_MARKERS
+from pytest_afd.report import layout
+from pytest_afd.report.html import markdown_to_html
+from pytest_afd.report.loading import LoadedResult, load_results, select_latest_session
+from pytest_afd.report.rendering import PLOTS_DIR_NAME, ReportError, prepare_report_dir, slug
+from pytest_afd.report.sidebyside import draw_side_by_side
+from pytest_afd.report.tables import EMPTY, fmt, fmt_measure, short_digest, table
+from pytest_afd.report.values import (
+    condition_labels,
+    measured_stats,
+    repetitions_of,
+    stack_short_label,
+    throughput,
+    ttft_of,
+)
+
+COMPARE_FILE_NAME = "compare.md"
+COMPARE_HTML_NAME = "compare.html"
+DEFAULT_COMPARE_DIR = "compare"
+BOOTSTRAP_SAMPLES = 2000
+BOOTSTRAP_SEED = 0
+CONFIDENCE = 0.95
+NO_DIFFERENCE = "no significant difference"
+NOT_MEASURED = "not measured"
+OTHER_KINDS = ("gate", "benchmark", "other")
+# (name, reader, higher is better)
+METRICS: tuple[tuple[str, Callable[[Mapping[str, Any]], Any], bool], ...] = (
+    ("prefill tokens/s", throughput, True),
+    ("TTFT p50 (s)", lambda doc: ttft_of(doc, "p50"), False),
+)
+HEADER = (
+    "case",
+    "condition",
+    "metric",
+    "A",
+    "B",
+    "B / A",
+    f"{CONFIDENCE:.0%} interval",
+    "call",
+    "notes",
+)
+
+
+@dataclass(frozen=True)
+class Side:
+    """One selection of results: a directory, optionally one session or one stack."""
+
+    results_dir: Path
+    session: str | None = None
+    stack: str | None = None
+    all_sessions: bool = False
+
+    @property
+    def name(self) -> str:
+        text = str(self.results_dir)
+        if self.session:
+            text += f" session {self.session}"
+        if self.stack:
+            text += f" stack {self.stack}"
+        return text
+
+    def load(self) -> dict[str, LoadedResult]:
+        """case id -> result (the newest when the selection holds several)."""
+        if not self.results_dir.is_dir():
+            raise FileNotFoundError(f"results directory {str(self.results_dir)!r} does not exist")
+        loaded = load_results(self.results_dir)
+        chosen = loaded.results
+        if self.session is not None:
+            chosen = [r for r in chosen if r.session == self.session]
+        elif not self.all_sessions and chosen:
+            chosen = select_latest_session(loaded).results
+        if self.stack is not None:
+            wanted = self.stack.removeprefix("sha256:")
+            chosen = [r for r in chosen if short_digest(r.digest).startswith(wanted[:12])]
+        if not chosen:
+            raise ReportError(f"{self.name}: no results match this selection")
+        newest: dict[str, LoadedResult] = {}
+        for result in sorted(chosen, key=lambda r: r.doc["created_at"]):
+            newest[result.case_id] = result
+        return newest
+
+
+def bootstrap_ratio_interval(a: Sequence[float], b: Sequence[float]) -> tuple[float, float] | None:
+    """Percentile interval of median(B) / median(A) over resampled repetitions."""
+    if not a or not b or min(a) <= 0:
+        return None
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    a_values, b_values = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    a_medians = np.median(rng.choice(a_values, (BOOTSTRAP_SAMPLES, a_values.size)), axis=1)
+    b_medians = np.median(rng.choice(b_values, (BOOTSTRAP_SAMPLES, b_values.size)), axis=1)
+    ratios = b_medians / a_medians
+    tail = (1 - CONFIDENCE) / 2 * 100
+    low, high = np.percentile(ratios, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def _cv(values: Sequence[float]) -> float:
+    mean = float(np.mean(values))
+    return float(np.std(values, ddof=1)) / abs(mean) if len(values) > 1 and mean else 0.0
+
+
+def significance_call(
+    a: Sequence[float], b: Sequence[float], higher_is_better: bool
+) -> tuple[float | None, tuple[float, float] | None, str]:
+    """(ratio of medians, interval, call) for one metric of one case.
+
+    A change needs all three: the bootstrap interval excludes 1, the min-max
+    ranges do not overlap, and the ratio is further from 1 than either side's
+    coefficient of variation (the noise floor of its repetitions).
+    """
+    if not a or not b:
+        return None, None, NOT_MEASURED
+    ratio = float(np.median(b) / np.median(a)) if np.median(a) > 0 else None
+    interval = bootstrap_ratio_interval(a, b)
+    ranges_apart = max(a) < min(b) or max(b) < min(a)
+    if ratio is None or interval is None or not ranges_apart or interval[0] <= 1 <= interval[1]:
+        return ratio, interval, NO_DIFFERENCE
+    if abs(ratio - 1) <= max(_cv(a), _cv(b)):
+        return ratio, interval, NO_DIFFERENCE
+    better = (ratio > 1) == higher_is_better
+    return ratio, interval, "B better" if better else "B worse"
+
+
+@dataclass(frozen=True)
+class CaseComparison:
+    case_id: str
+    stage: str
+    condition: str
+    a: LoadedResult
+    b: LoadedResult
+    rows: tuple[tuple[str, str, str, str, str, str], ...]  # metric, A, B, ratio, interval, call
+    notes: str
+
+
+MAX_NAMED_DIFFERENCES = 3
+
+
+def _differing_paths(a: Any, b: Any, path: str) -> list[str]:
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        found = []
+        for key in sorted(set(a) | set(b)):
+            found += _differing_paths(a.get(key), b.get(key), f"{path}.{key}" if path else key)
+        return found
+    return [] if a == b else [path]
+
+
+def manifest_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """The first differing manifest fields (dotted paths), the digest itself left out."""
+    paths = [p for p in _differing_paths(a["manifest"], b["manifest"], "") if p != "digest"]
+    shown = paths[:MAX_NAMED_DIFFERENCES]
+    if len(paths) > MAX_NAMED_DIFFERENCES:
+        shown.append(f"{len(paths) - MAX_NAMED_DIFFERENCES} more")
+    return shown or ["the digest only"]
+
+
+def _notes(a: LoadedResult, b: LoadedResult) -> str:
+    notes = []
+    if a.digest != b.digest:
+        left, right = stack_short_label(a.doc), stack_short_label(b.doc)
+        notes.append(
+            f"stacks {left} / {right}"
+            if left != right
+            else "manifests differ in " + ", ".join(manifest_differences(a.doc, b.doc))
+        )
+    if a.doc["workload"]["dataset"]["digest"] != b.doc["workload"]["dataset"]["digest"]:
+        notes.append("workload differs: exploratory")
+    if "exploratory" in (a.doc["labels"]["comparability"], b.doc["labels"]["comparability"]):
+        notes.append("exploratory case")
+    if a.status not in ("passed", "unknown") or b.status not in ("passed", "unknown"):
+        notes.append(f"verdicts {a.status} / {b.status}")
+    return "; ".join(notes) or EMPTY
+
+
+def compare_case(a: LoadedResult, b: LoadedResult, condition: str) -> CaseComparison:
+    rows = []
+    for metric, read, higher in METRICS:
+        ratio, interval, call = significance_call(
+            repetitions_of(read(a.doc)), repetitions_of(read(b.doc)), higher
+        )
+        interval_text = EMPTY if interval is None else f"{interval[0]:.3g}–{interval[1]:.3g}"
+        rows.append(
+            (
+                metric,
+                fmt_measure(read(a.doc)),
+                fmt_measure(read(b.doc)),
+                fmt(ratio),
+                interval_text,
+                call,
+            )
+        )
+    return CaseComparison(a.case_id, a.stage, condition, a, b, tuple(rows), _notes(a, b))
+
+
+def compare_results(
+    a: Mapping[str, LoadedResult], b: Mapping[str, LoadedResult]
+) -> list[CaseComparison]:
+    """Shared cases in case-id order; condition labels are made per stage."""
+    shared = sorted(set(a) & set(b))
+    by_stage: dict[str, list[LoadedResult]] = defaultdict(list)
+    for case in shared:
+        by_stage[a[case].stage].append(a[case])
+    labels: dict[str, str] = {}
+    for members in by_stage.values():
+        labels.update(condition_labels(members))
+    return [compare_case(a[case], b[case], labels[case]) for case in shared]
+
+
+def _side_figure(comparisons: Sequence[CaseComparison], title: str):
+    """A and B bars per shared case; a significant throughput call is part of the label."""
+    rows = [c for c in comparisons if measured_stats(throughput(c.a.doc)) is not None]
+    if not rows:
+        return None
+    labelled = []
+    for comparison in rows:
+        call = comparison.rows[0][-1]
+        mark = f" [{call}]" if call not in (NO_DIFFERENCE, NOT_MEASURED) else ""
+        labelled.append(
+            (
+                f"{comparison.condition} / {comparison.a.policy}{mark}",
+                comparison.a.doc,
+                comparison.b.doc,
+            )
+        )
+    return draw_side_by_side(labelled, ("A", "B"), title)
+
+
+def render_comparison(side_a: Side, side_b: Side, output_dir: Path | None = None) -> Path:
+    """Write compare.md, compare.html and plots; returns compare.md's path."""
+    a, b = side_a.load(), side_b.load()
+    target = output_dir or side_b.results_dir / DEFAULT_COMPARE_DIR
+    prepare_report_dir(target)
+    comparisons = compare_results(a, b)
+    calls: dict[str, int] = defaultdict(int)
+    for comparison in comparisons:
+        for row in comparison.rows:
+            calls[row[-1]] += 1
+    lines = [
+        "# pytest-afd comparison",
+        "",
+        f"A: `{side_a.name}` ({len(a)} cases). B: `{side_b.name}` ({len(b)} cases).",
+        "",
+        f"{len(comparisons)} shared case(s); {len(set(a) - set(b))} only in A, "
+        f"{len(set(b) - set(a))} only in B.",
+        "",
+        "B / A is the ratio of medians over measured repetitions; the interval is a "
+        f"{CONFIDENCE:.0%} bootstrap interval of that ratio ({BOOTSTRAP_SAMPLES} resamples, "
+        f"seed {BOOTSTRAP_SEED}). A change is called only when the interval excludes 1, "
+        "the min-max ranges of A and B do not overlap, and B / A is further from 1 than "
+        f"either side's coefficient of variation; otherwise: {NO_DIFFERENCE}.",
+        "",
+        "Calls: " + (", ".join(f"{call}: {n}" for call, n in sorted(calls.items())) or EMPTY) + ".",
+        "",
+    ]
+    by_stage: dict[str, list[CaseComparison]] = defaultdict(list)
+    for comparison in comparisons:
+        by_stage[comparison.stage].append(comparison)
+    for stage in (*STAGE_MARKERS, *OTHER_KINDS):
+        if stage not in by_stage:
+            continue
+        members = by_stage[stage]
+        rows = []
+        for comparison in members:
+            short = comparison.case_id.rpartition("::")[2]
+            for metric, *cells in comparison.rows:
+                rows.append([short, comparison.condition, metric, *cells, comparison.notes])
+        lines += [f"## {stage}", "", *table(HEADER, rows), ""]
+        figure = _side_figure(members, f"{stage}: A vs B, shared cases")
+        if figure is not None:
+            written = layout.save(figure, target / PLOTS_DIR_NAME / f"{slug(stage)}-a_vs_b.png")
+            if written is not None:
+                relative = written.relative_to(target).as_posix()
+                caption = f"{stage}: A vs B per shared case (bars: min-max over repetitions)"
+                lines += [f"![{caption}]({relative})", "", f"*{caption}.*", ""]
+    text = "\n".join(lines)
+    path = target / COMPARE_FILE_NAME
+    path.write_text(text + "\n")
+    (target / COMPARE_HTML_NAME).write_text(markdown_to_html(text, "pytest-afd comparison"))
+    return path

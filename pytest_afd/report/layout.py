@@ -1,0 +1,142 @@
+"""Figure layout that stays readable from 1 to 100+ cases.
+
+Figures grow with the number of rows they show instead of squeezing them;
+labels are wrapped to a fixed width; legends sit outside the data, above the
+axes; point labels are kept only where they collide with nothing and stay
+inside the axes. :func:`save` writes nothing for a figure without data.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+FIGURE_DPI = 100
+PANEL_WIDTH_IN = 4.5
+PANEL_HEIGHT_IN = 3.5
+LABEL_WRAP_CHARS = 28
+TITLE_WRAP_CHARS = 48
+# Height per wrapped tick-label line at fontsize "small" (9 pt, with leading).
+LINE_HEIGHT_IN = 0.17
+# Room for titles, x tick labels, axis labels and the legend above the axes.
+FRAME_HEIGHT_IN = 1.6
+MIN_AXES_HEIGHT_IN = 1.8
+LEGEND_COLUMNS = 4
+# Legend entry width at fontsize "small": per character, plus the handle and padding.
+LEGEND_CHAR_WIDTH_IN = 0.08
+LEGEND_HANDLE_IN = 0.8
+# Artists with this gid are reference lines, not data (a figure of only those is empty).
+REFERENCE_GID = "reference"
+POINT_LABEL_OFFSET_PT = (3, 3)
+POINT_LABEL_CHARS = 32
+
+
+def wrap(text: str, width: int = LABEL_WRAP_CHARS) -> str:
+    """Wrap at spaces; break long words too, so no label is wider than ``width``."""
+    return "\n".join(textwrap.wrap(text, width=width, break_long_words=True)) or text
+
+
+def shorten(text: str, width: int = POINT_LABEL_CHARS) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def line_count(text: str) -> int:
+    return text.count("\n") + 1
+
+
+def new_figure(panels: int, *, columns: int = 3, height_in: float = PANEL_HEIGHT_IN) -> Figure:
+    columns = max(1, min(panels, columns))
+    rows = -(-panels // columns)
+    return Figure(
+        figsize=(PANEL_WIDTH_IN * columns, height_in * rows),
+        dpi=FIGURE_DPI,
+        layout="constrained",
+    )
+
+
+def grid(figure: Figure, panels: int, columns: int = 3, **kwargs: Any) -> list[Any]:
+    columns = max(1, min(panels, columns))
+    rows = -(-panels // columns)
+    return [figure.add_subplot(rows, columns, i + 1, **kwargs) for i in range(panels)]
+
+
+def figure_legend(figure: Figure, axes: Sequence[Any], where: str = "upper center") -> None:
+    """One legend for the figure, outside the axes (never over data); deduplicated labels."""
+    handles: dict[str, Any] = {}
+    for axis in axes:
+        for handle, label in zip(*axis.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    if handles:
+        widest = max(len(label) for label in handles) * LEGEND_CHAR_WIDTH_IN + LEGEND_HANDLE_IN
+        fitting = max(1, int(figure.get_figwidth() // widest))
+        figure.legend(
+            list(handles.values()),
+            list(handles),
+            loc=f"outside {where}",
+            ncols=min(LEGEND_COLUMNS, len(handles), fitting),
+            fontsize="small",
+        )
+
+
+def has_data(figure: Figure) -> bool:
+    """True when some axes draws a line, bar, point or image that is not a reference line."""
+    for axis in figure.axes:
+        artists = [*axis.lines, *axis.patches, *axis.collections, *axis.images]
+        if any(artist.get_gid() != REFERENCE_GID for artist in artists):
+            return True
+    return False
+
+
+def place_point_labels(
+    figure: Figure, axis: Any, points: Sequence[tuple[float, float, str]]
+) -> int:
+    """Annotate points greedily; drop a label that overlaps a kept one or leaves the axes.
+
+    Returns how many labels were kept. Uses the text extents after drawing.
+    """
+    canvas = FigureCanvasAgg(figure)
+    figure.draw_without_rendering()  # final layout, so extents are where they will be
+    renderer = canvas.get_renderer()
+    box = axis.get_window_extent(renderer)
+    # Every point's position on the canvas: a label must not cover another point.
+    marks = axis.transData.transform([(x, y) for x, y, _ in points])
+    kept: list[Any] = []
+    for index, (x, y, text) in enumerate(points):
+        note = axis.annotate(
+            text,
+            (x, y),
+            fontsize="x-small",
+            xytext=POINT_LABEL_OFFSET_PT,
+            textcoords="offset points",
+        )
+        note.set_in_layout(False)  # point labels never shrink the axes
+        extent = note.get_window_extent(renderer)
+        inside = (
+            extent.x0 >= box.x0
+            and extent.x1 <= box.x1
+            and extent.y0 >= box.y0
+            and extent.y1 <= box.y1
+        )
+        covers = any(
+            extent.contains(mx, my) for other, (mx, my) in enumerate(marks) if other != index
+        )
+        if not inside or covers or any(extent.overlaps(other) for other in kept):
+            note.remove()
+            continue
+        kept.append(extent)
+    return len(kept)
+
+
+def save(figure: Figure, path: Path) -> Path | None:
+    """Write the PNG; None (nothing written) when the figure has no data."""
+    if not has_data(figure):
+        return None
+    FigureCanvasAgg(figure)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png")
+    return path

@@ -1,0 +1,408 @@
+"""Per-stack plots: each ``draw_*`` returns a Figure, or None when there is nothing to draw.
+
+Layout rules (pytest_afd.report.layout): short condition labels, never node
+ids; figures grow with their rows; legends outside the data; series named by
+what differs between them (routing, model, layers).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from pytest_afd.report import layout
+from pytest_afd.report.loading import LoadedResult
+from pytest_afd.report.values import (
+    FORCED_ROUTING,
+    PERCENT,
+    chunk_label,
+    chunk_sort_key,
+    chunk_validity,
+    condition_labels,
+    expert_routing,
+    hit_ratios,
+    mean_imbalance,
+    median_of,
+    natural_key,
+    normalised_expert_heat,
+    per_layer_components,
+    per_layer_rank_skew,
+    spread_of,
+    step_time_s,
+    step_time_spread,
+    throughput,
+    ttft_of,
+)
+
+MAX_PANELS = 6
+# Conditions per row of the policy plot; more go to further rows (small multiples).
+MAX_CONDITIONS_PER_ROW = 30
+BAR_HEIGHT_IN = 0.16
+CONDITION_GAP = 0.2  # share of a condition's slot left empty between groups
+ERROR_CAPSIZE = 3
+INVALID_MARKER_Y = 0.0
+X_TICKS = 4
+METRIC_PANELS = (
+    ("prefill throughput (tokens/s)", throughput),
+    ("TTFT p50 (s)", lambda doc: ttft_of(doc, "p50")),
+    ("TTFT p99 (s)", lambda doc: ttft_of(doc, "p99")),
+)
+
+
+def policies_of(results: Sequence[LoadedResult]) -> list[str]:
+    return sorted({r.policy for r in results})
+
+
+def series_key(result: LoadedResult) -> tuple[str, str, int]:
+    """What can tell two expert-load series apart: routing, model name, layer count."""
+    manifest_model = result.doc["manifest"]["model"]
+    layers = len(result.doc["evidence"]["expert_load"]["per_expert"])
+    return expert_routing(result.doc), manifest_model["name"], layers
+
+
+def series_labels(keys: Sequence[tuple[str, str, int]]) -> dict[tuple[str, str, int], str]:
+    """Each key named by the parts that vary (routing always; model, layers when they differ)."""
+    models = {key[1] for key in keys}
+    layer_counts = {key[2] for key in keys}
+    labels = {}
+    for routing, model, layers in keys:
+        parts = [routing + (" (synthetic)" if routing == FORCED_ROUTING else "")]
+        if len(models) > 1:
+            parts.append(model)
+        if len(layer_counts) > 1 or len(models) > 1:
+            parts.append(f"{layers} MoE layers")
+        labels[(routing, model, layers)] = ", ".join(parts)
+    return labels
+
+
+# --- throughput and TTFT per condition and policy ----------------------------------------
+def _bars(
+    axis: Any,
+    results: Sequence[LoadedResult],
+    conditions: Sequence[str],
+    read: Callable,
+    labels: Mapping[str, str],
+    policies: Sequence[str],
+) -> None:
+    width = (1 - CONDITION_GAP) / len(policies)
+    for offset, policy in enumerate(policies):
+        positions, values, low, high = [], [], [], []
+        for index, condition in enumerate(conditions):
+            for result in results:
+                if result.policy != policy or labels[result.case_id] != condition:
+                    continue
+                value, spread = median_of(read(result.doc)), spread_of(read(result.doc))
+                if value is None or spread is None:
+                    continue
+                positions.append(index + (offset - (len(policies) - 1) / 2) * width)
+                values.append(value)
+                low.append(spread[0])
+                high.append(spread[1])
+        if values:
+            axis.barh(
+                positions,
+                values,
+                height=width,
+                xerr=[low, high],
+                capsize=ERROR_CAPSIZE,
+                label=policy,
+                color=f"C{offset}",
+            )
+
+
+def draw_policy_metrics(results: Sequence[LoadedResult]) -> Figure | None:
+    """Horizontal bars per condition, one per policy, min-max over repetitions; rows of <= 30."""
+    if not any(median_of(read(r.doc)) is not None for r in results for _, read in METRIC_PANELS):
+        return None
+    labels = condition_labels(results)
+    conditions = sorted(set(labels.values()), key=natural_key)
+    policies = policies_of(results)
+    chunks = [
+        conditions[i : i + MAX_CONDITIONS_PER_ROW]
+        for i in range(0, len(conditions), MAX_CONDITIONS_PER_ROW)
+    ]
+    wrapped = {c: layout.wrap(c) for c in conditions}
+    slot_in = max(
+        len(policies) * BAR_HEIGHT_IN / (1 - CONDITION_GAP),
+        max(layout.line_count(text) for text in wrapped.values()) * layout.LINE_HEIGHT_IN,
+    )
+    heights = [max(layout.MIN_AXES_HEIGHT_IN, len(chunk) * slot_in) for chunk in chunks]
+    figure = Figure(
+        figsize=(
+            layout.PANEL_WIDTH_IN * len(METRIC_PANELS),
+            sum(heights) + layout.FRAME_HEIGHT_IN * len(chunks),
+        ),
+        dpi=layout.FIGURE_DPI,
+        layout="constrained",
+    )
+    spec = figure.add_gridspec(len(chunks), len(METRIC_PANELS), height_ratios=heights)
+    axes = []
+    for row, chunk in enumerate(chunks):
+        first = None
+        for column, (title, read) in enumerate(METRIC_PANELS):
+            axis = figure.add_subplot(spec[row, column], sharey=first)
+            first = first or axis
+            _bars(axis, results, chunk, read, labels, policies)
+            axis.set_title(title, fontsize="small")
+            axis.xaxis.set_major_locator(MaxNLocator(nbins=X_TICKS))
+            axis.tick_params(axis="x", labelsize="small")
+            axis.set_yticks(range(len(chunk)))
+            if column == 0:
+                axis.set_yticklabels([wrapped[c] for c in chunk], fontsize="small")
+            else:
+                axis.tick_params(axis="y", labelleft=False)
+            axis.set_ylim(len(chunk) - 0.5, -0.5)  # first condition on top
+            axes.append(axis)
+    layout.figure_legend(figure, axes)
+    return figure
+
+
+# --- imbalance vs step time ------------------------------------------------------------------
+def draw_imbalance_vs_step_time(results: Sequence[LoadedResult]) -> Figure | None:
+    """One point per split case (unsplit cases have no imbalance); labels only where they fit."""
+    labels = condition_labels(results)
+    points = [(r, mean_imbalance(r.doc), step_time_s(r.doc)) for r in results]
+    points = [(r, x, y) for r, x, y in points if x is not None and y is not None]
+    if not points:
+        return None
+    figure = layout.new_figure(1, height_in=layout.PANEL_HEIGHT_IN * 1.5)
+    figure.set_figwidth(layout.PANEL_WIDTH_IN * 2)
+    (axis,) = layout.grid(figure, 1)
+    for index, policy in enumerate(sorted({r.policy for r, _, _ in points})):
+        mine = [(r, x, y) for r, x, y in points if r.policy == policy]
+        spreads = [step_time_spread(r.doc) for r, _, _ in mine]
+        axis.errorbar(
+            [x * PERCENT for _, x, _ in mine],
+            [y for _, _, y in mine],
+            yerr=[[low for low, _ in spreads], [high for _, high in spreads]],
+            fmt="o",
+            capsize=ERROR_CAPSIZE,
+            label=policy,
+            color=f"C{index}",
+        )
+    axis.margins(x=0.08, y=0.12)
+    axis.set_xlabel("realized ubatch token imbalance, mean over steps (%)")
+    axis.set_ylabel("forward step time (s)")
+    axis.set_title("imbalance vs step time (bars: min-max)", fontsize="small")
+    layout.figure_legend(figure, [axis])
+    layout.place_point_labels(
+        figure, axis, [(x * PERCENT, y, layout.shorten(labels[r.case_id])) for r, x, y in points]
+    )
+    return figure
+
+
+# --- instrumented per-layer breakdown ------------------------------------------------------
+def draw_layer_breakdown(results: Sequence[LoadedResult]) -> Figure | None:
+    labels = condition_labels(results)
+    cases = [(r, per_layer_components(r.doc)) for r in results]
+    cases = [(r, layers) for r, layers in cases if layers]
+    if not cases:
+        return None
+    shown = cases[:MAX_PANELS]
+    figure = layout.new_figure(len(shown))
+    axes = layout.grid(figure, len(shown))
+    components = sorted({name for _, layers in shown for layer in layers for name in layer})
+    for axis, (result, layers) in zip(axes, shown, strict=True):
+        bottom = np.zeros(len(layers))
+        for index, component in enumerate(components):
+            values = np.array([float(layer.get(component, 0.0)) for layer in layers])
+            axis.bar(range(len(layers)), values, bottom=bottom, label=component, color=f"C{index}")
+            bottom += values
+        title = f"{labels[result.case_id]} / {result.policy}"
+        axis.set_title(layout.wrap(title, layout.TITLE_WRAP_CHARS), fontsize="small")
+        axis.set_xlabel("layer")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.set_ylabel("time (s)")
+    layout.figure_legend(figure, axes)
+    return figure
+
+
+# --- expert load -----------------------------------------------------------------------------
+def draw_expert_heat(results: Sequence[LoadedResult]) -> Figure | None:
+    """Mean normalised expert heat per series (routing, model, layers), one colour scale."""
+    groups: dict[tuple[str, str, int], list[np.ndarray]] = defaultdict(list)
+    for result in results:
+        heat = normalised_expert_heat(result.doc)
+        if heat is not None:
+            groups[series_key(result)].append(heat)
+    if not groups:
+        return None
+    names = series_labels(list(groups))
+    shown = sorted(groups.items())[:MAX_PANELS]
+    figure = layout.new_figure(len(shown))
+    axes = layout.grid(figure, len(shown))
+    means = [np.mean(heats, axis=0) for _, heats in shown]
+    top = max(float(m.max()) for m in means)
+    for axis, ((key, heats), mean) in zip(axes, zip(shown, means, strict=True), strict=True):
+        image = axis.imshow(
+            mean, aspect="auto", cmap="viridis", interpolation="nearest", vmin=0.0, vmax=top
+        )
+        axis.set_title(
+            layout.wrap(f"{names[key]}: {len(heats)} case(s)", layout.TITLE_WRAP_CHARS),
+            fontsize="small",
+        )
+        axis.set_xlabel(f"expert (of {mean.shape[1]})")
+        axis.set_ylabel("MoE layer")
+    figure.colorbar(image, ax=axes, label="tokens / layer mean")
+    return figure
+
+
+def draw_rank_skew(results: Sequence[LoadedResult]) -> Figure | None:
+    """Mean per-layer EP-rank skew per series, min-max over cases."""
+    groups: dict[tuple[str, str, int], list[list[float]]] = defaultdict(list)
+    for result in results:
+        skew = per_layer_rank_skew(result.doc)
+        if skew is not None:
+            groups[series_key(result)].append(skew)
+    if not groups:
+        return None
+    names = series_labels(list(groups))
+    figure = layout.new_figure(1, columns=1, height_in=layout.PANEL_HEIGHT_IN * 1.2)
+    figure.set_figwidth(layout.PANEL_WIDTH_IN * 2)
+    (axis,) = layout.grid(figure, 1)
+    for key, skews in sorted(groups.items()):
+        matrix = np.asarray(skews)
+        mean = matrix.mean(axis=0)
+        axis.errorbar(
+            range(matrix.shape[1]),
+            mean,
+            yerr=[mean - matrix.min(axis=0), matrix.max(axis=0) - mean],
+            marker="o",
+            markersize=3,
+            capsize=ERROR_CAPSIZE,
+            label=f"{names[key]}, {len(skews)} case(s)",
+        )
+    axis.axhline(1.0, color="grey", linestyle="--", gid=layout.REFERENCE_GID)
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axis.set_xlabel("MoE layer")
+    axis.set_ylabel("EP-rank load max / mean")
+    axis.set_title("rank skew per layer (bars: min-max over cases)", fontsize="small")
+    layout.figure_legend(figure, [axis])
+    return figure
+
+
+# --- chunk sweep and prefix-cache hits -------------------------------------------------------
+def draw_chunk_sweep(results: Sequence[LoadedResult]) -> Figure | None:
+    """Throughput per chunk size, one line per dataset (and policy); invalid sizes marked x."""
+    sizes = sorted({chunk_label(r.doc) for r in results}, key=chunk_sort_key)
+    if len(sizes) < 2:  # noqa: PLR2004 - a sweep needs two sizes
+        return None
+    figure = layout.new_figure(1, columns=1, height_in=layout.PANEL_HEIGHT_IN * 1.2)
+    figure.set_figwidth(layout.PANEL_WIDTH_IN * 2)
+    (axis,) = layout.grid(figure, 1)
+    series: dict[str, list[LoadedResult]] = defaultdict(list)
+    several_policies = len(policies_of(results)) > 1
+    for result in results:
+        name = f"{result.dataset} / {result.policy}" if several_policies else result.dataset
+        series[name].append(result)
+    invalid_drawn = False
+    for name, members in sorted(series.items()):
+        xs, ys, low, high = [], [], [], []
+        for result in sorted(members, key=lambda r: chunk_sort_key(chunk_label(r.doc))):
+            x = sizes.index(chunk_label(result.doc))
+            if not chunk_validity(result.doc)[0]:
+                axis.scatter(
+                    [x],
+                    [INVALID_MARKER_Y],
+                    marker="x",
+                    color="red",
+                    s=80,
+                    zorder=3,
+                    label=None if invalid_drawn else "invalid size (omitted)",
+                )
+                invalid_drawn = True
+                continue
+            value, spread = median_of(throughput(result.doc)), spread_of(throughput(result.doc))
+            if value is None or spread is None:
+                continue
+            xs.append(x)
+            ys.append(value)
+            low.append(spread[0])
+            high.append(spread[1])
+        if xs:
+            axis.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=ERROR_CAPSIZE, label=name)
+    if not layout.has_data(figure):
+        return None
+    axis.set_xticks(range(len(sizes)))
+    axis.set_xticklabels(sizes, fontsize="small")
+    axis.set_xlabel("chunk size (tokens)")
+    axis.set_ylabel("prefill throughput (tokens/s)")
+    axis.set_title("chunk-size sweep (bars: min-max)", fontsize="small")
+    layout.figure_legend(figure, [axis])
+    return figure
+
+
+def draw_hit_ratio(results: Sequence[LoadedResult]) -> Figure | None:
+    """Realized vs requested hit ratio, and throughput vs realized ratio, per policy."""
+    points = []
+    for result in results:
+        requested, realized = hit_ratios(result.doc)
+        if requested is not None and realized is not None:
+            points.append((result, requested, realized))
+    if len({requested for _, requested, _ in points}) < 2:  # noqa: PLR2004 - a sweep
+        return None
+    figure = layout.new_figure(2)
+    ratio_axis, rate_axis = layout.grid(figure, 2)
+    ratio_axis.plot(
+        [0, PERCENT],
+        [0, PERCENT],
+        color="grey",
+        linestyle="--",
+        gid=layout.REFERENCE_GID,
+        label="realized = requested",
+    )
+    for index, policy in enumerate(sorted({r.policy for r, _, _ in points})):
+        mine = [(r, req, real) for r, req, real in points if r.policy == policy]
+        ratio_axis.scatter(
+            [req * PERCENT for _, req, _ in mine],
+            [real * PERCENT for _, _, real in mine],
+            label=policy,
+            color=f"C{index}",
+        )
+        measured = [
+            (real, median_of(throughput(r.doc)), spread_of(throughput(r.doc)))
+            for r, _, real in mine
+        ]
+        measured = [(x, y, e) for x, y, e in measured if y is not None and e is not None]
+        if measured:
+            rate_axis.errorbar(
+                [x * PERCENT for x, _, _ in measured],
+                [y for _, y, _ in measured],
+                yerr=[[e[0] for _, _, e in measured], [e[1] for _, _, e in measured]],
+                fmt="o",
+                capsize=ERROR_CAPSIZE,
+                label=policy,
+                color=f"C{index}",
+            )
+    ratio_axis.set_xlabel("requested hit ratio (%)")
+    ratio_axis.set_ylabel("realized hit ratio (%)")
+    ratio_axis.set_title("realized vs requested hits", fontsize="small")
+    rate_axis.set_xlabel("realized hit ratio (%)")
+    rate_axis.set_ylabel("prefill throughput (tokens/s)")
+    rate_axis.set_title("throughput vs realized hits (min-max)", fontsize="small")
+    layout.figure_legend(figure, [ratio_axis, rate_axis])
+    return figure
+
+
+PLOTTERS = (
+    (
+        "policy_metrics",
+        "TTFT and throughput per condition and policy (bars: min-max over repetitions)",
+        draw_policy_metrics,
+    ),
+    (
+        "imbalance_vs_step_time",
+        "Realized imbalance vs forward step time (labels where they fit)",
+        draw_imbalance_vs_step_time,
+    ),
+    ("layer_breakdown", "Per-layer time breakdown (instrumented runs)", draw_layer_breakdown),
+    ("expert_heat", "Expert heat per layer (tokens / layer mean)", draw_expert_heat),
+    ("rank_skew", "EP-rank skew per layer (max / mean routed tokens)", draw_rank_skew),
+    ("chunk_sweep", "Chunk-size sweep (invalid sizes marked x)", draw_chunk_sweep),
+    ("hit_ratio", "Prefix-cache hit ratio: realized vs requested, and throughput", draw_hit_ratio),
+)

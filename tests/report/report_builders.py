@@ -1,0 +1,148 @@
+"""Result documents for report tests, built and validated by pytest_afd.results.
+
+Imported by the tests of this directory (pytest puts it on sys.path).
+"""
+
+import numpy as np
+
+from afd_split import SplitConstraints, SplitPolicy, plan_split
+from pytest_afd import results
+from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
+from pytest_afd.manifest import collect_manifest
+from pytest_afd.stats import execution_order
+from pytest_afd.topology import parse_topology
+
+SMALL = {"target_total_tokens": 16384, "scale": 1 / 32, "block_size": 16, "vocab_size": 128}
+REPS = 3
+NUM_EXPERTS = 8
+NUM_LAYERS = 3
+EP_RANKS = 4
+
+
+def make_manifest(num_layers=NUM_LAYERS, topology="dp3pcp8-ep8", model_name="reduced"):
+    protocol = {
+        "seed": 0,
+        "warmups": 1,
+        "repetitions": REPS,
+        "run_order": "interleaved",
+        "instrumented": False,
+        "routing": "natural",
+    }
+    return collect_manifest(
+        topology=parse_topology(topology),
+        backend_name="cpu",
+        backend_description={"model": {"num_layers": num_layers}},
+        model_name=model_name,
+        protocol=protocol,
+        emulated=True,
+        environ={},
+    )
+
+
+def _protocol(case_id):
+    order = execution_order([case_id], REPS, "interleaved", 0)
+    return {
+        "seed": 0,
+        "warmups": 1,
+        "repetitions": REPS,
+        "run_order": "interleaved",
+        "executed_order": [f"{name}#{rep}" for name, rep in order],
+    }
+
+
+def _expert_load(skewed):
+    base = np.full((NUM_LAYERS, NUM_EXPERTS), 10)
+    if skewed:
+        base[:, 0] = 50  # expert 0 is hot: rank 0 holds 60 of 120 tokens per layer
+    return base.tolist()
+
+
+def _runs(workload, policy, *, wall_s, chunk_size=None, timings=None, skewed=False):
+    """REPS synthetic backend runs; wall time grows 10 % per repetition."""
+    lengths = list(workload.prompt_lengths)
+    plan = plan_split(lengths, policy=SplitPolicy(policy), constraints=SplitConstraints())
+    runs = []
+    for rep in range(REPS):
+        wall = wall_s * (1 + 0.1 * rep)
+        requests = [
+            RequestOutput(
+                request_id=p.request_id,
+                num_prompt_tokens=p.num_prompt_tokens,
+                num_cached_tokens=workload.shared_prefix_tokens,
+                next_token=1,
+                ttft_s=wall * (i + 1) / len(lengths),
+            )
+            for i, p in enumerate(workload.prompts())
+        ]
+        runs.append(
+            RunOutputs(
+                requests=requests,
+                steps=[plan.to_evidence()],
+                expert_load=_expert_load(skewed),
+                timings=timings or {},
+                wall_time_s=wall,
+            )
+        )
+    return runs
+
+
+def make_result(
+    case_id,
+    kind,
+    workload,
+    policy,
+    *,
+    wall_s=1.0,
+    manifest=None,
+    chunk_size=None,
+    chunk_plan=None,
+    timings=None,
+    routing="natural",
+    skewed=False,
+):
+    runs = _runs(workload, policy, wall_s=wall_s, timings=timings, skewed=skewed)
+    settings = RunSettings(
+        split_policy=policy,
+        chunk_size=chunk_size,
+        routing=routing,
+        prefix_caching=workload.shared_prefix_tokens > 0,
+    )
+    extra = {} if chunk_plan is None else {"chunk_plan": chunk_plan}
+    doc = results.build_result(
+        case_id=case_id,
+        case_kind=kind,
+        backend="cpu",
+        settings=settings,
+        manifest=manifest or make_manifest(),
+        workload=results.workload_json(
+            dataset_name=workload.name,
+            prompt_lengths=workload.prompt_lengths,
+            seed=workload.spec.seed,
+            dataset_digest=workload.content_hash,
+        ),
+        protocol=_protocol(case_id),
+        metrics=results.metrics_from_runs(runs),
+        evidence=results.evidence_from_outputs(
+            runs[0],
+            routing=routing,
+            num_ep_ranks=EP_RANKS,
+            requested_hit_ratio=workload.spec.requested_hit_ratio or None,
+            **extra,
+        ),
+    )
+    return doc
+
+
+def write(directory, doc):
+    """write_result validates against the schema first (an invalid doc raises)."""
+    return results.write_result(results.result_path(directory, doc["case_id"]), doc)
+
+
+def stamped(doc, status, *, session, created_at, reason=None):
+    """``doc`` as the plugin writes it since outcomes: a session id and the test's outcome."""
+    return {
+        **doc,
+        "session_id": session,
+        "outcome": {"status": status, "reason": reason},
+        "created_at": created_at,
+    }
