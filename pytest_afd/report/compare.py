@@ -92,7 +92,7 @@ class Side:
             chosen = select_latest_session(loaded).results
         if self.stack is not None:
             wanted = self.stack.removeprefix("sha256:")
-            chosen = [r for r in chosen if short_digest(r.digest).startswith(wanted[:12])]
+            chosen = [r for r in chosen if short_digest(r.stack).startswith(wanted[:12])]
         if not chosen:
             raise ReportError(f"{self.name}: no results match this selection")
         newest: dict[str, LoadedResult] = {}

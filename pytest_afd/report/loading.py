@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_afd.manifest import with_run
+from pytest_afd.manifest import stack_digest, with_run
 from pytest_afd.results import ResultValidationError, validate_result
 
 REPORT_DIR_NAME = "report"
@@ -45,6 +45,11 @@ class LoadedResult:
     @property
     def digest(self) -> str:
         return self.doc["manifest_digest"]
+
+    @property
+    def stack(self) -> str:
+        """The stack's digest: the manifest without the per-case run keys (routing, quantization, block size)."""
+        return stack_digest(self.doc["manifest"])
 
     @property
     def policy(self) -> str:

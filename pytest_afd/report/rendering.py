@@ -129,7 +129,7 @@ def _section(stage: str, stacks: Mapping[str, list[LoadedResult]], report_dir: P
 def _stacks_overview(results: Sequence[LoadedResult]) -> list[str]:
     by_digest: dict[str, list[LoadedResult]] = defaultdict(list)
     for result in results:
-        by_digest[result.digest].append(result)
+        by_digest[result.stack].append(result)
     rows = [
         [
             f"`{short_digest(d)}`",
@@ -208,7 +208,7 @@ def render_markdown(
         lines += _stacks_overview(loaded.results)
     by_stage: dict[str, dict[str, list[LoadedResult]]] = defaultdict(lambda: defaultdict(list))
     for result in loaded.results:
-        by_stage[result.stage][result.digest].append(result)
+        by_stage[result.stage][result.stack].append(result)
     for stage in (*STAGE_MARKERS, *OTHER_KINDS):
         if stage in by_stage:
             lines += _section(stage, by_stage[stage], report_dir)

@@ -336,16 +336,16 @@ def stack_fields(doc: Mapping[str, Any]) -> dict[str, str]:
         attention, ffn = _known(run.get("attention_ranks")), _known(run.get("ffn_ranks"))
         mode = f"{mode} ({attention} attention + {ffn} FFN)"
     threads = _known(run.get("threads"))
-    routing = _known(run.get("routing"))
+    # Routing, quantization and block size are per-case run keys (manifest.CASE_RUN_KEYS):
+    # cases of one stack differ in them, so the stack names only the model's own quantization.
     fields = {
         "backend": _known(run.get("backend")) or manifest["backend"]["name"],
         "mode": mode,
         "model": _known(run.get("model")) or model["name"],
         "layers": None if layers is None else f"{layers} layers",
         "topology": _known(run.get("topology")) or manifest["topology"]["canonical"],
-        "quantization": _known(run.get("quantization", model.get("quantization"))),
+        "quantization": _known(model.get("quantization")),
         "threads": None if threads is None else f"{threads} threads",
-        "routing": None if routing in (None, "natural") else f"{routing} routing",
         "emulated": "CPU emulation" if manifest["hardware"]["emulated"] else None,
     }
     return {name: str(value) for name, value in fields.items() if value not in (None, "none")}
@@ -360,9 +360,8 @@ def stack_description(doc: Mapping[str, Any]) -> str:
     parts += [model, f"topology {fields['topology']}"]
     if "quantization" in fields:
         parts.append(f"quantization {fields['quantization']}")
-    for name in ("threads", "routing"):
-        if name in fields:
-            parts.append(fields[name])
+    if "threads" in fields:
+        parts.append(fields["threads"])
     text = ", ".join(parts)
     return f"{text} ({fields['emulated']})" if "emulated" in fields else text
 
@@ -373,7 +372,7 @@ def stack_short_label(doc: Mapping[str, Any]) -> str:
     layers = fields.get("layers", "").removesuffix(" layers")
     model = f"{fields['model']}/{layers}L" if layers else fields["model"]
     mode = fields.get("mode", "").split(" ")[0]
-    extras = [fields.get("quantization", ""), fields.get("routing", "").removesuffix(" routing")]
+    extras = [fields.get("quantization", "")]
     if mode and mode != "in_process":
         extras.append(mode)
     return " ".join([model, fields["topology"], *(extra for extra in extras if extra)])
