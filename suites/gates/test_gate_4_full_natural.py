@@ -27,7 +27,7 @@ from gate_lib import (
     run_measured,
 )
 
-from pytest_afd.backends.base import RunOutputs, RunSettings
+from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
 from pytest_afd.topology import Topology
 
 FULL_MODEL = "full"
@@ -53,9 +53,23 @@ def accuracy_settings(
     return settings
 
 
-def top2_margins(outputs: RunOutputs) -> list[float]:
-    """Top-1 minus top-2 logit per request: how close a greedy choice was to flipping."""
-    return [float(np.diff(np.sort(r.logits)[-2:])[0]) for r in outputs.requests]
+def top2_margins(outputs: RunOutputs) -> list[float | None]:
+    """Top-1 minus top-2 logit per request: how close a greedy choice was to flipping.
+
+    Over HTTP only top-k logprobs come back; their top-1/top-2 gap is the same
+    margin (log-softmax shifts every logit equally). None when neither is there.
+    """
+    margins: list[float | None] = []
+    for request in outputs.requests:
+        if request.logits is not None:
+            values = np.asarray(request.logits, dtype=np.float64)
+        elif request.top_logprobs and len(request.top_logprobs) >= 2:
+            values = np.fromiter(request.top_logprobs.values(), dtype=np.float64)
+        else:
+            margins.append(None)
+            continue
+        margins.append(float(np.diff(np.sort(values)[-2:])[0]))
+    return margins
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +154,22 @@ def test_gate_4_refuses_forced_balanced_routing(afd_options, gate_pages):
     with pytest.raises(ValueError, match=r"forced_balanced.*synthetic"):
         accuracy_settings(topology, gate_pages, routing=FORCED_ROUTING)
     assert replace(accuracy_settings(topology, gate_pages), routing=FORCED_ROUTING).synthetic
+
+
+@pytest.mark.gate
+def test_gate_4_margins_come_from_top_logprobs_over_http():
+    """A backend without logits (HTTP) still gives the greedy margins gate 4 records."""
+    logits = np.array([0.5, 3.0, 1.25, -2.0], dtype=np.float32)
+    logprobs = logits - np.log(np.exp(logits.astype(np.float64)).sum())
+    top = {int(i): float(logprobs[i]) for i in np.argsort(logits)[-3:]}
+    outputs = RunOutputs(
+        requests=[
+            RequestOutput("logits", 4, 0, 1, logits=logits),
+            RequestOutput("http", 4, 0, 1, top_logprobs=top),
+            RequestOutput("neither", 4, 0, 1),
+        ]
+    )
+    margins = top2_margins(outputs)
+    assert margins[0] == pytest.approx(1.75)
+    assert margins[1] == pytest.approx(1.75)
+    assert margins[2] is None
