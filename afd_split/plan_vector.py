@@ -52,6 +52,18 @@ def as_token_counts(values, *, name: str, minimum: int) -> np.ndarray:
     return array
 
 
+def matched_computed_counts(num_computed_tokens, tokens: np.ndarray) -> np.ndarray:
+    """``num_computed_tokens`` as ``as_token_counts`` (minimum 0), one entry per request of
+    ``tokens``; the error names both lengths."""
+    computed = as_token_counts(num_computed_tokens, name="num_computed_tokens", minimum=0)
+    if computed.shape != tokens.shape:
+        raise ValueError(
+            f"num_computed_tokens has {computed.size} entries but num_scheduled_tokens "
+            f"has {tokens.size}"
+        )
+    return computed
+
+
 def prefix_sums(tokens: np.ndarray, *, name: str) -> np.ndarray:
     """Read-only inclusive prefix sums; ValueError when the total does not fit in int64.
 
@@ -77,12 +89,7 @@ def plan_vectorised(
     tokens = as_token_counts(num_scheduled_tokens, name="num_scheduled_tokens", minimum=1)
     computed = None
     if num_computed_tokens is not None:
-        computed = as_token_counts(num_computed_tokens, name="num_computed_tokens", minimum=0)
-        if computed.shape != tokens.shape:
-            raise ValueError(
-                f"num_computed_tokens has {computed.size} entries but num_scheduled_tokens "
-                f"has {tokens.size}"
-            )
+        computed = matched_computed_counts(num_computed_tokens, tokens)
     cu_tokens = prefix_sums(tokens, name="num_scheduled_tokens")
     if constraints.padded_total is not None:
         constraints.total_rows_for(cu_tokens.item(-1))  # ValueError when below round_up(T)
