@@ -26,9 +26,9 @@ from afd_split.plan_types import (
     built_plan,
     check_cut,
     cut_sides,
+    cut_ubatches,
     fallback_impossible,
     padded_ubatch,
-    plain_ubatch,
 )
 from afd_split.policies.request_boundary import (
     MIN_REQUESTS_FOR_BOUNDARY_SPLIT,
@@ -144,22 +144,22 @@ def _split(policy, counts, cu_tokens, constraints, cut):
     boundary, head_stop, head_tokens, tail_tokens = cut_sides(
         cut, straddling, cu_tokens[straddling], counts[straddling]
     )
-    padded_total = constraints.padded_total
-    if padded_total is None and constraints.pcp_size < MIN_PCP_FOR_ZIGZAG:
-        align = constraints.align
-        head = plain_ubatch(0, 0, cut, 0, head_stop, align)
-        tail = plain_ubatch(1, cut, num_tokens, straddling, num_requests, align)
-    else:
-        head_pieces = tail_pieces = None
-        if constraints.pcp_size >= MIN_PCP_FOR_ZIGZAG:
-            head_pieces, tail_pieces = list(counts[:head_stop]), list(counts[straddling:])
-            if boundary is not None:
-                head_pieces[-1], tail_pieces[0] = head_tokens, tail_tokens
-        head = _ubatch(0, 0, cut, 0, head_stop, head_pieces, constraints, None)
-        tail_rows = None if padded_total is None else padded_total - head.num_rows
-        tail = _ubatch(
-            1, cut, num_tokens, straddling, num_requests, tail_pieces, constraints, tail_rows
-        )
+    head_pieces = tail_pieces = None
+    if constraints.pcp_size >= MIN_PCP_FOR_ZIGZAG:
+        head_pieces, tail_pieces = list(counts[:head_stop]), list(counts[straddling:])
+        if boundary is not None:
+            head_pieces[-1], tail_pieces[0] = head_tokens, tail_tokens
+    head, tail = cut_ubatches(
+        cut,
+        num_tokens,
+        straddling,
+        head_stop,
+        num_requests,
+        constraints,
+        head_pieces,
+        tail_pieces,
+        _ubatch,
+    )
     return built_plan(
         policy,
         "num_scheduled_tokens",

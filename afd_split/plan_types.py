@@ -13,7 +13,7 @@ from functools import cached_property
 
 import numpy as np
 
-from afd_split.constraints import SplitConstraints, SplitPolicy
+from afd_split.constraints import MIN_PCP_FOR_ZIGZAG, SplitConstraints, SplitPolicy
 from afd_split.errors import SplitRejectedError
 
 INT64 = np.dtype(np.int64)
@@ -236,6 +236,34 @@ def cut_sides(cut: int, straddling: int, request_end: int, straddling_tokens: in
     if head_tokens == 0:
         return None, straddling, 0, 0
     return straddling, straddling + 1, head_tokens, request_end - cut
+
+
+def cut_ubatches(
+    cut,
+    num_tokens,
+    straddling,
+    head_stop,
+    num_requests,
+    constraints,
+    head_pieces,
+    tail_pieces,
+    ubatch,
+):
+    """The head and tail ubatches of a cut; padded_total's extra rows go to the tail.
+
+    ``ubatch`` is the planner's own builder (it lays the PCP pieces out on its
+    representation: Python ints or numpy); ``head_pieces`` / ``tail_pieces`` are
+    None without PCP.
+    """
+    padded_total = constraints.padded_total
+    if padded_total is None and constraints.pcp_size < MIN_PCP_FOR_ZIGZAG:
+        align = constraints.align
+        head = plain_ubatch(0, 0, cut, 0, head_stop, align)
+        return head, plain_ubatch(1, cut, num_tokens, straddling, num_requests, align)
+    head = ubatch(0, 0, cut, 0, head_stop, head_pieces, constraints, None)
+    tail_rows = None if padded_total is None else padded_total - head.num_rows
+    tail = ubatch(1, cut, num_tokens, straddling, num_requests, tail_pieces, constraints, tail_rows)
+    return head, tail
 
 
 def padded_ubatch(

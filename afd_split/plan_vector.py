@@ -18,9 +18,9 @@ from afd_split.plan_types import (
     built_plan,
     check_cut,
     cut_sides,
+    cut_ubatches,
     fallback_impossible,
     padded_ubatch,
-    plain_ubatch,
 )
 from afd_split.policies import CUT_SELECTORS
 
@@ -198,26 +198,26 @@ def _split_plan(
     boundary, head_stop, head_tokens, tail_tokens = cut_sides(
         cut, straddling, cu_tokens.item(straddling), tokens.item(straddling)
     )
-    if constraints.padded_total is None and constraints.pcp_size < MIN_PCP_FOR_ZIGZAG:
-        head = plain_ubatch(0, 0, cut, 0, head_stop, constraints.align)
-        tail = plain_ubatch(1, cut, num_tokens, straddling, num_requests, constraints.align)
-    else:
-        head_pieces = tail_pieces = None
-        if constraints.pcp_size >= MIN_PCP_FOR_ZIGZAG:
-            head_pieces = tokens[:head_stop].copy()
-            tail_pieces = tokens[straddling:].copy()
-            if boundary is not None:
-                head_pieces[-1] = head_tokens
-                tail_pieces[0] = tail_tokens
-            head_pieces.setflags(write=False)
-            tail_pieces.setflags(write=False)
-        head = _ubatch(0, 0, cut, 0, head_stop, head_pieces, constraints, None)
-        tail_rows = None
-        if constraints.padded_total is not None:
-            tail_rows = constraints.padded_total - head.num_rows
-        tail = _ubatch(
-            1, cut, num_tokens, straddling, num_requests, tail_pieces, constraints, tail_rows
-        )
+    head_pieces = tail_pieces = None
+    if constraints.pcp_size >= MIN_PCP_FOR_ZIGZAG:
+        head_pieces = tokens[:head_stop].copy()
+        tail_pieces = tokens[straddling:].copy()
+        if boundary is not None:
+            head_pieces[-1] = head_tokens
+            tail_pieces[0] = tail_tokens
+        head_pieces.setflags(write=False)
+        tail_pieces.setflags(write=False)
+    head, tail = cut_ubatches(
+        cut,
+        num_tokens,
+        straddling,
+        head_stop,
+        num_requests,
+        constraints,
+        head_pieces,
+        tail_pieces,
+        _ubatch,
+    )
     return built_plan(
         policy,
         "token_counts",
