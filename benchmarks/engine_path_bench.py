@@ -1,6 +1,6 @@
 """Per-step cost of the whole engine path vs the AFD plugin's own request-boundary path.
 
-    PYTHONPATH=. python3 benchmarks/engine_path_bench.py --json out.json
+    python3 benchmarks/engine_path_bench.py [--json] [--output out.json]
     PYTHONPATH=$PWD /work/venvs/vllm-0.19.1/bin/python benchmarks/engine_path_bench.py
 
 Per batch size (1, 8, 64, 512 requests of Azure conv trace prompt lengths,
@@ -197,7 +197,8 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=20, help="calls per timed sample")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sizes", type=int, nargs="+", default=list(BATCH_SIZES))
-    parser.add_argument("--json", type=Path, help="also write the report here")
+    parser.add_argument("--json", action="store_true", help="print the JSON report")
+    parser.add_argument("--output", type=Path, help="also write the JSON report here")
     args = parser.parse_args(argv)
     for name in ("samples", "calls"):
         if getattr(args, name) < 1:
@@ -223,15 +224,17 @@ def main(argv=None) -> int:
         "targets": targets(rows),
     }
     text = json.dumps(report, indent=2)
+    if args.output:
+        args.output.write_text(text + "\n")
     if args.json:
-        args.json.write_text(text + "\n")
-    else:
         print(text)
     parts = [f"{t['name']}: {t['measured_median_us']:.1f} us wall, "
              f"{t['measured_thread_cpu_median_us']:.1f} us thread CPU (<= {t['target_us']:.0f}: "
              f"{'met' if t['met'] else 'NOT met'}, x{t['ratio_to_plugin_style_median']:.2f} "
              "plugin-style)" for t in report["targets"]]
-    print(f"engine_path_bench [{layout_kind}, load {load_before[0]:.1f}]: " + "; ".join(parts))
+    # With --json stdout stays pure JSON; the summary line goes to stderr.
+    print(f"engine_path_bench [{layout_kind}, load {load_before[0]:.1f}]: " + "; ".join(parts),
+          file=sys.stderr if args.json else sys.stdout)
     return 0
 
 

@@ -29,7 +29,7 @@ def bench():
 def test_report_has_both_targets_with_ratios_and_load(bench, tmp_path, capsys):
     out = tmp_path / "report.json"
     assert bench.main(["--samples", "2", "--calls", "1", "--sizes", "8", "512",
-                       "--json", str(out)]) == 0
+                       "--output", str(out)]) == 0
     report = json.loads(out.read_text())
     assert [t["name"] for t in report["targets"]] == ["engine_path_8_requests",
                                                       "engine_path_512_requests"]
