@@ -13,6 +13,7 @@ import numpy as np
 
 from afd_split.constraints import checked_int
 from afd_split.plan import SplitPlan, as_token_counts
+from afd_split.plan_vector import matched_computed_counts
 from afd_split.requests import split_request_arrays
 from afd_split.token_checks import (
     BLOCK_TABLE_NDIM,
@@ -28,7 +29,6 @@ DEFAULT_BLOCK_SIZE = 128
 
 UNUSED_BLOCK_ID = -1
 """Block-table filler in synthesized tables; any read of it shows up as a negative slot."""
-
 
 
 def _read_only_int64(name: str, value) -> np.ndarray:
@@ -124,12 +124,7 @@ class BatchMetadata:
         if num_computed_tokens is None:
             computed = np.zeros_like(tokens)
         else:
-            computed = as_token_counts(num_computed_tokens, name="num_computed_tokens", minimum=0)
-            if computed.shape != tokens.shape:
-                raise ValueError(
-                    f"num_computed_tokens has {computed.size} entries but "
-                    f"num_scheduled_tokens has {tokens.size}"
-                )
+            computed = matched_computed_counts(num_computed_tokens, tokens)
         seq_lens = computed + tokens
         blocks_needed = -(-seq_lens // block_size)
         if block_table is None:

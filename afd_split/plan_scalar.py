@@ -20,11 +20,15 @@ from afd_split.constraints import MIN_PCP_FOR_ZIGZAG, SplitConstraints, SplitPol
 from afd_split.errors import SplitRejectedError
 from afd_split.plan_types import (
     INT64,
+    INT64_MAX,
     SplitPlan,
     UBatch,
-    _built,
+    built_plan,
+    check_cut,
+    cut_sides,
+    cut_ubatches,
     fallback_impossible,
-    plain_ubatch,
+    padded_ubatch,
 )
 from afd_split.policies.request_boundary import (
     MIN_REQUESTS_FOR_BOUNDARY_SPLIT,
@@ -34,8 +38,6 @@ from afd_split.policies.token_balanced import token_balanced_cut
 
 SCALAR_PATH_MAX_REQUESTS = 64
 """Largest batch the scalar planner takes; above it the vectorised planner is faster."""
-
-INT64_MAX = int(np.iinfo(np.int64).max)
 
 SCALAR_POLICIES = frozenset(
     {SplitPolicy.NONE, SplitPolicy.REQUEST_BOUNDARY, SplitPolicy.TOKEN_BALANCED}
@@ -89,12 +91,11 @@ def _read_only(values: list[int]) -> np.ndarray:
 
 def _ubatch(index, token_start, token_stop, request_start, request_stop, pieces, constraints, rows):
     """``plan_vector._ubatch`` on Python ints (``pieces`` a list, or None without PCP)."""
-    num_real = token_stop - token_start
     align = constraints.align
     row_multiple = constraints.pcp_row_multiple
-    piece_tokens = piece_row_starts = None
     if row_multiple == 1:
-        needed = -(-num_real // align) * align
+        needed = -(-(token_stop - token_start) // align) * align
+        piece_tokens = piece_row_starts = None
     else:
         starts, cursor = [], 0
         for piece in pieces:
@@ -102,25 +103,17 @@ def _ubatch(index, token_start, token_stop, request_start, request_stop, pieces,
             cursor += -(-piece // row_multiple) * row_multiple
         needed = -(-cursor // align) * align
         piece_tokens, piece_row_starts = _read_only(pieces), _read_only(starts)
-    if rows is None:
-        rows = needed
-    elif rows < needed:
-        raise SplitRejectedError(
-            f"ubatch {index} would get {rows} rows (padded_total={constraints.padded_total}) "
-            f"but its {num_real} tokens need {needed} rows under align={align}, "
-            f"pcp_size={constraints.pcp_size}"
-        )
-    return _built(
-        UBatch,
-        {
-            "index": index,
-            "token_slice": slice(token_start, token_stop),
-            "request_slice": slice(request_start, request_stop),
-            "num_real_tokens": num_real,
-            "num_padded_tokens": rows - num_real,
-            "piece_tokens": piece_tokens,
-            "piece_row_starts": piece_row_starts,
-        },
+    return padded_ubatch(
+        index,
+        token_start,
+        token_stop,
+        request_start,
+        request_stop,
+        constraints,
+        rows,
+        needed,
+        piece_tokens,
+        piece_row_starts,
     )
 
 
@@ -129,63 +122,55 @@ def _unsplit(policy, counts, num_tokens, constraints, fallback_reason):
     ubatch = _ubatch(
         0, 0, num_tokens, 0, len(counts), pieces, constraints, constraints.padded_total
     )
-    return _built(
-        SplitPlan,
-        {
-            "policy": policy,
-            "num_scheduled_tokens": counts,
-            "constraints": constraints,
-            "split_token": None,
-            "ubatches": (ubatch,),
-            "boundary_request": None,
-            "head_tokens": 0,
-            "tail_tokens": 0,
-            "fallback_reason": fallback_reason,
-        },
+    return built_plan(
+        policy,
+        "num_scheduled_tokens",
+        counts,
+        constraints,
+        None,
+        (ubatch,),
+        None,
+        0,
+        0,
+        fallback_reason,
     )
 
 
 def _split(policy, counts, cu_tokens, constraints, cut):
     num_tokens = cu_tokens[-1]
     num_requests = len(counts)
-    if not 0 < cut < num_tokens:
-        raise SplitRejectedError(f"cut at token {cut} leaves an empty ubatch of {num_tokens}")
+    check_cut(cut, num_tokens)
     straddling = bisect_right(cu_tokens, cut)  # first request ending after the cut
-    request_end = cu_tokens[straddling]
-    head_tokens = cut - (request_end - counts[straddling])
-    if head_tokens == 0:
-        boundary, head_stop, tail_tokens = None, straddling, 0
-    else:
-        boundary, head_stop, tail_tokens = straddling, straddling + 1, request_end - cut
-    padded_total = constraints.padded_total
-    if padded_total is None and constraints.pcp_size < MIN_PCP_FOR_ZIGZAG:
-        align = constraints.align
-        head = plain_ubatch(0, 0, cut, 0, head_stop, align)
-        tail = plain_ubatch(1, cut, num_tokens, straddling, num_requests, align)
-    else:
-        head_pieces = tail_pieces = None
-        if constraints.pcp_size >= MIN_PCP_FOR_ZIGZAG:
-            head_pieces, tail_pieces = list(counts[:head_stop]), list(counts[straddling:])
-            if boundary is not None:
-                head_pieces[-1], tail_pieces[0] = head_tokens, tail_tokens
-        head = _ubatch(0, 0, cut, 0, head_stop, head_pieces, constraints, None)
-        tail_rows = None if padded_total is None else padded_total - head.num_rows
-        tail = _ubatch(
-            1, cut, num_tokens, straddling, num_requests, tail_pieces, constraints, tail_rows
-        )
-    return _built(
-        SplitPlan,
-        {
-            "policy": policy,
-            "num_scheduled_tokens": counts,
-            "constraints": constraints,
-            "split_token": cut,
-            "ubatches": (head, tail),
-            "boundary_request": boundary,
-            "head_tokens": head_tokens,
-            "tail_tokens": tail_tokens,
-            "fallback_reason": None,
-        },
+    boundary, head_stop, head_tokens, tail_tokens = cut_sides(
+        cut, straddling, cu_tokens[straddling], counts[straddling]
+    )
+    head_pieces = tail_pieces = None
+    if constraints.pcp_size >= MIN_PCP_FOR_ZIGZAG:
+        head_pieces, tail_pieces = list(counts[:head_stop]), list(counts[straddling:])
+        if boundary is not None:
+            head_pieces[-1], tail_pieces[0] = head_tokens, tail_tokens
+    head, tail = cut_ubatches(
+        cut,
+        num_tokens,
+        straddling,
+        head_stop,
+        num_requests,
+        constraints,
+        head_pieces,
+        tail_pieces,
+        _ubatch,
+    )
+    return built_plan(
+        policy,
+        "num_scheduled_tokens",
+        counts,
+        constraints,
+        cut,
+        (head, tail),
+        boundary,
+        head_tokens,
+        tail_tokens,
+        None,
     )
 
 

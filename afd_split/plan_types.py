@@ -13,10 +13,11 @@ from functools import cached_property
 
 import numpy as np
 
-from afd_split.constraints import SplitConstraints, SplitPolicy
+from afd_split.constraints import MIN_PCP_FOR_ZIGZAG, SplitConstraints, SplitPolicy
 from afd_split.errors import SplitRejectedError
 
 INT64 = np.dtype(np.int64)
+INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 @dataclass(frozen=True, eq=False)
@@ -216,3 +217,127 @@ def plain_ubatch(index, token_start, token_stop, request_start, request_stop, al
         # piece_tokens / piece_row_starts: the class defaults (None), no PCP pieces.
     )
     return ubatch
+
+
+def check_cut(cut: int, num_tokens: int) -> None:
+    """Reject a cut that leaves either ubatch empty (both planners, before any lookup)."""
+    if not 0 < cut < num_tokens:
+        raise SplitRejectedError(f"cut at token {cut} leaves an empty ubatch of {num_tokens}")
+
+
+def cut_sides(cut: int, straddling: int, request_end: int, straddling_tokens: int):
+    """``(boundary_request, head_stop, head_tokens, tail_tokens)`` of a cut inside (0, T).
+
+    ``straddling`` is the first request ending after the cut, ``request_end`` its
+    end token and ``straddling_tokens`` its scheduled tokens; a cut on a request
+    boundary has no boundary request and no head / tail tokens.
+    """
+    head_tokens = cut - (request_end - straddling_tokens)
+    if head_tokens == 0:
+        return None, straddling, 0, 0
+    return straddling, straddling + 1, head_tokens, request_end - cut
+
+
+def cut_ubatches(
+    cut,
+    num_tokens,
+    straddling,
+    head_stop,
+    num_requests,
+    constraints,
+    head_pieces,
+    tail_pieces,
+    ubatch,
+):
+    """The head and tail ubatches of a cut; padded_total's extra rows go to the tail.
+
+    ``ubatch`` is the planner's own builder (it lays the PCP pieces out on its
+    representation: Python ints or numpy); ``head_pieces`` / ``tail_pieces`` are
+    None without PCP.
+    """
+    padded_total = constraints.padded_total
+    if padded_total is None and constraints.pcp_size < MIN_PCP_FOR_ZIGZAG:
+        align = constraints.align
+        head = plain_ubatch(0, 0, cut, 0, head_stop, align)
+        return head, plain_ubatch(1, cut, num_tokens, straddling, num_requests, align)
+    head = ubatch(0, 0, cut, 0, head_stop, head_pieces, constraints, None)
+    tail_rows = None if padded_total is None else padded_total - head.num_rows
+    tail = ubatch(1, cut, num_tokens, straddling, num_requests, tail_pieces, constraints, tail_rows)
+    return head, tail
+
+
+def padded_ubatch(
+    index,
+    token_start,
+    token_stop,
+    request_start,
+    request_stop,
+    constraints,
+    rows,
+    needed,
+    piece_tokens,
+    piece_row_starts,
+):
+    """A ubatch of ``rows`` rows (``None``: the ``needed`` rows its layout takes).
+
+    Both planners work out ``needed`` and the PCP pieces their own way (Python
+    ints / numpy) and share this check: ``SplitRejectedError`` when ``rows``
+    cannot hold the layout.
+    """
+    num_real = token_stop - token_start
+    if rows is None:
+        rows = needed
+    elif rows < needed:
+        raise SplitRejectedError(
+            f"ubatch {index} would get {rows} rows (padded_total={constraints.padded_total}) "
+            f"but its {num_real} tokens need {needed} rows under align={constraints.align}, "
+            f"pcp_size={constraints.pcp_size}"
+        )
+    ubatch = object.__new__(UBatch)  # _built, inlined: this runs on every non-plain plan
+    ubatch.__dict__.update(
+        index=index,
+        token_slice=slice(token_start, token_stop),
+        request_slice=slice(request_start, request_stop),
+        num_real_tokens=num_real,
+        num_padded_tokens=rows - num_real,
+        piece_tokens=piece_tokens,
+        piece_row_starts=piece_row_starts,
+    )
+    return ubatch
+
+
+def built_plan(
+    policy,
+    counts_field,
+    counts,
+    constraints,
+    split_token,
+    ubatches,
+    boundary_request,
+    head_tokens,
+    tail_tokens,
+    fallback_reason,
+    cu_tokens=None,
+):
+    """A ``SplitPlan`` from planner-checked parts, fields in one order for both planners.
+
+    ``counts_field`` is ``"num_scheduled_tokens"`` (the scalar planner's tuple,
+    arrays made on first read) or ``"token_counts"`` (the vectorised planner's
+    array, with its ``cu_tokens``).
+    """
+    fields = {
+        "policy": policy,
+        counts_field: counts,
+        "constraints": constraints,
+        "split_token": split_token,
+        "ubatches": ubatches,
+        "boundary_request": boundary_request,
+        "head_tokens": head_tokens,
+        "tail_tokens": tail_tokens,
+        "fallback_reason": fallback_reason,
+    }
+    if cu_tokens is not None:
+        fields["cu_tokens"] = cu_tokens
+    plan = object.__new__(SplitPlan)  # _built, inlined
+    plan.__dict__.update(fields)
+    return plan

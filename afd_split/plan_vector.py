@@ -12,15 +12,17 @@ from afd_split.constraints import MIN_PCP_FOR_ZIGZAG, SplitConstraints, SplitPol
 from afd_split.errors import SplitRejectedError
 from afd_split.plan_types import (
     INT64,
+    INT64_MAX,
     SplitPlan,
     UBatch,
-    _built,
+    built_plan,
+    check_cut,
+    cut_sides,
+    cut_ubatches,
     fallback_impossible,
-    plain_ubatch,
+    padded_ubatch,
 )
 from afd_split.policies import CUT_SELECTORS
-
-INT64_MAX = int(np.iinfo(np.int64).max)
 
 
 def as_token_counts(values, *, name: str, minimum: int) -> np.ndarray:
@@ -50,6 +52,18 @@ def as_token_counts(values, *, name: str, minimum: int) -> np.ndarray:
     return array
 
 
+def matched_computed_counts(num_computed_tokens, tokens: np.ndarray) -> np.ndarray:
+    """``num_computed_tokens`` as ``as_token_counts`` (minimum 0), one entry per request of
+    ``tokens``; the error names both lengths."""
+    computed = as_token_counts(num_computed_tokens, name="num_computed_tokens", minimum=0)
+    if computed.shape != tokens.shape:
+        raise ValueError(
+            f"num_computed_tokens has {computed.size} entries but num_scheduled_tokens "
+            f"has {tokens.size}"
+        )
+    return computed
+
+
 def prefix_sums(tokens: np.ndarray, *, name: str) -> np.ndarray:
     """Read-only inclusive prefix sums; ValueError when the total does not fit in int64.
 
@@ -75,12 +89,7 @@ def plan_vectorised(
     tokens = as_token_counts(num_scheduled_tokens, name="num_scheduled_tokens", minimum=1)
     computed = None
     if num_computed_tokens is not None:
-        computed = as_token_counts(num_computed_tokens, name="num_computed_tokens", minimum=0)
-        if computed.shape != tokens.shape:
-            raise ValueError(
-                f"num_computed_tokens has {computed.size} entries but num_scheduled_tokens "
-                f"has {tokens.size}"
-            )
+        computed = matched_computed_counts(num_computed_tokens, tokens)
     cu_tokens = prefix_sums(tokens, name="num_scheduled_tokens")
     if constraints.padded_total is not None:
         constraints.total_rows_for(cu_tokens.item(-1))  # ValueError when below round_up(T)
@@ -124,35 +133,26 @@ def _ubatch(
 
     Raises ``SplitRejectedError`` when ``rows`` cannot hold that layout.
     """
-    num_real = token_stop - token_start
     align = constraints.align
     row_multiple = constraints.pcp_row_multiple
     piece_row_starts = None
     if row_multiple == 1:
-        needed = -(-num_real // align) * align
+        needed = -(-(token_stop - token_start) // align) * align
         pieces = None
     else:
         piece_row_starts, piece_rows = _piece_layout(pieces, row_multiple)
         needed = -(-piece_rows // align) * align
-    if rows is None:
-        rows = needed
-    elif rows < needed:
-        raise SplitRejectedError(
-            f"ubatch {index} would get {rows} rows (padded_total={constraints.padded_total}) "
-            f"but its {num_real} tokens need {needed} rows under align={align}, "
-            f"pcp_size={constraints.pcp_size}"
-        )
-    return _built(
-        UBatch,
-        {
-            "index": index,
-            "token_slice": slice(token_start, token_stop),
-            "request_slice": slice(request_start, request_stop),
-            "num_real_tokens": num_real,
-            "num_padded_tokens": rows - num_real,
-            "piece_tokens": pieces,
-            "piece_row_starts": piece_row_starts,
-        },
+    return padded_ubatch(
+        index,
+        token_start,
+        token_stop,
+        request_start,
+        request_stop,
+        constraints,
+        rows,
+        needed,
+        pieces,
+        piece_row_starts,
     )
 
 
@@ -168,20 +168,18 @@ def _unsplit_plan(
     ubatch = _ubatch(
         0, 0, num_tokens, 0, tokens.size, tokens, constraints, constraints.padded_total
     )
-    return _built(
-        SplitPlan,
-        {
-            "policy": policy,
-            "token_counts": tokens,
-            "constraints": constraints,
-            "split_token": None,
-            "ubatches": (ubatch,),
-            "boundary_request": None,
-            "head_tokens": 0,
-            "tail_tokens": 0,
-            "fallback_reason": fallback_reason,
-            "cu_tokens": cu_tokens,
-        },
+    return built_plan(
+        policy,
+        "token_counts",
+        tokens,
+        constraints,
+        None,
+        (ubatch,),
+        None,
+        0,
+        0,
+        fallback_reason,
+        cu_tokens,
     )
 
 
@@ -195,33 +193,11 @@ def _split_plan(
     """Derive request slices, the boundary request and padding rows from a cut."""
     num_tokens = cu_tokens.item(-1)
     num_requests = tokens.size
-    if not 0 < cut < num_tokens:
-        raise SplitRejectedError(f"cut at token {cut} leaves an empty ubatch of {num_tokens}")
+    check_cut(cut, num_tokens)
     straddling = int(cu_tokens.searchsorted(cut + 1))  # first request ending after the cut
-    request_end = cu_tokens.item(straddling)
-    head_tokens = cut - (request_end - tokens.item(straddling))
-    if head_tokens == 0:
-        boundary, head_stop, tail_tokens = None, straddling, 0
-    else:
-        boundary, head_stop, tail_tokens = straddling, straddling + 1, request_end - cut
-    if constraints.padded_total is None and constraints.pcp_size < MIN_PCP_FOR_ZIGZAG:
-        head = plain_ubatch(0, 0, cut, 0, head_stop, constraints.align)
-        tail = plain_ubatch(1, cut, num_tokens, straddling, num_requests, constraints.align)
-        return _built(
-            SplitPlan,
-            {
-                "policy": policy,
-                "token_counts": tokens,
-                "constraints": constraints,
-                "split_token": cut,
-                "ubatches": (head, tail),
-                "boundary_request": boundary,
-                "head_tokens": head_tokens,
-                "tail_tokens": tail_tokens,
-                "fallback_reason": None,
-                "cu_tokens": cu_tokens,
-            },
-        )
+    boundary, head_stop, head_tokens, tail_tokens = cut_sides(
+        cut, straddling, cu_tokens.item(straddling), tokens.item(straddling)
+    )
     head_pieces = tail_pieces = None
     if constraints.pcp_size >= MIN_PCP_FOR_ZIGZAG:
         head_pieces = tokens[:head_stop].copy()
@@ -231,25 +207,27 @@ def _split_plan(
             tail_pieces[0] = tail_tokens
         head_pieces.setflags(write=False)
         tail_pieces.setflags(write=False)
-    head = _ubatch(0, 0, cut, 0, head_stop, head_pieces, constraints, None)
-    tail_rows = None
-    if constraints.padded_total is not None:
-        tail_rows = constraints.padded_total - head.num_rows
-    tail = _ubatch(
-        1, cut, num_tokens, straddling, num_requests, tail_pieces, constraints, tail_rows
+    head, tail = cut_ubatches(
+        cut,
+        num_tokens,
+        straddling,
+        head_stop,
+        num_requests,
+        constraints,
+        head_pieces,
+        tail_pieces,
+        _ubatch,
     )
-    return _built(
-        SplitPlan,
-        {
-            "policy": policy,
-            "token_counts": tokens,
-            "constraints": constraints,
-            "split_token": cut,
-            "ubatches": (head, tail),
-            "boundary_request": boundary,
-            "head_tokens": head_tokens,
-            "tail_tokens": tail_tokens,
-            "fallback_reason": None,
-            "cu_tokens": cu_tokens,
-        },
+    return built_plan(
+        policy,
+        "token_counts",
+        tokens,
+        constraints,
+        cut,
+        (head, tail),
+        boundary,
+        head_tokens,
+        tail_tokens,
+        None,
+        cu_tokens,
     )

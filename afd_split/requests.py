@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from afd_split.plan import INT64, SplitPlan, _built
-from afd_split.plan_vector import as_token_counts, prefix_sums
+from afd_split.plan_vector import as_token_counts, matched_computed_counts, prefix_sums
 from afd_split.request_checks import INVARIANTS, validate_split_requests
 
 REQUEST_FIELD_NAMES = ("query_start_loc", "seq_lens", "num_computed_tokens")
@@ -54,12 +54,7 @@ class RequestFields:
         if num_computed_tokens is None:
             computed = np.zeros_like(tokens)
         else:
-            computed = as_token_counts(num_computed_tokens, name="num_computed_tokens", minimum=0)
-            if computed.shape != tokens.shape:
-                raise ValueError(
-                    f"num_computed_tokens has {computed.size} entries but "
-                    f"num_scheduled_tokens has {tokens.size}"
-                )
+            computed = matched_computed_counts(num_computed_tokens, tokens)
         seq_lens = computed + tokens
         if seq_lens.item(seq_lens.argmin()) < 0:  # a wrap-around past int64
             raise ValueError("num_computed_tokens + num_scheduled_tokens exceed int64")

@@ -37,9 +37,10 @@ from afd_split.adapters.common import (
     FieldProgram,
     HostSources,
     check_recompute_table,
+    checked_results,
     compile_fields,
     field_is_set,
-    produced_request_fields,
+    positions_rows,
     reject_unsupported_fields,
     replaced,
     request_fields_of,
@@ -53,13 +54,10 @@ from afd_split.adapters.layout import (
     match_layout,
 )
 from afd_split.adapters.slicing import (
-    CHECK_FULL,
     CHECK_REQUESTS,
     PAD_POSITION,
     PAD_SLOT_ID,
-    check_split,
     host_numpy,
-    ubatch_token_rows,
 )
 from afd_split.adapters.vllm import VLLM_FIELD_RULES, VLLM_RECOMPUTE, host_request_field
 from afd_split.errors import UnsupportedSplitError
@@ -170,7 +168,9 @@ ASCEND_RECOMPUTE = MappingProxyType(
     {
         **VLLM_RECOMPUTE,
         "seq_lens_cpu": host_request_field("seq_lens_cpu", "seq_lens"),
-        "num_computed_tokens_cpu": host_request_field("num_computed_tokens_cpu", "num_computed_tokens"),
+        "num_computed_tokens_cpu": host_request_field(
+            "num_computed_tokens_cpu", "num_computed_tokens"
+        ),
         "actual_seq_lengths_q": _actual_seq_lengths_q,
         "attn_state": _attn_state(chunked_prefill=False),
         "num_input_tokens": lambda c: c.ubatch.num_rows,
@@ -323,15 +323,6 @@ def split_ascend_common_metadata(
         if pcp_stage_builder is not None:
             values.update(_stage_pcp_fields(pcp_stage_builder, ubatch, part, program.layout))
         sub = replaced(common, values)
-        if "positions" in values and positions is common.positions:
-            rows = values["positions"]  # the runner passed the field: already sliced
-        else:
-            rows = ubatch_token_rows(positions, ubatch, with_padding=True, pad_value=PAD_POSITION)
+        rows = positions_rows(positions, common, values, ubatch, with_padding=True)
         results.append((sub, rows))
-    produced = [produced_request_fields(sub, program) for sub, _ in results]
-    check_split(plan, parent, produced, check)
-    if check == CHECK_FULL:
-        from afd_split.adapters.debug import validate_token_level  # lazy: debug path only
-
-        validate_token_level(plan, common, positions, block_size, parent, results)
-    return results
+    return checked_results(plan, common, positions, block_size, program, parent, results, check)

@@ -5,7 +5,9 @@ API: ``HostSources``; ``FieldProgram`` / ``compile_fields(layout, rules, sources
 ``request_fields_of(plan, common, program)``; ``reject_unsupported_fields(common,
 program)``; ``split_fields(plan, common, program, recompute, parent, parts,
 padded_rows)``; ``produced_request_fields(sub, program)``; ``replaced(common,
-values)``; ``UBatchContext``.
+values)``; ``positions_rows(positions, common, values, ubatch, with_padding)``;
+``checked_results(plan, common, positions, block_size, program, parent, results,
+check)``; ``UBatchContext``.
 
 Every field of the layout is handled by its ``FieldRule``; a RECOMPUTE field
 takes its value from the adapter's ``recompute`` table, a function of the
@@ -21,7 +23,10 @@ from dataclasses import dataclass
 
 from afd_split.adapters.layout import MATCH_CACHE_SIZE, FieldRule, PinnedLayout
 from afd_split.adapters.slicing import (
+    CHECK_FULL,
+    PAD_POSITION,
     check_engine_counts,
+    check_split,
     parent_request_fields,
     ubatch_token_rows,
 )
@@ -171,6 +176,31 @@ def produced_request_fields(sub, program: FieldProgram) -> RequestFields:
     else:
         computed = getattr(sub, computed_name).numpy()
     return RequestFields(qsl, seq_lens, computed)
+
+
+def positions_rows(positions, common, values: dict, ubatch, *, with_padding: bool):
+    """The ubatch's positions: the sliced ``positions`` field when the runner passed that one,
+    else its token rows of ``positions`` (with its padding rows when ``with_padding``)."""
+    if "positions" in values and positions is common.positions:
+        return values["positions"]
+    return ubatch_token_rows(positions, ubatch, with_padding=with_padding, pad_value=PAD_POSITION)
+
+
+def checked_results(
+    plan: SplitPlan, common, positions, block_size: int, program, parent, results, check: str
+) -> list:
+    """``results`` (per-ubatch ``(metadata, positions)``) once the adapter's check passed.
+
+    ``check`` is ``"requests"`` (the produced host request fields) or ``"full"``
+    (also the token-level ``validate_split``: debugging only).
+    """
+    produced = [produced_request_fields(sub, program) for sub, _ in results]
+    check_split(plan, parent, produced, check)
+    if check == CHECK_FULL:
+        from afd_split.adapters.debug import validate_token_level  # lazy: debug path only
+
+        validate_token_level(plan, common, positions, block_size, parent, results)
+    return results
 
 
 def split_fields(

@@ -29,8 +29,9 @@ from afd_split.adapters.common import (
     FieldProgram,
     HostSources,
     check_recompute_table,
+    checked_results,
     compile_fields,
-    produced_request_fields,
+    positions_rows,
     reject_unsupported_fields,
     replaced,
     request_fields_of,
@@ -44,18 +45,15 @@ from afd_split.adapters.layout import (
     match_layout,
 )
 from afd_split.adapters.slicing import (
-    CHECK_FULL,
     CHECK_REQUESTS,
     PAD_POSITION,
     PAD_SLOT_ID,
-    check_split,
     cut_seq_lens,
     host_max,
     host_tensor,
     max_query_len,
     rebased_query_start_loc,
     ubatch_request_rows,
-    ubatch_token_rows,
 )
 from afd_split.errors import UnsupportedSplitError
 from afd_split.plan import SplitPlan
@@ -190,23 +188,13 @@ def split_common_metadata(
         plan, common, program, VLLM_RECOMPUTE, parent, parts, padded_rows=False
     )
     results = [
-        (replaced(common, values), _positions_rows(positions, common, values, ubatch))
+        (
+            replaced(common, values),
+            positions_rows(positions, common, values, ubatch, with_padding=False),
+        )
         for ubatch, values in zip(plan.ubatches, per_ubatch, strict=True)
     ]
-    produced = [produced_request_fields(sub, program) for sub, _ in results]
-    check_split(plan, parent, produced, check)
-    if check == CHECK_FULL:
-        from afd_split.adapters.debug import validate_token_level  # lazy: debug path only
-
-        validate_token_level(plan, common, positions, block_size, parent, results)
-    return results
-
-
-def _positions_rows(positions, common, values: dict, ubatch):
-    """The ubatch's positions: the sliced ``positions`` field when the runner passed that one."""
-    if "positions" in values and positions is common.positions:
-        return values["positions"]
-    return ubatch_token_rows(positions, ubatch, with_padding=False, pad_value=PAD_POSITION)
+    return checked_results(plan, common, positions, block_size, program, parent, results, check)
 
 
 def common_attention_metadata_type() -> type:

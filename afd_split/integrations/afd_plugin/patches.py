@@ -207,6 +207,38 @@ def plan_runner_stages(runner, num_scheduled_tokens_np: np.ndarray, seams: Plugi
     )
 
 
+def build_token_balanced_stages(runner, full_metadata, num_tokens: int,
+                                num_scheduled_tokens_np, seams: PluginSeams,
+                                new_session: Callable[[Any], HookSession],
+                                stage_arguments: Callable[[PlannedUBatchSlices], tuple]):
+    """The AFD-only body both branches' planner patches share, after the full-batch build.
+
+    Plans the stages with afd_split and builds their metadata with the runner's
+    ``_build_attention_metadata_with_ubatches``; ``stage_arguments(stage_slices)``
+    gives its ``(args, kwargs)`` on the branch's own calling convention (the one
+    part the branches do differently). Returns ``full_metadata``; the stage
+    metadata goes to the runner's AFD attributes.
+    """
+    runner._afd_async_moe_ubatch_metadata = None
+    runner._afd_pending_metadata = runner._build_afd_metadata(None, num_tokens)
+    if num_scheduled_tokens_np is None:
+        return full_metadata
+    stage_slices = plan_runner_stages(runner, num_scheduled_tokens_np, seams, new_session)
+    if stage_slices is None:
+        return full_metadata
+    stage_args, stage_kwargs = stage_arguments(stage_slices)
+    with preserved_state((runner, RUNNER_STATE_KEPT_ACROSS_STAGE_BUILD)):
+        stage_attn_metadata, _ = runner._build_attention_metadata_with_ubatches(
+            *stage_args, **stage_kwargs
+        )
+    runner._afd_pending_metadata = runner._build_afd_metadata(stage_slices, num_tokens)
+    runner._afd_async_moe_ubatch_metadata = {
+        "attn_metadata": stage_attn_metadata,
+        "ubatch_slices": stage_slices,
+    }
+    return full_metadata
+
+
 def make_planner_patch_main(original: Callable, seams: PluginSeams,
                             new_session: Callable[[Any], HookSession]) -> Callable:
     runner_class = seams.runner_class
@@ -235,23 +267,10 @@ def make_planner_patch_main(original: Callable, seams: PluginSeams,
         if self.afd_async_extra_info.async_moe_split != TOKEN_BALANCED_SPLIT:
             return original(self, **metadata_kwargs)
         full_metadata = super(runner_class, self)._build_attention_metadata(**metadata_kwargs)
-        self._afd_async_moe_ubatch_metadata = None
-        self._afd_pending_metadata = self._build_afd_metadata(None, num_tokens)
-        if num_scheduled_tokens_np is None:
-            return full_metadata
-        stage_slices = plan_runner_stages(self, num_scheduled_tokens_np, seams, new_session)
-        if stage_slices is None:
-            return full_metadata
-        with preserved_state((self, RUNNER_STATE_KEPT_ACROSS_STAGE_BUILD)):
-            stage_attn_metadata, _ = self._build_attention_metadata_with_ubatches(
-                **{**metadata_kwargs, "ubatch_slices": stage_slices}
-            )
-        self._afd_pending_metadata = self._build_afd_metadata(stage_slices, num_tokens)
-        self._afd_async_moe_ubatch_metadata = {
-            "attn_metadata": stage_attn_metadata,
-            "ubatch_slices": stage_slices,
-        }
-        return full_metadata
+        return build_token_balanced_stages(
+            self, full_metadata, num_tokens, num_scheduled_tokens_np, seams, new_session,
+            lambda stage_slices: ((), {**metadata_kwargs, "ubatch_slices": stage_slices}),
+        )
         # ### PATCH END: afd_split token_balanced stages
 
     setattr(_build_attention_metadata_with_async_moe_ubatches, PATCH_MARKER, PLANNER)
@@ -275,25 +294,10 @@ def make_planner_patch_release(original: Callable, seams: PluginSeams,
             return original(self, args, kwargs, values)
         full_metadata = super(runner_class, self)._build_attention_metadata(*args, **kwargs)
         num_tokens = int(values.get("num_tokens", 0))
-        self._afd_async_moe_ubatch_metadata = None
-        self._afd_pending_metadata = self._build_afd_metadata(None, num_tokens)
-        num_scheduled_tokens_np = values.get("num_scheduled_tokens_np")
-        if num_scheduled_tokens_np is None:
-            return full_metadata
-        stage_slices = plan_runner_stages(self, num_scheduled_tokens_np, seams, new_session)
-        if stage_slices is None:
-            return full_metadata
-        stage_args, stage_kwargs = replace_slices(args, kwargs, stage_slices)
-        with preserved_state((self, RUNNER_STATE_KEPT_ACROSS_STAGE_BUILD)):
-            stage_attn_metadata, _ = self._build_attention_metadata_with_ubatches(
-                *stage_args, **stage_kwargs
-            )
-        self._afd_pending_metadata = self._build_afd_metadata(stage_slices, num_tokens)
-        self._afd_async_moe_ubatch_metadata = {
-            "attn_metadata": stage_attn_metadata,
-            "ubatch_slices": stage_slices,
-        }
-        return full_metadata
+        return build_token_balanced_stages(
+            self, full_metadata, num_tokens, values.get("num_scheduled_tokens_np"), seams,
+            new_session, lambda stage_slices: replace_slices(args, kwargs, stage_slices),
+        )
         # ### PATCH END: afd_split token_balanced stages
 
     setattr(_build_attention_metadata_with_async_moe_ubatches, PATCH_MARKER, PLANNER)
