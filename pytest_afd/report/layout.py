@@ -16,6 +16,8 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from pytest_afd.report.values import median_of, spread_of
+
 FIGURE_DPI = 100
 PANEL_WIDTH_IN = 4.5
 PANEL_HEIGHT_IN = 3.5
@@ -140,3 +142,23 @@ def save(figure: Figure, path: Path) -> Path | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, format="png")
     return path
+
+
+ERROR_CAPSIZE = 3
+
+
+def spread_bars(axis: Any, placed: Sequence[tuple[float, Any]], *, height: float, label: str,
+                color: str) -> None:
+    """Horizontal bars at each measurement's median, min-max error bars; unmeasured ones left out."""
+    positions, values, low, high = [], [], [], []
+    for position, measure in placed:
+        value, spread = median_of(measure), spread_of(measure)
+        if value is None or spread is None:
+            continue
+        positions.append(position)
+        values.append(value)
+        low.append(spread[0])
+        high.append(spread[1])
+    if values:
+        axis.barh(positions, values, height=height, xerr=[low, high], capsize=ERROR_CAPSIZE,
+                  label=label, color=color)

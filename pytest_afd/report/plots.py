@@ -44,7 +44,7 @@ MAX_PANELS = 6
 MAX_CONDITIONS_PER_ROW = 30
 BAR_HEIGHT_IN = 0.16
 CONDITION_GAP = 0.2  # share of a condition's slot left empty between groups
-ERROR_CAPSIZE = 3
+ERROR_CAPSIZE = layout.ERROR_CAPSIZE
 INVALID_MARKER_Y = 0.0
 X_TICKS = 4
 METRIC_PANELS = (
@@ -91,28 +91,14 @@ def _bars(
 ) -> None:
     width = (1 - CONDITION_GAP) / len(policies)
     for offset, policy in enumerate(policies):
-        positions, values, low, high = [], [], [], []
-        for index, condition in enumerate(conditions):
-            for result in results:
-                if result.policy != policy or labels[result.case_id] != condition:
-                    continue
-                value, spread = median_of(read(result.doc)), spread_of(read(result.doc))
-                if value is None or spread is None:
-                    continue
-                positions.append(index + (offset - (len(policies) - 1) / 2) * width)
-                values.append(value)
-                low.append(spread[0])
-                high.append(spread[1])
-        if values:
-            axis.barh(
-                positions,
-                values,
-                height=width,
-                xerr=[low, high],
-                capsize=ERROR_CAPSIZE,
-                label=policy,
-                color=f"C{offset}",
-            )
+        shift = (offset - (len(policies) - 1) / 2) * width
+        placed = [
+            (index + shift, read(result.doc))
+            for index, condition in enumerate(conditions)
+            for result in results
+            if result.policy == policy and labels[result.case_id] == condition
+        ]
+        layout.spread_bars(axis, placed, height=width, label=policy, color=f"C{offset}")
 
 
 def draw_policy_metrics(results: Sequence[LoadedResult]) -> Figure | None:

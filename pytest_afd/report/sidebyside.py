@@ -13,10 +13,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from pytest_afd.report import layout
-from pytest_afd.report.values import median_of, spread_of, throughput, ttft_of
+from pytest_afd.report.values import throughput, ttft_of
 
 BAR_HEIGHT = 0.38
-ERROR_CAPSIZE = 3
 X_TICKS = 4
 SIDE_PANELS: tuple[tuple[str, Callable[[Mapping[str, Any]], Any]], ...] = (
     ("prefill throughput (tokens/s)", throughput),
@@ -45,26 +44,9 @@ def draw_side_by_side(
     axes = layout.grid(figure, len(SIDE_PANELS), columns=len(SIDE_PANELS))
     for column, (axis, (metric, read)) in enumerate(zip(axes, SIDE_PANELS, strict=True)):
         for side, offset in ((0, -BAR_HEIGHT / 2), (1, BAR_HEIGHT / 2)):
-            positions, values, low, high = [], [], [], []
-            for index, row in enumerate(rows):
-                measure = read(row[1 + side])
-                value, spread = median_of(measure), spread_of(measure)
-                if value is None or spread is None:
-                    continue
-                positions.append(index + offset)
-                values.append(value)
-                low.append(spread[0])
-                high.append(spread[1])
-            if values:
-                axis.barh(
-                    positions,
-                    values,
-                    height=BAR_HEIGHT,
-                    xerr=[low, high],
-                    capsize=ERROR_CAPSIZE,
-                    label=side_names[side],
-                    color=f"C{side}",
-                )
+            placed = [(index + offset, read(row[1 + side])) for index, row in enumerate(rows)]
+            layout.spread_bars(axis, placed, height=BAR_HEIGHT, label=side_names[side],
+                               color=f"C{side}")
         axis.set_title(metric, fontsize="small")
         axis.set_yticks(range(len(rows)))
         if column == 0:
