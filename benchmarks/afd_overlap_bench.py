@@ -54,6 +54,7 @@ from afd_overlap_stats import (
     noise_floor,
     paired_ratio,
     ratio_target,
+    round_record,
 )
 from afd_overlap_table import print_summary
 
@@ -85,6 +86,8 @@ RATIOS = (
     ("token_balanced", "none"),
     (AA_CONTROL, "token_balanced"),
 )
+DEFAULT_ROUNDS = 12
+DEFAULT_STEPS_PER_CASE = 3
 MIN_REPETITIONS = 3  # the RFC: at least three measured repetitions, with dispersion
 # Issue 17's targets.
 TARGET_MODEL = "reduced_matched_experts"
@@ -160,14 +163,20 @@ def measure(runtime, model_name, config, args, rng, progress) -> dict:
     for phase, repetition in rounds:
         progress.step(model=model_name, phase=phase, round=repetition + 1)
         round_loads.append(os.getloadavg()[0])
+        passes = args.steps_per_case if phase == "headline" else 1
         for workload in [list(WORKLOADS)[i] for i in rng.permutation(len(WORKLOADS))]:
-            for case in [CASES[i] for i in rng.permutation(len(CASES))]:
-                evidence = step(workload, plans[(workload, case)], phase == "instrumented")
-                if phase == "instrumented":
-                    instrumented[(workload, case)].append(evidence)
-                else:
-                    headline[(workload, case)].append(headline_record(evidence))
-                run_order.append([phase, repetition, workload, case])
+            steps = {case: [] for case in CASES}
+            for _ in range(passes):  # k passes over the five cases, each in a fresh order
+                for case in [CASES[i] for i in rng.permutation(len(CASES))]:
+                    evidence = step(workload, plans[(workload, case)], phase == "instrumented")
+                    if phase == "instrumented":
+                        instrumented[(workload, case)].append(evidence)
+                    else:
+                        steps[case].append(headline_record(evidence))
+                    run_order.append([phase, repetition, workload, case])
+            if phase == "headline":
+                for case, records in steps.items():
+                    headline[(workload, case)].append(round_record(records))
     return {
         "cost_model": cost_model,
         "plans": plans,
@@ -207,6 +216,24 @@ def case_entry(plan, lengths, cost_model, runs, instrumented_runs) -> dict:
     }
 
 
+def modelled_step_ratio(numerator: dict, denominator: dict) -> float | None:
+    """The modelled ratio once the work no split touches is added to both sides.
+
+    Each side: its measured whole-batch thread-CPU seconds (embedding, dense
+    layers, final; instrumented rounds) plus the cost model's MoE-layer makespan.
+    The gap between ``modelled`` and this is the dilution by unsplit work; the
+    gap between this and the measured ratio is transfer latency, scheduling and
+    interference.
+    """
+    if numerator["instrumented"] is None or denominator["instrumented"] is None:
+        return None
+    sides = [
+        case["instrumented"]["whole_batch_cpu_s"] + case["modelled_makespan_s"]
+        for case in (numerator, denominator)
+    ]
+    return sides[0] / sides[1]
+
+
 def analyse(model_name, config, measured, seed) -> dict:
     workloads = {}
     for workload, lengths in WORKLOADS.items():
@@ -232,6 +259,7 @@ def analyse(model_name, config, measured, seed) -> dict:
             ratio["modelled"] = (
                 cases[numerator]["modelled_makespan_s"] / cases[denominator]["modelled_makespan_s"]
             )
+            ratio["modelled_step"] = modelled_step_ratio(cases[numerator], cases[denominator])
             ratios[f"{numerator}_over_{denominator}"] = ratio
         workloads[workload] = {
             "prompt_lengths": lengths,
@@ -271,11 +299,13 @@ def profiler_overhead(measured) -> dict:
     med = statistics.median
     per_case = [
         med(r["step_time_s"] for r in measured["instrumented"][key])
-        / med(r["step_time_s"] for r in measured["headline"][key]) - 1.0
+        / med(t for r in measured["headline"][key] for t in r["step_times_s"]) - 1.0
         for key in measured["plans"] if measured["instrumented"][key]
     ]  # fmt: skip
     per_span = span_cost_s()
-    step_median = med(r["step_time_s"] for runs in measured["headline"].values() for r in runs)
+    step_median = med(
+        t for runs in measured["headline"].values() for r in runs for t in r["step_times_s"]
+    )
     return {
         "median": med(per_case) if per_case else None,
         "span_cost_s": per_span,
@@ -320,8 +350,11 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print the whole result as JSON")
     parser.add_argument("--output", type=Path, help="also write the JSON result to this file")
-    parser.add_argument("--repetitions", type=int, default=30,
-                        help="interleaved headline rounds (default: 30)")
+    parser.add_argument("--repetitions", type=int, default=DEFAULT_ROUNDS,
+                        help=f"interleaved headline rounds (default: {DEFAULT_ROUNDS})")
+    parser.add_argument("--steps-per-case", type=int, default=DEFAULT_STEPS_PER_CASE,
+                        help="steps of each case per round, in k shuffled passes; the round "
+                             f"keeps their minimum (default: {DEFAULT_STEPS_PER_CASE})")
     parser.add_argument("--instrumented-repetitions", type=int, default=2,
                         help="instrumented rounds for bubble/overlap (default: 2)")
     parser.add_argument("--calibration-repetitions", type=int, default=2,
@@ -346,6 +379,8 @@ def parse_args(argv):
     if args.output is not None and (args.output.is_dir() or not args.output.parent.is_dir()):
         # Checked now: a bad path must not cost a run of several minutes.
         parser.error(f"--output {str(args.output)!r}: not a file path in an existing directory")
+    if args.steps_per_case < 1:
+        parser.error(f"--steps-per-case={args.steps_per_case}; expected >= 1")
     for name in ("instrumented_repetitions", "calibration_repetitions", "warmups"):
         if getattr(args, name) < 0:
             parser.error(f"--{name.replace('_', '-')}={getattr(args, name)}; expected >= 0")
@@ -368,6 +403,7 @@ def main(argv=None) -> int:
             "loadavg_before": os.getloadavg(),
         },
         "repetitions": args.repetitions,
+        "steps_per_case": args.steps_per_case,
         "instrumented_repetitions": args.instrumented_repetitions,
         "warmups": args.warmups,
         "seed": args.seed,

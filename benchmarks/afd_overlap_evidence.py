@@ -75,6 +75,26 @@ def per_ubatch_times(evidence) -> dict:
     return out
 
 
+WHOLE_BATCH_KINDS = ("embed", "final")
+
+
+def whole_batch_cpu_s(evidence) -> float:
+    """Attention-rank thread-CPU seconds of the work no split touches.
+
+    Embedding, the dense layers (run on the whole batch) and the final norm and
+    logits: the same on both sides of a policy ratio, so they dilute it.
+    """
+    totals = evidence["totals_cpu_s"]["attention"]
+    dense = sum(
+        value
+        for row in evidence["per_layer_cpu"]["attention"]
+        if row["ubatch"] < 0
+        for kind, value in row.items()
+        if kind not in ("layer", "ubatch")
+    )
+    return dense + sum(totals.get(kind, 0.0) for kind in WHOLE_BATCH_KINDS)
+
+
 def summarize_instrumented(runs) -> dict:
     med = statistics.median
     last = runs[-1]
@@ -94,6 +114,7 @@ def summarize_instrumented(runs) -> dict:
         "ffn_busy_s": med(
             sum(v for k, v in r["totals_s"]["ffn"].items() if k != "ffn_idle") for r in runs
         ),
+        "whole_batch_cpu_s": med(whole_batch_cpu_s(r) for r in runs),
         "per_ubatch": per_ubatch_times(last),
         "straggler_s": med(r["straggler_s"] for r in runs),
         "worst_expert_max_over_mean": last["load"]["worst_expert_max_over_mean"],

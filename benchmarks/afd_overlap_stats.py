@@ -70,6 +70,29 @@ def paired_ratio(numerator: Sequence[float], denominator: Sequence[float], seed:
     }
 
 
+def round_record(steps: Sequence[dict]) -> dict:
+    """One round of a case from its ``k`` back-to-back steps: the least-disturbed of them.
+
+    Interference on a shared host only ever adds time (a rank loses its core,
+    nothing makes the work faster), so the minimum of ``k`` steps estimates the
+    step's own time; the round's other steps are kept. CPU seconds per rank are
+    minima too (a busy sibling core and cache pollution inflate them as well);
+    preemptions are the median.
+    """
+    if not steps:
+        raise ValueError("round_record needs at least one step")
+    ranks = list(steps[0]["cpu_time_s"])
+    return {
+        "step_time_s": min(s["step_time_s"] for s in steps),
+        "step_times_s": [s["step_time_s"] for s in steps],
+        "cpu_time_s": {rank: min(s["cpu_time_s"][rank] for s in steps) for rank in ranks},
+        "involuntary_switches": {
+            rank: statistics.median(s["involuntary_switches"][rank] for s in steps)
+            for rank in ranks
+        },
+    }
+
+
 def deviation_from_one(ratio: dict) -> float:
     """How far a ratio's median lands from 1.0 (the size of the difference it claims)."""
     return abs(ratio["median"] - 1.0)

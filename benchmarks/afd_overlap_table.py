@@ -24,10 +24,12 @@ def _case_line(workload: str, policy: str, case: dict) -> str:
 def _ratio_line(name: str, ratio: dict) -> str:
     mark = NOISE_MARK if ratio["inside_noise_floor"] else " "
     low, high = ratio["ci95"]
+    step = ratio.get("modelled_step")
     same = "  identical plans" if ratio["identical_plans"] else ""
     return (
         f"{'':11} {mark} {name:44} {ratio['median']:.3f} [{low:.3f}, {high:.3f}]"
-        f"  cpu {ratio['attention_cpu_ratio']:.3f}  model {ratio['modelled']:.3f}{same}"
+        f"  cpu {ratio['attention_cpu_ratio']:.3f}  model {ratio['modelled']:.3f}"
+        f" / {'-' if step is None else f'{step:.3f}'}{same}"
     )
 
 
@@ -35,7 +37,8 @@ def print_summary(result: dict) -> None:
     host = result["host"]
     before, after = host["loadavg_before"], host["loadavg_after"]
     print(
-        f"afd_overlap_bench: {result['repetitions']} interleaved rounds, {host['cpus']} CPUs, "
+        f"afd_overlap_bench: {result['repetitions']} interleaved rounds (min of "
+        f"{result['steps_per_case']} steps per case each), {host['cpus']} CPUs, "
         f"load {before[0]:.2f} before / {after[0]:.2f} after, {result['wall_s']:.0f}s"
     )
     for model_name, model in result["models"].items():
@@ -59,7 +62,7 @@ def print_summary(result: dict) -> None:
     print(f"\n({NOISE_MARK}: inside the noise floor or the 95% interval holds 1.0; "
           "ratio = median of per-round ratios [bootstrap 95% interval]; "
           "cpu = the same ratio of Attention-rank CPU time; model = the fitted cost model's "
-          "MoE-layer makespans)")
+          "MoE-layer makespans / plus the measured whole-batch CPU time on both sides)")
     print("targets:")
     for target in result["targets"]:
         value = target["value"]

@@ -69,3 +69,40 @@ def test_load_target_and_unequal_rounds(stats):
 def test_dispersion_of_one_sample(stats):
     one = stats.dispersion([0.5])
     assert one["median"] == one["min"] == one["max"] == 0.5 and one["iqr"] == 0
+
+
+def _step(seconds, attention_cpu, switches):
+    return {
+        "step_time_s": seconds,
+        "cpu_time_s": {"Attention rank 0": attention_cpu, "FFN rank 0": attention_cpu / 2},
+        "involuntary_switches": {"Attention rank 0": switches, "FFN rank 0": 0},
+    }
+
+
+def test_round_record_keeps_the_least_disturbed_step(stats):
+    steps = [_step(0.9, 0.40, 30), _step(0.5, 0.35, 2), _step(0.7, 0.36, 10)]
+    record = stats.round_record(steps)
+    assert record["step_time_s"] == 0.5
+    assert record["step_times_s"] == [0.9, 0.5, 0.7]
+    assert record["cpu_time_s"] == {"Attention rank 0": 0.35, "FFN rank 0": 0.175}
+    assert record["involuntary_switches"]["Attention rank 0"] == 10
+    with pytest.raises(ValueError, match="at least one step"):
+        stats.round_record([])
+
+
+def test_minimum_of_k_removes_one_sided_interference(stats):
+    """A disturbed step in every round dilutes per-step ratios; the round minimum does not."""
+    rng = np.random.default_rng(3)
+    rounds = 12
+    rb_rounds, tb_rounds = [], []
+    for _ in range(rounds):
+        clean = rng.integers(0, 3, size=2)  # which of the 3 steps of each case ran undisturbed
+        rb = [1.0 if i == clean[0] else 1.0 + rng.uniform(0.5, 1.0) for i in range(3)]
+        tb = [0.7 if i == clean[1] else 0.7 + rng.uniform(0.5, 1.0) for i in range(3)]
+        rb_rounds.append(stats.round_record([_step(t, t / 2, 0) for t in rb]))
+        tb_rounds.append(stats.round_record([_step(t, t / 2, 0) for t in tb]))
+    ratio = stats.paired_ratio(
+        [r["step_time_s"] for r in tb_rounds], [r["step_time_s"] for r in rb_rounds], seed=0
+    )
+    assert ratio["median"] == pytest.approx(0.7)
+    assert stats.ratio_target("tb/rb", ratio, 0.85, where="m")["met"] is True
