@@ -15,17 +15,25 @@ run a second time). Phases, all on the same runtime:
    cost), whose per-(layer, ubatch) thread-CPU times fit the cost model
    cost_balanced then uses.
 2. headline: ``--repetitions`` rounds of uninstrumented steps. In a round each
-   workload's five cases run back to back in a seeded shuffled order, so the
-   two sides of a ratio share the host's load of that moment; a ratio is the
-   median over rounds of the per-round ratio, with a bootstrap 95 % interval.
-   Every step records wall time, each rank's process CPU time and involuntary
-   context switches (preemptions: the host's interference, counted).
+   workload's five cases run in ``--steps-per-case`` (k) passes, each pass in
+   a fresh seeded shuffled order, so the two sides of a ratio share the host's
+   load of that moment; the round keeps each case's fastest step (another
+   process taking a rank's core only ever adds time, so the minimum of k is
+   the least-disturbed estimate of the step's own time; all k are kept). A
+   ratio is the median over rounds of the per-round ratio, with a bootstrap
+   95 % interval. Every step records wall time, each rank's process CPU time
+   and involuntary context switches (preemptions: the host's interference).
 3. evidence: ``--instrumented-repetitions`` instrumented rounds: bubble,
    overlap, critical path, per-ubatch times, expert load.
 
 Pairs of identical plans (the A/A control in every workload, and tb / rb where
 the T/2 cut is a request boundary) measure the noise floor; a ratio inside it
-is flagged. The JSON's ``targets`` report issue 17's targets with a ``met``
+is flagged. Next to each measured ratio: the Attention-rank CPU ratio, the cost
+model's MoE-layer makespan ratio and ``modelled_step`` (the same with the
+measured whole-batch CPU seconds, embedding + dense layers + logits, added to
+both sides): the dilution by unsplit work is ``modelled`` -> ``modelled_step``,
+what is left to the measured ratio is transfer latency, scheduling and the
+host's interference. The JSON's ``targets`` report issue 17's targets with a ``met``
 flag each. Models: ``reduced_matched_experts`` (default: the recipe's 10 layers,
 experts sized so FFN work is comparable to attention work, where the split's
 balance decides the pipeline), ``reduced`` (tiny experts) and
@@ -45,7 +53,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from afd_overlap_evidence import calibration_samples, span_cost_s, summarize_instrumented
+from afd_overlap_evidence import (
+    calibration_samples,
+    cpu_replay_s,
+    span_cost_s,
+    summarize_instrumented,
+)
 from afd_overlap_stats import (
     dispersion,
     identical_plans_target,
@@ -132,6 +145,7 @@ def measure(runtime, model_name, config, args, rng, progress) -> dict:
         result = runtime.run_forward(ids, metadata, plan, instrument=instrument)
         if instrument:
             span_counts.append(sum(len(spans) for spans in result.spans.values()))
+            result.evidence["cpu_replay_s"] = cpu_replay_s(result.spans)
         return result.evidence
 
     samples = []
@@ -234,6 +248,13 @@ def modelled_step_ratio(numerator: dict, denominator: dict) -> float | None:
     return sides[0] / sides[1]
 
 
+def instrumented_ratio(numerator: dict, denominator: dict, key: str) -> float | None:
+    """Ratio of two cases' instrumented-round medians of ``key`` (None: not instrumented)."""
+    if numerator["instrumented"] is None or denominator["instrumented"] is None:
+        return None
+    return numerator["instrumented"][key] / denominator["instrumented"][key]
+
+
 def analyse(model_name, config, measured, seed) -> dict:
     workloads = {}
     for workload, lengths in WORKLOADS.items():
@@ -260,6 +281,9 @@ def analyse(model_name, config, measured, seed) -> dict:
                 cases[numerator]["modelled_makespan_s"] / cases[denominator]["modelled_makespan_s"]
             )
             ratio["modelled_step"] = modelled_step_ratio(cases[numerator], cases[denominator])
+            ratio["cpu_replay"] = instrumented_ratio(
+                cases[numerator], cases[denominator], "cpu_replay_s"
+            )
             ratios[f"{numerator}_over_{denominator}"] = ratio
         workloads[workload] = {
             "prompt_lengths": lengths,

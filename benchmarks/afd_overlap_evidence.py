@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from afd_split.cost import StageSample, attended_keys_per_row
-from pytest_afd.backends.cpu.afd.evidence import ATTENTION, Timeline
+from pytest_afd.backends.cpu.afd.evidence import ATTENTION, SENDER_KIND, WAIT_KINDS, Timeline
 
 
 def ubatch_keys(plan) -> list[int]:
@@ -95,6 +95,40 @@ def whole_batch_cpu_s(evidence) -> float:
     return dense + sum(totals.get(kind, 0.0) for kind in WHOLE_BATCH_KINDS)
 
 
+def cpu_replay_s(spans_by_rank) -> float:
+    """The step replayed with every busy span lasting its thread-CPU seconds.
+
+    Each rank runs its spans in the recorded order; a wait (Attention ``wait``,
+    FFN ``ffn_idle``) ends when the peer's matching send ended in the replay.
+    What remains is the step's own work and its dependencies, without the time
+    the OS gave other processes and without transfer latency: the measured step
+    time over this is the part of the ratio that the host, not the split, sets.
+    """
+    clock = dict.fromkeys(spans_by_rank, 0.0)
+    position = dict.fromkeys(spans_by_rank, 0)
+    sent: dict[tuple, float] = {}
+    progressed = True
+    while progressed:
+        progressed = False
+        for rank, spans in spans_by_rank.items():
+            while position[rank] < len(spans):
+                span = spans[position[rank]]
+                if span.kind in WAIT_KINDS:
+                    key = (span.peer, SENDER_KIND[span.kind], span.layer, span.ubatch, rank)
+                    if key not in sent:
+                        break  # blocked until the peer's replay reaches that send
+                    clock[rank] = max(clock[rank], sent[key])
+                else:
+                    clock[rank] += span.cpu
+                    sent[(rank, span.kind, span.layer, span.ubatch, span.peer)] = clock[rank]
+                position[rank] += 1
+                progressed = True
+    blocked = [rank for rank, spans in spans_by_rank.items() if position[rank] < len(spans)]
+    if blocked:
+        raise ValueError(f"cpu replay: ranks {blocked} wait for a send no rank recorded")
+    return max(clock.values())
+
+
 def summarize_instrumented(runs) -> dict:
     med = statistics.median
     last = runs[-1]
@@ -115,6 +149,7 @@ def summarize_instrumented(runs) -> dict:
             sum(v for k, v in r["totals_s"]["ffn"].items() if k != "ffn_idle") for r in runs
         ),
         "whole_batch_cpu_s": med(whole_batch_cpu_s(r) for r in runs),
+        "cpu_replay_s": med(r["cpu_replay_s"] for r in runs),
         "per_ubatch": per_ubatch_times(last),
         "straggler_s": med(r["straggler_s"] for r in runs),
         "worst_expert_max_over_mean": last["load"]["worst_expert_max_over_mean"],

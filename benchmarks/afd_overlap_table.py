@@ -25,11 +25,13 @@ def _ratio_line(name: str, ratio: dict) -> str:
     mark = NOISE_MARK if ratio["inside_noise_floor"] else " "
     low, high = ratio["ci95"]
     step = ratio.get("modelled_step")
+    replay = ratio.get("cpu_replay")
     same = "  identical plans" if ratio["identical_plans"] else ""
     return (
         f"{'':11} {mark} {name:44} {ratio['median']:.3f} [{low:.3f}, {high:.3f}]"
         f"  cpu {ratio['attention_cpu_ratio']:.3f}  model {ratio['modelled']:.3f}"
-        f" / {'-' if step is None else f'{step:.3f}'}{same}"
+        f" / {'-' if step is None else f'{step:.3f}'}"
+        f"  replay {'-' if replay is None else f'{replay:.3f}'}{same}"
     )
 
 
@@ -62,7 +64,8 @@ def print_summary(result: dict) -> None:
     print(f"\n({NOISE_MARK}: inside the noise floor or the 95% interval holds 1.0; "
           "ratio = median of per-round ratios [bootstrap 95% interval]; "
           "cpu = the same ratio of Attention-rank CPU time; model = the fitted cost model's "
-          "MoE-layer makespans / plus the measured whole-batch CPU time on both sides)")
+          "MoE-layer makespans / plus the measured whole-batch CPU time on both sides; "
+          "replay = the instrumented steps replayed on thread-CPU span times)")
     print("targets:")
     for target in result["targets"]:
         value = target["value"]

@@ -106,3 +106,27 @@ def test_minimum_of_k_removes_one_sided_interference(stats):
     )
     assert ratio["median"] == pytest.approx(0.7)
     assert stats.ratio_target("tb/rb", ratio, 0.85, where="m")["met"] is True
+
+
+def test_cpu_replay_keeps_dependencies_and_drops_lost_core_time():
+    import sys
+
+    sys.path.insert(0, str(STATS_FILE.parent))
+    try:
+        from afd_overlap_evidence import cpu_replay_s
+    finally:
+        sys.path.remove(str(STATS_FILE.parent))
+    from pytest_afd.backends.cpu.afd.evidence import Span
+
+    def span(rank, kind, start, end, cpu, peer):
+        return Span(rank, kind, 3, 0, start, end, peer, cpu)
+
+    # Attention (rank 0) computes 2 s of CPU in 6 s of wall (it lost its core), dispatches,
+    # waits for the FFN (rank 1: 3 s of expert CPU), then combines 1 s.
+    attention = [span(0, "attention", 0, 6, 2.0, -1), span(0, "dispatch", 6, 6, 0.0, 1),
+                 span(0, "wait", 6, 10, 0.0, 1), span(0, "combine", 10, 11, 1.0, -1)]
+    ffn = [span(1, "ffn_idle", 0, 6, 0.0, 0), span(1, "routed_moe", 6, 9, 3.0, -1),
+           span(1, "send", 9, 10, 0.0, 0)]
+    assert cpu_replay_s({0: attention, 1: ffn}) == pytest.approx(6.0)
+    with pytest.raises(ValueError, match="wait for a send"):
+        cpu_replay_s({0: attention, 1: ffn[:2]})
