@@ -170,7 +170,6 @@ def _unsplit_plan(
     )
     return built_plan(
         policy,
-        "token_counts",
         tokens,
         constraints,
         None,
@@ -220,7 +219,6 @@ def _split_plan(
     )
     return built_plan(
         policy,
-        "token_counts",
         tokens,
         constraints,
         cut,
