@@ -342,7 +342,7 @@ def run_model(model_name, args, rng, progress) -> dict:
     config = named_config("reduced", **MODELS[model_name])
     started = time.perf_counter()
     with AfdRuntime(config, args.seed, threads_per_rank=args.threads_per_rank,
-                    pin_cpus=args.pin_cpus) as runtime:  # fmt: skip
+                    pin_cpus=args.pin_cpus, rank_nice=args.rank_nice) as runtime:  # fmt: skip
         startup_s = time.perf_counter() - started
         measured = measure(runtime, model_name, config, args, rng, progress)
         described = runtime.describe()
@@ -399,6 +399,10 @@ def parse_args(argv):
     parser.add_argument("--threads-per-rank", type=int, default=1)
     parser.add_argument("--no-pin", dest="pin_cpus", action="store_false",
                         help="let the OS place the ranks (default: rank i pinned to core i)")
+    parser.add_argument("--rank-nice", type=int, default=0,
+                        help="scheduling niceness of the ranks (-20..19; negative needs root): "
+                             "< 0 measures the ranks' own schedule on a host shared with other "
+                             "work, at that work's expense (default: 0, unchanged)")
     args = parser.parse_args(argv)
     args.model_names = list(MODELS) if args.models == "all" else args.models.split(",")
     unknown = [m for m in args.model_names if m not in MODELS]
@@ -411,6 +415,8 @@ def parse_args(argv):
     if args.output is not None and (args.output.is_dir() or not args.output.parent.is_dir()):
         # Checked now: a bad path must not cost a run of several minutes.
         parser.error(f"--output {str(args.output)!r}: not a file path in an existing directory")
+    if not -20 <= args.rank_nice <= 19:
+        parser.error(f"--rank-nice={args.rank_nice}; expected -20..19")
     if args.steps_per_case < 1:
         parser.error(f"--steps-per-case={args.steps_per_case}; expected >= 1")
     for name in ("instrumented_repetitions", "calibration_repetitions", "warmups"):
@@ -436,6 +442,7 @@ def main(argv=None) -> int:
         },
         "repetitions": args.repetitions,
         "steps_per_case": args.steps_per_case,
+        "rank_nice": args.rank_nice,
         "instrumented_repetitions": args.instrumented_repetitions,
         "warmups": args.warmups,
         "seed": args.seed,

@@ -41,6 +41,7 @@ def print_summary(result: dict) -> None:
     print(
         f"afd_overlap_bench: {result['repetitions']} interleaved rounds (min of "
         f"{result['steps_per_case']} steps per case each), {host['cpus']} CPUs, "
+        f"rank niceness {result['rank_nice']}, "
         f"load {before[0]:.2f} before / {after[0]:.2f} after, {result['wall_s']:.0f}s"
     )
     for model_name, model in result["models"].items():

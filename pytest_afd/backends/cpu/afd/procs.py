@@ -89,6 +89,7 @@ class WorkerConfig:
     role_factory: Callable[..., Any]
     role_kwargs: Mapping[str, Any] = field(default_factory=dict)
     cpu_core: int | None = None  # pin the process (and its threads) to this core
+    nice: int = 0  # scheduling niceness of the process (and its threads); 0: unchanged
 
 
 def free_loopback_port() -> int:
@@ -117,6 +118,12 @@ def worker_main(conn: multiprocessing.connection.Connection, config: WorkerConfi
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if config.cpu_core is not None:  # before torch starts its threads: they inherit it
         os.sched_setaffinity(0, {config.cpu_core})
+    if config.nice:  # likewise before torch's threads exist: Linux niceness is per thread
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, config.nice)
+        except OSError as exc:  # a negative niceness needs CAP_SYS_NICE
+            conn.send((MSG_ERROR, f"{config.spec.name} could not set niceness {config.nice}: {exc!r}"))
+            return
     import torch
     import torch.distributed as dist
 
@@ -168,6 +175,7 @@ class ProcessGroupHandle:
         role_factory: Callable[..., Any],
         role_kwargs_for: Callable[[RankSpec], Mapping[str, Any]],
         cpu_affinity: Sequence[int] | None = None,
+        nice: int = 0,
     ) -> None:
         self.specs = tuple(specs)
         self._num_threads = num_threads
@@ -175,6 +183,7 @@ class ProcessGroupHandle:
         self._role_factory = role_factory
         self._role_kwargs_for = role_kwargs_for
         self._cpu_affinity = None if cpu_affinity is None else tuple(cpu_affinity)
+        self._nice = nice
         self._processes: dict[int, multiprocessing.process.BaseProcess] = {}
         self._conns: dict[int, multiprocessing.connection.Connection] = {}
         self.pids: dict[int, int] = {}
@@ -200,6 +209,7 @@ class ProcessGroupHandle:
                 cpu_core=None
                 if self._cpu_affinity is None
                 else self._cpu_affinity[spec.global_rank],
+                nice=self._nice,
             )
             # daemon: multiprocessing's own exit hook kills it if close() never runs.
             process = context.Process(

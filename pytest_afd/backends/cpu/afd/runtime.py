@@ -50,6 +50,8 @@ DEFAULT_PEER_TIMEOUT_S = 120.0
 STEP_TIMEOUT_MARGIN_S = 5.0
 """The parent's bound outlasts the ranks' own peer waits, so their message (naming the peer) wins."""
 
+MIN_NICE, MAX_NICE = -20, 19  # Linux scheduling niceness range
+
 QUANTIZATION_NONE = "none"
 ROUTING_NATURAL = "natural"
 
@@ -103,13 +105,17 @@ class AfdRuntime:
         model_dir: str | None = None,
         support: SplitSupportConfig | None = None,
         pin_cpus: bool = False,
+        rank_nice: int = 0,
     ) -> None:
         """``model_dir``: load weights from a Hugging Face-style directory whose
         ``config.json`` equals ``config`` instead of seeding them. ``support``:
         the deployment facts checked (fail closed) before any rank or gloo group
         exists; default: the CPU reference attention, eager, two stages.
         ``pin_cpus``: pin rank i to the i-th allowed core (round robin), so the
-        OS never moves two ranks onto one core (benchmarks)."""
+        OS never moves two ranks onto one core (benchmarks). ``rank_nice``: the
+        ranks' scheduling niceness (-20..19; negative needs CAP_SYS_NICE), so a
+        benchmark can measure the ranks' own schedule on a host shared with
+        other work; 0 leaves it as inherited."""
         for name, value in (("num_attention", num_attention), ("num_ffn", num_ffn)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}; expected an integer >= 1")
@@ -118,6 +124,10 @@ class AfdRuntime:
                 f"num_ffn={num_ffn} exceeds n_routed_experts={config.n_routed_experts}: "
                 "an FFN rank would own no expert"
             )
+        if isinstance(rank_nice, bool) or not isinstance(rank_nice, int) or not (
+            MIN_NICE <= rank_nice <= MAX_NICE
+        ):
+            raise ValueError(f"rank_nice={rank_nice!r}; expected an integer {MIN_NICE}..{MAX_NICE}")
         for name, value in (("peer_timeout_s", peer_timeout_s), ("step_timeout_s", step_timeout_s)):
             if not value > 0:
                 raise ValueError(f"{name}={value!r}; expected a positive number of seconds")
@@ -128,6 +138,7 @@ class AfdRuntime:
         self.threads_per_rank = threads_per_rank or default_threads_per_rank(world)
         self.peer_timeout_s = peer_timeout_s
         self.cpu_affinity = cpu_affinity(world) if pin_cpus else None
+        self.rank_nice = rank_nice
         self.step_timeout_s = max(step_timeout_s, peer_timeout_s + STEP_TIMEOUT_MARGIN_S)
         specs = [RankSpec(ROLE_ATTENTION, i, i) for i in range(num_attention)]
         specs += [RankSpec(ROLE_FFN, f, num_attention + f) for f in range(num_ffn)]
@@ -164,6 +175,7 @@ class AfdRuntime:
             role_factory=make_role,
             role_kwargs_for=lambda spec: role_kwargs,
             cpu_affinity=self.cpu_affinity,
+            nice=self.rank_nice,
         )
 
     # ---- introspection -------------------------------------------------------
@@ -195,6 +207,7 @@ class AfdRuntime:
             "expert_ranges": self.topology.expert_ranges(),
             "threads_per_rank": self.threads_per_rank,
             "cpu_affinity": self.cpu_affinity,
+            "rank_nice": self.rank_nice,
             "transport": "torch.distributed gloo, TCP loopback",
             "peer_timeout_s": self.peer_timeout_s,
             "step_timeout_s": self.step_timeout_s,
