@@ -4,7 +4,8 @@ Cheap enough for the engine hook to run every forward step: each array is
 turned into bytes once and every "equals the parent's" comparison is a memcmp
 of a byte range (no per-request Python loop, no temporary array but the
 tail's rebased query_start_loc and the parent's query lens); the rest reads a
-few scalars. Only a failing split pays for locating and naming the first bad
+few scalars. Small batches (``LIST_CHECK_MAX_REQUESTS``) compare Python lists
+instead, the same checks. Only a failing split pays for locating and naming the first bad
 request (``afd_split.request_diagnosis``). Every error starts with the name of
 the violated invariant (one of ``INVARIANTS``), then the ubatch and the request.
 
@@ -15,9 +16,9 @@ long as the parent's three arrays and every part's share it.
 from __future__ import annotations
 
 from itertools import accumulate
+from operator import sub
 
 from afd_split.plan import INT64, SplitPlan
-from afd_split.plan_scalar import SCALAR_PATH_MAX_REQUESTS
 from afd_split.request_diagnosis import (
     BOUNDARY_CONTINUITY,
     INVARIANTS,
@@ -29,6 +30,10 @@ from afd_split.request_diagnosis import (
 )
 
 __all__ = ["INVARIANTS", "check_split_arrays", "validate_split_requests"]
+
+LIST_CHECK_MAX_REQUESTS = 32
+"""Up to this many requests the check compares Python lists (``tolist`` plus list
+compares beat per-call numpy overhead); above it, byte ranges."""
 
 
 def _check_plan_layout(plan: SplitPlan) -> None:
@@ -77,63 +82,90 @@ def _check_plan_layout(plan: SplitPlan) -> None:
             )
 
 
-def _parent_holds(plan: SplitPlan, qsl, seq_lens, computed) -> bool:
-    """Shapes and one integer dtype; query_start_loc is 0 then the plan's prefix sums and
-    ends at the ubatches' last token; computed tokens are >= 0; seq_len - computed is the
-    plan's query len, per request."""
+def _same_dtype(array, dtype) -> bool:
+    return array.dtype is dtype or array.dtype == dtype
+
+
+def _shapes_hold(plan: SplitPlan, qsl, seq_lens, computed, parts) -> bool:
+    """Parent and parts: [R+1], [R], [R] entries of one integer dtype (the parent's)."""
     num_reqs = plan.num_requests
     dtype = qsl.dtype
     if (
-        qsl.shape != (num_reqs + 1,)
+        dtype.kind not in "iu"
+        or qsl.shape != (num_reqs + 1,)
         or seq_lens.shape != (num_reqs,)
         or computed.shape != (num_reqs,)
-        or (seq_lens.dtype is not dtype and seq_lens.dtype != dtype)
-        or (computed.dtype is not dtype and computed.dtype != dtype)
-        or dtype.kind not in "iu"
-        or qsl.item(0) != 0
-        or qsl.item(-1) != plan.num_tokens
-        or computed.item(computed.argmin()) < 0  # argmin: a fraction of a ufunc reduce's cost
+        or not _same_dtype(seq_lens, dtype)
+        or not _same_dtype(computed, dtype)
     ):
         return False
-    query_lens = seq_lens - computed
-    if num_reqs <= SCALAR_PATH_MAX_REQUESTS:
-        # Small batches compare as Python lists: a scalar-path plan builds no array here.
-        counts = plan.num_scheduled_tokens
-        return query_lens.tolist() == list(counts) and qsl[1:].tolist() == list(accumulate(counts))
-    if dtype != INT64:
-        query_lens = query_lens.astype(INT64)
-        qsl = qsl.astype(INT64)
-    return (
-        query_lens.tobytes() == plan.token_counts.tobytes()
-        and qsl[1:].tobytes() == plan.cu_tokens.tobytes()
-    )
-
-
-def _parts_hold(plan: SplitPlan, qsl, seq_lens, computed, parts) -> bool:
-    """Every part: shapes and the parent's dtype; query_start_loc runs 0 .. its real tokens
-    and is the parent's rebased in between; its first computed count and last seq_len are
-    the parent's adjusted by the tokens run before / left after it, the rest the parent's.
-
-    With the parent's invariant these give every part's: seq_len - query_len ==
-    computed for each request, the end pieces included, and the tail's boundary
-    piece starting at the head's seq_len (``diagnose_split`` names those by
-    themselves). Equal ranges are one memcmp of bytes each.
-    """
-    dtype, width = qsl.dtype, qsl.itemsize
-    parent_qsl, parent_seq, parent_computed = qsl.tobytes(), seq_lens.tobytes(), computed.tobytes()
     for ubatch, (part_qsl, part_seq, part_computed) in zip(plan.ubatches, parts, strict=True):
-        request_slice, token_slice = ubatch.request_slice, ubatch.token_slice
-        start, stop = request_slice.start, request_slice.stop
-        token_start, token_stop = token_slice.start, token_slice.stop
-        num_reqs = stop - start
+        num_reqs = ubatch.request_slice.stop - ubatch.request_slice.start
         if (
             part_qsl.shape != (num_reqs + 1,)
             or part_seq.shape != (num_reqs,)
             or part_computed.shape != (num_reqs,)
-            or (part_qsl.dtype is not dtype and part_qsl.dtype != dtype)
-            or (part_seq.dtype is not dtype and part_seq.dtype != dtype)
-            or (part_computed.dtype is not dtype and part_computed.dtype != dtype)
-            or part_qsl.item(0) != 0
+            or not _same_dtype(part_qsl, dtype)
+            or not _same_dtype(part_seq, dtype)
+            or not _same_dtype(part_computed, dtype)
+        ):
+            return False
+    return True
+
+
+def _values_hold_lists(plan: SplitPlan, qsl, seq_lens, computed, parts) -> bool:
+    """``_values_hold`` on Python lists: for small batches, cheaper than any array call."""
+    counts = plan.num_scheduled_tokens
+    qsl, seq_lens, computed = qsl.tolist(), seq_lens.tolist(), computed.tolist()
+    if (
+        qsl[0] != 0
+        or qsl[-1] != plan.num_tokens
+        or min(computed) < 0
+        or list(map(sub, seq_lens, computed)) != list(counts)
+        or qsl[1:] != list(accumulate(counts))
+    ):
+        return False
+    for ubatch, (part_qsl, part_seq, part_computed) in zip(plan.ubatches, parts, strict=True):
+        start, stop = ubatch.request_slice.start, ubatch.request_slice.stop
+        token_start, token_stop = ubatch.token_slice.start, ubatch.token_slice.stop
+        part_qsl, part_seq = part_qsl.tolist(), part_seq.tolist()
+        part_computed = part_computed.tolist()
+        if (
+            part_qsl[0] != 0
+            or part_qsl[-1] != token_stop - token_start
+            or part_computed[0] != computed[start] + token_start - qsl[start]
+            or part_seq[-1] != seq_lens[stop - 1] - qsl[stop] + token_stop
+            or part_seq[:-1] != seq_lens[start : stop - 1]
+            or part_computed[1:] != computed[start + 1 : stop]
+            or [entry + token_start for entry in part_qsl[1:-1]] != qsl[start + 1 : stop]
+        ):
+            return False
+    return True
+
+
+def _values_hold_bytes(plan: SplitPlan, qsl, seq_lens, computed, parts) -> bool:
+    """``_values_hold`` with each array turned into bytes once, equal ranges one memcmp each."""
+    if (
+        qsl.item(0) != 0
+        or qsl.item(-1) != plan.num_tokens
+        or computed.item(computed.argmin()) < 0  # argmin: a fraction of a ufunc reduce's cost
+    ):
+        return False
+    query_lens, cumulative = seq_lens - computed, qsl[1:]
+    if qsl.dtype != INT64:
+        query_lens, cumulative = query_lens.astype(INT64), cumulative.astype(INT64)
+    if (
+        query_lens.tobytes() != plan.token_counts.tobytes()
+        or cumulative.tobytes() != plan.cu_tokens.tobytes()
+    ):
+        return False
+    width = qsl.itemsize
+    parent_qsl, parent_seq, parent_computed = qsl.tobytes(), seq_lens.tobytes(), computed.tobytes()
+    for ubatch, (part_qsl, part_seq, part_computed) in zip(plan.ubatches, parts, strict=True):
+        start, stop = ubatch.request_slice.start, ubatch.request_slice.stop
+        token_start, token_stop = ubatch.token_slice.start, ubatch.token_slice.stop
+        if (
+            part_qsl.item(0) != 0
             or part_qsl.item(-1) != token_stop - token_start
             or part_computed.item(0) != computed.item(start) + token_start - qsl.item(start)
             or part_seq.item(-1) != seq_lens.item(stop - 1) - qsl.item(stop) + token_stop
@@ -153,6 +185,25 @@ def _parts_hold(plan: SplitPlan, qsl, seq_lens, computed, parts) -> bool:
     return True
 
 
+def _split_holds(plan: SplitPlan, qsl, seq_lens, computed, parts) -> bool:
+    """The parent: query_start_loc is 0 then the plan's prefix sums and ends at the
+    ubatches' last token, computed tokens are >= 0, seq_len - computed is the plan's
+    query len. Every part (of the parent's dtype and shapes): query_start_loc runs 0 ..
+    its real tokens and is the parent's rebased in between; its first computed count and
+    last seq_len are the parent's adjusted by the tokens run before / left after it, the
+    other entries the parent's.
+
+    With the parent's invariant these give every part's: seq_len - query_len ==
+    computed for each request, the end pieces included, and the tail's boundary
+    piece starting at the head's seq_len (``diagnose_split`` names those by themselves).
+    """
+    if not _shapes_hold(plan, qsl, seq_lens, computed, parts):
+        return False
+    if plan.num_requests <= LIST_CHECK_MAX_REQUESTS:
+        return _values_hold_lists(plan, qsl, seq_lens, computed, parts)
+    return _values_hold_bytes(plan, qsl, seq_lens, computed, parts)
+
+
 def check_split_arrays(plan: SplitPlan, qsl, seq_lens, computed, parts) -> None:
     """``validate_split_requests`` on bare arrays: the parent's query_start_loc / seq_lens /
     num_computed_tokens and per ubatch a ``(query_start_loc, seq_lens, computed)`` tuple,
@@ -160,10 +211,7 @@ def check_split_arrays(plan: SplitPlan, qsl, seq_lens, computed, parts) -> None:
     if len(parts) != len(plan.ubatches):
         fail(SHAPE, f"{len(parts)} request-field parts for {len(plan.ubatches)} ubatches")
     _check_plan_layout(plan)
-    if not (
-        _parent_holds(plan, qsl, seq_lens, computed)
-        and _parts_hold(plan, qsl, seq_lens, computed, parts)
-    ):
+    if not _split_holds(plan, qsl, seq_lens, computed, parts):
         diagnose_split(plan, qsl, seq_lens, computed, parts)
 
 

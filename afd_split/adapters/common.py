@@ -29,6 +29,7 @@ from afd_split.adapters.slicing import (
     check_split,
     host_numpy,
     parent_host_arrays,
+    torch_module,
     ubatch_token_rows,
 )
 from afd_split.errors import SplitInvariantError, UnsupportedSplitError
@@ -263,8 +264,6 @@ def split_fields(
     tokens plus padding with the field's pad value); otherwise they hold the
     real tokens only.
     """
-    import torch  # lazy: adapters only
-
     per_ubatch = []
     recompute_items = tuple((name, recompute[name]) for name in program.recompute)
     for ubatch, arrays in zip(plan.ubatches, cut_request_arrays(plan, *parent), strict=True):
@@ -286,7 +285,7 @@ def split_fields(
         for name in program.fresh_buffer:
             value = getattr(common, name)
             if value is not None:
-                values[name] = torch.empty_like(value)
+                values[name] = torch_module().empty_like(value)
         per_ubatch.append(values)
     return per_ubatch
 
@@ -346,7 +345,10 @@ def replaced(common, values: dict):
         return dataclasses.replace(common, **values)
     parent = common.__dict__
     sub = object.__new__(type(common))
-    state = {name: parent[name] for name in names}
+    if len(parent) == len(names):  # the fields only (every field is set by __init__): one copy
+        state = parent.copy()
+    else:
+        state = {name: parent[name] for name in names}
     state.update(values)
     sub.__dict__.update(state)
     return sub

@@ -132,11 +132,10 @@ def ubatch_token_rows(tensor, ubatch: UBatch, *, with_padding: bool, pad_value: 
     still a view when the real rows are a prefix and no row is padding,
     otherwise one ``new_full`` plus a ``cat`` or an ``index_copy`` on the device.
     """
-    import torch  # lazy: adapters only
-
     real = tensor[ubatch.token_slice] if tensor.ndim == 1 else tensor[..., ubatch.token_slice]
     if not with_padding or not ubatch.num_padded_tokens:
         return real
+    torch = torch_module()
     shape = (*tensor.shape[:-1], ubatch.num_rows)
     if ubatch.real_rows_are_prefix:
         pad = real.new_full((*tensor.shape[:-1], ubatch.num_padded_tokens), pad_value)
@@ -180,12 +179,12 @@ def host_like(array: np.ndarray, like):
     (``from_numpy``), in ``like``'s dtype, or an array when ``like`` is one."""
     if isinstance(like, np.ndarray):
         return array if array.dtype == like.dtype else array.astype(like.dtype)
-    tensor = _torch().from_numpy(array)
+    tensor = torch_module().from_numpy(array)
     return tensor if tensor.dtype is like.dtype else tensor.to(like.dtype)
 
 
 @functools.cache
-def _torch():
+def torch_module():
     """torch, imported on first use (afd_split does not import it at import time)."""
     import torch
 
