@@ -29,6 +29,7 @@ from afd_split.plan_types import (
     cut_ubatches,
     fallback_impossible,
     padded_ubatch,
+    ubatch_record,
 )
 from afd_split.policies.request_boundary import (
     MIN_REQUESTS_FOR_BOUNDARY_SPLIT,
@@ -125,18 +126,7 @@ def _ubatch(index, token_start, token_stop, request_start, request_stop, pieces,
 def _unsplit(policy, counts, num_tokens, constraints, fallback_reason):
     if constraints.padded_total is None and constraints.pcp_size < MIN_PCP_FOR_ZIGZAG:
         # One plain ubatch: its rows are the batch's tokens rounded up to align.
-        ubatch = _tuple_new(
-            UBatch,
-            (
-                0,
-                slice(0, num_tokens),
-                slice(0, len(counts)),
-                num_tokens,
-                -num_tokens % constraints.align,
-                None,
-                None,
-            ),
-        )
+        ubatch = ubatch_record(0, 0, num_tokens, 0, len(counts), -num_tokens % constraints.align)
         return _tuple_new(
             SplitPlan, (policy, counts, constraints, None, (ubatch,), None, 0, 0, fallback_reason)
         )
