@@ -11,11 +11,8 @@ from __future__ import annotations
 
 from types import MappingProxyType
 
-import numpy as np
-
 from afd_split.constraints import SplitConstraints, SplitPolicy
 from afd_split.plan_scalar import (
-    SCALAR_PATH_MAX_REQUESTS,
     SCALAR_POLICIES,
     plan_scalar,
     scalar_counts,
@@ -59,12 +56,10 @@ def plan_split(
     ``ValueError`` naming the value; totals past int64 are refused.
     """
     if type(policy) is not SplitPolicy:  # Enum hashing runs Python code: look strings up
-        policy = POLICY_BY_VALUE.get(policy) or SplitPolicy(policy)
-    if policy is not _COST_BALANCED and not (
-        type(num_scheduled_tokens) is np.ndarray
-        and num_scheduled_tokens.size > SCALAR_PATH_MAX_REQUESTS
-    ):
-        counts = scalar_counts(num_scheduled_tokens, 1)
+        # A proxy's subscript is a C slot; its .get is a method call, several times dearer.
+        policy = POLICY_BY_VALUE[policy] if policy in POLICY_BY_VALUE else SplitPolicy(policy)
+    if policy is not _COST_BALANCED:
+        counts = scalar_counts(num_scheduled_tokens, 1)  # None past SCALAR_PATH_MAX_REQUESTS
         if counts is not None:
             computed = None
             if num_computed_tokens is not None:

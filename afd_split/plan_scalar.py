@@ -11,7 +11,7 @@ names their errors.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from itertools import accumulate
 
 import numpy as np
@@ -29,6 +29,7 @@ from afd_split.plan_types import (
     cut_ubatches,
     fallback_impossible,
     padded_ubatch,
+    ubatch_record,
 )
 from afd_split.policies.request_boundary import (
     MIN_REQUESTS_FOR_BOUNDARY_SPLIT,
@@ -50,7 +51,7 @@ _NONE, _TOKEN_BALANCED = SplitPolicy.NONE, SplitPolicy.TOKEN_BALANCED
 ONE_REQUEST_REJECTION = "request_boundary: a batch of 1 request(s) has no interior boundary"
 """``request_boundary_cut``'s rejection of a one-request batch (the path test compares them)."""
 
-_new = object.__new__  # one global read per object on the per-step path
+_tuple_new = tuple.__new__  # one global read per record on the per-step path
 
 
 def scalar_counts(values, minimum: int) -> tuple[int, ...] | None:
@@ -59,6 +60,11 @@ def scalar_counts(values, minimum: int) -> tuple[int, ...] | None:
     kind = type(values)
     if kind is np.ndarray:
         dtype = values.dtype
+        if dtype is INT64:  # the engine's array: no uint64 range to check
+            if values.ndim != 1 or not 0 < values.size <= SCALAR_PATH_MAX_REQUESTS:
+                return None
+            counts = tuple(values.tolist())
+            return counts if min(counts) >= minimum else None
         if values.ndim != 1 or not 0 < values.size <= SCALAR_PATH_MAX_REQUESTS:
             return None
         if dtype.kind not in "iu":
@@ -118,13 +124,18 @@ def _ubatch(index, token_start, token_stop, request_start, request_stop, pieces,
 
 
 def _unsplit(policy, counts, num_tokens, constraints, fallback_reason):
+    if constraints.padded_total is None and constraints.pcp_size < MIN_PCP_FOR_ZIGZAG:
+        # One plain ubatch: its rows are the batch's tokens rounded up to align.
+        ubatch = ubatch_record(0, 0, num_tokens, 0, len(counts), -num_tokens % constraints.align)
+        return _tuple_new(
+            SplitPlan, (policy, counts, constraints, None, (ubatch,), None, 0, 0, fallback_reason)
+        )
     pieces = list(counts) if constraints.pcp_size >= MIN_PCP_FOR_ZIGZAG else None
     ubatch = _ubatch(
         0, 0, num_tokens, 0, len(counts), pieces, constraints, constraints.padded_total
     )
     return built_plan(
         policy,
-        "num_scheduled_tokens",
         counts,
         constraints,
         None,
@@ -162,7 +173,6 @@ def _split(policy, counts, cu_tokens, constraints, cut):
     )
     return built_plan(
         policy,
-        "num_scheduled_tokens",
         counts,
         constraints,
         cut,
@@ -176,7 +186,7 @@ def _split(policy, counts, cu_tokens, constraints, cut):
 
 def _plain_split(policy, counts, cu_tokens, constraints, cut, align):
     """``_split`` without padded_total or PCP, for a cut known to be inside (0, T): each
-    ubatch's rows are its real tokens rounded up to align. Objects are filled directly."""
+    ubatch's rows are its real tokens rounded up to align. Records are built directly."""
     num_tokens = cu_tokens[-1]
     straddling = bisect_right(cu_tokens, cut)  # first request ending after the cut
     tail_tokens = cu_tokens[straddling] - cut
@@ -186,41 +196,50 @@ def _plain_split(policy, counts, cu_tokens, constraints, cut, align):
     else:
         boundary, head_stop, tail_tokens = None, straddling, 0
     tail_real = num_tokens - cut
-    head = _new(UBatch)
-    head.__dict__.update(
-        {
-            "index": 0,
-            "token_slice": slice(0, cut),
-            "request_slice": slice(0, head_stop),
-            "num_real_tokens": cut,
-            "num_padded_tokens": -cut % align,  # round_up(cut, align) - cut
-        }
+    # UBatch / SplitPlan fields in order (plain_ubatch and built_plan, inlined).
+    head = _tuple_new(
+        UBatch, (0, slice(0, cut), slice(0, head_stop), cut, -cut % align, None, None)
     )
-    tail = _new(UBatch)
-    tail.__dict__.update(
-        {
-            "index": 1,
-            "token_slice": slice(cut, num_tokens),
-            "request_slice": slice(straddling, len(counts)),
-            "num_real_tokens": tail_real,
-            "num_padded_tokens": -tail_real % align,
-        }
+    tail = _tuple_new(
+        UBatch,
+        (
+            1,
+            slice(cut, num_tokens),
+            slice(straddling, len(counts)),
+            tail_real,
+            -tail_real % align,  # round_up(tail_real, align) - tail_real
+            None,
+            None,
+        ),
     )
-    plan = _new(SplitPlan)
-    plan.__dict__.update(
-        {
-            "policy": policy,
-            "num_scheduled_tokens": counts,
-            "constraints": constraints,
-            "split_token": cut,
-            "ubatches": (head, tail),
-            "boundary_request": boundary,
-            "head_tokens": head_tokens,
-            "tail_tokens": tail_tokens,
-            "fallback_reason": None,
-        }
+    return _tuple_new(
+        SplitPlan,
+        (policy, counts, constraints, cut, (head, tail), boundary, head_tokens, tail_tokens, None),
     )
-    return plan
+
+
+def _plain_boundary_cut(cu_tokens, num_tokens, min_tokens):
+    """``request_boundary_cut`` when every interior boundary leaves ``min_tokens`` on both
+    sides (always so for min_ubatch_tokens=1); None otherwise, for the general search.
+
+    The prefix sums strictly increase, so checking the first and the last interior
+    boundary covers them all, and the best cut is one of the two around T/2.
+    """
+    last = len(cu_tokens) - 2  # boundary k puts k + 1 requests in the head
+    if cu_tokens[0] < min_tokens or num_tokens - cu_tokens[last] < min_tokens:
+        return None
+    upper = bisect_left(cu_tokens, (num_tokens + 1) // 2, 0, last + 1)
+    below = upper - 1 if upper else 0
+    above = upper if upper <= last else last
+    cut_below, cut_above = cu_tokens[below], cu_tokens[above]
+    off_below, off_above = abs(2 * cut_below - num_tokens), abs(2 * cut_above - num_tokens)
+    if off_below != off_above:
+        return cut_below if off_below < off_above else cut_above
+    num_requests = last + 2
+    # Ties: the more even request count, then fewer head requests (below < above).
+    if abs(2 * below + 2 - num_requests) <= abs(2 * above + 2 - num_requests):
+        return cut_below
+    return cut_above
 
 
 def plan_scalar(
@@ -248,13 +267,18 @@ def plan_scalar(
         highest = (num_tokens - min_tokens) // align * align
         if plain and align < num_tokens and lowest <= highest:
             # token_balanced_cut inlined: its cut lies in [lowest, highest], inside (0, T).
-            cut = min(max((num_tokens + align) // (2 * align) * align, lowest), highest)
+            cut = (num_tokens + align) // (2 * align) * align
+            cut = lowest if cut < lowest else highest if cut > highest else cut
             return _plain_split(policy, counts, cu_tokens, constraints, cut, align)
     elif len(counts) < MIN_REQUESTS_FOR_BOUNDARY_SPLIT:
         # request_boundary's one-request rejection, without raising and catching it.
         if not allow_fallback:
             raise SplitRejectedError(ONE_REQUEST_REJECTION)
         return _fallback(policy, counts, num_tokens, constraints, ONE_REQUEST_REJECTION)
+    elif plain:
+        cut = _plain_boundary_cut(cu_tokens, num_tokens, constraints.min_ubatch_tokens)
+        if cut is not None:
+            return _plain_split(policy, counts, cu_tokens, constraints, cut, constraints.align)
     try:
         if policy is _TOKEN_BALANCED:
             cut = token_balanced_cut(num_tokens, constraints)

@@ -1,27 +1,57 @@
 """The plan's data types: ``SplitPlan`` and its ``UBatch`` es (pure data, no metadata arrays).
 
-Both are frozen; the planners build them through ``_built`` (no ``__init__``
-round-trip) because construction is a large share of a per-step plan's cost.
+Both are frozen records (``afd_split.frozen_record``): a plan is built on every
+prefill step and, as frozen dataclasses, constructing its three objects was
+more than half of a small batch's planning time. The planners build them with
+``tuple.__new__`` and every field in order (``_ubatch_of`` / ``_plan_of``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
 from afd_split.constraints import MIN_PCP_FOR_ZIGZAG, SplitConstraints, SplitPolicy
 from afd_split.errors import SplitRejectedError
+from afd_split.frozen_record import FrozenRecord
 
 INT64 = np.dtype(np.int64)
 INT64_MAX = int(np.iinfo(np.int64).max)
 
+_tuple_new = tuple.__new__
+_TOKEN_COUNTS_FIELD = 1  # SplitPlan's slot for token_counts (a tuple from the scalar planner)
 
-@dataclass(frozen=True, eq=False)
-class UBatch:
+UBATCH_FIELDS = (
+    "index",
+    "token_slice",
+    "request_slice",
+    "num_real_tokens",
+    "num_padded_tokens",
+    "piece_tokens",
+    "piece_row_starts",
+)
+PLAN_FIELDS = (
+    "policy",
+    "token_counts",
+    "constraints",
+    "split_token",
+    "ubatches",
+    "boundary_request",
+    "head_tokens",
+    "tail_tokens",
+    "fallback_reason",
+)
+
+
+class UBatch(
+    FrozenRecord,
+    fields=UBATCH_FIELDS,
+    defaults={"piece_tokens": None, "piece_row_starts": None},
+    hidden=("piece_tokens", "piece_row_starts"),
+):
     """One ubatch: a contiguous token slice of the parent plus its own padding rows.
 
     Real tokens keep their logical order inside the ubatch's rows. Without PCP
@@ -36,8 +66,8 @@ class UBatch:
     request_slice: slice
     num_real_tokens: int
     num_padded_tokens: int
-    piece_tokens: np.ndarray | None = field(default=None, repr=False)
-    piece_row_starts: np.ndarray | None = field(default=None, repr=False)
+    piece_tokens: np.ndarray | None
+    piece_row_starts: np.ndarray | None
 
     @property
     def num_rows(self) -> int:
@@ -75,19 +105,37 @@ class UBatch:
         }
 
 
-@dataclass(frozen=True, eq=False)
-class SplitPlan:
-    """The outcome of ``plan_split``: one ubatch (unsplit) or two (split at ``split_token``)."""
+class SplitPlan(
+    FrozenRecord,
+    fields=PLAN_FIELDS,
+    defaults={"fallback_reason": None},
+    hidden=("token_counts",),
+):
+    """The outcome of ``plan_split``: one ubatch (unsplit) or two (split at ``split_token``).
+
+    ``token_counts`` is stored as the planner had it: the vectorised planner's
+    read-only int64 array, or the scalar planner's tuple of ints, turned into
+    the array on first read (most per-step callers never read it).
+    """
 
     policy: SplitPolicy
-    token_counts: np.ndarray = field(repr=False)
     constraints: SplitConstraints
     split_token: int | None
     ubatches: tuple[UBatch, ...]
     boundary_request: int | None
     head_tokens: int
     tail_tokens: int
-    fallback_reason: str | None = None
+    fallback_reason: str | None
+
+    @cached_property
+    def token_counts(self) -> np.ndarray:
+        """Per-request scheduled tokens as a read-only int64 array."""
+        counts = tuple.__getitem__(self, _TOKEN_COUNTS_FIELD)
+        if type(counts) is np.ndarray:
+            return counts
+        array = np.array(counts, dtype=INT64)
+        array.setflags(write=False)
+        return array
 
     @cached_property
     def cu_tokens(self) -> np.ndarray:
@@ -99,7 +147,10 @@ class SplitPlan:
     @cached_property
     def num_scheduled_tokens(self) -> tuple[int, ...]:
         """Per-request scheduled tokens as plain integers."""
-        return tuple(self.token_counts.tolist())
+        counts = tuple.__getitem__(self, _TOKEN_COUNTS_FIELD)
+        if type(counts) is tuple:
+            return counts
+        return tuple(counts.tolist())
 
     @property
     def is_split(self) -> bool:
@@ -165,24 +216,6 @@ class SplitPlan:
         return digest.hexdigest()
 
 
-class _TokenCountsFromTuple:
-    """``SplitPlan.token_counts`` of a plan the scalar planner built: the read-only int64
-    array is made on first read (most per-step callers never read it)."""
-
-    def __get__(self, plan, owner=None):
-        if plan is None:
-            return self
-        counts = np.array(plan.num_scheduled_tokens, dtype=INT64)
-        counts.setflags(write=False)
-        plan.__dict__["token_counts"] = counts
-        return counts
-
-
-# A non-data descriptor: the dataclass __init__ and the vectorised planner store the array
-# in the instance __dict__, which takes precedence; only scalar-path plans reach __get__.
-SplitPlan.token_counts = _TokenCountsFromTuple()
-
-
 def _built(cls, fields: dict):
     """Instance of a frozen dataclass from already-validated fields, skipping ``__init__``.
 
@@ -204,19 +237,27 @@ def fallback_impossible(reason: str, impossible: SplitRejectedError) -> SplitRej
     )
 
 
+def ubatch_record(index, token_start, token_stop, request_start, request_stop, padding,
+                  piece_tokens=None, piece_row_starts=None):
+    """A ``UBatch`` of planner-checked values: tokens [start, stop), ``padding`` rows after."""
+    return _tuple_new(
+        UBatch,
+        (
+            index,
+            slice(token_start, token_stop),
+            slice(request_start, request_stop),
+            token_stop - token_start,
+            padding,
+            piece_tokens,
+            piece_row_starts,
+        ),
+    )
+
+
 def plain_ubatch(index, token_start, token_stop, request_start, request_stop, align):
     """A ubatch without PCP or padded_total: its rows are its real tokens rounded up to align."""
-    num_real = token_stop - token_start
-    ubatch = object.__new__(UBatch)  # _built, inlined: this runs twice per plan
-    ubatch.__dict__.update(
-        index=index,
-        token_slice=slice(token_start, token_stop),
-        request_slice=slice(request_start, request_stop),
-        num_real_tokens=num_real,
-        num_padded_tokens=-(-num_real // align) * align - num_real,
-        # piece_tokens / piece_row_starts: the class defaults (None), no PCP pieces.
-    )
-    return ubatch
+    padding = -(token_stop - token_start) % align  # round_up(real, align) - real
+    return ubatch_record(index, token_start, token_stop, request_start, request_stop, padding)
 
 
 def check_cut(cut: int, num_tokens: int) -> None:
@@ -293,51 +334,26 @@ def padded_ubatch(
             f"but its {num_real} tokens need {needed} rows under align={constraints.align}, "
             f"pcp_size={constraints.pcp_size}"
         )
-    ubatch = object.__new__(UBatch)  # _built, inlined: this runs on every non-plain plan
-    ubatch.__dict__.update(
-        index=index,
-        token_slice=slice(token_start, token_stop),
-        request_slice=slice(request_start, request_stop),
-        num_real_tokens=num_real,
-        num_padded_tokens=rows - num_real,
-        piece_tokens=piece_tokens,
-        piece_row_starts=piece_row_starts,
+    return ubatch_record(
+        index,
+        token_start,
+        token_stop,
+        request_start,
+        request_stop,
+        rows - num_real,
+        piece_tokens,
+        piece_row_starts,
     )
-    return ubatch
 
 
-def built_plan(
-    policy,
-    counts_field,
-    counts,
-    constraints,
-    split_token,
-    ubatches,
-    boundary_request,
-    head_tokens,
-    tail_tokens,
-    fallback_reason,
-    cu_tokens=None,
-):
-    """A ``SplitPlan`` from planner-checked parts, fields in one order for both planners.
+def built_plan(*fields, cu_tokens=None):
+    """A ``SplitPlan`` from planner-checked ``fields``, in ``PLAN_FIELDS`` order.
 
-    ``counts_field`` is ``"num_scheduled_tokens"`` (the scalar planner's tuple,
-    arrays made on first read) or ``"token_counts"`` (the vectorised planner's
-    array, with its ``cu_tokens``).
+    ``token_counts`` is the scalar planner's tuple of ints (the array is made on
+    first read) or the vectorised planner's read-only array, which comes with
+    its ``cu_tokens``.
     """
-    fields = {
-        "policy": policy,
-        counts_field: counts,
-        "constraints": constraints,
-        "split_token": split_token,
-        "ubatches": ubatches,
-        "boundary_request": boundary_request,
-        "head_tokens": head_tokens,
-        "tail_tokens": tail_tokens,
-        "fallback_reason": fallback_reason,
-    }
+    plan = _tuple_new(SplitPlan, fields)
     if cu_tokens is not None:
-        fields["cu_tokens"] = cu_tokens
-    plan = object.__new__(SplitPlan)  # _built, inlined
-    plan.__dict__.update(fields)
+        plan.__dict__["cu_tokens"] = cu_tokens  # cached_property's slot: already computed
     return plan

@@ -170,7 +170,6 @@ def _unsplit_plan(
     )
     return built_plan(
         policy,
-        "token_counts",
         tokens,
         constraints,
         None,
@@ -179,7 +178,7 @@ def _unsplit_plan(
         0,
         0,
         fallback_reason,
-        cu_tokens,
+        cu_tokens=cu_tokens,
     )
 
 
@@ -220,7 +219,6 @@ def _split_plan(
     )
     return built_plan(
         policy,
-        "token_counts",
         tokens,
         constraints,
         cut,
@@ -229,5 +227,5 @@ def _split_plan(
         head_tokens,
         tail_tokens,
         None,
-        cu_tokens,
+        cu_tokens=cu_tokens,
     )
