@@ -82,10 +82,6 @@ def _check_plan_layout(plan: SplitPlan) -> None:
             )
 
 
-def _same_dtype(array, dtype) -> bool:
-    return array.dtype is dtype or array.dtype == dtype
-
-
 def _shapes_hold(plan: SplitPlan, qsl, seq_lens, computed, parts) -> bool:
     """Parent and parts: [R+1], [R], [R] entries of one integer dtype (the parent's)."""
     num_reqs = plan.num_requests
@@ -95,8 +91,8 @@ def _shapes_hold(plan: SplitPlan, qsl, seq_lens, computed, parts) -> bool:
         or qsl.shape != (num_reqs + 1,)
         or seq_lens.shape != (num_reqs,)
         or computed.shape != (num_reqs,)
-        or not _same_dtype(seq_lens, dtype)
-        or not _same_dtype(computed, dtype)
+        or (seq_lens.dtype is not dtype and seq_lens.dtype != dtype)
+        or (computed.dtype is not dtype and computed.dtype != dtype)
     ):
         return False
     for ubatch, (part_qsl, part_seq, part_computed) in zip(plan.ubatches, parts, strict=True):
@@ -105,9 +101,9 @@ def _shapes_hold(plan: SplitPlan, qsl, seq_lens, computed, parts) -> bool:
             part_qsl.shape != (num_reqs + 1,)
             or part_seq.shape != (num_reqs,)
             or part_computed.shape != (num_reqs,)
-            or not _same_dtype(part_qsl, dtype)
-            or not _same_dtype(part_seq, dtype)
-            or not _same_dtype(part_computed, dtype)
+            or (part_qsl.dtype is not dtype and part_qsl.dtype != dtype)
+            or (part_seq.dtype is not dtype and part_seq.dtype != dtype)
+            or (part_computed.dtype is not dtype and part_computed.dtype != dtype)
         ):
             return False
     return True

@@ -2,17 +2,19 @@
 
 API: ``HostSources``; ``FieldProgram`` / ``compile_fields(layout, rules, sources, cls)``
 (the layout's fields grouped by rule, once per engine class);
-``request_fields_of(plan, common, program)``; ``reject_unsupported_fields(common,
-program)``; ``split_fields(plan, common, program, recompute, parent, parts,
-padded_rows)``; ``produced_request_fields(sub, program)``; ``replaced(common,
-values)``; ``positions_rows(positions, common, values, ubatch, with_padding)``;
-``checked_results(plan, common, positions, block_size, program, parent, results,
-check)``; ``UBatchContext``.
+``parent_arrays_of(plan, common, program)`` (the parent's host request arrays);
+``reject_unsupported_fields(common, program)``; ``split_fields(plan, common,
+program, recompute, parent, padded_rows)``; ``produced_arrays(values, program)``;
+``replaced(common, values)``; ``positions_rows(positions, common, values, ubatch,
+with_padding)``; ``checked_results(plan, common, positions, block_size, program,
+parent, per_ubatch, results, check)``; ``StageContext``.
 
 Every field of the layout is handled by its ``FieldRule``; a RECOMPUTE field
 takes its value from the adapter's ``recompute`` table, a function of the
-``UBatchContext`` (plan, ubatch, its request fields, the parent). A field
-without a rule, or a RECOMPUTE field without a function, fails closed.
+``StageContext`` (plan, ubatch, parent object, the ubatch's host request arrays
+in the engine's dtype). A field without a rule, or a RECOMPUTE field without a
+function, fails closed. The check reads what was produced: the host copies in
+the ubatches' new field values.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Host reads and device slicing shared by the vLLM and vLLM-Ascend adapters.
 
-API: ``parent_request_fields(plan, common, host) -> RequestFields``;
-``ubatch_request_rows`` / ``ubatch_token_rows`` (device views, index ops only);
-``rebased_query_start_loc`` / ``cut_seq_lens`` (device arithmetic by plan ints);
-``host_tensor``; ``check_split(plan, parent, produced, mode)``.
+API: ``parent_host_arrays(plan, qsl_cpu, seq_lens_cpu, computed_cpu, source=)``
+(numpy views of the real requests, engine dtype); ``ubatch_request_rows`` /
+``ubatch_token_rows`` (device views, index ops only); ``rebased_query_start_loc``
+/ ``cut_seq_lens`` (device arithmetic by plan ints); ``host_like`` (a ubatch's
+host tensor over its array); ``check_split(plan, parent, produced, mode)``.
 
 Host-side values come only from the ``*_cpu`` fields the engine already holds
 (``query_start_loc_cpu``, ``_seq_lens_cpu`` / ``seq_lens_cpu_upper_bound``,
