@@ -51,7 +51,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine_path_metadata import build_layout_batch, plugin_style_slice
-from engine_path_parts import part_callables
+from engine_path_parts import aten_ops, part_callables
 
 from afd_split.integrations.afd_plugin.stages import (
     HookSession,
@@ -188,6 +188,10 @@ def bench_size(num_requests: int, layout_kind: str, samples: int, calls: int,
         "ratio_engine_to_plugin_thread_cpu": spread(cpu["engine_path"] / cpu["plugin_style_path"]),
         "breakdown_thread_cpu_us": {name: spread(cpu[name])["median"]
                                     for name in ("engine_plan_only", *parts)},
+        # The floor replays exactly the adapter's device ops: the same aten ops, counted.
+        "adapter_aten_ops": aten_ops(parts["adapter_split"]),
+        "floor_matches_adapter_ops": (aten_ops(parts["adapter_split"])
+                                      == aten_ops(parts["torch_ops_floor"])),
     }
 
 

@@ -10,12 +10,17 @@ For one batch and its (already made) plan:
   (host ``.numpy()`` reads, device views and plan-integer arithmetic,
   ``from_numpy`` of the ubatches' host fields), replayed with precomputed
   indices and no Python logic around them: what no Python rewrite of the
-  split could go below without fewer torch calls.
+  split could go below without fewer torch calls. ``aten_ops`` counts the aten
+  ops of a callable; the bench records that the floor dispatches exactly the
+  adapter's (``floor_matches_adapter_ops``).
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from afd_split.adapters.common import parent_arrays_of, produced_arrays, split_fields
 from afd_split.request_checks import check_split_arrays
@@ -63,15 +68,18 @@ def part_callables(batch, plan, splitter, block_size: int) -> dict:
 def torch_floor(batch, plan, program, values):
     """The adapter's torch calls for this batch, replayed bare (see the module docstring)."""
     common = batch.common
-    fields = program.layout.field_set
-    host_in = [getattr(common, name) for name in ("query_start_loc_cpu", *program.seq_lens_sources,
-                                                   *program.computed_sources)
-               if name in fields and getattr(common, name) is not None]
+
+    def first_set(names):  # the adapter reads the first set host copy of each field
+        return [next(getattr(common, n) for n in names if getattr(common, n) is not None)]
+
+    host_in = [common.query_start_loc_cpu, *first_set(program.seq_lens_sources)]
+    if any(getattr(common, name) is not None for name in program.computed_sources):
+        host_in += first_set(program.computed_sources)
     host_out = [name for name in ("query_start_loc_cpu", *program.seq_lens_sources,
                                   *program.computed_sources) if values[0].get(name) is not None]
     request_rows = [getattr(common, n) for n in program.request_rows if getattr(common, n) is not None]
     token_rows = [getattr(common, n) for n, _ in program.token_rows if getattr(common, n) is not None]
-    if "positions" not in fields:
+    if batch.splitter is not None and batch.positions is not getattr(common, "positions", None):
         token_rows.append(batch.positions)  # the vLLM adapter slices the runner's positions too
     stages = []
     for ubatch, stage_values in zip(plan.ubatches, values, strict=True):
@@ -103,3 +111,23 @@ def torch_floor(batch, plan, program, values):
                 torch.from_numpy(array).numpy()  # made, then read back by the check
 
     return replay
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops a callable dispatches (``.numpy()`` / ``from_numpy`` dispatch none)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def aten_ops(function) -> dict:
+    """``{op: count}`` of one call of ``function``."""
+    counter = OpCounter()
+    with counter:
+        function()
+    return dict(sorted(counter.ops.items()))
