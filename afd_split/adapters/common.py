@@ -150,6 +150,12 @@ def field_is_set(common, name: str) -> bool:
 
 def reject_unsupported_fields(common, program: FieldProgram) -> None:
     """Fail closed, naming every set field whose rule is REJECT_WHEN_SET."""
+    for name, default in program.reject_when_set:  # the common case: nothing set, no list
+        value = getattr(common, name)
+        if value is not default and _is_set(value, default):
+            break
+    else:
+        return
     bad = [
         name for name, default in program.reject_when_set if _is_set(getattr(common, name), default)
     ]

@@ -80,25 +80,28 @@ def parent_host_arrays(
             f"{source()}: query_start_loc_cpu has {qsl.shape[0]} entries and the host seq_lens "
             f"{seq_lens.shape[0]}, but the plan has {num_reqs} requests"
         )
-    real_qsl = qsl[: num_reqs + 1]
+    padded = qsl.shape[0] > num_reqs + 1  # slice only what the engine padded
+    real_qsl = qsl[: num_reqs + 1] if padded else qsl
     if real_qsl.item(0) != 0 or not _same_prefix_sums(plan, real_qsl):
         raise ValueError(
             f"{source()}: query_start_loc_cpu[:{num_reqs + 1}] does not hold the plan's "
             f"per-request tokens {list(plan.num_scheduled_tokens)[:8]}...; the plan was made "
             "for a different batch"
         )
-    padding = qsl[num_reqs + 1 :]
-    if padding.size and (padding != num_tokens).any():
+    padding = qsl[num_reqs + 1 :] if padded else None
+    if padded and (padding != num_tokens).any():
         raise ValueError(
             f"{source()}: a padding request entry of query_start_loc_cpu past request "
             f"{num_reqs} holds tokens ({padding.tolist()[:8]}), but the plan has all "
             f"{num_tokens} real tokens in its {num_reqs} requests"
         )
-    real_seq_lens = seq_lens[:num_reqs]
+    real_seq_lens = seq_lens[:num_reqs] if seq_lens.shape[0] > num_reqs else seq_lens
     if computed_cpu is None:
         computed = real_seq_lens - (real_qsl[1:] - real_qsl[:-1])
     else:
-        computed = host_numpy(computed_cpu)[:num_reqs]
+        computed = host_numpy(computed_cpu)
+        if computed.shape[0] != num_reqs:
+            computed = computed[:num_reqs]
     return real_qsl, real_seq_lens, computed
 
 

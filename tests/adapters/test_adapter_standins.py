@@ -264,3 +264,11 @@ def test_full_check_catches_a_device_side_bug(fault, monkeypatch):
     split_common_metadata(PLAN, common, positions, BLOCK)  # the per-step check cannot see it
     with pytest.raises(SplitInvariantError):
         split_common_metadata(PLAN, common, positions, BLOCK, check="full")
+
+
+@pytest.mark.parametrize("layout", ASCEND_LAYOUTS, ids=lambda layout: layout.version)
+def test_a_reject_field_cleared_to_none_against_a_non_none_default_is_rejected(layout):
+    """``decode_token_per_req`` defaults to 1: None is not its default, so it counts as set."""
+    common, positions, _ = ascend_case(layout, decode_token_per_req=None)
+    with pytest.raises(UnsupportedSplitError, match="decode_token_per_req"):
+        split_ascend(PLAN, common, positions)
