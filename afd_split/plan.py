@@ -56,7 +56,8 @@ def plan_split(
     ``ValueError`` naming the value; totals past int64 are refused.
     """
     if type(policy) is not SplitPolicy:  # Enum hashing runs Python code: look strings up
-        policy = POLICY_BY_VALUE.get(policy) or SplitPolicy(policy)
+        # A proxy's subscript is a C slot; its .get is a method call, several times dearer.
+        policy = POLICY_BY_VALUE[policy] if policy in POLICY_BY_VALUE else SplitPolicy(policy)
     if policy is not _COST_BALANCED:
         counts = scalar_counts(num_scheduled_tokens, 1)  # None past SCALAR_PATH_MAX_REQUESTS
         if counts is not None:

@@ -29,6 +29,7 @@ from afd_split.plan_types import (
     cut_ubatches,
     fallback_impossible,
     padded_ubatch,
+    ubatch_record,
 )
 from afd_split.policies.request_boundary import (
     MIN_REQUESTS_FOR_BOUNDARY_SPLIT,
@@ -123,6 +124,12 @@ def _ubatch(index, token_start, token_stop, request_start, request_stop, pieces,
 
 
 def _unsplit(policy, counts, num_tokens, constraints, fallback_reason):
+    if constraints.padded_total is None and constraints.pcp_size < MIN_PCP_FOR_ZIGZAG:
+        # One plain ubatch: its rows are the batch's tokens rounded up to align.
+        ubatch = ubatch_record(0, 0, num_tokens, 0, len(counts), -num_tokens % constraints.align)
+        return _tuple_new(
+            SplitPlan, (policy, counts, constraints, None, (ubatch,), None, 0, 0, fallback_reason)
+        )
     pieces = list(counts) if constraints.pcp_size >= MIN_PCP_FOR_ZIGZAG else None
     ubatch = _ubatch(
         0, 0, num_tokens, 0, len(counts), pieces, constraints, constraints.padded_total
@@ -260,7 +267,8 @@ def plan_scalar(
         highest = (num_tokens - min_tokens) // align * align
         if plain and align < num_tokens and lowest <= highest:
             # token_balanced_cut inlined: its cut lies in [lowest, highest], inside (0, T).
-            cut = min(max((num_tokens + align) // (2 * align) * align, lowest), highest)
+            cut = (num_tokens + align) // (2 * align) * align
+            cut = lowest if cut < lowest else highest if cut > highest else cut
             return _plain_split(policy, counts, cu_tokens, constraints, cut, align)
     elif len(counts) < MIN_REQUESTS_FOR_BOUNDARY_SPLIT:
         # request_boundary's one-request rejection, without raising and catching it.

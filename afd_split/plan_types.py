@@ -237,21 +237,27 @@ def fallback_impossible(reason: str, impossible: SplitRejectedError) -> SplitRej
     )
 
 
-def plain_ubatch(index, token_start, token_stop, request_start, request_stop, align):
-    """A ubatch without PCP or padded_total: its rows are its real tokens rounded up to align."""
-    num_real = token_stop - token_start
+def ubatch_record(index, token_start, token_stop, request_start, request_stop, padding,
+                  piece_tokens=None, piece_row_starts=None):
+    """A ``UBatch`` of planner-checked values: tokens [start, stop), ``padding`` rows after."""
     return _tuple_new(
         UBatch,
         (
             index,
             slice(token_start, token_stop),
             slice(request_start, request_stop),
-            num_real,
-            -(-num_real // align) * align - num_real,
-            None,  # piece_tokens / piece_row_starts: no PCP pieces
-            None,
+            token_stop - token_start,
+            padding,
+            piece_tokens,
+            piece_row_starts,
         ),
     )
+
+
+def plain_ubatch(index, token_start, token_stop, request_start, request_stop, align):
+    """A ubatch without PCP or padded_total: its rows are its real tokens rounded up to align."""
+    padding = -(token_stop - token_start) % align  # round_up(real, align) - real
+    return ubatch_record(index, token_start, token_stop, request_start, request_stop, padding)
 
 
 def check_cut(cut: int, num_tokens: int) -> None:
@@ -328,52 +334,26 @@ def padded_ubatch(
             f"but its {num_real} tokens need {needed} rows under align={constraints.align}, "
             f"pcp_size={constraints.pcp_size}"
         )
-    return _tuple_new(
-        UBatch,
-        (
-            index,
-            slice(token_start, token_stop),
-            slice(request_start, request_stop),
-            num_real,
-            rows - num_real,
-            piece_tokens,
-            piece_row_starts,
-        ),
+    return ubatch_record(
+        index,
+        token_start,
+        token_stop,
+        request_start,
+        request_stop,
+        rows - num_real,
+        piece_tokens,
+        piece_row_starts,
     )
 
 
-def built_plan(
-    policy,
-    counts,
-    constraints,
-    split_token,
-    ubatches,
-    boundary_request,
-    head_tokens,
-    tail_tokens,
-    fallback_reason,
-    cu_tokens=None,
-):
-    """A ``SplitPlan`` from planner-checked parts, fields in one order for both planners.
+def built_plan(*fields, cu_tokens=None):
+    """A ``SplitPlan`` from planner-checked ``fields``, in ``PLAN_FIELDS`` order.
 
-    ``counts`` is the scalar planner's tuple of ints (the array is made on first
-    read) or the vectorised planner's read-only array, which comes with its
-    ``cu_tokens``.
+    ``token_counts`` is the scalar planner's tuple of ints (the array is made on
+    first read) or the vectorised planner's read-only array, which comes with
+    its ``cu_tokens``.
     """
-    plan = _tuple_new(
-        SplitPlan,
-        (
-            policy,
-            counts,
-            constraints,
-            split_token,
-            ubatches,
-            boundary_request,
-            head_tokens,
-            tail_tokens,
-            fallback_reason,
-        ),
-    )
+    plan = _tuple_new(SplitPlan, fields)
     if cu_tokens is not None:
         plan.__dict__["cu_tokens"] = cu_tokens  # cached_property's slot: already computed
     return plan

@@ -178,7 +178,7 @@ def _unsplit_plan(
         0,
         0,
         fallback_reason,
-        cu_tokens,
+        cu_tokens=cu_tokens,
     )
 
 
@@ -227,5 +227,5 @@ def _split_plan(
         head_tokens,
         tail_tokens,
         None,
-        cu_tokens,
+        cu_tokens=cu_tokens,
     )

@@ -106,39 +106,56 @@ def _check_placement(plan: SplitPlan, qsl: np.ndarray, num_reqs: int) -> None:
             )
 
 
-def split_request_arrays(plan: SplitPlan, qsl, seq_lens, computed) -> list[tuple]:
-    """Per ubatch (query_start_loc, seq_lens, num_computed_tokens), read-only int64.
+def cut_request_arrays(plan: SplitPlan, qsl, seq_lens, computed) -> list[tuple]:
+    """Per ubatch ``(query_start_loc, seq_lens, num_computed_tokens, already_done, left_over)``.
 
-    query_start_loc is clipped to the token slice and rebased. A first request
-    that started in the previous ubatch gets ``num_computed_tokens += tokens
-    already there`` (its seq_len stays the original); a last request cut by the
-    slice ends at ``seq_len - tokens left for the next ubatch`` (computed + head).
-    Untouched entries are views of the parent's (read-only) arrays.
+    The arrays keep the inputs' dtype and are views of them except where an entry
+    changes (then a fresh, writable copy): query_start_loc is clipped to the token
+    slice and rebased; a first request that started in the previous ubatch gets
+    ``num_computed_tokens += already_done`` (its seq_len stays the original); a
+    last request cut by the slice ends ``left_over`` tokens early (computed + head).
+    The caller has checked that ``qsl`` places the plan's tokens (``split_request_arrays``
+    does, the engine adapters compare it with the plan's prefix sums).
     """
-    _check_placement(plan, qsl, seq_lens.shape[0])
     parts = []
     for ubatch in plan.ubatches:
         token_start, token_stop = ubatch.token_slice.start, ubatch.token_slice.stop
         req_start, req_stop = ubatch.request_slice.start, ubatch.request_slice.stop
-        # qsl is sorted and the slice holds exactly the overlapping requests, so only its
-        # two ends can fall outside [token_start, token_stop]: rebase, then pin the ends.
-        local_qsl = qsl[req_start : req_stop + 1] - token_start
-        local_qsl[0] = 0
-        local_qsl[-1] = token_stop - token_start
-        part_computed = computed[req_start:req_stop]
-        part_seq_lens = seq_lens[req_start:req_stop]
         already_done = token_start - qsl.item(req_start)
+        left_over = qsl.item(req_stop) - token_stop
+        local_qsl = qsl[req_start : req_stop + 1]
+        if token_start or already_done or left_over:
+            # qsl is sorted and the slice holds exactly the overlapping requests, so only its
+            # two ends can fall outside [token_start, token_stop]: rebase, then pin the ends.
+            local_qsl = local_qsl - token_start
+            local_qsl[0] = 0
+            local_qsl[-1] = token_stop - token_start
+        part_computed = computed[req_start:req_stop]
         if already_done:
             part_computed = part_computed.copy()
             part_computed[0] += already_done
-            part_computed.setflags(write=False)
-        left_over = qsl.item(req_stop) - token_stop
+        part_seq_lens = seq_lens[req_start:req_stop]
         if left_over:
             part_seq_lens = part_seq_lens.copy()
             part_seq_lens[-1] -= left_over
-            part_seq_lens.setflags(write=False)
-        parts.append((_frozen(local_qsl), part_seq_lens, part_computed))
+        parts.append((local_qsl, part_seq_lens, part_computed, already_done, left_over))
     return parts
+
+
+def split_request_arrays(plan: SplitPlan, qsl, seq_lens, computed) -> list[tuple]:
+    """Per ubatch (query_start_loc, seq_lens, num_computed_tokens), read-only int64.
+
+    ``cut_request_arrays`` once ``qsl`` is checked to place each ubatch's tokens in
+    its requests (``ValueError`` otherwise). Untouched entries are views of the
+    parent's (read-only) arrays.
+    """
+    _check_placement(plan, qsl, seq_lens.shape[0])
+    return [
+        (_frozen(local_qsl), _frozen(part_seq), _frozen(part_computed))
+        for local_qsl, part_seq, part_computed, _, _ in cut_request_arrays(
+            plan, qsl, seq_lens, computed
+        )
+    ]
 
 
 def split_request_fields(plan: SplitPlan, parent) -> list[RequestFields]:
@@ -162,6 +179,7 @@ def split_request_fields(plan: SplitPlan, parent) -> list[RequestFields]:
 __all__ = [
     "INVARIANTS",
     "RequestFields",
+    "cut_request_arrays",
     "split_request_arrays",
     "split_request_fields",
     "validate_split_requests",

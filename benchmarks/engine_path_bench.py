@@ -20,6 +20,10 @@ sample by sample in one process:
   step (afd-plugin main 2e4378f): ``create_request_boundary_ubatch_slices``'s
   search (numpy prefix sums, Python ``min`` over the boundaries) plus
   ``_make_metadata_with_slice``'s per-field slicing of the same object.
+* the breakdown (``engine_path_parts``), timed in the same interleaved rounds:
+  ``adapter_split`` (the hook's splitter with the plan made), ``request_check``
+  (the adapter's check alone) and ``torch_ops_floor`` (only the torch calls the
+  adapter makes, replayed bare: the floor of any Python rewrite).
 
 Targets (issue 17, "Whole engine path"): engine_path median <= 100 us at 8
 requests and <= 300 us at 512; reported with the ratio to plugin_style_path, in wall
@@ -47,6 +51,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine_path_metadata import build_layout_batch, plugin_style_slice
+from engine_path_parts import aten_ops, part_callables
 
 from afd_split.integrations.afd_plugin.stages import (
     HookSession,
@@ -162,8 +167,12 @@ def bench_size(num_requests: int, layout_kind: str, samples: int, calls: int,
             for request_slice, token_slice in slices:
                 plugin_style_slice(batch, request_slice, token_slice)
 
+    plan = plan_stages(session, lengths, num_computed_tokens=computed, block_size=BLOCK_SIZE,
+                       slice_type=batch.slice_type).plan
+    parts = part_callables(batch, plan, session.splitter, BLOCK_SIZE)
     timed, cpu = time_interleaved({"engine_path": engine_path, "engine_plan_only": engine_plan_only,
-                                   "plugin_style_path": plugin_style_path}, samples, calls, seed)
+                                   "plugin_style_path": plugin_style_path, **parts},
+                                  samples, calls, seed)
     ratio = timed["engine_path"] / timed["plugin_style_path"]
     return {
         "num_requests": num_requests,
@@ -177,6 +186,12 @@ def bench_size(num_requests: int, layout_kind: str, samples: int, calls: int,
         "engine_plan_only_thread_cpu_us": spread(cpu["engine_plan_only"]),
         "plugin_style_path_thread_cpu_us": spread(cpu["plugin_style_path"]),
         "ratio_engine_to_plugin_thread_cpu": spread(cpu["engine_path"] / cpu["plugin_style_path"]),
+        "breakdown_thread_cpu_us": {name: spread(cpu[name])["median"]
+                                    for name in ("engine_plan_only", *parts)},
+        # The floor replays exactly the adapter's device ops: the same aten ops, counted.
+        "adapter_aten_ops": aten_ops(parts["adapter_split"]),
+        "floor_matches_adapter_ops": (aten_ops(parts["adapter_split"])
+                                      == aten_ops(parts["torch_ops_floor"])),
     }
 
 

@@ -10,6 +10,10 @@ per round, GC off, the thread's CPU clock so other processes inflate it less):
   * ``plain_python_boundary_search``: the request-boundary search as a plain
     Python loop over a list (validating counts), the AFD plugin's style;
   * ``plugin_style_scan``: numpy prefix sums then Python ``min()`` per boundary;
+  * ``plain_python_planner_with_slices`` (context, no target): the same search
+    plus what the plugin's ``create_request_boundary_ubatch_slices`` returns,
+    two ``UBatchSlice`` (request slice, token slice) dataclasses from the
+    engine's int64 array: the like-for-like output of a plan;
   * ``plan_token_balanced`` / ``plan_request_boundary``: ``plan_split`` on the
     int64 array a model runner holds;
   * ``plan_and_split_metadata``; ``plan_and_request_check`` (plan +
@@ -37,6 +41,7 @@ import platform
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +77,7 @@ SLOW_SAMPLES = 30
 """Samples of the O(T) token-level check (milliseconds per call)."""
 SLOW_CALLABLES = ("plan_split_metadata_and_validate", "validate_split")
 BASELINE = "plain_python_boundary_search"
+WITH_SLICES = "plain_python_planner_with_slices"
 PLANNERS = ("plan_token_balanced", "plan_request_boundary")
 
 SMALL_BATCH_MAX_REQUESTS = 8
@@ -113,6 +119,29 @@ def baseline_request_boundary(tokens: list[int], min_tokens: int = 1) -> int | N
         if best_key is None or key < best_key:
             best_key, best_cut = key, cut
     return best_cut
+
+
+@dataclass
+class UBatchSlice:
+    """The two fields of vLLM's ``vllm.v1.worker.ubatch_utils.UBatchSlice`` (a dataclass)."""
+
+    request_slice: slice
+    token_slice: slice
+
+
+def baseline_planner_with_slices(num_scheduled_tokens: np.ndarray):
+    """The plain-Python search plus the plugin's output: None (one request, no boundary) or
+    the two ubatch slices, from the int64 array the engine holds."""
+    tokens = num_scheduled_tokens.tolist()
+    cut = baseline_request_boundary(tokens)
+    if cut is None:
+        return None
+    total = sum(tokens)
+    head_requests = list(itertools.accumulate(tokens)).index(cut) + 1
+    return [
+        UBatchSlice(slice(0, head_requests), slice(0, cut)),
+        UBatchSlice(slice(head_requests, len(tokens)), slice(cut, total)),
+    ]
 
 
 def baseline_plugin_style_scan(num_scheduled_tokens: np.ndarray) -> int | None:
@@ -232,6 +261,11 @@ def bench_batch(num_requests: int, samples: int, seed: int) -> dict:
     # The baselines implement the same policy: they must find the same cut.
     assert boundary_plan.split_token == baseline_request_boundary(token_list), "policies differ"
     assert boundary_plan.split_token == baseline_plugin_style_scan(tokens), "policies differ"
+    with_slices = baseline_planner_with_slices(tokens)
+    if with_slices is not None:  # the plugin's slices are the plan's ubatch slices
+        assert [(s.request_slice, s.token_slice) for s in with_slices] == [
+            (u.request_slice, u.token_slice) for u in boundary_plan.ubatches
+        ], "slices differ"
     token_parts = split_metadata(token_plan, metadata)
     request_parts = split_request_fields(token_plan, fields)
     validate_split(token_plan, metadata, token_parts)
@@ -247,6 +281,7 @@ def bench_batch(num_requests: int, samples: int, seed: int) -> dict:
     fast = {
         BASELINE: lambda: baseline_request_boundary(token_list),
         "plugin_style_scan": lambda: baseline_plugin_style_scan(tokens),
+        WITH_SLICES: lambda: baseline_planner_with_slices(tokens),
         "plan_token_balanced": plan,
         "plan_request_boundary": lambda: plan_split(
             tokens, policy="request_boundary", constraints=constraints, allow_fallback=True
@@ -273,6 +308,9 @@ def bench_batch(num_requests: int, samples: int, seed: int) -> dict:
         "ratio_vs_plain_python": {
             name: ratio(timings[BASELINE], timings[name])
             for name in (*PLANNERS, "plugin_style_scan")
+        },
+        "ratio_vs_plain_python_with_slices": {
+            name: ratio(timings[WITH_SLICES], timings[name]) for name in PLANNERS
         },
     }
 
@@ -382,6 +420,13 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
         "issue_17_figures_us": ISSUE_17_FIGURES_US,
         "targets": targets_of(results) if CHECK_REQUESTS in args.sizes else [],
+        "context_planning_vs_planner_with_slices": {
+            str(result["num_requests"]): min(
+                result["ratio_vs_plain_python_with_slices"][name]["median_paired"]
+                for name in PLANNERS
+            )
+            for result in results
+        },
     }
     text = json.dumps(report, indent=2)
     if args.output:

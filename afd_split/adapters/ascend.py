@@ -40,10 +40,11 @@ from afd_split.adapters.common import (
     checked_results,
     compile_fields,
     field_is_set,
+    parent_arrays_of,
     positions_rows,
+    produced_arrays,
     reject_unsupported_fields,
     replaced,
-    request_fields_of,
     split_fields,
 )
 from afd_split.adapters.layout import (
@@ -62,7 +63,6 @@ from afd_split.adapters.slicing import (
 from afd_split.adapters.vllm import VLLM_FIELD_RULES, VLLM_RECOMPUTE, host_request_field
 from afd_split.errors import UnsupportedSplitError
 from afd_split.plan import SplitPlan
-from afd_split.requests import RequestFields, split_request_fields
 
 ASCEND_TAGS = ("v0.19.1rc1", "v0.26.0rc")
 ASCEND_LAYOUTS = tuple(load_layout(f"vllm-ascend-{tag}") for tag in ASCEND_TAGS)
@@ -140,13 +140,13 @@ PcpStageBuilder = Callable[[PcpStage], Mapping[str, object]]
 def _actual_seq_lengths_q(context):
     if not context.common.actual_seq_lengths_q:
         return []
-    return context.part.query_start_loc[1:].tolist()
+    return context.query_start_loc[1:].tolist()
 
 
 def _attn_state(chunked_prefill: bool):
     def recompute(context):
         states = type(context.common.attn_state)
-        if not context.part.num_computed_tokens.any():
+        if not context.num_computed_tokens.any():
             return states.PrefillNoCache
         if chunked_prefill or context.common.attn_state is states.ChunkedPrefill:
             return states.ChunkedPrefill
@@ -271,21 +271,21 @@ def check_ascend_split_support(
     return program
 
 
-def _pcp_stage(ubatch, part: RequestFields) -> PcpStage:
-    qsl = part.query_start_loc
+def _pcp_stage(ubatch, produced: tuple) -> PcpStage:
+    qsl, seq_lens, computed = (np.array(array, dtype=np.int64) for array in produced)
     return PcpStage(
         index=ubatch.index,
         request_slice=ubatch.request_slice,
         token_slice=ubatch.token_slice,
         num_scheduled_tokens=qsl[1:] - qsl[:-1],
-        num_computed_tokens=part.num_computed_tokens,
-        seq_lens=part.seq_lens,
+        num_computed_tokens=computed,
+        seq_lens=seq_lens,
         num_rows=ubatch.num_rows,
     )
 
 
-def _stage_pcp_fields(builder: PcpStageBuilder, ubatch, part, layout: PinnedLayout) -> dict:
-    built = dict(builder(_pcp_stage(ubatch, part)))
+def _stage_pcp_fields(builder: PcpStageBuilder, ubatch, produced, layout: PinnedLayout) -> dict:
+    built = dict(builder(_pcp_stage(ubatch, produced)))
     unknown = sorted(set(built) - (PCP_BUILDER_FIELDS & layout.field_set))
     if unknown:
         raise UnsupportedSplitError(
@@ -314,15 +314,17 @@ def split_ascend_common_metadata(
     ``afd_split.adapters.vllm.split_common_metadata``.
     """
     program = check_ascend_split_support(common, plan, pcp_stage_builder=pcp_stage_builder)
-    parent = request_fields_of(plan, common, program)
-    parts = split_request_fields(plan, parent)
+    parent = parent_arrays_of(plan, common, program)
     recompute = ASCEND_RECOMPUTE_BY_MODE[bool(chunked_prefill), pcp_stage_builder is not None]
-    per_ubatch = split_fields(plan, common, program, recompute, parent, parts, padded_rows=True)
+    per_ubatch = split_fields(plan, common, program, recompute, parent, padded_rows=True)
     results = []
-    for ubatch, part, values in zip(plan.ubatches, parts, per_ubatch, strict=True):
+    for ubatch, values in zip(plan.ubatches, per_ubatch, strict=True):
         if pcp_stage_builder is not None:
-            values.update(_stage_pcp_fields(pcp_stage_builder, ubatch, part, program.layout))
+            produced = produced_arrays(values, program)
+            values.update(_stage_pcp_fields(pcp_stage_builder, ubatch, produced, program.layout))
         sub = replaced(common, values)
         rows = positions_rows(positions, common, values, ubatch, with_padding=True)
         results.append((sub, rows))
-    return checked_results(plan, common, positions, block_size, program, parent, results, check)
+    return checked_results(
+        plan, common, positions, block_size, program, parent, per_ubatch, results, check
+    )

@@ -2,17 +2,19 @@
 
 API: ``HostSources``; ``FieldProgram`` / ``compile_fields(layout, rules, sources, cls)``
 (the layout's fields grouped by rule, once per engine class);
-``request_fields_of(plan, common, program)``; ``reject_unsupported_fields(common,
-program)``; ``split_fields(plan, common, program, recompute, parent, parts,
-padded_rows)``; ``produced_request_fields(sub, program)``; ``replaced(common,
-values)``; ``positions_rows(positions, common, values, ubatch, with_padding)``;
-``checked_results(plan, common, positions, block_size, program, parent, results,
-check)``; ``UBatchContext``.
+``parent_arrays_of(plan, common, program)`` (the parent's host request arrays);
+``reject_unsupported_fields(common, program)``; ``split_fields(plan, common,
+program, recompute, parent, padded_rows)``; ``produced_arrays(values, program)``;
+``replaced(common, values)``; ``positions_rows(positions, common, values, ubatch,
+with_padding)``; ``checked_results(plan, common, positions, block_size, program,
+parent, per_ubatch, results, check)``; ``StageContext``.
 
 Every field of the layout is handled by its ``FieldRule``; a RECOMPUTE field
 takes its value from the adapter's ``recompute`` table, a function of the
-``UBatchContext`` (plan, ubatch, its request fields, the parent). A field
-without a rule, or a RECOMPUTE field without a function, fails closed.
+``StageContext`` (plan, ubatch, parent object, the ubatch's host request arrays
+in the engine's dtype). A field without a rule, or a RECOMPUTE field without a
+function, fails closed. The check reads what was produced: the host copies in
+the ubatches' new field values.
 """
 
 from __future__ import annotations
@@ -27,12 +29,15 @@ from afd_split.adapters.slicing import (
     PAD_POSITION,
     check_engine_counts,
     check_split,
-    parent_request_fields,
+    host_numpy,
+    parent_host_arrays,
+    torch_module,
     ubatch_token_rows,
 )
-from afd_split.errors import UnsupportedSplitError
-from afd_split.plan import SplitPlan, UBatch
-from afd_split.requests import RequestFields
+from afd_split.errors import SplitInvariantError, UnsupportedSplitError
+from afd_split.plan import SplitPlan
+from afd_split.request_diagnosis import COMPUTED_TOKENS, SEQ_LENS
+from afd_split.requests import cut_request_arrays
 
 
 @dataclass(frozen=True)
@@ -101,21 +106,35 @@ def compile_fields(layout: PinnedLayout, rules, sources: HostSources, cls=None) 
     )
 
 
-@dataclass(frozen=True)
-class UBatchContext:
-    """What a recompute function sees for one ubatch."""
+class StageContext:
+    """What a recompute function sees for one ubatch: the plan, the ubatch, the parent
+    object and the ubatch's host request arrays (engine dtype, ``cut_request_arrays``)."""
 
-    plan: SplitPlan
-    ubatch: UBatch
-    part: RequestFields
-    parent: RequestFields
-    common: object
+    __slots__ = (
+        "already_done",
+        "common",
+        "left_over",
+        "num_computed_tokens",
+        "plan",
+        "query_start_loc",
+        "seq_lens",
+        "ubatch",
+    )
+
+    def __init__(self, plan, ubatch, common, arrays) -> None:
+        self.plan, self.ubatch, self.common = plan, ubatch, common
+        (
+            self.query_start_loc,
+            self.seq_lens,
+            self.num_computed_tokens,
+            self.already_done,
+            self.left_over,
+        ) = arrays
 
     @property
-    def left_over(self) -> int:
-        """Tokens of the ubatch's last request that belong to the next ubatch."""
-        stop = self.ubatch.request_slice.stop
-        return self.parent.query_start_loc.item(stop) - self.ubatch.token_slice.stop
+    def num_reqs(self) -> int:
+        """Requests of the ubatch (a cut request counts on both sides)."""
+        return self.seq_lens.shape[0]
 
 
 def _is_set(value, default) -> bool:
@@ -131,6 +150,12 @@ def field_is_set(common, name: str) -> bool:
 
 def reject_unsupported_fields(common, program: FieldProgram) -> None:
     """Fail closed, naming every set field whose rule is REJECT_WHEN_SET."""
+    for name, default in program.reject_when_set:  # the common case: nothing set, no list
+        value = getattr(common, name)
+        if value is not default and _is_set(value, default):
+            break
+    else:
+        return
     bad = [
         name for name, default in program.reject_when_set if _is_set(getattr(common, name), default)
     ]
@@ -142,11 +167,14 @@ def reject_unsupported_fields(common, program: FieldProgram) -> None:
 
 
 def _first_set(common, names: tuple[str, ...]) -> str | None:
-    return next((name for name in names if getattr(common, name) is not None), None)
+    for name in names:
+        if getattr(common, name) is not None:
+            return name
+    return None
 
 
-def request_fields_of(plan: SplitPlan, common, program: FieldProgram) -> RequestFields:
-    """The parent's real requests from its host fields; never a device read."""
+def parent_arrays_of(plan: SplitPlan, common, program: FieldProgram) -> tuple:
+    """The parent's real-request host arrays ``(qsl, seq_lens, computed)``; never a device read."""
     layout = program.layout
     seq_name = _first_set(common, program.seq_lens_sources)
     if seq_name is None:
@@ -155,9 +183,12 @@ def request_fields_of(plan: SplitPlan, common, program: FieldProgram) -> Request
             "seq_lens would need a device-to-host copy of seq_lens"
         )
     computed_name = _first_set(common, program.computed_sources)
-    source = f"{layout.describe()} ({seq_name})"
+
+    def source() -> str:
+        return f"{layout.describe()} ({seq_name})"
+
     check_engine_counts(plan, common.num_reqs, common.num_actual_tokens, source=source)
-    return parent_request_fields(
+    return parent_host_arrays(
         plan,
         common.query_start_loc_cpu,
         getattr(common, seq_name),
@@ -166,16 +197,33 @@ def request_fields_of(plan: SplitPlan, common, program: FieldProgram) -> Request
     )
 
 
-def produced_request_fields(sub, program: FieldProgram) -> RequestFields:
-    """The request-level fields read back from a produced ubatch (host fields only)."""
-    seq_lens = getattr(sub, _first_set(sub, program.seq_lens_sources)).numpy()
-    qsl = sub.query_start_loc_cpu.numpy()
-    computed_name = _first_set(sub, program.computed_sources)
-    if computed_name is None:
+def _agreeing_copies(values: dict, names: tuple[str, ...], invariant: str):
+    """The first set of the host copies ``names`` of one ubatch; every other set copy must
+    hold the same entries (fails naming it), so no copy goes unchecked."""
+    first = array = None
+    for name in names:
+        value = values[name]
+        if value is None:
+            continue
+        if array is None:
+            first, array = name, host_numpy(value)
+        elif host_numpy(value).tobytes() != array.tobytes():
+            raise SplitInvariantError(
+                f"{invariant}: the ubatch's {name} {host_numpy(value).tolist()[:8]} differs "
+                f"from its {first} {array.tolist()[:8]}"
+            )
+    return array
+
+
+def produced_arrays(values: dict, program: FieldProgram) -> tuple:
+    """A produced ubatch's request-level host arrays, read back from its new field values
+    (``SplitInvariantError`` when two host copies of one field disagree)."""
+    qsl = host_numpy(values["query_start_loc_cpu"])
+    seq_lens = _agreeing_copies(values, program.seq_lens_sources, SEQ_LENS)
+    computed = _agreeing_copies(values, program.computed_sources, COMPUTED_TOKENS)
+    if computed is None:
         computed = seq_lens - (qsl[1:] - qsl[:-1])
-    else:
-        computed = getattr(sub, computed_name).numpy()
-    return RequestFields(qsl, seq_lens, computed)
+    return qsl, seq_lens, computed
 
 
 def positions_rows(positions, common, values: dict, ubatch, *, with_padding: bool):
@@ -187,14 +235,25 @@ def positions_rows(positions, common, values: dict, ubatch, *, with_padding: boo
 
 
 def checked_results(
-    plan: SplitPlan, common, positions, block_size: int, program, parent, results, check: str
+    plan: SplitPlan,
+    common,
+    positions,
+    block_size: int,
+    program,
+    parent,
+    per_ubatch,
+    results,
+    check: str,
 ) -> list:
     """``results`` (per-ubatch ``(metadata, positions)``) once the adapter's check passed.
 
-    ``check`` is ``"requests"`` (the produced host request fields) or ``"full"``
-    (also the token-level ``validate_split``: debugging only).
+    The request-level check reads what was produced: each ubatch's host
+    query_start_loc / seq_lens / computed fields, from its new field values
+    (``per_ubatch``, the dicts the ubatch objects were built from).
+    ``check`` is ``"requests"`` or ``"full"`` (also the token-level
+    ``validate_split``: debugging only).
     """
-    produced = [produced_request_fields(sub, program) for sub, _ in results]
+    produced = [produced_arrays(values, program) for values in per_ubatch]
     check_split(plan, parent, produced, check)
     if check == CHECK_FULL:
         from afd_split.adapters.debug import validate_token_level  # lazy: debug path only
@@ -204,27 +263,20 @@ def checked_results(
 
 
 def split_fields(
-    plan: SplitPlan,
-    common,
-    program: FieldProgram,
-    recompute,
-    parent: RequestFields,
-    parts: list[RequestFields],
-    *,
-    padded_rows: bool,
+    plan: SplitPlan, common, program: FieldProgram, recompute, parent, *, padded_rows: bool
 ) -> list[dict]:
     """Per ubatch, the new value of every field that is not shared with the parent.
 
-    ``padded_rows=True`` lays token-indexed fields out over the ubatch's
-    ``num_rows`` rows (real tokens plus padding with the field's pad value);
-    otherwise they hold the real tokens only.
+    ``parent`` is the parent's host arrays (``parent_arrays_of``). ``padded_rows=True``
+    lays token-indexed fields out over the ubatch's ``num_rows`` rows (real
+    tokens plus padding with the field's pad value); otherwise they hold the
+    real tokens only.
     """
-    import torch  # lazy: adapters only
-
     per_ubatch = []
-    for ubatch, part in zip(plan.ubatches, parts, strict=True):
-        context = UBatchContext(plan, ubatch, part, parent, common)
-        values = {name: recompute[name](context) for name in program.recompute}
+    recompute_items = tuple((name, recompute[name]) for name in program.recompute)
+    for ubatch, arrays in zip(plan.ubatches, cut_request_arrays(plan, *parent), strict=True):
+        context = StageContext(plan, ubatch, common, arrays)
+        values = {name: function(context) for name, function in recompute_items}
         request_slice = ubatch.request_slice
         for name in program.request_rows:
             value = getattr(common, name)
@@ -241,7 +293,7 @@ def split_fields(
         for name in program.fresh_buffer:
             value = getattr(common, name)
             if value is not None:
-                values[name] = torch.empty_like(value)
+                values[name] = torch_module().empty_like(value)
         per_ubatch.append(values)
     return per_ubatch
 
@@ -301,7 +353,10 @@ def replaced(common, values: dict):
         return dataclasses.replace(common, **values)
     parent = common.__dict__
     sub = object.__new__(type(common))
-    state = {name: parent[name] for name in names}
+    if len(parent) == len(names):  # the fields only (every field is set by __init__): one copy
+        state = parent.copy()
+    else:
+        state = {name: parent[name] for name in names}
     state.update(values)
     sub.__dict__.update(state)
     return sub

@@ -40,13 +40,15 @@ def _metadata(fields: RequestFields, slots, block_table, positions, block_size) 
 
 
 def validate_token_level(
-    plan: SplitPlan, common, positions, block_size: int, parent: RequestFields, results
+    plan: SplitPlan, common, positions, block_size: int, parent: tuple, results
 ) -> None:
     """``validate_split`` over the parent and the produced ``(metadata, positions)`` pairs.
 
+    ``parent`` is the parent's real-request host arrays ``(qsl, seq_lens, computed)``.
     Each ubatch's real rows are read at ``UBatch.real_row_indices`` (its padding
     rows, if any, are skipped), so the same check serves padded Ascend ubatches.
     """
+    parent = RequestFields(*parent)
     parent_meta = _metadata(
         parent, common.slot_mapping, common.block_table_tensor, positions, block_size
     )

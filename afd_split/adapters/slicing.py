@@ -1,9 +1,10 @@
 """Host reads and device slicing shared by the vLLM and vLLM-Ascend adapters.
 
-API: ``parent_request_fields(plan, common, host) -> RequestFields``;
-``ubatch_request_rows`` / ``ubatch_token_rows`` (device views, index ops only);
-``rebased_query_start_loc`` / ``cut_seq_lens`` (device arithmetic by plan ints);
-``host_tensor``; ``check_split(plan, parent, produced, mode)``.
+API: ``parent_host_arrays(plan, qsl_cpu, seq_lens_cpu, computed_cpu, source=)``
+(numpy views of the real requests, engine dtype); ``ubatch_request_rows`` /
+``ubatch_token_rows`` (device views, index ops only); ``rebased_query_start_loc``
+/ ``cut_seq_lens`` (device arithmetic by plan ints); ``host_like`` (a ubatch's
+host tensor over its array); ``check_split(plan, parent, produced, mode)``.
 
 Host-side values come only from the ``*_cpu`` fields the engine already holds
 (``query_start_loc_cpu``, ``_seq_lens_cpu`` / ``seq_lens_cpu_upper_bound``,
@@ -17,22 +18,19 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 
 import numpy as np
 
 from afd_split.errors import UnsupportedSplitError
 from afd_split.plan import SplitPlan, UBatch
-from afd_split.request_checks import validate_split_requests
-from afd_split.requests import RequestFields
+from afd_split.request_checks import check_split_arrays
 
 CHECK_REQUESTS = "requests"
 """Default per-step check: request-level invariants on the host fields (O(R), no sync)."""
 CHECK_FULL = "full"
 """Debug check: also token-level ``validate_split``; copies slot_mapping/block table to host."""
 CHECK_MODES = (CHECK_REQUESTS, CHECK_FULL)
-
-DTYPE_CACHE_SIZE = 16
-"""torch dtypes remembered by ``numpy_dtype`` (host fields use two or three)."""
 
 SCALAR_MAX_REQUESTS = 16
 """Up to this many requests a Python max over ``tolist()`` beats a numpy reduction."""
@@ -46,11 +44,13 @@ PAD_POSITION = 0
 def host_numpy(tensor) -> np.ndarray:
     """A numpy view of a host tensor or array (refuses a device tensor: that would sync).
 
-    A view, not a copy: ``RequestFields`` makes its own int64 copies, so copying
-    here too would only double the per-step cost.
+    A view, not a copy: the split reads the engine's host buffers of this step,
+    as the parent's own fields do.
     """
-    if isinstance(tensor, np.ndarray):
+    if type(tensor) is np.ndarray:
         return tensor
+    if getattr(tensor, "is_cpu", False):  # a host torch tensor: the per-step case
+        return tensor.numpy()
     if hasattr(tensor, "numpy"):
         if tensor.device.type != "cpu":
             raise UnsupportedSplitError(
@@ -60,54 +60,64 @@ def host_numpy(tensor) -> np.ndarray:
     return np.asarray(tensor)
 
 
-def parent_request_fields(
-    plan: SplitPlan, query_start_loc_cpu, seq_lens_cpu, computed_cpu, *, source: str
-) -> RequestFields:
-    """The parent's real-request fields, with padding requests/tokens checked and cut off.
+def parent_host_arrays(
+    plan: SplitPlan, query_start_loc_cpu, seq_lens_cpu, computed_cpu, *, source
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The parent's real-request host arrays: numpy views in the engine's dtype, no copy.
 
-    Real counts come from the plan (``plan.num_requests``, ``plan.num_tokens``),
-    never from the engine's possibly padded ``num_reqs`` / ``num_actual_tokens``.
-    ``computed_cpu=None`` derives computed tokens as seq_len - query_len.
+    Padding requests/tokens are checked and cut off: real counts come from the
+    plan (``plan.num_requests``, ``plan.num_tokens``), never from the engine's
+    possibly padded ``num_reqs`` / ``num_actual_tokens``. ``computed_cpu=None``
+    derives computed tokens as seq_len - query_len. The views live as long as
+    the engine's host buffers hold this step, as the parent's own fields do.
+    ``source()`` names where the fields came from (formatted only for an error).
     """
     num_reqs, num_tokens = plan.num_requests, plan.num_tokens
     qsl = host_numpy(query_start_loc_cpu)
     seq_lens = host_numpy(seq_lens_cpu)
     if qsl.shape[0] < num_reqs + 1 or seq_lens.shape[0] < num_reqs:
         raise ValueError(
-            f"{source}: query_start_loc_cpu has {qsl.shape[0]} entries and the host seq_lens "
+            f"{source()}: query_start_loc_cpu has {qsl.shape[0]} entries and the host seq_lens "
             f"{seq_lens.shape[0]}, but the plan has {num_reqs} requests"
         )
-    real_qsl = qsl[: num_reqs + 1]
-    # One memcmp against the plan's prefix sums (int64) instead of diff + array_equal.
-    if real_qsl.item(0) != 0 or (
-        real_qsl[1:].astype(np.int64, copy=False).tobytes() != plan.cu_tokens.tobytes()
-    ):
+    padded = qsl.shape[0] > num_reqs + 1  # slice only what the engine padded
+    real_qsl = qsl[: num_reqs + 1] if padded else qsl
+    if real_qsl.item(0) != 0 or not _same_prefix_sums(plan, real_qsl):
         raise ValueError(
-            f"{source}: query_start_loc_cpu[:{num_reqs + 1}] does not hold the plan's "
+            f"{source()}: query_start_loc_cpu[:{num_reqs + 1}] does not hold the plan's "
             f"per-request tokens {list(plan.num_scheduled_tokens)[:8]}...; the plan was made "
             "for a different batch"
         )
-    padding = qsl[num_reqs + 1 :]
-    if padding.size and (padding != num_tokens).any():
+    padding = qsl[num_reqs + 1 :] if padded else None
+    if padded and (padding != num_tokens).any():
         raise ValueError(
-            f"{source}: a padding request entry of query_start_loc_cpu past request "
+            f"{source()}: a padding request entry of query_start_loc_cpu past request "
             f"{num_reqs} holds tokens ({padding.tolist()[:8]}), but the plan has all "
             f"{num_tokens} real tokens in its {num_reqs} requests"
         )
-    real_seq_lens = seq_lens[:num_reqs]
-    query_lens = plan.token_counts
+    real_seq_lens = seq_lens[:num_reqs] if seq_lens.shape[0] > num_reqs else seq_lens
     if computed_cpu is None:
-        computed = real_seq_lens - query_lens
+        computed = real_seq_lens - (real_qsl[1:] - real_qsl[:-1])
     else:
-        computed = host_numpy(computed_cpu)[:num_reqs]
-    return RequestFields(real_qsl, real_seq_lens, computed)
+        computed = host_numpy(computed_cpu)
+        if computed.shape[0] != num_reqs:
+            computed = computed[:num_reqs]
+    return real_qsl, real_seq_lens, computed
 
 
-def check_engine_counts(plan: SplitPlan, num_reqs: int, num_tokens: int, *, source: str) -> None:
-    """The engine's (possibly padded) counts must hold at least the plan's real ones."""
+def _same_prefix_sums(plan: SplitPlan, qsl: np.ndarray) -> bool:
+    """``qsl[1:]`` equals the plan's prefix sums (Python lists when small: no plan array)."""
+    if qsl.shape[0] <= SCALAR_MAX_REQUESTS + 1:
+        return qsl[1:].tolist() == list(itertools.accumulate(plan.num_scheduled_tokens))
+    return qsl[1:].astype(np.int64, copy=False).tobytes() == plan.cu_tokens.tobytes()
+
+
+def check_engine_counts(plan: SplitPlan, num_reqs: int, num_tokens: int, *, source) -> None:
+    """The engine's (possibly padded) counts must hold at least the plan's real ones
+    (``source()`` names where they came from)."""
     if num_reqs < plan.num_requests or num_tokens < plan.num_tokens:
         raise ValueError(
-            f"{source}: num_reqs={num_reqs}, num_actual_tokens={num_tokens} hold fewer than "
+            f"{source()}: num_reqs={num_reqs}, num_actual_tokens={num_tokens} hold fewer than "
             f"the plan's {plan.num_requests} requests / {plan.num_tokens} tokens"
         )
 
@@ -126,11 +136,10 @@ def ubatch_token_rows(tensor, ubatch: UBatch, *, with_padding: bool, pad_value: 
     still a view when the real rows are a prefix and no row is padding,
     otherwise one ``new_full`` plus a ``cat`` or an ``index_copy`` on the device.
     """
-    import torch  # lazy: adapters only
-
     real = tensor[ubatch.token_slice] if tensor.ndim == 1 else tensor[..., ubatch.token_slice]
     if not with_padding or not ubatch.num_padded_tokens:
         return real
+    torch = torch_module()
     shape = (*tensor.shape[:-1], ubatch.num_rows)
     if ubatch.real_rows_are_prefix:
         pad = real.new_full((*tensor.shape[:-1], ubatch.num_padded_tokens), pad_value)
@@ -140,19 +149,23 @@ def ubatch_token_rows(tensor, ubatch: UBatch, *, with_padding: bool, pad_value: 
     return rows.index_copy_(-1, index, real)
 
 
-def rebased_query_start_loc(query_start_loc, ubatch: UBatch):
+def rebased_query_start_loc(query_start_loc, ubatch: UBatch, already_done: int, left_over: int):
     """Device query_start_loc of the ubatch: the parent's slice, rebased and pinned at its ends.
 
     The entries are sorted and the request slice holds exactly the requests that
-    overlap the token slice, so only the two ends fall outside [0, real tokens]
-    once rebased: one clamp pins them (two device ops instead of two scalar writes).
+    overlap the token slice, so only the two ends can fall outside [0, real
+    tokens] once rebased, and only when a request is cut there (``already_done``
+    / ``left_over``): one clamp pins them. A head that cuts nothing is a view.
     """
-    start, stop = ubatch.request_slice.start, ubatch.request_slice.stop
-    window = query_start_loc[start : stop + 1]
+    window = query_start_loc[ubatch.request_slice.start : ubatch.request_slice.stop + 1]
     token_start = ubatch.token_slice.start
-    if not token_start:  # the head: nothing to rebase; clamp out of place (a view of the parent)
-        return window.clamp(0, ubatch.num_real_tokens)
-    return (window - token_start).clamp_(0, ubatch.num_real_tokens)
+    if token_start:
+        window = window - token_start
+    if not (already_done or left_over):
+        return window
+    if token_start:  # a new tensor already: pin in place
+        return window.clamp_(0, ubatch.num_real_tokens)
+    return window.clamp(0, ubatch.num_real_tokens)  # out of place: the window is the parent's
 
 
 def cut_seq_lens(seq_lens, ubatch: UBatch, left_over: int):
@@ -165,44 +178,42 @@ def cut_seq_lens(seq_lens, ubatch: UBatch, left_over: int):
     return part
 
 
-def host_tensor(array: np.ndarray, like):
-    """A new host tensor (or array) of ``array`` with ``like``'s dtype (the parent's host copy).
-
-    ``from_numpy`` of a fresh ``astype`` copy: the part arrays are read-only and
-    shared, and this is several times cheaper than ``torch.tensor`` per step.
-    """
-    import torch  # lazy: adapters only
-
+def host_like(array: np.ndarray, like):
+    """``array`` as the parent's host field ``like`` holds it: a host tensor sharing its memory
+    (``from_numpy``), in ``like``'s dtype, or an array when ``like`` is one."""
     if isinstance(like, np.ndarray):
-        return array.astype(like.dtype)
-    return torch.from_numpy(array.astype(numpy_dtype(like.dtype)))  # like is a host tensor
+        return array if array.dtype == like.dtype else array.astype(like.dtype)
+    tensor = torch_module().from_numpy(array)
+    return tensor if tensor.dtype is like.dtype else tensor.to(like.dtype)
 
 
-@functools.lru_cache(maxsize=DTYPE_CACHE_SIZE)
-def numpy_dtype(torch_dtype) -> np.dtype:
-    """The numpy dtype of a torch dtype (cheaper than ``like.numpy().dtype`` per field)."""
-    import torch  # lazy: adapters only
+@functools.cache
+def torch_module():
+    """torch, imported on first use (afd_split does not import it at import time)."""
+    import torch
 
-    return torch.empty(0, dtype=torch_dtype).numpy().dtype
+    return torch
 
 
 def host_max(array: np.ndarray) -> int:
-    """``int(array.max())`` of a host request array (plain Python for small batches)."""
+    """``int(array.max())`` of a host request array (plain Python for small batches;
+    ``argmax`` skips the ufunc-reduce machinery of ``max`` on large ones)."""
     if array.shape[0] <= SCALAR_MAX_REQUESTS:
         return max(array.tolist())
-    return int(array.max())
+    return array.item(array.argmax())
 
 
 def max_query_len(query_start_loc: np.ndarray) -> int:
     """The largest per-request token count of a host query_start_loc (plain Python when small)."""
     if query_start_loc.shape[0] <= SCALAR_MAX_REQUESTS:
         starts = query_start_loc.tolist()
-        return max(stop - start for start, stop in itertools.pairwise(starts))
-    return int((query_start_loc[1:] - query_start_loc[:-1]).max())
+        return max(map(operator.sub, starts[1:], starts[:-1]))
+    return host_max(query_start_loc[1:] - query_start_loc[:-1])
 
 
-def check_split(plan: SplitPlan, parent: RequestFields, produced: list[RequestFields], mode: str):
-    """Run the chosen check on what the adapter produced (read back from the ubatch objects)."""
+def check_split(plan: SplitPlan, parent: tuple, produced: list[tuple], mode: str):
+    """Run the chosen check on what the adapter produced (host arrays read back from the
+    ubatches' new fields, ``(qsl, seq_lens, computed)`` each, like ``parent``)."""
     if mode not in CHECK_MODES:
         raise ValueError(f"check={mode!r} is not one of {CHECK_MODES}")
-    validate_split_requests(plan, parent, produced)
+    check_split_arrays(plan, *parent, produced)

@@ -31,10 +31,10 @@ from afd_split.adapters.common import (
     check_recompute_table,
     checked_results,
     compile_fields,
+    parent_arrays_of,
     positions_rows,
     reject_unsupported_fields,
     replaced,
-    request_fields_of,
     split_fields,
 )
 from afd_split.adapters.layout import (
@@ -49,15 +49,14 @@ from afd_split.adapters.slicing import (
     PAD_POSITION,
     PAD_SLOT_ID,
     cut_seq_lens,
+    host_like,
     host_max,
-    host_tensor,
     max_query_len,
     rebased_query_start_loc,
     ubatch_request_rows,
 )
 from afd_split.errors import UnsupportedSplitError
 from afd_split.plan import SplitPlan
-from afd_split.requests import split_request_fields
 
 SUPPORTED_VLLM_VERSIONS = ("0.19.1", "0.26.0", "0.33.0")
 VLLM_LAYOUTS = tuple(load_layout(f"vllm-{version}") for version in SUPPORTED_VLLM_VERSIONS)
@@ -111,11 +110,12 @@ prefill rows); computed tokens: the backing field, else seq_len - query_len."""
 
 
 def host_request_field(name: str, values: str):
-    """Recompute a host request-indexed field from the ubatch's ``values`` when the parent set it."""
+    """Recompute a host request-indexed field from the ubatch's ``values`` array (a
+    ``StageContext`` attribute) when the parent set it."""
 
     def recompute(context):
         like = getattr(context.common, name)
-        return None if like is None else host_tensor(getattr(context.part, values), like)
+        return None if like is None else host_like(getattr(context, values), like)
 
     return recompute
 
@@ -125,22 +125,26 @@ def _causal(context):
     return causal if isinstance(causal, bool) else ubatch_request_rows(causal, context.ubatch)
 
 
+def _query_start_loc(context):
+    return rebased_query_start_loc(
+        context.common.query_start_loc, context.ubatch, context.already_done, context.left_over
+    )
+
+
 VLLM_RECOMPUTE = MappingProxyType(
     {
-        "query_start_loc": lambda c: rebased_query_start_loc(c.common.query_start_loc, c.ubatch),
-        "query_start_loc_cpu": lambda c: host_tensor(
-            c.part.query_start_loc, c.common.query_start_loc_cpu
-        ),
+        "query_start_loc": _query_start_loc,
+        "query_start_loc_cpu": host_request_field("query_start_loc_cpu", "query_start_loc"),
         "seq_lens": lambda c: cut_seq_lens(c.common.seq_lens, c.ubatch, c.left_over),
         "_seq_lens_cpu": host_request_field("_seq_lens_cpu", "seq_lens"),
         "seq_lens_cpu_upper_bound": host_request_field("seq_lens_cpu_upper_bound", "seq_lens"),
         "_num_computed_tokens_cpu": host_request_field(
             "_num_computed_tokens_cpu", "num_computed_tokens"
         ),
-        "num_reqs": lambda c: c.part.num_reqs,
+        "num_reqs": lambda c: c.num_reqs,
         "num_actual_tokens": lambda c: c.ubatch.num_real_tokens,
-        "max_query_len": lambda c: max_query_len(c.part.query_start_loc),
-        "max_seq_len": lambda c: host_max(c.part.seq_lens),
+        "max_query_len": lambda c: max_query_len(c.query_start_loc),
+        "max_seq_len": lambda c: host_max(c.seq_lens),
         "causal": _causal,
     }
 )
@@ -182,11 +186,8 @@ def split_common_metadata(
             f"plan has pcp_size={plan.constraints.pcp_size}: the vLLM adapter does not build "
             "PCP metadata; use afd_split.adapters.ascend with the engine's PCP builder"
         )
-    parent = request_fields_of(plan, common, program)
-    parts = split_request_fields(plan, parent)
-    per_ubatch = split_fields(
-        plan, common, program, VLLM_RECOMPUTE, parent, parts, padded_rows=False
-    )
+    parent = parent_arrays_of(plan, common, program)
+    per_ubatch = split_fields(plan, common, program, VLLM_RECOMPUTE, parent, padded_rows=False)
     results = [
         (
             replaced(common, values),
@@ -194,7 +195,9 @@ def split_common_metadata(
         )
         for ubatch, values in zip(plan.ubatches, per_ubatch, strict=True)
     ]
-    return checked_results(plan, common, positions, block_size, program, parent, results, check)
+    return checked_results(
+        plan, common, positions, block_size, program, parent, per_ubatch, results, check
+    )
 
 
 def common_attention_metadata_type() -> type:

@@ -73,6 +73,28 @@ def module_state_changes(before: dict, after: dict) -> list[str]:
     return changes
 
 
+class _LifetimeProbe:
+    """Stands in for an object that takes no weak reference, and lives exactly as long."""
+
+
+LIFETIME_PROBE_KEY = "_soak_lifetime_probe"
+
+
+def lifetime_ref(obj) -> weakref.ref:
+    """A weak reference that goes dead with ``obj``.
+
+    Plans and ubatches are tuple records, which take no weak references; for
+    them the reference is to a probe held only by the record's instance dict,
+    so it dies when the record does (its caches live in the same dict).
+    """
+    try:
+        return weakref.ref(obj)
+    except TypeError:
+        probe = _LifetimeProbe()
+        vars(obj)[LIFETIME_PROBE_KEY] = probe
+        return weakref.ref(probe)
+
+
 @dataclass
 class WeakSplitLog:
     """SplitObserver keeping only weak references, and the invariant checks, per run."""
@@ -97,9 +119,9 @@ class WeakSplitLog:
         changed = [n for n, v in before.items() if not np.array_equal(getattr(metadata, n), v)]
         if changed:
             self.violations.append(f"{label}: the split mutated the parent's {changed}")
-        self.refs.append((f"{label} plan", weakref.ref(plan)))
-        self.refs.append((f"{label} metadata", weakref.ref(metadata)))
-        self.refs.extend((f"{label} part {i}", weakref.ref(p)) for i, p in enumerate(parts))
+        self.refs.append((f"{label} plan", lifetime_ref(plan)))
+        self.refs.append((f"{label} metadata", lifetime_ref(metadata)))
+        self.refs.extend((f"{label} part {i}", lifetime_ref(p)) for i, p in enumerate(parts))
         self.forwards += 1
 
     def alive_after_run(self) -> list[str]:

@@ -38,6 +38,7 @@ from gate_lib import (
     record_gate_result,
 )
 
+from afd_split import plan_split
 from pytest_afd.backends.base import (
     CAP_SPLIT_OBSERVER,
     PromptRequest,
@@ -261,12 +262,13 @@ def test_gate_5_detectors_see_contamination():
     """A module global that grows, a rebound one and a leftover reference are each reported."""
     holder = soak_lib.WeakSplitLog()
 
-    class Plan:
-        is_split = False
-
-    kept = Plan()
-    holder.refs.append(("kept plan", soak_lib.weakref.ref(kept)))
+    kept = plan_split([5, 3], policy="token_balanced")  # a record: no weak reference of its own
+    holder.refs.append(("kept plan", soak_lib.lifetime_ref(kept)))
     assert holder.alive_after_run() == ["kept plan"]
+    gone = plan_split([5, 3], policy="token_balanced")
+    holder.refs.append(("dropped plan", soak_lib.lifetime_ref(gone)))
+    del gone
+    assert holder.alive_after_run() == []
     module = soak_lib.sys.modules["afd_split.plan"]
     before = soak_lib.module_state(["afd_split.plan"])
     module.soak_probe_cache = []

@@ -101,9 +101,21 @@ def test_rebased_query_start_loc_pins_only_the_ends():
     head, tail = PLAN.ubatches
     expected_head = [0, 40, head.num_real_tokens]
     expected_tail = [0, 140 - tail.token_slice.start, 160 - tail.token_slice.start, 100]
-    assert rebased_query_start_loc(qsl, head).tolist() == expected_head
-    assert rebased_query_start_loc(qsl, tail).tolist() == expected_tail
+    left_over, already_done = 140 - head.token_slice.stop, tail.token_slice.start - 40
+    assert rebased_query_start_loc(qsl, head, 0, left_over).tolist() == expected_head
+    assert rebased_query_start_loc(qsl, tail, already_done, 0).tolist() == expected_tail
     assert qsl.tolist() == [0, 40, 140, 160, 196], "the parent's tensor was changed"
+
+
+def test_rebased_query_start_loc_of_an_uncut_head_is_a_view():
+    qsl = torch.tensor([0, 40, 140, 160, 196], dtype=torch.int32)
+    plan = plan_split([40, 100, 20, 36], policy="request_boundary")
+    head, tail = plan.ubatches
+    assert plan.boundary_request is None
+    view = rebased_query_start_loc(qsl, head, 0, 0)
+    assert view.tolist() == [0, 40, 140] and view.data_ptr() == qsl.data_ptr()
+    start = tail.token_slice.start
+    assert rebased_query_start_loc(qsl, tail, 0, 0).tolist() == [0, 160 - start, 196 - start]
 
 
 @pytest.mark.parametrize("num_reqs", [1, SCALAR_MAX_REQUESTS, SCALAR_MAX_REQUESTS + 1, 512])

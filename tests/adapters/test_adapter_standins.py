@@ -183,31 +183,66 @@ def test_caches_are_cleared_not_shared():
 
 def _not_advanced(plan, parent, head, tail):
     """PR #203's splitter bug: the tail's boundary piece keeps the parent's computed tokens."""
-    computed = tail.num_computed_tokens.copy()
-    computed[0] = parent.num_computed_tokens[plan.boundary_request]
-    return head, dataclasses.replace(tail, num_computed_tokens=computed)
+    qsl, seq_lens, computed, already_done, left_over = tail
+    computed = computed.copy()
+    computed[0] = parent[2][plan.boundary_request]
+    return head, (qsl, seq_lens, computed, already_done, left_over)
 
 
 def _head_not_cut(plan, parent, head, tail):
     """The head's boundary piece keeps the whole request's seq_len."""
-    seq_lens = head.seq_lens.copy()
-    seq_lens[-1] = parent.seq_lens[plan.boundary_request]
-    return dataclasses.replace(head, seq_lens=seq_lens), tail
+    qsl, seq_lens, computed, already_done, left_over = head
+    seq_lens = seq_lens.copy()
+    seq_lens[-1] = parent[1][plan.boundary_request]
+    return (qsl, seq_lens, computed, already_done, left_over), tail
 
 
 @pytest.mark.parametrize("layout", VLLM_LAYOUTS, ids=lambda layout: layout.version)
 @pytest.mark.parametrize("fault", [_not_advanced, _head_not_cut], ids=lambda f: f.__name__)
 def test_default_check_catches_an_injected_split_bug(layout, fault, monkeypatch):
     """Fault injection into the request split the adapter uses: the per-step check fails."""
-    from afd_split.requests import split_request_fields
+    from afd_split.requests import cut_request_arrays
 
     if fault is _not_advanced and "_num_computed_tokens_cpu" not in layout.field_set:
         pytest.skip(f"vLLM {layout.version} holds no computed-tokens copy to get wrong")
 
-    def buggy_split(plan, parent):
-        return list(fault(plan, parent, *split_request_fields(plan, parent)))
+    def buggy_split(plan, qsl, seq_lens, computed):
+        parent = (qsl, seq_lens, computed)
+        return list(fault(plan, parent, *cut_request_arrays(plan, qsl, seq_lens, computed)))
 
-    monkeypatch.setattr("afd_split.adapters.vllm.split_request_fields", buggy_split)
+    monkeypatch.setattr("afd_split.adapters.common.cut_request_arrays", buggy_split)
+    common, positions, _ = vllm_case(layout)
+    with pytest.raises(SplitInvariantError):
+        split_common_metadata(PLAN, common, positions, BLOCK)
+
+
+HOST_FIELD_FAULTS = {
+    "query_start_loc_cpu": "query_start_loc",
+    "_seq_lens_cpu": "seq_lens",
+    "seq_lens_cpu_upper_bound": "seq_lens",
+    "_num_computed_tokens_cpu": "num_computed_tokens",
+}
+"""Host field -> the StageContext array it is built from."""
+
+
+@pytest.mark.parametrize("layout", VLLM_LAYOUTS, ids=lambda layout: layout.version)
+@pytest.mark.parametrize("field", sorted(HOST_FIELD_FAULTS))
+def test_default_check_reads_the_produced_host_fields(layout, field, monkeypatch):
+    """Fault injection after the request split: one produced host field is built wrong (off by
+    one in its last entry). The check reads the ubatches' fields, every host copy of a field
+    (0.26.0 has two of seq_lens), so it sees the bug."""
+    from afd_split.adapters import vllm
+
+    if field not in layout.field_set:
+        pytest.skip(f"vLLM {layout.version} has no {field}")
+    source = HOST_FIELD_FAULTS[field]
+
+    def off_by_one(context):
+        array = getattr(context, source).copy()
+        array[-1] += 1
+        return torch.from_numpy(array)
+
+    monkeypatch.setattr(vllm, "VLLM_RECOMPUTE", {**vllm.VLLM_RECOMPUTE, field: off_by_one})
     common, positions, _ = vllm_case(layout)
     with pytest.raises(SplitInvariantError):
         split_common_metadata(PLAN, common, positions, BLOCK)
@@ -229,3 +264,11 @@ def test_full_check_catches_a_device_side_bug(fault, monkeypatch):
     split_common_metadata(PLAN, common, positions, BLOCK)  # the per-step check cannot see it
     with pytest.raises(SplitInvariantError):
         split_common_metadata(PLAN, common, positions, BLOCK, check="full")
+
+
+@pytest.mark.parametrize("layout", ASCEND_LAYOUTS, ids=lambda layout: layout.version)
+def test_a_reject_field_cleared_to_none_against_a_non_none_default_is_rejected(layout):
+    """``decode_token_per_req`` defaults to 1: None is not its default, so it counts as set."""
+    common, positions, _ = ascend_case(layout, decode_token_per_req=None)
+    with pytest.raises(UnsupportedSplitError, match="decode_token_per_req"):
+        split_ascend(PLAN, common, positions)

@@ -37,6 +37,11 @@ def test_report_has_both_targets_with_ratios_and_load(bench, tmp_path, capsys):
                for t in report["targets"])
     assert len(report["load_average_before"]) == 3
     assert capsys.readouterr().out.startswith("engine_path_bench [")
+    for row in report["sizes"]:
+        # The floor of the breakdown replays exactly the adapter's device ops.
+        assert row["floor_matches_adapter_ops"], row["adapter_aten_ops"]
+        assert set(row["breakdown_thread_cpu_us"]) == {
+            "engine_plan_only", "adapter_split", "request_check", "torch_ops_floor"}
 
 
 @pytest.mark.parametrize("seed", range(5))
