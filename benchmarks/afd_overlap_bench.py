@@ -38,6 +38,8 @@ flag each. Models: ``reduced_matched_experts`` (default: the recipe's 10 layers,
 experts sized so FFN work is comparable to attention work, where the split's
 balance decides the pipeline), ``reduced`` (tiny experts) and
 ``reduced_wide_experts`` (FFN-bound); ``--models all`` runs the three.
+``--rank-nice`` (default 0) gives the ranks a scheduling niceness, recorded in
+the JSON; at the default the host's other work competes with them as it is.
 """
 
 from __future__ import annotations
