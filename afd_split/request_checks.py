@@ -82,36 +82,29 @@ def _check_plan_layout(plan: SplitPlan) -> None:
             )
 
 
-def _shapes_hold(plan: SplitPlan, qsl, seq_lens, computed, parts) -> bool:
-    """Parent and parts: [R+1], [R], [R] entries of one integer dtype (the parent's)."""
-    num_reqs = plan.num_requests
-    dtype = qsl.dtype
-    # ndim then len: cheaper than building and comparing a shape tuple per array.
-    if (
-        dtype.kind not in "iu"
-        or qsl.ndim != 1
+def _fits(qsl, seq_lens, computed, num_reqs: int, dtype) -> bool:
+    """[R+1], [R], [R] entries in ``dtype`` (ndim then len: cheaper than shape tuples)."""
+    return not (
+        qsl.ndim != 1
         or seq_lens.ndim != 1
         or computed.ndim != 1
         or len(qsl) != num_reqs + 1
         or len(seq_lens) != num_reqs
         or len(computed) != num_reqs
+        or (qsl.dtype is not dtype and qsl.dtype != dtype)
         or (seq_lens.dtype is not dtype and seq_lens.dtype != dtype)
         or (computed.dtype is not dtype and computed.dtype != dtype)
-    ):
+    )
+
+
+def _shapes_hold(plan: SplitPlan, qsl, seq_lens, computed, parts) -> bool:
+    """Parent and parts: [R+1], [R], [R] entries of one integer dtype (the parent's)."""
+    dtype = qsl.dtype
+    if dtype.kind not in "iu" or not _fits(qsl, seq_lens, computed, plan.num_requests, dtype):
         return False
     for ubatch, (part_qsl, part_seq, part_computed) in zip(plan.ubatches, parts, strict=True):
         num_reqs = ubatch.request_slice.stop - ubatch.request_slice.start
-        if (
-            part_qsl.ndim != 1
-            or part_seq.ndim != 1
-            or part_computed.ndim != 1
-            or len(part_qsl) != num_reqs + 1
-            or len(part_seq) != num_reqs
-            or len(part_computed) != num_reqs
-            or (part_qsl.dtype is not dtype and part_qsl.dtype != dtype)
-            or (part_seq.dtype is not dtype and part_seq.dtype != dtype)
-            or (part_computed.dtype is not dtype and part_computed.dtype != dtype)
-        ):
+        if not _fits(part_qsl, part_seq, part_computed, num_reqs, dtype):
             return False
     return True
 

@@ -47,11 +47,16 @@ def fail(invariant: str, detail: str):
     raise SplitInvariantError(f"{invariant}: {detail}")
 
 
+def _first(mask: np.ndarray) -> int | None:
+    """Index of the first True entry of ``mask``, or None."""
+    hits = np.flatnonzero(mask)
+    return int(hits[0]) if hits.size else None
+
+
 def _fail_difference(invariant, where, name, mine, expected, offset: int = 0):
     """Name the first request where ``mine`` and ``expected`` differ."""
-    mismatches = np.flatnonzero(mine != expected)
-    if mismatches.size:
-        index = int(mismatches[0])
+    index = _first(mine != expected)
+    if index is not None:
         fail(
             invariant,
             f"{where} request {index + offset}: {name} {int(mine[index])} != expected "
@@ -86,17 +91,15 @@ def _diagnose_parent(plan, qsl, seq_lens, computed) -> None:
         )
     counts = np.asarray(plan.num_scheduled_tokens, dtype=np.int64)
     query_lens = qsl[1:] - qsl[:-1]  # with query_start_loc[0] == 0: equal lens, equal sums
-    mismatches = np.flatnonzero(query_lens != counts)
-    if mismatches.size:
-        index = int(mismatches[0])
+    index = _first(query_lens != counts)
+    if index is not None:
         fail(
             PLAN_MISMATCH,
             f"parent request {index}: query_len {int(query_lens[index])} but the plan was made "
             f"for {int(counts[index])} tokens (a plan of another batch)",
         )
-    negative = np.flatnonzero(computed < 0)
-    if negative.size:
-        index = int(negative[0])
+    index = _first(computed < 0)
+    if index is not None:
         fail(
             COMPUTED_TOKENS,
             f"parent request {index}: num_computed_tokens {int(computed[index])} < 0",

@@ -37,18 +37,23 @@ from __future__ import annotations
 
 import argparse
 import csv
-import gc
 import itertools
 import json
 import os
 import platform
-import random
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from split_bench_baselines import (
+    baseline_planner_with_slices,
+    baseline_plugin_style_scan,
+    baseline_request_boundary,
+)
+from split_bench_timing import PASSES, ratio, summary, time_interleaved
 
 from afd_split import (
     BatchMetadata,
@@ -70,15 +75,6 @@ TRACE = (
     Path(__file__).resolve().parents[1]
     / "pytest_afd/data/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
 )
-SAMPLE_TARGET_US = 1000.0
-"""Calls per sample are sized so that one sample of warm calls takes about this long."""
-CALIBRATION_WARMUPS = 20
-CALIBRATION_BATCHES = 5
-CALIBRATION_MIN_BATCH_NS = 50_000
-"""Calibration batches grow tenfold until one lasts this long (clock reads then cost <1%)."""
-CALIBRATION_MAX_CALLS = 10_000
-PASSES = 3
-"""Passes per round (a round keeps each callable's fastest: interference only adds time)."""
 SLOW_SAMPLES = 30
 """Samples of the O(T) token-level check (milliseconds per call)."""
 SLOW_CALLABLES = ("plan_split_metadata_and_validate", "validate_split")
@@ -105,69 +101,6 @@ ISSUE_17_FIGURES_US = {
 """The figures issue 17 recorded (not measured here), shown beside this run's."""
 
 
-def baseline_request_boundary(tokens: list[int], min_tokens: int = 1) -> int | None:
-    """Plain-Python scan: the request-boundary policy as the AFD plugin writes it today."""
-    total = 0
-    for count in tokens:
-        if count < 1:
-            raise ValueError(f"bad token count {count}")
-        total += count
-    num_requests = len(tokens)
-    best_key = None
-    best_cut = None
-    cut = 0
-    for index in range(num_requests - 1):
-        cut += tokens[index]
-        if cut < min_tokens or total - cut < min_tokens:
-            continue
-        head_requests = index + 1
-        key = (abs(2 * cut - total), abs(2 * head_requests - num_requests), head_requests)
-        if best_key is None or key < best_key:
-            best_key, best_cut = key, cut
-    return best_cut
-
-
-@dataclass
-class UBatchSlice:
-    """The two fields of vLLM's ``vllm.v1.worker.ubatch_utils.UBatchSlice`` (a dataclass)."""
-
-    request_slice: slice
-    token_slice: slice
-
-
-def baseline_planner_with_slices(num_scheduled_tokens: np.ndarray):
-    """The plain-Python search plus the plugin's output: None (one request, no boundary) or
-    the two ubatch slices, from the int64 array the engine holds."""
-    tokens = num_scheduled_tokens.tolist()
-    cut = baseline_request_boundary(tokens)
-    if cut is None:
-        return None
-    total = sum(tokens)
-    head_requests = list(itertools.accumulate(tokens)).index(cut) + 1
-    return [
-        UBatchSlice(slice(0, head_requests), slice(0, cut)),
-        UBatchSlice(slice(head_requests, len(tokens)), slice(cut, total)),
-    ]
-
-
-def baseline_plugin_style_scan(num_scheduled_tokens: np.ndarray) -> int | None:
-    """Today's AFD search shape: numpy prefix sums, Python min() with a per-boundary key."""
-    num_requests = len(num_scheduled_tokens)
-    if num_requests < 2:
-        return None
-    prefix = np.zeros(num_requests + 1, dtype=np.int64)
-    np.cumsum(num_scheduled_tokens, out=prefix[1:])
-    total = int(prefix[-1])
-    best = min(
-        range(1, num_requests),
-        key=lambda boundary: (
-            abs(2 * int(prefix[boundary]) - total),
-            abs(2 * boundary - num_requests),
-        ),
-    )
-    return int(prefix[best])
-
-
 def prompt_lengths(num_requests: int) -> np.ndarray:
     """The trace's first prompt lengths in arrival order, scaled to fit 140,000 tokens."""
     with TRACE.open() as handle:
@@ -178,102 +111,6 @@ def prompt_lengths(num_requests: int) -> np.ndarray:
     if total > MAX_BATCH_TOKENS:
         lengths = np.maximum(1, lengths * MAX_BATCH_TOKENS // total)
     return lengths
-
-
-def calls_for(fn) -> int:
-    """Calls per sample so one sample lasts about SAMPLE_TARGET_US of warm calls.
-
-    Sized from the fastest of a few warm batches of calls, as pytest-benchmark
-    calibrates its rounds: sizing from one cold first call (imports, cache
-    misses) gave the fastest callables a dozen calls per sample, so each
-    sample mostly timed the cache refill after the previous callable.
-    """
-    batch = 1
-    for _ in range(CALIBRATION_WARMUPS):
-        fn()
-    while True:
-        fastest_ns = min(_batch_ns(fn, batch) for _ in range(CALIBRATION_BATCHES))
-        if fastest_ns >= CALIBRATION_MIN_BATCH_NS or batch >= CALIBRATION_MAX_CALLS:
-            break
-        batch *= 10
-    once_us = max(fastest_ns / batch / 1000, 0.05)
-    return max(1, int(SAMPLE_TARGET_US / once_us))
-
-
-def _batch_ns(fn, calls: int) -> int:
-    start = time.thread_time_ns()
-    for _ in range(calls):
-        fn()
-    return time.thread_time_ns() - start
-
-
-def time_interleaved(callables: dict, samples: int, seed: int, passes: int) -> dict:
-    """Per-call microseconds per round and callable.
-
-    A round runs every callable's sample ``passes`` times, in a shuffled order
-    each pass, and keeps each callable's fastest: another tenant's burst on
-    this shared host only ever adds time (the ``timeit`` convention, applied
-    per round so that rounds still pair up adjacent in time). Also returns
-    every sample (``all``) for the dispersion without that filter.
-    """
-    calls = {name: calls_for(fn) for name, fn in callables.items()}
-    per_round = {name: [] for name in callables}
-    every = {name: [] for name in callables}
-    names = list(callables)
-    order_rng = random.Random(seed)
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for _ in range(samples):
-            fastest = dict.fromkeys(names, float("inf"))
-            for _ in range(passes):
-                order_rng.shuffle(names)
-                for name in names:
-                    fn, count = callables[name], calls[name]
-                    start = time.thread_time_ns()
-                    for _ in range(count):
-                        fn()
-                    per_call = (time.thread_time_ns() - start) / count / 1000
-                    every[name].append(per_call)
-                    fastest[name] = min(fastest[name], per_call)
-            for name in names:
-                per_round[name].append(fastest[name])
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    arrays = {name: np.array(values) for name, values in per_round.items()}
-    return arrays, calls, {name: np.array(values) for name, values in every.items()}
-
-
-def summary(values: np.ndarray, calls: int, every: np.ndarray) -> dict:
-    """Median and p10 / p90 over rounds (of each round's fastest pass), and over every sample."""
-    p10, median, p90 = np.percentile(values, (10, 50, 90))
-    all_p10, all_median, all_p90 = np.percentile(every, (10, 50, 90))
-    return {
-        "median_us": round(float(median), 2),
-        "p10_us": round(float(p10), 2),
-        "p90_us": round(float(p90), 2),
-        "rounds": int(values.size),
-        "calls_per_sample": calls,
-        "all_samples": {
-            "median_us": round(float(all_median), 2),
-            "p10_us": round(float(all_p10), 2),
-            "p90_us": round(float(all_p90), 2),
-            "samples": int(every.size),
-        },
-    }
-
-
-def ratio(baseline: np.ndarray, candidate: np.ndarray) -> dict:
-    """baseline / candidate: median of per-round ratios (with p10 / p90) and of medians."""
-    paired = baseline / candidate
-    p10, median, p90 = np.percentile(paired, (10, 50, 90))
-    return {
-        "median_paired": round(float(median), 3),
-        "p10_paired": round(float(p10), 3),
-        "p90_paired": round(float(p90), 3),
-        "of_medians": round(float(np.median(baseline) / np.median(candidate)), 3),
-    }
 
 
 def bench_batch(num_requests: int, samples: int, seed: int, passes: int) -> dict:
