@@ -109,7 +109,8 @@ def test_group_stops_every_member_when_one_fails(tmp_path):
 
 
 HARNESS = (
-    "import sys\n"
+    "import faulthandler, signal, sys\n"
+    "faulthandler.register(signal.SIGUSR1)  # the test dumps the stack if this hangs\n"
     "from pathlib import Path\n"
     "from pytest_afd.serving.lifecycle import ManagedServer, ServerSpec\n"
     "spec = ServerSpec(name='sleeper', argv=(sys.executable, '-c', sys.argv[2]), port=9,\n"
@@ -126,7 +127,14 @@ def test_interrupted_harness_leaves_no_server(tmp_path, how):
     try:
         pid, grandchild = pids_from_log(tmp_path / "sleeper.log")
         harness.send_signal(signal.SIGINT if how == "ctrl_c" else signal.SIGKILL)
-        harness.wait(timeout=WAIT_S)
+        try:
+            harness.wait(timeout=WAIT_S)
+        except subprocess.TimeoutExpired:
+            harness.send_signal(signal.SIGUSR1)  # faulthandler: where it hangs
+            time.sleep(1.0)
+            harness.kill()
+            output = harness.communicate()[0].decode(errors="replace")
+            pytest.fail(f"the harness did not exit within {WAIT_S} s of {how}:\n{output}")
         assert wait_gone(pid), f"server {pid} survived {how}"
         if how == "ctrl_c":  # the whole process group is stopped, workers included
             assert wait_gone(grandchild)
