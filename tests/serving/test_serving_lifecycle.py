@@ -130,11 +130,13 @@ def test_interrupted_harness_leaves_no_server(tmp_path, how):
         try:
             harness.wait(timeout=WAIT_S)
         except subprocess.TimeoutExpired:
+            status = Path(f"/proc/{harness.pid}/status").read_text()  # state, signal masks
+            signals = [line for line in status.splitlines() if line.startswith(("State", "Sig"))]
             harness.send_signal(signal.SIGUSR1)  # faulthandler: where it hangs
             time.sleep(1.0)
             harness.kill()
             output = harness.communicate()[0].decode(errors="replace")
-            pytest.fail(f"the harness did not exit within {WAIT_S} s of {how}:\n{output}")
+            pytest.fail(f"the harness did not exit within {WAIT_S} s of {how} ({signals}):\n{output}")
         assert wait_gone(pid), f"server {pid} survived {how}"
         if how == "ctrl_c":  # the whole process group is stopped, workers included
             assert wait_gone(grandchild)
