@@ -111,6 +111,9 @@ def test_group_stops_every_member_when_one_fails(tmp_path):
 HARNESS = (
     "import faulthandler, signal, sys\n"
     "faulthandler.register(signal.SIGUSR1)  # the test dumps the stack if this hangs\n"
+    # Shells start background jobs with SIGINT ignored and Python then installs no
+    # KeyboardInterrupt handler (pytest run as `cmd &` hung here): be the terminal's harness.
+    "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
     "from pathlib import Path\n"
     "from pytest_afd.serving.lifecycle import ManagedServer, ServerSpec\n"
     "spec = ServerSpec(name='sleeper', argv=(sys.executable, '-c', sys.argv[2]), port=9,\n"
