@@ -7,7 +7,10 @@ tuple subclass holds the same fields in one allocation, and a named property
 per field reads them back. Records keep what the frozen dataclasses gave:
 keyword construction with defaults, read-only fields, identity equality
 (``eq=False``), a field-naming repr, ``replace`` and pickling; they add no
-tuple arithmetic and no ordering.
+tuple arithmetic and no ordering. What stays a tuple's: ``len``, iteration,
+indexing, ``json`` writing one as a list; and a tuple takes no weak reference
+(the soak's ``lifetime_ref`` uses a probe in the instance dict instead).
+Pickles and copies leave the per-instance caches behind (recomputed on read).
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ class FrozenRecord(tuple):
     _defaults: MappingProxyType = MappingProxyType({})
     _repr_fields: tuple[str, ...] = ()
 
-    def __init_subclass__(cls, *, fields=(), defaults=None, hidden=(), **kwargs):
+    def __init_subclass__(cls, *, fields=None, defaults=None, hidden=(), **kwargs):
         super().__init_subclass__(**kwargs)
+        if fields is None:  # a plain subclass of a record keeps its parent's fields
+            return
         cls._fields = tuple(fields)
         cls._defaults = MappingProxyType(dict(defaults or {}))
         cls._repr_fields = tuple(name for name in cls._fields if name not in hidden)

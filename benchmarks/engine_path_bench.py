@@ -160,7 +160,7 @@ def spread(values: np.ndarray) -> dict:
 
 
 def bench_size(num_requests: int, layout_kind: str, samples: int, calls: int,
-               rng: np.random.Generator, seed: int, passes: int = 1) -> dict:
+               rng: np.random.Generator, seed: int, passes: int = PASSES) -> dict:
     lengths = prompt_lengths(num_requests, offset=seed * num_requests)
     computed = prefix_hits(lengths, rng)
     batch = build_layout_batch(layout_kind, lengths, computed, BLOCK_SIZE)

@@ -90,9 +90,8 @@ def lifetime_ref(obj) -> weakref.ref:
     try:
         return weakref.ref(obj)
     except TypeError:
-        probe = _LifetimeProbe()
-        vars(obj)[LIFETIME_PROBE_KEY] = probe
-        return weakref.ref(probe)
+        # One probe per record: a record logged twice keeps both references alive.
+        return weakref.ref(vars(obj).setdefault(LIFETIME_PROBE_KEY, _LifetimeProbe()))
 
 
 @dataclass

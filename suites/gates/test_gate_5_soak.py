@@ -269,6 +269,9 @@ def test_gate_5_detectors_see_contamination():
     holder.refs.append(("dropped plan", soak_lib.lifetime_ref(gone)))
     del gone
     assert holder.alive_after_run() == []
+    twice = plan_split([5, 3], policy="token_balanced")  # one plan logged under two labels
+    holder.refs += [("first", soak_lib.lifetime_ref(twice)), ("second", soak_lib.lifetime_ref(twice))]
+    assert holder.alive_after_run() == ["first", "second"]
     module = soak_lib.sys.modules["afd_split.plan"]
     before = soak_lib.module_state(["afd_split.plan"])
     module.soak_probe_cache = []

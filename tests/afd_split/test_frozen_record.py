@@ -96,3 +96,12 @@ def test_repr_names_fields_and_hides_arrays(plan):
     text = repr(plan)
     assert text.startswith("SplitPlan(policy=") and "split_token=" in text
     assert "token_counts" not in text and "piece_tokens" not in text
+
+
+def test_a_plain_subclass_keeps_the_fields():
+    class Tagged(UBatch):
+        pass
+
+    tagged = Tagged(0, slice(0, 8), slice(0, 1), 8, 0)
+    assert tagged.num_rows == 8 and tagged.replace(index=1).index == 1
+    assert repr(tagged).startswith("Tagged(index=0")
