@@ -25,8 +25,8 @@ from afd_split.plan_types import (
     UBatch,
     built_plan,
     check_cut,
+    cut_plan,
     cut_sides,
-    cut_ubatches,
     fallback_impossible,
     padded_ubatch,
     ubatch_record,
@@ -152,35 +152,16 @@ def _split(policy, counts, cu_tokens, constraints, cut):
     num_requests = len(counts)
     check_cut(cut, num_tokens)
     straddling = bisect_right(cu_tokens, cut)  # first request ending after the cut
-    boundary, head_stop, head_tokens, tail_tokens = cut_sides(
-        cut, straddling, cu_tokens[straddling], counts[straddling]
-    )
+    sides = cut_sides(cut, straddling, cu_tokens[straddling], counts[straddling])
+    boundary, head_stop, head_tokens, tail_tokens = sides
     head_pieces = tail_pieces = None
     if constraints.pcp_size >= MIN_PCP_FOR_ZIGZAG:
         head_pieces, tail_pieces = list(counts[:head_stop]), list(counts[straddling:])
         if boundary is not None:
             head_pieces[-1], tail_pieces[0] = head_tokens, tail_tokens
-    head, tail = cut_ubatches(
-        cut,
-        num_tokens,
-        straddling,
-        head_stop,
-        num_requests,
-        constraints,
-        head_pieces,
-        tail_pieces,
-        _ubatch,
-    )
-    return built_plan(
-        policy,
-        counts,
-        constraints,
-        cut,
-        (head, tail),
-        boundary,
-        head_tokens,
-        tail_tokens,
-        None,
+    return cut_plan(
+        policy, counts, constraints, cut, num_tokens, num_requests, straddling, sides,
+        head_pieces, tail_pieces, _ubatch,
     )
 
 

@@ -279,32 +279,31 @@ def cut_sides(cut: int, straddling: int, request_end: int, straddling_tokens: in
     return straddling, straddling + 1, head_tokens, request_end - cut
 
 
-def cut_ubatches(
-    cut,
-    num_tokens,
-    straddling,
-    head_stop,
-    num_requests,
-    constraints,
-    head_pieces,
-    tail_pieces,
-    ubatch,
-):
-    """The head and tail ubatches of a cut; padded_total's extra rows go to the tail.
+def cut_plan(policy, counts, constraints, cut, num_tokens, num_requests, straddling, sides,
+             head_pieces, tail_pieces, ubatch, cu_tokens=None):
+    """The ``SplitPlan`` of a cut: its head and tail ubatches, padded_total's extra rows
+    going to the tail.
 
-    ``ubatch`` is the planner's own builder (it lays the PCP pieces out on its
-    representation: Python ints or numpy); ``head_pieces`` / ``tail_pieces`` are
-    None without PCP.
+    ``sides`` is ``cut_sides``' result; ``ubatch`` is the planner's own builder (it
+    lays the PCP pieces out on its representation: Python ints or numpy);
+    ``head_pieces`` / ``tail_pieces`` are None without PCP.
     """
+    boundary, head_stop, head_tokens, tail_tokens = sides
     padded_total = constraints.padded_total
     if padded_total is None and constraints.pcp_size < MIN_PCP_FOR_ZIGZAG:
         align = constraints.align
         head = plain_ubatch(0, 0, cut, 0, head_stop, align)
-        return head, plain_ubatch(1, cut, num_tokens, straddling, num_requests, align)
-    head = ubatch(0, 0, cut, 0, head_stop, head_pieces, constraints, None)
-    tail_rows = None if padded_total is None else padded_total - head.num_rows
-    tail = ubatch(1, cut, num_tokens, straddling, num_requests, tail_pieces, constraints, tail_rows)
-    return head, tail
+        tail = plain_ubatch(1, cut, num_tokens, straddling, num_requests, align)
+    else:
+        head = ubatch(0, 0, cut, 0, head_stop, head_pieces, constraints, None)
+        tail_rows = None if padded_total is None else padded_total - head.num_rows
+        tail = ubatch(
+            1, cut, num_tokens, straddling, num_requests, tail_pieces, constraints, tail_rows
+        )
+    return built_plan(
+        policy, counts, constraints, cut, (head, tail), boundary, head_tokens, tail_tokens, None,
+        cu_tokens=cu_tokens,
+    )
 
 
 def padded_ubatch(

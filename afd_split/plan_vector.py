@@ -17,8 +17,8 @@ from afd_split.plan_types import (
     UBatch,
     built_plan,
     check_cut,
+    cut_plan,
     cut_sides,
-    cut_ubatches,
     fallback_impossible,
     padded_ubatch,
 )
@@ -194,9 +194,8 @@ def _split_plan(
     num_requests = tokens.size
     check_cut(cut, num_tokens)
     straddling = int(cu_tokens.searchsorted(cut + 1))  # first request ending after the cut
-    boundary, head_stop, head_tokens, tail_tokens = cut_sides(
-        cut, straddling, cu_tokens.item(straddling), tokens.item(straddling)
-    )
+    sides = cut_sides(cut, straddling, cu_tokens.item(straddling), tokens.item(straddling))
+    boundary, head_stop, head_tokens, tail_tokens = sides
     head_pieces = tail_pieces = None
     if constraints.pcp_size >= MIN_PCP_FOR_ZIGZAG:
         head_pieces = tokens[:head_stop].copy()
@@ -206,26 +205,7 @@ def _split_plan(
             tail_pieces[0] = tail_tokens
         head_pieces.setflags(write=False)
         tail_pieces.setflags(write=False)
-    head, tail = cut_ubatches(
-        cut,
-        num_tokens,
-        straddling,
-        head_stop,
-        num_requests,
-        constraints,
-        head_pieces,
-        tail_pieces,
-        _ubatch,
-    )
-    return built_plan(
-        policy,
-        tokens,
-        constraints,
-        cut,
-        (head, tail),
-        boundary,
-        head_tokens,
-        tail_tokens,
-        None,
-        cu_tokens=cu_tokens,
+    return cut_plan(
+        policy, tokens, constraints, cut, num_tokens, num_requests, straddling, sides,
+        head_pieces, tail_pieces, _ubatch, cu_tokens=cu_tokens,
     )
