@@ -8,12 +8,8 @@ import sys
 import pytest
 
 from pytest_afd.backends.base import RunSettings
-from pytest_afd.serving.server import (
-    BadRequest,
-    check_loopback,
-    parse_completion_request,
-    settings_from_json,
-)
+from pytest_afd.serving.requests import BadRequest, parse_completion_request
+from pytest_afd.serving.server import check_loopback, settings_from_json
 
 
 def test_settings_round_trip_and_bad_values():
