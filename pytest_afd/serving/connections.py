@@ -118,9 +118,9 @@ def descriptor_budget() -> int:
     return soft - open_descriptors() - FD_HEADROOM
 
 
-def default_max_connections() -> int:
+def default_max_connections(budget: int) -> int:
     """:data:`DEFAULT_MAX_CONNECTIONS`, lowered to the descriptor budget (at least 1)."""
-    return max(1, min(DEFAULT_MAX_CONNECTIONS, descriptor_budget()))
+    return max(1, min(DEFAULT_MAX_CONNECTIONS, budget))
 
 
 class CappedHTTPServer(ThreadingHTTPServer):

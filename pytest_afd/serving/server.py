@@ -60,7 +60,10 @@ class AfdHTTPServer(CappedHTTPServer):
     def __init__(self, address: tuple[str, int], engine: PrefillEngine, served_model_name: str,
                  limits: ServingLimits | None = None) -> None:
         self.limits = limits or ServingLimits()
-        max_connections = self.limits.max_connections or default_max_connections()
+        # Measured before the listening socket opens (FD_HEADROOM covers it).
+        self.descriptor_budget = descriptor_budget()
+        max_connections = self.limits.max_connections or default_max_connections(
+            self.descriptor_budget)
         super().__init__(address, Handler, max_connections=max_connections,
                          request_queue_size=self.limits.request_queue_size)
         self.engine = engine
@@ -285,7 +288,7 @@ def serve(backend: Backend, settings: RunSettings, *, host: str, port: int,
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
     bound_port = httpd.server_address[1]
-    budget = descriptor_budget()
+    budget = httpd.descriptor_budget
     print(f"serving {served_model_name} ({backend.name}) on http://{host}:{bound_port}; "
           f"at most {httpd.max_connections} connections (descriptor budget {budget}), "
           f"request deadline {limits.read_timeout_s:g} s", flush=True)
