@@ -85,6 +85,7 @@ MAX_REPEATS = 1000
 MAX_WARMUPS = 100
 MAX_SEED = 2**32 - 1
 MAX_DEVICES_PER_NODE = 64
+MAX_PEER_TIMEOUT_S = 86_400
 # Longer digit strings are refused before int() (which gives up past 4,300 digits).
 MAX_INT_DIGITS = 20
 _INT_PATTERN = re.compile(r"[+-]?[0-9]+")
@@ -192,6 +193,17 @@ OPTION_SPECS = (
         env="AFD_CPU_PROCESSES",
     ),
     OptionSpec(
+        "--afd-peer-timeout-s",
+        "afd_peer_timeout_s",
+        "CPU AFD runtime (--afd-cpu-processes, afd_processes servers): seconds a rank waits "
+        f"for its peer before the step fails, 1 to {MAX_PEER_TIMEOUT_S}; unset: the "
+        "runtime's 120 s",
+        kind="int",
+        env="AFD_PEER_TIMEOUT_S",
+        minimum=1,
+        maximum=MAX_PEER_TIMEOUT_S,
+    ),
+    OptionSpec(
         "--afd-golden-dir",
         "afd_golden_dir",
         "golden outputs directory",
@@ -248,6 +260,7 @@ class AfdOptions:
     devices_per_node: int
     topology: Topology
     aliases: Mapping[str, str] = field(default_factory=dict)
+    peer_timeout_s: int | None = None  # None: the AFD runtime's default
 
     def run_settings(self, **overrides: Any) -> RunSettings:
         """RunSettings defaults from the options (routing, profile, split constraints), then overrides."""
@@ -375,6 +388,10 @@ def resolve_options(config: pytest.Config) -> AfdOptions:
         values[spec.dest] = _convert(spec, raw, sources[spec.dest], rootdir)
     topology, aliases = _topology(values, sources)
     _check_output_dirs(values, sources)
+    if values["afd_peer_timeout_s"] is not None and values["afd_backend"] != "cpu":
+        raise pytest.UsageError(
+            f"{sources['afd_peer_timeout_s']}={values['afd_peer_timeout_s']}: the peer timeout "
+            f"is the CPU AFD runtime's; --afd-backend is {values['afd_backend']!r}")
     return AfdOptions(
         topology_spec=values["npu_topology"],
         backend=values["afd_backend"],
@@ -393,6 +410,7 @@ def resolve_options(config: pytest.Config) -> AfdOptions:
         devices_per_node=values["afd_devices_per_node"],
         aliases=aliases,
         topology=topology,
+        peer_timeout_s=values["afd_peer_timeout_s"],
     )
 
 
