@@ -141,13 +141,15 @@ class HttpBackend:
     def __init__(self, name: str, capabilities: frozenset[str], launcher: Launcher, *,
                  describe_extra: dict[str, Any] | None = None,
                  request_timeout_s: float | None = None,
-                 server_fields: tuple[str, ...] | None = None) -> None:
+                 server_fields: tuple[str, ...] | None = None,
+                 api_key: str | None = None) -> None:
         self.name = name
         self.capabilities = capabilities
         self._launcher = launcher
         self._describe_extra = dict(describe_extra or {})
         self._request_timeout_s = request_timeout_s
         self._server_fields = server_fields
+        self._api_key = api_key
         self._session: ServerSession | None = None
         self._session_settings: RunSettings | None = None
         self.launches = 0
@@ -156,9 +158,9 @@ class HttpBackend:
 
     def _client(self, session: ServerSession) -> CompletionsClient:
         if self._request_timeout_s is None:
-            return CompletionsClient(session.base_url, session.model)
+            return CompletionsClient(session.base_url, session.model, api_key=self._api_key)
         return CompletionsClient(session.base_url, session.model,
-                                 request_timeout_s=self._request_timeout_s)
+                                 request_timeout_s=self._request_timeout_s, api_key=self._api_key)
 
     def session_for(self, settings: RunSettings) -> ServerSession:
         """The running session for these settings, (re)starting servers when they differ."""
