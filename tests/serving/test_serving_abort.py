@@ -7,11 +7,13 @@ so what is checked is which requests reached the backend, not how fast.
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import threading
 import time
 
+import pytest
 from serving_test_helpers import (
     CLIENT_TIMEOUT_S,
     MODEL,
@@ -22,6 +24,8 @@ from serving_test_helpers import (
     serving,
 )
 
+from pytest_afd.backends.base import PromptRequest, RunSettings
+from pytest_afd.serving.engine import EngineStopped, PrefillEngine
 from pytest_afd.serving.prometheus import ServerCounters, parse_prometheus, sum_metric
 from pytest_afd.serving.requests import ServingLimits
 
@@ -47,8 +51,6 @@ class GatedBackend(RecordingBackend):
 
 
 def metrics(port: int) -> str:
-    import http.client
-
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=CLIENT_TIMEOUT_S)
     try:
         connection.request("GET", "/metrics")
@@ -96,3 +98,14 @@ def test_abandoned_streams_are_aborted_before_their_prefill(backend):
     assert counters.request_aborted == ABANDONED
     assert counters.request_success == 2
     assert short_wait_s < QUEUE_WAIT_S
+
+
+def test_a_stopped_engine_refuses_at_once_and_counts_it_aborted(backend):
+    engine = PrefillEngine(backend, RunSettings(return_logits=False))
+    engine.start()
+    engine.stop()
+    future = engine.submit(PromptRequest("late", (1, 2, 3)))
+    with pytest.raises(EngineStopped, match="shutting down"):
+        future.result(timeout=CLIENT_TIMEOUT_S)
+    assert engine.counters().request_aborted == 1
+    assert engine.unhealthy_reason() == "the engine thread is not running"
