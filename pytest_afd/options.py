@@ -5,6 +5,7 @@ with a usage error naming the value and where it came from. See ``docs/plugin.md
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -18,6 +19,8 @@ from pytest_afd.backends.base import RunSettings
 from pytest_afd.option_specs import (  # noqa: F401  (re-exported)
     DEFAULT_GOLDEN_DIR,
     DEFAULT_RESULTS_DIR,
+    DEFAULT_STAGE_SCALES,
+    FULL_SCALE,
     MAX_DEVICES_PER_NODE,
     MAX_REPEATS,
     MAX_SEED,
@@ -64,6 +67,8 @@ class AfdOptions:
     require_hardware: bool
     devices_per_node: int
     topology: Topology
+    # Stage suites: the factor on the RFC's logical sizes (--afd-stage-scale or the backend's default).
+    stage_scale: float = FULL_SCALE
     aliases: Mapping[str, str] = field(default_factory=dict)
 
     def run_settings(self, **overrides: Any) -> RunSettings:
@@ -131,6 +136,18 @@ def _convert_int(spec: OptionSpec, value: Any, source: str) -> int:
     return number
 
 
+def parse_scale(text: str, source: str) -> float:
+    """A factor in (0, 1], given as a float or a fraction like ``1/64``."""
+    try:
+        numerator, _, denominator = text.partition("/")
+        value = float(numerator) / float(denominator) if denominator else float(numerator)
+    except (ValueError, ZeroDivisionError):
+        raise pytest.UsageError(f"{source}={text!r}: expected a number like 0.5 or 1/64") from None
+    if not (math.isfinite(value) and 0 < value <= FULL_SCALE):
+        raise pytest.UsageError(f"{source}={text!r}: expected a factor in (0, 1]")
+    return value
+
+
 def _convert(spec: OptionSpec, value: Any, source: str, rootdir: Path) -> Any:
     if value is None:
         return None
@@ -153,6 +170,8 @@ def _convert(spec: OptionSpec, value: Any, source: str, rootdir: Path) -> Any:
         )
     if spec.choices is not None and text not in spec.choices:
         raise pytest.UsageError(f"{source}={text!r}: expected one of {', '.join(spec.choices)}")
+    if spec.kind == "scale":
+        return parse_scale(text, source)
     if spec.kind == "path":
         path = Path(text).expanduser()
         return path if path.is_absolute() else rootdir / path
@@ -208,6 +227,11 @@ def resolve_options(config: pytest.Config) -> AfdOptions:
         update_golden=values["afd_update_golden"],
         require_hardware=values["afd_require_hardware"],
         devices_per_node=values["afd_devices_per_node"],
+        stage_scale=(
+            values["afd_stage_scale"]
+            if values["afd_stage_scale"] is not None
+            else DEFAULT_STAGE_SCALES.get(values["afd_backend"], FULL_SCALE)
+        ),
         aliases=aliases,
         topology=topology,
     )

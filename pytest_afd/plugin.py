@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from pytest_afd import hardware, hookspecs, outcomes, reference_phase
+from pytest_afd import early_setup, hardware, hookspecs, outcomes, reference_phase
 from pytest_afd.backends.base import Backend, BackendUnavailable
 from pytest_afd.golden import GoldenStore
 from pytest_afd.hardware_markers import hardware_skip_reason
 from pytest_afd.markers import MARKER_SIGNATURES, MARKERS
+from pytest_afd.option_specs import value_flags
 from pytest_afd.options import (  # noqa: F401  (AfdOptions and the defaults are re-exported)
     DEFAULT_GOLDEN_DIR,
     DEFAULT_RESULTS_DIR,
@@ -46,6 +47,12 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     reference_phase.add_option(add_options(parser), parser)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, args: list[str]) -> None:
+    """Before any conftest: undo a rootdir that a space-separated option value moved."""
+    early_setup.repair_setup(early_config, args, value_flags((reference_phase.FLAG,)))
 
 
 def pytest_configure(config: pytest.Config) -> None:
