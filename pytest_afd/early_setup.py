@@ -10,10 +10,11 @@ case ids change. The ``--flag=value`` form never had the problem.
 
 Once the plugin is loaded, its options are known and ``known_args_namespace``
 holds the real free arguments. :func:`repair_setup` determines the setup again
-from them; if pytest found no ini file but the real arguments find one, it
-installs that one before any conftest loads, exactly as ``Config.parse`` would
-have (rootdir, ini values, ``addopts``, ``minversion``, ``pythonpath``,
-``confcutdir``). Any other difference is a usage error naming the option.
+from them; if it differs and pytest had found no ini file, it installs the
+real one before any conftest loads, exactly as ``Config.parse`` would have
+(rootdir, ini values, ``addopts``, ``minversion``, ``pythonpath``,
+``confcutdir``). When pytest had already read an ini file next to the value
+(its ``addopts`` are applied), it is a usage error naming the values.
 
 Read from pytest 9.0.3 (``_pytest/config/__init__.py`` ``Config.parse``,
 ``_pytest/config/findpaths.py`` ``determine_setup``); the private ``Config``
@@ -53,7 +54,7 @@ def repair_setup(config: pytest.Config, args: list[str], value_flags: Iterable[s
     )
     if (rootpath, inipath) == (config.rootpath, config.inipath):
         return
-    if config.inipath is not None or inipath is None:
+    if config.inipath is not None:  # its addopts are already in args: too late to undo
         raise pytest.UsageError(
             f"the option value(s) {values} were read by pytest as test paths before plugins "
             f"load, which moved the rootdir to {config.rootpath} (else {rootpath}); write the "
@@ -65,7 +66,7 @@ def repair_setup(config: pytest.Config, args: list[str], value_flags: Iterable[s
     config._ignored_config_files = ignored
     config._inicache.clear()
     config._parser.extra_info["rootdir"] = str(rootpath)
-    config._parser.extra_info["inifile"] = str(inipath)
+    config._parser.extra_info["inifile"] = str(inipath)  # "None" when there is none, as pytest
     args[:] = config._validate_args(config.getini("addopts"), "via addopts config") + args
     confcutdir_given = namespace.confcutdir not in (None, str(config.rootpath))
     config.known_args_namespace = config._parser.parse_known_args(
@@ -75,4 +76,6 @@ def repair_setup(config: pytest.Config, args: list[str], value_flags: Iterable[s
     config._configure_python_path()
     config.pluginmanager.consider_preparse(args, exclude_only=False)
     if not confcutdir_given:
-        config.known_args_namespace.confcutdir = str(inipath.parent)
+        config.known_args_namespace.confcutdir = str(
+            inipath.parent if inipath is not None else rootpath
+        )
