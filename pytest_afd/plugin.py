@@ -60,7 +60,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{MARKER_SIGNATURES.get(name, name)}: {help_text}")
     state = AfdSession(config=config, options=resolve_options(config))
     config.stash[AFD_SESSION_KEY] = state
-    if not is_worker(config):  # workers start while the controller's session runs
+    # Workers start while the controller's session runs; --co writes (and deletes) nothing.
+    if not is_worker(config) and not config.option.collectonly:
         for directory in (state.options.results_dir, state.options.golden_dir):
             state.stale_temp_removed += remove_stale_temp_files(directory)
     # Registered as a plugin so it receives every test report (outcome column).
@@ -170,6 +171,8 @@ def afd_results(request: pytest.FixtureRequest) -> ResultWriter:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     state = afd_session(session.config)
     state.close()
+    if session.config.option.collectonly:  # --co runs nothing: the last summary stays
+        return
     if is_worker(session.config):
         session.config.workeroutput[WORKEROUTPUT_KEY] = {
             "results": state.written,
