@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from pytest_afd.backends.base import RunSettings
+from pytest_afd.model_fit import fit_errors, session_shapes
 from pytest_afd.option_specs import (  # noqa: F401  (re-exported)
     DEFAULT_GOLDEN_DIR,
     DEFAULT_RESULTS_DIR,
@@ -191,6 +192,17 @@ def _topology(values: dict[str, Any], sources: dict[str, str]) -> tuple[Topology
         raise pytest.UsageError(f"{sources['npu_topology']}: {exc}") from None
 
 
+def _check_model_fit(topology: Topology, values: dict[str, Any], sources: dict[str, str]) -> None:
+    """Experts over EP ranks, heads over TP: a layout the model cannot take never starts."""
+    errors = fit_errors(topology, session_shapes(values["afd_backend"], values["afd_model"]))
+    if errors:
+        raise pytest.UsageError(
+            f"{sources['npu_topology']}={values['npu_topology']!r} does not fit the model "
+            f"({sources['afd_model']}={values['afd_model']!r}, {sources['afd_backend']}="
+            f"{values['afd_backend']!r}): {'; '.join(errors)}"
+        )
+
+
 def _check_output_dirs(values: dict[str, Any], sources: dict[str, str]) -> None:
     """The results dir (and the golden dir when goldens are rewritten) must be writable now."""
     dests = ["afd_results_dir", *(["afd_golden_dir"] if values["afd_update_golden"] else [])]
@@ -210,6 +222,7 @@ def resolve_options(config: pytest.Config) -> AfdOptions:
         raw, sources[spec.dest] = _raw_option(config, spec)
         values[spec.dest] = _convert(spec, raw, sources[spec.dest], rootdir)
     topology, aliases = _topology(values, sources)
+    _check_model_fit(topology, values, sources)
     _check_output_dirs(values, sources)
     return AfdOptions(
         topology_spec=values["npu_topology"],
