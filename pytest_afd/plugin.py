@@ -18,7 +18,7 @@ import pytest
 
 from pytest_afd import early_setup, hardware, hookspecs, outcomes, reference_phase
 from pytest_afd.backends.base import Backend, BackendUnavailable
-from pytest_afd.golden import GoldenStore
+from pytest_afd.golden import RECORD_PHASE_COMMAND, UPDATE_GOLDEN_COMMAND, GoldenStore
 from pytest_afd.hardware_markers import hardware_skip_reason
 from pytest_afd.markers import MARKER_SIGNATURES, MARKERS
 from pytest_afd.option_specs import value_flags
@@ -149,10 +149,12 @@ def afd_manifest(pytestconfig: pytest.Config) -> dict[str, Any]:
 def golden(pytestconfig: pytest.Config) -> GoldenStore:
     """``golden.check(name, value, profile=..., reference=None)`` against ``--afd-golden-dir``."""
     state = afd_session(pytestconfig)
+    checking = reference_phase.reference_phase(pytestconfig) == reference_phase.PHASE_CHECK
     store = GoldenStore(
         directory=state.options.golden_dir,
         update=state.options.update_golden,
         manifest_digest=lambda: state.manifest()["digest"],
+        record_with=RECORD_PHASE_COMMAND if checking else UPDATE_GOLDEN_COMMAND,
     )
     yield store
     state.golden_updates.extend(store.updated)
