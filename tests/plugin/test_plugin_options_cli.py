@@ -99,3 +99,11 @@ def test_a_moved_rootdir_that_cannot_be_repaired_is_a_usage_error(pytester, tmp_
     result = pytester.runpytest("--afd-golden-dir", str(outside))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*read by pytest as test paths*write the option as --flag=value*"])
+
+
+def test_docs_plugin_md_lists_every_option():
+    from pytest_afd import reference_phase
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "plugin.md").read_text()
+    flags = [spec.flag for spec in OPTION_SPECS] + [reference_phase.FLAG]
+    assert [flag for flag in flags if f"| `{flag}" not in docs] == []
