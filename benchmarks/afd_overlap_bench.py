@@ -104,7 +104,7 @@ RATIOS = (
 DEFAULT_ROUNDS = 24  # 12 left one identical-plan pair of eight past ±5 % in some idle runs
 DEFAULT_STEPS_PER_CASE = 3
 MIN_REPETITIONS = 3  # the RFC: at least three measured repetitions, with dispersion
-# --quick: a smoke run (a few minutes less than the default's ~8): the RFC's minimum
+# --quick: a smoke run (146 s at load 11-15 here, vs ~8 min idle for the default): the RFC's minimum
 # rounds, one step per case, one instrumented/calibration/warm-up step. Its ratios are
 # noisier than the headline protocol's; the result says "quick": true.
 QUICK_SETTINGS = {"repetitions": MIN_REPETITIONS, "steps_per_case": 1,
