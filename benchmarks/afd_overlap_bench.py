@@ -104,6 +104,11 @@ RATIOS = (
 DEFAULT_ROUNDS = 24  # 12 left one identical-plan pair of eight past ±5 % in some idle runs
 DEFAULT_STEPS_PER_CASE = 3
 MIN_REPETITIONS = 3  # the RFC: at least three measured repetitions, with dispersion
+# --quick: a smoke run (146 s at load 11-15 here, vs ~8 min idle for the default): the RFC's minimum
+# rounds, one step per case, one instrumented/calibration/warm-up step. Its ratios are
+# noisier than the headline protocol's; the result says "quick": true.
+QUICK_SETTINGS = {"repetitions": MIN_REPETITIONS, "steps_per_case": 1,
+                  "instrumented_repetitions": 1, "calibration_repetitions": 1, "warmups": 1}
 # Issue 17's targets.
 TARGET_MODEL = "reduced_matched_experts"
 TARGET_WORKLOAD = "long_short"
@@ -325,6 +330,10 @@ def parse_args(argv):
                         help="uninstrumented steps per case before measuring (default: 2)")
     parser.add_argument("--models", default=DEFAULT_MODELS,
                         help=f"comma list from {list(MODELS)}, or 'all' (default: {DEFAULT_MODELS})")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: " + ", ".join(f"{k.replace('_', '-')} {v}"
+                                                       for k, v in QUICK_SETTINGS.items())
+                        + " (overrides those options; the result says quick)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads-per-rank", type=int, default=1)
     parser.add_argument("--no-pin", dest="pin_cpus", action="store_false",
@@ -334,6 +343,9 @@ def parse_args(argv):
                              "< 0 measures the ranks' own schedule on a host shared with other "
                              "work, at that work's expense (default: 0, unchanged)")
     args = parser.parse_args(argv)
+    if args.quick:
+        for name, value in QUICK_SETTINGS.items():
+            setattr(args, name, value)
     args.model_names = list(MODELS) if args.models == "all" else args.models.split(",")
     unknown = [m for m in args.model_names if m not in MODELS]
     if unknown:
@@ -370,6 +382,7 @@ def main(argv=None) -> int:
             "torch": torch.__version__,
             "loadavg_before": os.getloadavg(),
         },
+        "quick": args.quick,
         "repetitions": args.repetitions,
         "steps_per_case": args.steps_per_case,
         "rank_nice": args.rank_nice,

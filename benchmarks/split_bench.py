@@ -312,11 +312,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(text)
     else:
+        print("median thread CPU time per call, microseconds (us); --json for the full report")
         for result in results:
-            medians = {name: t["median_us"] for name, t in result["timings"].items()}
-            print(
-                f"{result['num_requests']:>5} requests {result['num_tokens']:>7} tokens: {medians}"
+            medians = ", ".join(
+                f"{name} {timing['median_us']:.1f} us" for name, timing in result["timings"].items()
             )
+            print(f"{result['num_requests']:>5} requests {result['num_tokens']:>7} tokens: {medians}")
     print(one_line(report), file=sys.stderr if args.json else sys.stdout)
     return 0
 

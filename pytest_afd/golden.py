@@ -56,6 +56,11 @@ W8A8_RTOL = FLOAT32_RTOL
 TOPK_LOGPROB_K = 5
 # How many offending rows/elements a mismatch report lists.
 REPORT_EXAMPLES = 5
+# What fixes a missing or corrupt golden: rerun with --afd-update-golden, or, for the
+# references a check phase reads, the record phase (docs/gates.md).
+UPDATE_GOLDEN_COMMAND = "--afd-update-golden"
+RECORD_PHASE_COMMAND = ("the record phase (--afd-reference-phase record, against the reference "
+                        "deployment, into the same --afd-golden-dir)")
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$")
 
 
@@ -270,7 +275,7 @@ def _deserialize(data: bytes, file_format: str) -> np.ndarray:
 
 
 def _check_sidecar_describes(
-    name: str, sidecar: dict[str, Any], array: np.ndarray, data_path: Path
+    name: str, sidecar: dict[str, Any], array: np.ndarray, data_path: Path, record_with: str
 ) -> None:
     """The sidecar's dtype and shape must be the stored array's: a checksum alone cannot
     tell a golden re-recorded from another tensor under a stale sidecar."""
@@ -280,7 +285,7 @@ def _check_sidecar_describes(
         if value != stored[key]:
             raise GoldenCorruptError(
                 f"golden {name!r}: sidecar {key} {value!r} does not match {data_path}'s "
-                f"{stored[key]!r}; re-record with --afd-update-golden"
+                f"{stored[key]!r}; re-record with {record_with}"
             )
 
 
@@ -297,6 +302,9 @@ class GoldenStore:
     manifest_digest: str | Callable[[], str] | None = None
     file_format: str = "npz"
     updated: list[str] = field(default_factory=list)
+    # The command that (re)records a golden, named by every missing/corrupt error:
+    # --afd-update-golden, or the record phase when a check phase reads references.
+    record_with: str = UPDATE_GOLDEN_COMMAND
 
     def __post_init__(self) -> None:
         if self.file_format not in GOLDEN_FORMATS:
@@ -358,7 +366,7 @@ class GoldenStore:
                     f"golden {name!r} is incomplete: {json_path} is missing next to {present[0]}"
                 )
             raise GoldenMissingError(
-                f"golden {name!r} not found at {data_path}; record it with --afd-update-golden"
+                f"golden {name!r} not found at {data_path}; record it with {self.record_with}"
             )
         try:
             sidecar = json.loads(json_path.read_text())
@@ -388,13 +396,13 @@ class GoldenStore:
         if actual_sha != sidecar["sha256"]:
             raise GoldenCorruptError(
                 f"golden {name!r}: {data_path} sha256 {actual_sha[:12]}… does not match the sidecar's "
-                f"{str(sidecar['sha256'])[:12]}… (edited or torn write); re-record with --afd-update-golden"
+                f"{str(sidecar['sha256'])[:12]}… (edited or torn write); re-record with {self.record_with}"
             )
         try:
             array = _deserialize(data, file_format)
         except Exception as exc:  # any reader failure means the file cannot be trusted
             raise GoldenCorruptError(f"golden {name!r}: cannot read {data_path}: {exc}") from exc
-        _check_sidecar_describes(name, sidecar, array, data_path)
+        _check_sidecar_describes(name, sidecar, array, data_path, self.record_with)
         return array, sidecar
 
     def check(
@@ -439,11 +447,11 @@ def check_metadata(name: str, sidecar: Mapping[str, Any], expected: Mapping[str,
     recorded = sidecar.get("metadata")
     if not isinstance(recorded, Mapping):
         raise GoldenCorruptError(f"golden {name!r} has no metadata: it was not recorded as a "
-                                 "gate reference (record it with --afd-reference-phase record)")
+                                 f"gate reference (record it with {RECORD_PHASE_COMMAND})")
     differences = {key: (recorded.get(key), value) for key, value in expected.items()
                    if recorded.get(key) != value}
     if differences:
         raise GoldenMismatchError(
             f"golden {name!r} was recorded for other inputs (field: (recorded, this run)) "
-            f"{differences}; re-record it with --afd-reference-phase record"
+            f"{differences}; re-record it with {RECORD_PHASE_COMMAND}"
         )

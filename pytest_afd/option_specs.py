@@ -4,6 +4,7 @@ with pytest's parser. Resolution and checks live in :mod:`pytest_afd.options`.""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -35,11 +36,13 @@ class OptionSpec:
     dest: str
     help: str
     default: Any = None
-    kind: str = "str"  # "str", "int", "bool", "path"
+    kind: str = "str"  # "str", "int", "bool", "path", "scale"
     choices: tuple[str, ...] | None = None
     env: str | None = None
     minimum: int | None = None
     maximum: int | None = None
+    # --help's default where it depends on other options (the stage scale on the backend).
+    default_note: str | None = None
 
     @property
     def ini(self) -> str:
@@ -50,7 +53,7 @@ class OptionSpec:
     def default_text(self) -> str | None:
         """The default as ``--help`` shows it (paths are relative to the rootdir)."""
         if self.default is None:
-            return None
+            return self.default_note
         if self.kind == "bool":
             return "on" if self.default else "off"
         if self.kind == "path":
@@ -72,6 +75,10 @@ MAX_WARMUPS = 100
 MAX_SEED = 2**32 - 1
 MAX_DEVICES_PER_NODE = 64
 MAX_PEER_TIMEOUT_S = 86_400
+# Backends that need scaled-down stages to run in minutes; the rest run at FULL_SCALE.
+DEFAULT_STAGE_SCALES = MappingProxyType({"cpu": 1 / 64})
+FULL_SCALE = 1.0
+
 OPTION_SPECS = (
     OptionSpec(
         "--npu-topology",
@@ -218,7 +225,21 @@ OPTION_SPECS = (
         minimum=1,
         maximum=MAX_DEVICES_PER_NODE,
     ),
+    OptionSpec(
+        "--afd-stage-scale",
+        "afd_stage_scale",
+        "stage suites: factor in (0, 1] on the RFC's logical sizes (tokens, blocks, budgets), "
+        "a number like 0.5 or a fraction like 1/64",
+        kind="scale",
+        env="AFD_STAGE_SCALE",
+        default_note="1/64 on the cpu backend, 1 otherwise",
+    ),
 )
+
+
+def value_flags(extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The flags that take a value (every non-bool spec, plus ``extra``)."""
+    return tuple(spec.flag for spec in OPTION_SPECS if spec.kind != "bool") + extra
 
 
 def add_options(parser: pytest.Parser) -> pytest.OptionGroup:

@@ -5,6 +5,7 @@ with a usage error naming the value and where it came from. See ``docs/plugin.md
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -15,9 +16,12 @@ from typing import Any
 import pytest
 
 from pytest_afd.backends.base import RunSettings
+from pytest_afd.model_fit import fit_errors, session_shapes
 from pytest_afd.option_specs import (  # noqa: F401  (re-exported)
     DEFAULT_GOLDEN_DIR,
     DEFAULT_RESULTS_DIR,
+    DEFAULT_STAGE_SCALES,
+    FULL_SCALE,
     MAX_DEVICES_PER_NODE,
     MAX_REPEATS,
     MAX_SEED,
@@ -64,6 +68,8 @@ class AfdOptions:
     require_hardware: bool
     devices_per_node: int
     topology: Topology
+    # Stage suites: the factor on the RFC's logical sizes (--afd-stage-scale or the backend's default).
+    stage_scale: float = FULL_SCALE
     aliases: Mapping[str, str] = field(default_factory=dict)
     peer_timeout_s: int | None = None  # None: the AFD runtime's default
 
@@ -132,6 +138,18 @@ def _convert_int(spec: OptionSpec, value: Any, source: str) -> int:
     return number
 
 
+def parse_scale(text: str, source: str) -> float:
+    """A factor in (0, 1], given as a float or a fraction like ``1/64``."""
+    try:
+        numerator, _, denominator = text.partition("/")
+        value = float(numerator) / float(denominator) if denominator else float(numerator)
+    except (ValueError, ZeroDivisionError):
+        raise pytest.UsageError(f"{source}={text!r}: expected a number like 0.5 or 1/64") from None
+    if not (math.isfinite(value) and 0 < value <= FULL_SCALE):
+        raise pytest.UsageError(f"{source}={text!r}: expected a factor in (0, 1]")
+    return value
+
+
 def _convert(spec: OptionSpec, value: Any, source: str, rootdir: Path) -> Any:
     if value is None:
         return None
@@ -154,6 +172,8 @@ def _convert(spec: OptionSpec, value: Any, source: str, rootdir: Path) -> Any:
         )
     if spec.choices is not None and text not in spec.choices:
         raise pytest.UsageError(f"{source}={text!r}: expected one of {', '.join(spec.choices)}")
+    if spec.kind == "scale":
+        return parse_scale(text, source)
     if spec.kind == "path":
         path = Path(text).expanduser()
         return path if path.is_absolute() else rootdir / path
@@ -171,6 +191,17 @@ def _topology(values: dict[str, Any], sources: dict[str, str]) -> tuple[Topology
         return parse_topology(values["npu_topology"], aliases), aliases
     except TopologyError as exc:
         raise pytest.UsageError(f"{sources['npu_topology']}: {exc}") from None
+
+
+def _check_model_fit(topology: Topology, values: dict[str, Any], sources: dict[str, str]) -> None:
+    """Experts over EP ranks, heads over TP: a layout the model cannot take never starts."""
+    errors = fit_errors(topology, session_shapes(values["afd_backend"], values["afd_model"]))
+    if errors:
+        raise pytest.UsageError(
+            f"{sources['npu_topology']}={values['npu_topology']!r} does not fit the model "
+            f"({sources['afd_model']}={values['afd_model']!r}, {sources['afd_backend']}="
+            f"{values['afd_backend']!r}): {'; '.join(errors)}"
+        )
 
 
 def _check_output_dirs(values: dict[str, Any], sources: dict[str, str]) -> None:
@@ -192,6 +223,7 @@ def resolve_options(config: pytest.Config) -> AfdOptions:
         raw, sources[spec.dest] = _raw_option(config, spec)
         values[spec.dest] = _convert(spec, raw, sources[spec.dest], rootdir)
     topology, aliases = _topology(values, sources)
+    _check_model_fit(topology, values, sources)
     _check_output_dirs(values, sources)
     if values["afd_peer_timeout_s"] is not None and values["afd_backend"] != "cpu":
         raise pytest.UsageError(
@@ -213,6 +245,11 @@ def resolve_options(config: pytest.Config) -> AfdOptions:
         update_golden=values["afd_update_golden"],
         require_hardware=values["afd_require_hardware"],
         devices_per_node=values["afd_devices_per_node"],
+        stage_scale=(
+            values["afd_stage_scale"]
+            if values["afd_stage_scale"] is not None
+            else DEFAULT_STAGE_SCALES.get(values["afd_backend"], FULL_SCALE)
+        ),
         aliases=aliases,
         topology=topology,
         peer_timeout_s=values["afd_peer_timeout_s"],

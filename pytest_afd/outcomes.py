@@ -9,7 +9,8 @@ Contract (schemas/result.schema.json, read by the report):
   first stamped ``error`` ("the test did not finish"); after the test's
   teardown the worker that ran it rewrites it with the real outcome (a
   setup/teardown failure is ``error``, an xfail is ``skipped`` with its reason);
-* ``summary.json`` is replaced at the end of every session, also one that
+* ``summary.json`` is replaced at the end of every session (not ``--co``, which
+  runs nothing and writes nothing), also one that
   wrote no result, and carries ``session_id``.
 """
 

@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from pytest_afd import hardware, hookspecs, outcomes, reference_phase
+from pytest_afd import early_setup, hardware, hookspecs, outcomes, reference_phase
 from pytest_afd.backends.base import Backend, BackendUnavailable
-from pytest_afd.golden import GoldenStore
+from pytest_afd.golden import RECORD_PHASE_COMMAND, UPDATE_GOLDEN_COMMAND, GoldenStore
 from pytest_afd.hardware_markers import hardware_skip_reason
 from pytest_afd.markers import MARKER_SIGNATURES, MARKERS
+from pytest_afd.option_specs import value_flags
 from pytest_afd.options import (  # noqa: F401  (AfdOptions and the defaults are re-exported)
     DEFAULT_GOLDEN_DIR,
     DEFAULT_RESULTS_DIR,
@@ -48,12 +49,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     reference_phase.add_option(add_options(parser), parser)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, args: list[str]) -> None:
+    """Before any conftest: undo a rootdir that a space-separated option value moved."""
+    early_setup.repair_setup(early_config, args, value_flags((reference_phase.FLAG,)))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for name, help_text in MARKERS.items():
         config.addinivalue_line("markers", f"{MARKER_SIGNATURES.get(name, name)}: {help_text}")
     state = AfdSession(config=config, options=resolve_options(config))
     config.stash[AFD_SESSION_KEY] = state
-    if not is_worker(config):  # workers start while the controller's session runs
+    # Workers start while the controller's session runs; --co writes (and deletes) nothing.
+    if not is_worker(config) and not config.option.collectonly:
         for directory in (state.options.results_dir, state.options.golden_dir):
             state.stale_temp_removed += remove_stale_temp_files(directory)
     # Registered as a plugin so it receives every test report (outcome column).
@@ -141,10 +149,12 @@ def afd_manifest(pytestconfig: pytest.Config) -> dict[str, Any]:
 def golden(pytestconfig: pytest.Config) -> GoldenStore:
     """``golden.check(name, value, profile=..., reference=None)`` against ``--afd-golden-dir``."""
     state = afd_session(pytestconfig)
+    checking = reference_phase.reference_phase(pytestconfig) == reference_phase.PHASE_CHECK
     store = GoldenStore(
         directory=state.options.golden_dir,
         update=state.options.update_golden,
         manifest_digest=lambda: state.manifest()["digest"],
+        record_with=RECORD_PHASE_COMMAND if checking else UPDATE_GOLDEN_COMMAND,
     )
     yield store
     state.golden_updates.extend(store.updated)
@@ -163,6 +173,8 @@ def afd_results(request: pytest.FixtureRequest) -> ResultWriter:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     state = afd_session(session.config)
     state.close()
+    if session.config.option.collectonly:  # --co runs nothing: the last summary stays
+        return
     if is_worker(session.config):
         session.config.workeroutput[WORKEROUTPUT_KEY] = {
             "results": state.written,

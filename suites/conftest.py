@@ -12,7 +12,8 @@ that wrote stage results, the Markdown + PNG report is rendered into
 
 Sizes: the RFC's logical sizes (8 requests, 65,536 prompt tokens, 128-token
 KV blocks, 140,000 max batched tokens) are multiplied by the stage scale:
-``--afd-stage-scale`` / ``$AFD_STAGE_SCALE``, default 1/64 on the CPU backend
+``--afd-stage-scale`` / ``$AFD_STAGE_SCALE`` / ini ``afd_stage_scale`` (a plugin
+option: ``afd_options.stage_scale``), default 1/64 on the CPU backend
 (so a stage runs in minutes) and 1 elsewhere (the real study).
 
 Modules by job: ``stage_sizes`` (the scale), ``stage_backends`` (other models and
@@ -37,42 +38,22 @@ from stage_cases import (
 )
 from stage_runner import StageRunner
 from stage_sizes import (
-    STAGE_SCALE_ENV,
-    STAGE_SCALE_OPTION,
     StageSizes,
-    parse_scale,
     power_of_two_at_most,
-    stage_scale,
 )
 
 from pytest_afd import progress as afd_progress
+from pytest_afd.options import parse_scale
 from pytest_afd.session import afd_session
 
 STAGE_KINDS = ("stage_a", "stage_b", "stage_c", "stage_d", "stage_e", "stage_f")
 
 
-# --- options -------------------------------------------------------------------------
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.getgroup("afd").addoption(
-        STAGE_SCALE_OPTION,
-        dest="afd_stage_scale",
-        default=None,
-        help="stage suites: factor on the RFC's logical sizes (tokens, blocks, budgets); "
-        f"default 1/64 on the cpu backend, 1 otherwise [env {STAGE_SCALE_ENV}]",
-    )
-
-
-@pytest.hookimpl(trylast=True)  # after the plugin resolved the --afd-* options
-def pytest_configure(config: pytest.Config) -> None:
-    """A bad stage scale is a usage error at start-up, not a failure in every stage test."""
-    stage_scale(config, afd_session(config).options.backend)
-
-
 # --- fixtures ------------------------------------------------------------------------------
 @pytest.fixture(scope="session")
-def stage_sizes(pytestconfig: pytest.Config, afd_options) -> StageSizes:
-    """The stage scale and the recipe sizes at that scale."""
-    return StageSizes(stage_scale(pytestconfig, afd_options.backend))
+def stage_sizes(afd_options) -> StageSizes:
+    """The stage scale (``--afd-stage-scale``, see ``afd_options``) and the recipe sizes at it."""
+    return StageSizes(afd_options.stage_scale)
 
 
 @pytest.fixture(scope="session")

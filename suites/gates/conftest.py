@@ -23,9 +23,10 @@ from pytest_afd.backends.base import Backend, CapabilityMissing
 from pytest_afd.faults import applied_from_env
 from pytest_afd.golden import GoldenStore
 from pytest_afd.manifest import collect_manifest, manifest_digest
-from pytest_afd.plugin import AfdOptions, afd_session
+from pytest_afd.options import AfdOptions
 from pytest_afd.reference_phase import reference_phase
 from pytest_afd.results import validate_manifest
+from pytest_afd.session import afd_session
 from pytest_afd.topology import Topology, parse_topology
 
 

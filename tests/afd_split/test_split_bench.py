@@ -40,7 +40,11 @@ def test_report_has_every_target_and_the_protocol(bench, tmp_path, capsys):
     assert timing["rounds"] == 2 and timing["all_samples"]["samples"] == 4
     assert timing["p10_us"] <= timing["median_us"] <= timing["p90_us"]
     assert set(report["context_planning_vs_planner_with_slices"]) == {"1", "8", "512"}
-    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("split_bench: ")
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith("split_bench: ")
+    # The text output is labelled with its unit (it once printed a bare dict of microseconds).
+    assert lines[0].startswith("median thread CPU time per call, microseconds (us)")
+    assert " us" in lines[1] and "{" not in lines[1]
 
 
 def test_round_keeps_each_callables_fastest_pass(bench):

@@ -82,8 +82,10 @@ def run_gates(tmp_path: Path, name: str, phase: str, server: ManagedServer,
     """One pytest session attached to ``server``: (exit code, outcome per test, output, summary)."""
     results, junit = tmp_path / f"results-{name}", tmp_path / f"{name}.xml"
     env = {**os.environ, "PYTHONPATH": str(REPO), ENV_SERVER_URL: server.base_url,
-           ENV_SERVER_SETTINGS: declared(settings), ENV_SERVED_MODEL_NAME: MODEL}
+           ENV_SERVER_SETTINGS: declared(settings)}
     env.pop(FAULT_ENV, None)
+    # As documented: the served model name ("reduced") is read from the deployment's /v1/models.
+    env.pop(ENV_SERVED_MODEL_NAME, None)
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gate", "-k",
                "not w8a8", "-rs", *GATES, "--afd-backend", "vllm-ascend", "--npu-topology",
                TOPOLOGY, "--afd-reference-phase", phase, "--afd-golden-dir",

@@ -47,6 +47,7 @@ from pytest_afd.backends.vllm_ascend.launch import (
     build_launch_plan,
 )
 from pytest_afd.backends.vllm_ascend.worker_evidence import WorkerEvidenceBackend
+from pytest_afd.serving.client import ClientError, CompletionsClient
 from pytest_afd.serving.http_backend import (
     AttachedServer,
     HttpBackend,
@@ -61,6 +62,7 @@ BACKEND_NAME = "vllm-ascend"
 ENV_SERVER_URL = ENV_ATTACH_URL
 ENV_SERVER_SETTINGS = ENV_ATTACH_SETTINGS
 ENV_SERVED_MODEL_NAME = "AFD_ASCEND_SERVED_MODEL_NAME"
+MODELS_PATH = "/v1/models"  # OpenAI-compatible model listing (vLLM and the CPU server)
 ENV_MODEL_PATH = "AFD_ASCEND_MODEL_PATH"  # may contain "{model}" (the --afd-model name)
 ENV_DEVICES_PER_NODE = "AFD_DEVICES_PER_NODE"
 ENV_STARTUP_TIMEOUT = "AFD_ASCEND_STARTUP_TIMEOUT_S"
@@ -217,6 +219,32 @@ def attach_launcher(base_url: str, served_model_name: str, declared: RunSettings
     return attach
 
 
+def served_model_name(base_url: str, environ: Mapping[str, str]) -> str:
+    """``$AFD_ASCEND_SERVED_MODEL_NAME``, else the one model the deployment lists at ``/v1/models``.
+
+    A deployment started with another ``--served-model-name`` than the recipe's
+    would answer every request with HTTP 400; asking it first avoids that, and
+    when it cannot say (unreachable, none or several models) the error names
+    the variable to set.
+    """
+    given = environ.get(ENV_SERVED_MODEL_NAME, "").strip()
+    if given:
+        return given
+    where = f"{base_url}{MODELS_PATH}"
+    try:
+        listing = CompletionsClient(base_url, model="").get_json(MODELS_PATH)
+        served = [str(entry["id"]) for entry in listing["data"]]
+    except (ClientError, ValueError, KeyError, TypeError) as error:
+        raise BackendUnavailable(
+            f"{ENV_SERVER_URL}={base_url}: cannot read the served model name from {where} "
+            f"({type(error).__name__}: {error}); set {ENV_SERVED_MODEL_NAME}") from None
+    if len(served) != 1:
+        raise BackendUnavailable(
+            f"{ENV_SERVER_URL}={base_url}: {where} lists {len(served)} models {served}, not one; "
+            f"set {ENV_SERVED_MODEL_NAME} to the one to test")
+    return served[0]
+
+
 def declared_settings(environ: Mapping[str, str]) -> RunSettings:
     text = environ.get(ENV_SERVER_SETTINGS)
     if not text:
@@ -237,8 +265,10 @@ def create_backend(*, topology: Topology, model_name: str, seed: int, results_di
         api_key = environ.get(API_KEY_ENV) or None
         describe["mode"] = "attach"
         describe["server_url"] = url
-        served = environ.get(ENV_SERVED_MODEL_NAME, LaunchOptions.served_model_name)
-        launcher = attach_launcher(url, served, declared_settings(environ))
+        settings = declared_settings(environ)
+        served = served_model_name(url, environ)
+        describe["served_model_name"] = served
+        launcher = attach_launcher(url, served, settings)
     else:
         missing = missing_requirements(environ)
         if missing:

@@ -36,7 +36,6 @@ from pytest_afd.backends.vllm_ascend.plan import (  # noqa: F401  (re-exported)
     ASYNC_MOE_NUM_UBATCHES,
     BATCHED_TOKENS_FLAG,
     CONNECTOR,
-    DEEPSEEK_V3_2_ROUTED_EXPERTS,
     DEFAULT_AFD_PORT,
     DEFAULT_API_PORT,
     DEFAULT_MAX_MODEL_LEN,
@@ -61,6 +60,7 @@ from pytest_afd.backends.vllm_ascend.plan import (  # noqa: F401  (re-exported)
     flag_values,
     has_flag,
 )
+from pytest_afd.model_fit import DEEPSEEK_V3_2, experts_error, heads_error
 from pytest_afd.topology import (
     DEFAULT_DEVICES_PER_NODE,
     RankInfo,
@@ -85,6 +85,9 @@ def _attention_shape(part: RolePart, role: str) -> RoleShape:
     else:
         _reject_dims(part, role, ("pp",), "needs a PP launch recipe, which is not frozen yet (Stage F)")
     tp = max(part.size("tp"), part.size("sp"))
+    error = heads_error(DEEPSEEK_V3_2, tp, f"{role} part {part.spec!r}")
+    if error is not None:
+        raise LaunchPlanError(error)
     shape = RoleShape(role, part.size("dp"), tp, part.size("pcp"), part.size("sp") > 1)
     ep = part.size("ep")
     if ep > 1 and ep != part.ranks:
@@ -100,11 +103,9 @@ def _ffn_shape(part: RolePart) -> RoleShape:
     tp = max(part.size("tp"), part.size("sp"))
     if part.ranks % tp:
         raise LaunchPlanError(f"ffn part {part.spec!r}: {part.ranks} ranks are not a multiple of tp{tp}")
-    if DEEPSEEK_V3_2_ROUTED_EXPERTS % part.ranks:
-        raise LaunchPlanError(
-            f"ffn part {part.spec!r}: {DEEPSEEK_V3_2_ROUTED_EXPERTS} routed experts do not divide "
-            f"evenly over {part.ranks} FFN ranks"
-        )
+    error = experts_error(DEEPSEEK_V3_2, part.ranks, f"ffn part {part.spec!r}")
+    if error is not None:  # the FFN ranks hold the experts, with or without an ep dim
+        raise LaunchPlanError(error)
     return RoleShape(ROLE_FFN, part.ranks // tp, tp, 1, False)
 
 

@@ -36,8 +36,6 @@ TOKEN_BALANCED_MAX_PCP = 1
 PLACEHOLDER_ADDRESS = re.compile(r"^node\d+$")
 ENV_ATTACH_URL = "AFD_ASCEND_SERVER_URL"
 ENV_ATTACH_SETTINGS = "AFD_ASCEND_SERVER_SETTINGS"
-# DeepSeek V3.2 routed experts; FFN ranks must divide them evenly (connector guide).
-DEEPSEEK_V3_2_ROUTED_EXPERTS = 256
 NATIVE_DBO_FLAGS = ("--enable-dbo", "--dbo-decode-token-threshold", "--dbo-prefill-token-threshold")
 BATCHED_TOKENS_FLAG = "--max-num-batched-tokens"
 MAX_PORT = 65535
