@@ -92,9 +92,16 @@ class PrefillEngine:
     def start(self) -> None:
         self._thread.start()
 
+    def begin_stop(self) -> None:
+        """Take no new batch from now on (safe in a signal handler: it only sets an event).
+
+        SIGTERM calls this at once, so a batch that ends before the HTTP loop has noticed
+        the shutdown cannot pick up the queued requests that :meth:`stop` must refuse."""
+        self._stopping.set()
+
     def stop(self) -> None:
         """Finish the running batch, then refuse (EngineStopped) every request still queued."""
-        self._stopping.set()
+        self.begin_stop()
         if self._thread.is_alive():
             self._thread.join()
         with self._lock:

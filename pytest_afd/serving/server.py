@@ -283,6 +283,7 @@ def serve(backend: Backend, settings: RunSettings, *, host: str, port: int,
 
     def shutdown(signum: int, frame: object) -> None:
         httpd.stopping = True
+        engine.begin_stop()
         threading.Thread(target=httpd.shutdown, daemon=True).start()
 
     signal.signal(signal.SIGTERM, shutdown)
