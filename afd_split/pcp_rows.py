@@ -15,7 +15,7 @@ import numpy as np
 
 from afd_split.constraints import ZIGZAG_CHUNKS_PER_RANK, round_up
 from afd_split.errors import UnsupportedSplitError
-from afd_split.pcp_stage import PAD_TOKEN, StageRows
+from afd_split.pcp_stage import PAD_TOKEN, StageRows, ZigzagLayout
 from afd_split.plan_types import SplitPlan
 
 
@@ -40,30 +40,28 @@ def check_rows_match_plan(plan: SplitPlan, rows: StageRows) -> None:
                 f"the plan's pieces {piece_rows} of its {ubatch.num_rows} rows")
 
 
-def rank_rows(rows: StageRows, stage: int, rank: int, parent_rows, pad_value=0):
-    """Rank ``rank``'s rows of stage ``stage`` taken from the parent's logical rows [T, ...]."""
-    sources = rows.rank_sources[rank, rows.rank_row_slices[stage]]
+def rank_rows(layout: ZigzagLayout, rank: int, stage_rows, pad_value=0):
+    """Rank ``rank``'s rows of a stage, taken from the stage's real rows [num tokens, ...] in
+    logical order (padding rows filled with ``pad_value``)."""
+    sources = layout.rank_sources[rank]
     real = sources != PAD_TOKEN
-    shape = (len(sources), *tuple(parent_rows.shape[1:]))
-    if isinstance(parent_rows, np.ndarray):
-        out = np.full(shape, pad_value, dtype=parent_rows.dtype)
-        out[real] = parent_rows[sources[real]]
+    shape = (len(sources), *tuple(stage_rows.shape[1:]))
+    if isinstance(stage_rows, np.ndarray):
+        out = np.full(shape, pad_value, dtype=stage_rows.dtype)
+        out[real] = stage_rows[sources[real]]
         return out
     import torch  # lazy: numpy callers never pay for it
 
-    out = parent_rows.new_full(shape, pad_value)
-    index = torch.from_numpy(np.flatnonzero(real))
-    out[index] = parent_rows[torch.from_numpy(sources[real])]
+    out = stage_rows.new_full(shape, pad_value)
+    out[torch.from_numpy(np.flatnonzero(real))] = stage_rows[torch.from_numpy(sources[real])]
     return out
 
 
-def gathered_stage_rows(rows: StageRows, stage: int, parent_rows, pad_value=0):
+def gathered_stage_rows(layout: ZigzagLayout, stage_rows, pad_value=0):
     """The stage's rows after the PCP all-gather and restore: padded request order [rows, ...]."""
-    layout = rows.stages[stage]
-    per_rank = [rank_rows(rows, stage, rank, parent_rows, pad_value)
-                for rank in range(layout.pcp_size)]
+    per_rank = [rank_rows(layout, rank, stage_rows, pad_value) for rank in range(layout.pcp_size)]
     restore = layout.allgather_restore_idx
-    if isinstance(parent_rows, np.ndarray):
+    if isinstance(stage_rows, np.ndarray):
         return np.concatenate(per_rank)[restore]
     import torch
 
