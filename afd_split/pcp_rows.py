@@ -13,31 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from afd_split.constraints import ZIGZAG_CHUNKS_PER_RANK, round_up
-from afd_split.errors import UnsupportedSplitError
-from afd_split.pcp_stage import PAD_TOKEN, StageRows, ZigzagLayout
-from afd_split.plan_types import SplitPlan
-
-
-def check_rows_match_plan(plan: SplitPlan, rows: StageRows) -> None:
-    """Every stage's zigzag must fill the planner's rows for it (or fail closed, naming why).
-
-    The helper copies a leading 1-token request on every rank (a PCP decode,
-    pcp rows) where the planner pads every piece to 2 * pcp rows.
-    """
-    for ubatch, layout in zip(plan.ubatches, rows.stages, strict=True):
-        helper_rows = int(layout.padded_tokens.sum())
-        piece_rows = sum(round_up(int(piece), ZIGZAG_CHUNKS_PER_RANK * layout.pcp_size)
-                         for piece in layout.num_scheduled_tokens)
-        if layout.num_decode_reqs:
-            raise UnsupportedSplitError(
-                f"ubatch {ubatch.index} starts with {layout.num_decode_reqs} one-token piece(s): "
-                f"the PCP helper lays them out as decodes ({helper_rows} rows) where the plan "
-                f"gives pieces of 2*pcp rows ({piece_rows})")
-        if helper_rows != piece_rows or piece_rows > ubatch.num_rows:
-            raise UnsupportedSplitError(
-                f"ubatch {ubatch.index}: the PCP helper's layout has {helper_rows} rows, "
-                f"the plan's pieces {piece_rows} of its {ubatch.num_rows} rows")
+from afd_split.pcp_stage import PAD_TOKEN, ZigzagLayout
 
 
 def rank_rows(layout: ZigzagLayout, rank: int, stage_rows, pad_value=0):

@@ -177,3 +177,18 @@ def test_unmodelled_pcp_settings_fail_closed_by_name():
                                 hybrid_attention=True)
     assert "num_speculative_tokens=1" in str(error.value)
     assert "hybrid attention" in str(error.value)
+
+
+@pytest.mark.parametrize("pcp", PCP_SIZES)
+def test_rank_rows_all_gathered_and_restored_are_the_stage_in_order(pcp):
+    from afd_split.pcp_rows import gathered_stage_rows, rank_rows
+
+    layout = zigzag_layout([1, 37, 64, 5], pcp)
+    tokens = np.arange(107) + 1000
+    per_rank = [rank_rows(layout, rank, tokens, pad_value=-1) for rank in range(pcp)]
+    assert {len(rows) for rows in per_rank} == {layout.rows_per_rank}  # equal rows per rank
+    restored = gathered_stage_rows(layout, tokens, pad_value=-1)
+    assert restored[layout.unpad_mask].tolist() == tokens.tolist()
+    others = restored[~layout.unpad_mask]
+    assert (others == tokens[0]).sum() == pcp - 1  # the decode's copies on the other ranks
+    assert (others == -1).sum() == len(others) - (pcp - 1)  # the rest is padding
