@@ -258,3 +258,16 @@ def test_a_drifted_stage_pcp_rebuild_refuses_pcp_at_start(standin_plugin):
     with pytest.raises(RuntimeError, match="per-stage PCP rebuild drifted"):
         validate(_config(8), GATE, num_ubatches=2, split=TOKEN_BALANCED_SPLIT)
     validate(_config(1), GATE, num_ubatches=2, split=TOKEN_BALANCED_SPLIT)  # no PCP: accepted
+
+
+def test_pcp_with_sequence_parallelism_fails_closed_naming_it(standin_plugin, tmp_path):
+    seams = standin_plugin(RELEASE)
+    alignment = EngineAlignment(tp_size=2, sequence_parallel=True, pcp_size=PCP)
+    install(seams, new_session=_session_factory(tmp_path, alignment))
+    runner = _pcp_runner(seams)
+    rank_local = _rank_local(GLOBAL_SCHEDULED)
+    kwargs = {"num_tokens": int(rank_local.sum()), "num_tokens_padded": int(rank_local.sum()),
+              "num_scheduled_tokens_np": rank_local, "ubatch_slices": None}
+    with pytest.raises(UnsupportedSplitError, match="PCP stages with sequence parallelism"):
+        runner._build_attention_metadata_with_async_moe_ubatches((), kwargs, kwargs)
+    assert seams.runner_module.STAGE_REBUILDS == []

@@ -26,6 +26,7 @@ import numpy as np
 from afd_split.integrations.afd_plugin.pcp_seam import (
     PCP_STAGE_RULE,
     StageLocalInputBatches,
+    check_pcp_alignment,
     global_scheduled_counts,
     pcp_enabled,
     pcp_seam_unavailable,
@@ -200,6 +201,7 @@ def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, computed
     ``num_scheduled_tokens_np`` is never planned on), rank-local row slices, and the
     stage-local input batch each stage's PCP rebuild reads."""
     pcp = session.alignment.pcp_size
+    check_pcp_alignment(session.alignment)  # before any agreement collective
     plan = plan_pcp_step(global_scheduled_counts(runner.pcp_manager, num_reqs), computed, pcp)
     record_step(session, plan, alignment=session.alignment.describe(),
                 pcp_stage_rule=PCP_STAGE_RULE)

@@ -41,6 +41,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from afd_split.constraints import MIN_PCP_FOR_ZIGZAG, SplitConstraints, SplitPolicy
+from afd_split.engine_alignment import EngineAlignment
+from afd_split.errors import UnsupportedSplitError
 from afd_split.integrations.afd_plugin.pinned import normalize_header
 from afd_split.integrations.engine_step import plan_engine_step
 from afd_split.pcp_stage import zigzag_layout
@@ -61,6 +63,14 @@ def global_scheduled_counts(pcp_manager, num_reqs: int) -> np.ndarray:
     """The step's global per-request scheduled tokens (``query_lens_pcp_full``): identical on
     every PCP rank, unlike the rank-local ``num_scheduled_tokens_np``."""
     return pcp_manager.query_lens_pcp_full.cpu[:num_reqs].numpy().astype(np.int64)
+
+
+def check_pcp_alignment(alignment: EngineAlignment) -> None:
+    """Whole-request PCP stages meet no SP unit by construction: PCP with SP fails closed."""
+    if alignment.rank_local_unit > 1:
+        raise UnsupportedSplitError(
+            f"PCP stages with sequence parallelism ({alignment.describe()}): whole-request "
+            "stages' rank-local rows are not TP multiples by construction; not supported")
 
 
 def plan_pcp_step(num_scheduled_tokens, num_computed_tokens, pcp_size: int) -> SplitPlan:
