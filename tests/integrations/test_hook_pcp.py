@@ -271,3 +271,25 @@ def test_pcp_with_sequence_parallelism_fails_closed_naming_it(standin_plugin, tm
     with pytest.raises(UnsupportedSplitError, match="PCP stages with sequence parallelism"):
         runner._build_attention_metadata_with_async_moe_ubatches((), kwargs, kwargs)
     assert seams.runner_module.STAGE_REBUILDS == []
+
+
+@pytest.mark.parametrize(("sp", "by_pass", "unit"), [(False, False, 1), (True, False, 4),
+                                                     (False, True, 4)])
+def test_runner_alignment_reads_vllm_ascends_sp_switches(monkeypatch, sp, by_pass, unit):
+    """``enable_sp`` / ``enable_sp_by_pass`` (vllm_ascend.utils at v0.19.1rc1) decide the unit."""
+    import sys
+    import types
+
+    from afd_split.integrations.afd_plugin.rules import runner_alignment
+
+    utils = types.ModuleType("vllm_ascend.utils")
+    seen = []
+    utils.enable_sp = lambda vllm_config: seen.append(vllm_config) or sp
+    utils.enable_sp_by_pass = lambda: by_pass
+    monkeypatch.setitem(sys.modules, "vllm_ascend", types.ModuleType("vllm_ascend"))
+    monkeypatch.setitem(sys.modules, "vllm_ascend.utils", utils)
+    config = SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=4,
+                                                             prefill_context_parallel_size=1))
+    alignment = runner_alignment(config)
+    assert seen == [config]
+    assert (alignment.tp_size, alignment.pcp_size, alignment.row_unit) == (4, 1, unit)
