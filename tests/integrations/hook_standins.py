@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from afd_split.integrations.afd_plugin.patches import PluginSeams
+from afd_split.integrations.afd_plugin.pcp_seam import STAGE_PCP_REBUILD_HEADER
 from afd_split.integrations.afd_plugin.pinned import (
     PLANNER,
     SLICER,
@@ -89,25 +90,39 @@ def standin_source(branch: str, header_overrides: dict[str, str] | None = None) 
     else:
         planner_lines = ["CALLS.append(('plugin_planner', values.get('num_scheduled_tokens_np')))",
                          "return 'plugin-full'"]
+        # The pinned stage build's PCP facts (release/v0.19.1rc1): the inner rebuild runs
+        # per stage while the split_attn_metadata result is iterated with enumerate, and
+        # hands generate_pcp_metadata self.input_batch (returns early without CP).
         build = (
             "def _build_attention_metadata_with_ubatches(self, *args, **kwargs):\n"
             "    CALLS.append(('stage_build', kwargs['ubatch_slices']))\n"
             "    self.long_seq_metadata = 'stage-local'\n"
-            "    stages = split_attn_metadata(kwargs['ubatch_slices'], self.common, 0)\n"
-            "    return stages, None\n"
+            "    ubatch_slices = kwargs['ubatch_slices']\n\n"
+            f"    {STAGE_PCP_REBUILD_HEADER.rsplit('...', 1)[0]}\n"
+            "        if not self.use_cp:\n"
+            "            return\n"
+            "        scheduled = self.pcp_manager.query_lens_pcp_full.cpu[\n"
+            "            ubatch_slice.request_slice].tolist()\n"
+            "        STAGE_REBUILDS.append((ubid, self.pcp_manager.generate_pcp_metadata(\n"
+            "            scheduled, self.input_batch)))\n\n"
+            "    ubatch_common_metadata = split_attn_metadata(ubatch_slices, self.common, 0)\n"
+            "    for ubid, ubatch_cm in enumerate(ubatch_common_metadata):\n"
+            "        _build_stage_local_pcp_metadata(ubatch_cm, ubatch_slices[ubid], ubid, 0, 0)\n"
+            "    return list(ubatch_common_metadata), None\n"
         )
         replace = (
             "def _replace_attention_metadata_ubatch_slices(args, kwargs, ubatch_slices):\n"
             "    return args, {**kwargs, 'ubatch_slices': ubatch_slices}\n"
         )
     runner = (
-        "CALLS = []\n\n"
+        "CALLS = []\nSTAGE_REBUILDS = []\n\n"
         + slicer + "\n" + replace + "\n"
         "class NPUModelRunner:\n"
         "    def _build_attention_metadata(self, *args, **kwargs):\n"
         "        CALLS.append(('full_build', kwargs.get('num_tokens')))\n"
         "        return 'full-metadata'\n\n"
         "class AFDNPUAttentionModelRunner(NPUModelRunner):\n"
+        "    use_cp = False\n\n"
         + _indent(_body(header(PLANNER), planner_lines)) + "\n"
         + _indent(build) + "\n"
         "    def _build_afd_metadata(self, ubatch_slices, num_tokens):\n"

@@ -37,6 +37,8 @@ def engine_session(runner) -> HookSession:
     from vllm.distributed import get_tp_group
     from vllm.distributed.parallel_state import get_pcp_group
 
+    from afd_split.integrations.afd_plugin.rules import runner_alignment
+
     parallel = runner.vllm_config.parallel_config
     tp_group = get_tp_group()
     groups = [tp_group.cpu_group] if tp_group.world_size >= MIN_GROUP_SIZE_TO_AGREE else []
@@ -50,7 +52,8 @@ def engine_session(runner) -> HookSession:
     return HookSession.from_environment(os.environ, ranks=ranks, groups=groups,
                                         splitter=ascend_splitter(
                                             chunked_prefill=runner.scheduler_config
-                                            .enable_chunked_prefill))
+                                            .enable_chunked_prefill),
+                                        alignment=runner_alignment(runner.vllm_config))
 
 
 def register() -> None:
