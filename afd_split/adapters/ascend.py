@@ -143,14 +143,27 @@ def _actual_seq_lengths_q(context):
     return context.query_start_loc[1:].tolist()
 
 
+def _one_token_each(context) -> bool:
+    """Every request of the ubatch schedules exactly one token (its host query_start_loc)."""
+    return bool((np.diff(context.query_start_loc) == 1).all())
+
+
 def _attn_state(chunked_prefill: bool):
+    """The ubatch's state by the model runner's ``_build_attn_state`` rule, on its own pieces.
+
+    Upstream's order: no cached context anywhere -> PrefillNoCache; else every
+    request scheduling one token -> DecodeOnly; else ChunkedPrefill with chunked
+    prefill on, PrefillCacheHit without. (Its speculative-decoding branches never
+    apply: the hook refuses speculative decoding at start-up.)
+    """
+
     def recompute(context):
         states = type(context.common.attn_state)
         if not context.num_computed_tokens.any():
             return states.PrefillNoCache
-        if chunked_prefill or context.common.attn_state is states.ChunkedPrefill:
-            return states.ChunkedPrefill
-        return states.PrefillCacheHit
+        if context.ubatch.num_real_tokens == context.num_reqs and _one_token_each(context):
+            return states.DecodeOnly
+        return states.ChunkedPrefill if chunked_prefill else states.PrefillCacheHit
 
     return recompute
 
