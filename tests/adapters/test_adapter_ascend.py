@@ -116,7 +116,7 @@ def test_stage_local_actual_seq_lengths_q_and_host_copies(layout):
     assert head._seq_lens_cpu.tolist() == [40, 120] and tail.seq_lens_cpu.tolist() == [164, 20, 164]
     assert tail.num_computed_tokens_cpu.tolist() == [120, 0, 128]
     assert common.actual_seq_lengths_q == cumulative
-    assert (head.num_reqs, tail.num_reqs) == (2, 3)  # the parent's padded num_reqs is 6
+    assert (head.num_reqs, tail.num_reqs) == (2, 3)
 
 
 @pytest.mark.parametrize("layout", ASCEND_LAYOUTS, ids=LAYOUT_IDS)
