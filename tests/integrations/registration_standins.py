@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hook_standins import standin_source
+from hook_standins import standin_connector_source, standin_source
 
 ROOT = Path(__file__).resolve().parents[2]
 FUTURE = "from __future__ import annotations\n\n"
@@ -65,7 +65,7 @@ def write_tree(root: Path, branch: str = "main", *, with_torch_npu: bool) -> Pat
         "afd_plugin/compat/npu/feature_validation.py": validation,
         "afd_plugin/connectors/__init__.py": "",
         "afd_plugin/connectors/npu/__init__.py": "",
-        "afd_plugin/connectors/npu/async_cam.py": 'ASYNC_MOE_REQUEST_SPLIT = "request"\n',
+        "afd_plugin/connectors/npu/async_cam.py": standin_connector_source(branch),
         "afd_plugin/v1/__init__.py": "",
         "afd_plugin/v1/worker/__init__.py": "",
         "afd_plugin/v1/worker/npu/__init__.py": "",
@@ -146,6 +146,10 @@ report = {"attempted": attempted, "loaded": sorted(m for m in (RUNNER, VALIDATIO
 if VALIDATION in sys.modules:
     validator = vars(sys.modules[VALIDATION])["_fail_if_unsupported_npu_async_moe_ubatching_features"]
     report["validator"] = [getattr(validator, PATCH_MARKER, None), function_header(validator)]
+CONNECTOR = "afd_plugin.connectors.npu.async_cam"
+if CONNECTOR in sys.modules:
+    dispatch = vars(sys.modules[CONNECTOR].CAMAsyncAFDConnector)["send_attn_output"]
+    report["dispatch"] = [getattr(dispatch, PATCH_MARKER, None), function_header(dispatch)]
 if RUNNER in sys.modules:
     runner = sys.modules[RUNNER]
     planner = vars(runner.AFDNPUAttentionModelRunner)["_build_attention_metadata_with_async_moe_ubatches"]

@@ -68,6 +68,7 @@ def _runner(seams, split: str, scheduled=SCHEDULED, computed=COMPUTED,
     runner.input_batch = SimpleNamespace(
         num_computed_tokens_cpu_tensor=common.num_computed_tokens_cpu.clone())
     runner.cache_config = SimpleNamespace(block_size=BLOCK_SIZE)
+    runner.connector = SimpleNamespace()  # the plugin's connector (the recorder's home)
     runner.common = common
     runner.real_batch = meta
     runner.long_seq_metadata = "full-batch"

@@ -24,6 +24,7 @@ from afd_split.integrations.afd_plugin.stages import (
     ascend_splitter,
 )
 from afd_split.integrations.engine_step import StepRanks
+from afd_split.integrations.expert_load import routing_label
 
 PLUGIN_NAME = "afd_split"
 """Entry-point name (what ``VLLM_PLUGINS`` lists)."""
@@ -52,7 +53,23 @@ def engine_session(runner) -> HookSession:
     return HookSession.from_environment(os.environ, ranks=ranks, groups=groups,
                                         splitter=ascend_splitter(
                                             chunked_prefill=runner.scheduler_config
-                                            .enable_chunked_prefill))
+                                            .enable_chunked_prefill),
+                                        num_layers=runner.vllm_config.model_config
+                                        .hf_text_config.num_hidden_layers,
+                                        routing=engine_routing(runner.vllm_config))
+
+
+def engine_routing(vllm_config) -> str:
+    """How this deployment routes experts: forced-balanced when afd_plugin's Attention-side
+    switch (``AFD_FORCE_BALANCED_TOPK_IDS``) or the W8A8 ``enable_force_load_balance``
+    rewrites the router's ids (both read as afd_plugin reads them)."""
+    from afd_plugin.envs import force_balanced_topk_ids_enabled
+
+    additional = vllm_config.additional_config or {}
+    return routing_label(
+        force_balanced_env=force_balanced_topk_ids_enabled(),
+        force_load_balance_config=bool(additional.get("enable_force_load_balance", False)),
+    )
 
 
 def register() -> None:
@@ -71,4 +88,4 @@ def register() -> None:
                 "seam modules load", PLUGIN_NAME, TOKEN_BALANCED_SPLIT)
 
 
-__all__ = ["PLUGIN_NAME", "TOKEN_BALANCED_SPLIT", "engine_session", "register"]
+__all__ = ["PLUGIN_NAME", "TOKEN_BALANCED_SPLIT", "engine_routing", "engine_session", "register"]

@@ -12,9 +12,9 @@ bind the unpatched function into every module the runner imports.
 So ``install_deferred`` imports nothing: it patches a seam module that is
 already loaded, and puts a ``sys.meta_path`` finder in front that patches the
 others right after they first execute, in whichever process loads them (the
-worker, after vLLM-Ascend and afd_plugin have set up). The validation module
-and the runner module are patched independently: an FFN worker may load only
-the first.
+worker, after vLLM-Ascend and afd_plugin have set up). The validation module,
+the runner module and the connector module (the expert-load dispatch seam) are
+patched independently: an FFN worker may load only the first.
 """
 
 from __future__ import annotations
@@ -25,13 +25,18 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
+from afd_split.integrations.afd_plugin.dispatch_patch import install_dispatch
 from afd_split.integrations.afd_plugin.patches import (
     install_runner,
     install_validator,
     plugin_request_split,
     seams_of,
 )
-from afd_split.integrations.afd_plugin.pinned import RUNNER_MODULE, VALIDATION_MODULE
+from afd_split.integrations.afd_plugin.pinned import (
+    EXTRA_INFO_MODULE,
+    RUNNER_MODULE,
+    VALIDATION_MODULE,
+)
 from afd_split.integrations.afd_plugin.stages import HookSession
 
 ModulePatch = Callable[[ModuleType], Any]
@@ -88,7 +93,8 @@ def seam_patches(new_session: Callable[[Any], HookSession]) -> dict[str, ModuleP
     def patch_validation(module: ModuleType) -> bool:
         return install_validator(module, plugin_request_split)
 
-    return {VALIDATION_MODULE: patch_validation, RUNNER_MODULE: patch_runner}
+    return {VALIDATION_MODULE: patch_validation, RUNNER_MODULE: patch_runner,
+            EXTRA_INFO_MODULE: install_dispatch}
 
 
 def install_deferred(new_session: Callable[[Any], HookSession]) -> SeamImportHook:

@@ -202,8 +202,11 @@ def runner_session(runner, new_session: Callable[[Any], HookSession]) -> HookSes
     """The runner's ``HookSession``, created on its first token_balanced step."""
     session = vars(runner).get(SESSION_ATTRIBUTE)
     if session is None:
+        from afd_split.integrations.afd_plugin.dispatch_patch import attach_recorder
+
         session = new_session(runner)
         vars(runner)[SESSION_ATTRIBUTE] = session
+        attach_recorder(runner.connector, session.expert_load)
     return session
 
 
