@@ -103,7 +103,7 @@ class ExpertLoadRecorder:
         if not self.pending:
             return None
         layers = sorted(self.layers_seen)
-        host = self.counts.cpu()  # the step's one device-to-host copy
+        host = self.counts.to("cpu", copy=True)  # the step's one device-to-host copy
         self.counts.zero_()
         record = {
             "kind": EXPERT_LOAD_KIND,
