@@ -58,6 +58,7 @@ class ExpertLoadRecorder:
     write: Any
     clock: Any = time.perf_counter
     counts: Any = None
+    one: Any = None
     step: int | None = None
     num_stages: int = 1
     planned_at: float = 0.0
@@ -89,10 +90,10 @@ class ExpertLoadRecorder:
         if self.counts is None:
             self.counts = topk_ids.new_zeros((MAX_STAGES, self.num_layers, num_experts),
                                              dtype=torch_module().int64)
+            self.one = self.counts.new_ones(1)  # expanded per dispatch: no allocation
         self.expert_per_rank = expert_per_rank
         flat = topk_ids.reshape(-1)
-        self.counts[stage_idx, layer_idx].index_add_(
-            0, flat, flat.new_ones(flat.shape, dtype=self.counts.dtype))
+        self.counts[stage_idx, layer_idx].index_add_(0, flat, self.one.expand(flat.shape[0]))
         self.layers_seen.add(layer_idx)
         self.pending = True
         if layer_idx == self.num_layers - 1 and stage_idx == self.num_stages - 1:
