@@ -12,16 +12,17 @@ v0.19.1rc1 da421afad719). The helper maths is the independent reference of
 from __future__ import annotations
 
 import json
+import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
-from hook_standins import BLOCK_SIZE, StandInUBatchSlice
+from hook_standins import BLOCK_SIZE, REQUEST_SPLIT, StandInUBatchSlice
 
 from afd_split import UnsupportedSplitError
 from afd_split.engine_alignment import EngineAlignment
-from afd_split.integrations.afd_plugin.patches import install
+from afd_split.integrations.afd_plugin.patches import install, install_runner
 from afd_split.integrations.afd_plugin.pcp_seam import (
     PCP_STAGE_RULE,
     StageLocalInputBatches,
@@ -293,3 +294,35 @@ def test_runner_alignment_reads_vllm_ascends_sp_switches(monkeypatch, sp, by_pas
     alignment = runner_alignment(config)
     assert seen == [config]
     assert (alignment.tp_size, alignment.pcp_size, alignment.row_unit) == (4, 1, unit)
+
+
+def test_deferred_validator_judges_pcp_from_the_runner_loaded_when_it_runs(standin_plugin,
+                                                                           monkeypatch):
+    """Deferred registration patches the validation module when it loads, before the
+    Attention worker loads the runner module: PCP is judged when the validator runs."""
+    from afd_split.integrations.afd_plugin.deferred import seam_patches
+    from afd_split.integrations.afd_plugin.pinned import (
+        EXTRA_INFO_MODULE,
+        RUNNER_MODULE,
+        VALIDATION_MODULE,
+    )
+
+    monkeypatch.setitem(sys.modules, EXTRA_INFO_MODULE,  # what plugin_request_split reads
+                        SimpleNamespace(ASYNC_MOE_REQUEST_SPLIT=REQUEST_SPLIT))
+    for branch, accepted in ((RELEASE, True), ("main", False)):
+        seams = standin_plugin(branch)
+        monkeypatch.delitem(sys.modules, RUNNER_MODULE, raising=False)
+        patches = seam_patches(_session_factory(None, None))
+        assert patches[VALIDATION_MODULE](seams.validation_module)  # runner not loaded yet
+        validate = seams.validation_module._fail_if_unsupported_npu_async_moe_ubatching_features
+        with pytest.raises(RuntimeError, match="runner module is not loaded"):
+            validate(_config(8), GATE, num_ubatches=2, split=TOKEN_BALANCED_SPLIT)
+        monkeypatch.setitem(sys.modules, RUNNER_MODULE, seams.runner_module)  # the runner loads
+        # what the hook's runner patch does (seams_of needs the real vLLM package)
+        assert install_runner(seams, new_session=_session_factory(None, None)) == branch
+        if accepted:
+            validate(_config(8), GATE, num_ubatches=2, split=TOKEN_BALANCED_SPLIT)
+        else:
+            with pytest.raises(RuntimeError, match="main has no per-stage PCP rebuild"):
+                validate(_config(8), GATE, num_ubatches=2, split=TOKEN_BALANCED_SPLIT)
+        validate(_config(1), GATE, num_ubatches=2, split=TOKEN_BALANCED_SPLIT)  # no PCP

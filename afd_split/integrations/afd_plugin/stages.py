@@ -25,6 +25,7 @@ from afd_split.integrations.engine_step import (
     plan_engine_step,
     step_record,
 )
+from afd_split.integrations.expert_load import NATURAL, ExpertLoadRecorder
 from afd_split.integrations.worker_evidence import EvidenceWriter
 from afd_split.plan import SplitPlan
 
@@ -55,19 +56,29 @@ class HookSession:
     agreement_device: Any = "cpu"
     alignment: EngineAlignment = NO_SP_NO_PCP
     steps_planned: int = field(default=0)
+    expert_load: ExpertLoadRecorder | None = None
+    """Routed counts of the steps this session plans (evidence on, MoE model)."""
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str], *, ranks: StepRanks,
                          groups: Sequence[Any], splitter: Splitter,
-                         alignment: EngineAlignment = NO_SP_NO_PCP) -> HookSession:
-        """Evidence on when ``AFD_EVIDENCE_DIR`` is set; agreement when ``AFD_SPLIT_DEBUG_AGREE=1``."""
+                         alignment: EngineAlignment = NO_SP_NO_PCP,
+                         num_layers: int | None = None, routing: str = NATURAL) -> HookSession:
+        """Evidence on when ``AFD_EVIDENCE_DIR`` is set (with expert load when the model's
+        ``num_layers`` is given); agreement when ``AFD_SPLIT_DEBUG_AGREE=1``."""
+        writer = EvidenceWriter.from_env(environ, ranks.label)
+        recorder = None
+        if writer is not None and num_layers is not None:
+            recorder = ExpertLoadRecorder(num_layers=num_layers, routing=routing,
+                                          ranks=ranks.to_dict(), write=writer.append)
         return cls(
             ranks=ranks,
             groups=groups,
             splitter=splitter,
-            writer=EvidenceWriter.from_env(environ, ranks.label),
+            writer=writer,
             check_agreement=agreement_enabled(environ),
             alignment=alignment,
+            expert_load=recorder,
         )
 
 
@@ -129,6 +140,8 @@ def record_step(session: HookSession, plan: SplitPlan, **facts) -> None:
     if session.writer is not None:
         session.writer.append(step_record(plan, step=step, ranks=session.ranks, pid=os.getpid(),
                                           **facts))
+    if session.expert_load is not None:
+        session.expert_load.begin_step(step, len(plan.ubatches) if plan.is_split else 1)
 
 
 def plan_stages(session: HookSession, num_scheduled_tokens, *, num_computed_tokens,
