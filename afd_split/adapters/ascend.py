@@ -145,14 +145,27 @@ def _actual_seq_lengths_q(context):
     return context.query_start_loc[1:].tolist()
 
 
+def _one_token_each(context) -> bool:
+    """Every request of the ubatch schedules exactly one token (its host query_start_loc)."""
+    return bool((np.diff(context.query_start_loc) == 1).all())
+
+
 def _attn_state(chunked_prefill: bool):
+    """The ubatch's state by the model runner's ``_build_attn_state`` rule, on its own pieces.
+
+    Upstream's order: no cached context anywhere -> PrefillNoCache; else every
+    request scheduling one token -> DecodeOnly; else ChunkedPrefill with chunked
+    prefill on, PrefillCacheHit without. (Its speculative-decoding branches never
+    apply: the hook refuses speculative decoding at start-up.)
+    """
+
     def recompute(context):
         states = type(context.common.attn_state)
         if not context.num_computed_tokens.any():
             return states.PrefillNoCache
-        if chunked_prefill or context.common.attn_state is states.ChunkedPrefill:
-            return states.ChunkedPrefill
-        return states.PrefillCacheHit
+        if context.ubatch.num_real_tokens == context.num_reqs and _one_token_each(context):
+            return states.DecodeOnly
+        return states.ChunkedPrefill if chunked_prefill else states.PrefillCacheHit
 
     return recompute
 
@@ -239,19 +252,42 @@ def check_ascend_pcp_startup(*, pcp_size: int, pcp_stage_builder: PcpStageBuilde
         )
 
 
+FIA_PADDING = "FIA padding"
+"""What the refusal of a parent with _pad_query_start_loc_for_fia's dummy request is named."""
+
+
+def _reject_fia_padding(common, plan: SplitPlan, layout: PinnedLayout) -> None:
+    """An Ascend prefill parent with more requests than the plan is FIA-padded (no other
+    prefill layout of the pinned runner pads requests, see the layout's ``runner_layouts``):
+    its dummy request holds the padding tokens. Stages get no such dummy, so refuse by name."""
+    qsl = host_numpy(common.query_start_loc_cpu)
+    real, padded = plan.num_requests, common.num_reqs
+    tokens = qsl[real + 1 : padded + 1] - qsl[real:padded] if qsl.shape[0] > padded else None
+    raise UnsupportedSplitError(
+        f"{layout.describe()}: {FIA_PADDING}: num_reqs={padded} holds "
+        f"{padded - real} dummy request(s) past the plan's {real} "
+        f"(padding tokens {None if tokens is None else tokens.tolist()}), as "
+        "_pad_query_start_loc_for_fia inserts for FIA (non-MLA attention with sequence "
+        "parallelism, or a FULL graph); a stage-local FIA dummy request is not built, so "
+        "this batch is not split"
+    )
+
+
 def check_ascend_split_support(
     common, plan: SplitPlan, *, pcp_stage_builder: PcpStageBuilder | None = None
 ) -> FieldProgram:
     """Every fail-closed check of the Ascend split, with nothing built; returns the program.
 
-    Rejects an unknown layout, a set field the split cannot honour, a non-prefill
-    ``attn_state``, an ``actual_seq_lengths_q`` that is not the cumulative query
+    Rejects an unknown layout, a set field the split cannot honour, FIA padding (a
+    dummy request past the plan's), a non-prefill ``attn_state``, an ``actual_seq_lengths_q`` that is not the cumulative query
     lengths, and PCP metadata without a builder (or a plan whose pcp_size
     disagrees with the metadata).
     """
     program = ascend_field_program(type(common))
     layout = program.layout
     reject_unsupported_fields(common, program)
+    if common.num_reqs > plan.num_requests:
+        _reject_fia_padding(common, plan, layout)
     state = common.attn_state
     if state is None or state.name not in PREFILL_STATES:
         raise UnsupportedSplitError(

@@ -31,7 +31,6 @@ from afd_split.adapters.slicing import (
     check_split,
     host_numpy,
     parent_host_arrays,
-    torch_module,
     ubatch_token_rows,
 )
 from afd_split.errors import SplitInvariantError, UnsupportedSplitError
@@ -312,12 +311,26 @@ def split_fields(
                 )
         for name in program.clear:
             values[name] = None
-        for name in program.fresh_buffer:
-            value = getattr(common, name)
-            if value is not None:
-                values[name] = torch_module().empty_like(value)
+        if program.fresh_buffer:
+            rows = ubatch.num_rows if padded_rows else ubatch.num_real_tokens
+            for name in program.fresh_buffer:
+                value = getattr(common, name)
+                if value is not None:
+                    values[name] = fresh_stage_buffer(value, rows)
         per_ubatch.append(values)
     return per_ubatch
+
+
+def fresh_stage_buffer(parent_view, rows: int):
+    """A FRESH_BUFFER field's own buffer for one stage: ``rows`` entries (the stage's
+    slot_mapping length) in the parent's dtype and device, one device allocation, no copy.
+
+    It stands for a runner buffer of ``max_num_batched_tokens`` entries (the pinned
+    layout's ``runner_buffers``) that a kernel fills with at most one entry per
+    slot_mapping row, unchecked; the parent's field is a shorter view of it
+    (``[:num_reqs_padded]``), so ``empty_like`` of that view could be overrun.
+    """
+    return parent_view.new_empty((rows,))
 
 
 def check_recompute_table(layouts, rules, recompute) -> None:

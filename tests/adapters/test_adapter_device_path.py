@@ -35,6 +35,7 @@ ALLOWED_DEVICE_OPS = {
     "aten.new_full.default",
     "aten.index_copy_.default",
     "aten.empty_like.default",
+    "aten.new_empty.default",  # a stage's own kernel output buffer (fresh_stage_buffer)
     "aten.alias.default",
     "aten.view.default",
 }

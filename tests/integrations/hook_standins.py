@@ -22,6 +22,7 @@ from pathlib import Path
 
 from afd_split.integrations.afd_plugin.patches import PluginSeams
 from afd_split.integrations.afd_plugin.pinned import (
+    DISPATCH,
     PLANNER,
     SLICER,
     VALIDATOR,
@@ -116,6 +117,32 @@ def standin_source(branch: str, header_overrides: dict[str, str] | None = None) 
     )
     future = "from __future__ import annotations\n\n"
     return future + "CALLS = []\n\n" + validation, future + runner
+
+
+def standin_connector_source(branch: str, header_overrides: dict[str, str] | None = None) -> str:
+    """Connector module source of ``branch``: ``CAMAsyncAFDConnector.send_attn_output`` with
+    the pinned header, checking the top-k payload shape as upstream does, then recording the
+    dispatch (the CAM op upstream issues)."""
+    header = normalize_header((header_overrides or {}).get(
+        DISPATCH, variant_for_branch(DISPATCH, branch).header))
+    send = _body(header, [
+        "topk_ids = kwargs.get('topk_ids')",
+        "if topk_ids is None or tuple(topk_ids.shape) != (context.metadata.total_tokens, "
+        "self.topk):",
+        "    raise ValueError('topk_ids shape must match the stage tokens and top_k')",
+        "CALLS.append(('dispatch', context.metadata.layer_idx, context.metadata.stage_idx))",
+    ])
+    return (
+        "from __future__ import annotations\n\n"
+        f"ASYNC_MOE_REQUEST_SPLIT = {REQUEST_SPLIT!r}\n"
+        "CALLS = []\n\n\n"
+        "class CAMAsyncAFDConnector:\n"
+        "    def __init__(self, *, topk, num_routed_experts, expert_per_rank):\n"
+        "        self.topk = topk\n"
+        "        self.num_routed_experts = num_routed_experts\n"
+        "        self.expert_per_rank = expert_per_rank\n\n"
+        + _indent(send)
+    )
 
 
 def _load(path: Path, source: str):

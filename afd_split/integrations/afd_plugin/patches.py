@@ -91,16 +91,20 @@ def resolve_seams() -> PluginSeams:
     """The installed plugin's seams (imports afd_plugin, vLLM and vLLM-Ascend)."""
     import importlib
 
+    from afd_split.integrations.afd_plugin.pinned import RUNNER_MODULE
+
+    return seams_of(importlib.import_module(RUNNER_MODULE))
+
+
+def seams_of(runner_module: ModuleType) -> PluginSeams:
+    """The seams around a loaded runner module (whose own imports loaded the rest)."""
+    import importlib
+
     from afd_plugin.connectors.npu.async_cam import ASYNC_MOE_REQUEST_SPLIT
     from vllm.v1.worker.ubatch_utils import UBatchSlice
 
-    from afd_split.integrations.afd_plugin.pinned import (
-        RUNNER_CLASS,
-        RUNNER_MODULE,
-        VALIDATION_MODULE,
-    )
+    from afd_split.integrations.afd_plugin.pinned import RUNNER_CLASS, VALIDATION_MODULE
 
-    runner_module = importlib.import_module(RUNNER_MODULE)
     return PluginSeams(
         validation_module=importlib.import_module(VALIDATION_MODULE),
         runner_module=runner_module,
@@ -108,6 +112,14 @@ def resolve_seams() -> PluginSeams:
         request_split=ASYNC_MOE_REQUEST_SPLIT,
         slice_type=UBatchSlice,
     )
+
+
+def plugin_request_split() -> str:
+    """afd_plugin's own request-boundary split value, read when the validator first runs
+    (in a worker: its connector module is loaded by then, never at registration)."""
+    from afd_plugin.connectors.npu.async_cam import ASYNC_MOE_REQUEST_SPLIT
+
+    return ASYNC_MOE_REQUEST_SPLIT
 
 
 def token_balanced_unsupported_reasons(vllm_config, afd_config, num_ubatches: int) -> list[str]:
@@ -137,7 +149,7 @@ def token_balanced_unsupported_reasons(vllm_config, afd_config, num_ubatches: in
     return reasons
 
 
-def make_validator_patch(original: Callable, request_split: str) -> Callable:
+def make_validator_patch(original: Callable, request_split: Callable[[], str]) -> Callable:
     # Upstream source: afd-plugin main 2e4378f / release/v0.19.1rc1 2f4f462,
     # compat/npu/feature_validation.py _fail_if_unsupported_npu_async_moe_ubatching_features.
     # Patch reason: the validator accepts only async_moe_split="request" and
@@ -146,11 +158,12 @@ def make_validator_patch(original: Callable, request_split: str) -> Callable:
     # with the request value, so they stay upstream's) plus afd_split's support
     # rules, failing closed with every reason before any connector exists.
     # Delegation exception: every other value calls the original unchanged.
-    # Signature: matches upstream; no added parameters.
+    # Signature: matches upstream; no added parameters. ``request_split()`` gives the
+    # plugin's request value, read at call time (the connector module loads with the worker).
     def _fail_if_unsupported_npu_async_moe_ubatching_features(vllm_config: VllmConfig, afd_config: AFDConfig, *, num_ubatches: int, split: str) -> None:
         # ### PATCH START: afd_split token_balanced value
         if split == TOKEN_BALANCED_SPLIT:
-            original(vllm_config, afd_config, num_ubatches=num_ubatches, split=request_split)
+            original(vllm_config, afd_config, num_ubatches=num_ubatches, split=request_split())
             reasons = token_balanced_unsupported_reasons(vllm_config, afd_config, num_ubatches)
             if reasons:
                 raise RuntimeError(
@@ -189,8 +202,11 @@ def runner_session(runner, new_session: Callable[[Any], HookSession]) -> HookSes
     """The runner's ``HookSession``, created on its first token_balanced step."""
     session = vars(runner).get(SESSION_ATTRIBUTE)
     if session is None:
+        from afd_split.integrations.afd_plugin.dispatch_patch import attach_recorder
+
         session = new_session(runner)
         vars(runner)[SESSION_ATTRIBUTE] = session
+        attach_recorder(runner.connector, session.expert_load)
     return session
 
 
@@ -325,20 +341,44 @@ def installed_branch(key: str, function: Callable) -> str:
     )
 
 
-def install(seams: PluginSeams, *, new_session: Callable[[Any], HookSession]) -> str:
-    """Patch the three seams (drift-checked, idempotent); returns the branch recognised."""
-    validator = vars(seams.validation_module)[
-        "_fail_if_unsupported_npu_async_moe_ubatching_features"]
-    planner = vars(seams.runner_class)["_build_attention_metadata_with_async_moe_ubatches"]
-    slicer = vars(seams.runner_module)["split_attn_metadata"]
-    if getattr(planner, PATCH_MARKER, None) == PLANNER:  # our own attribute, set above
+VALIDATOR_NAME = "_fail_if_unsupported_npu_async_moe_ubatching_features"
+PLANNER_NAME = "_build_attention_metadata_with_async_moe_ubatches"
+SLICER_NAME = "split_attn_metadata"
+
+
+def install_validator(validation_module: ModuleType, request_split: Callable[[], str]) -> bool:
+    """Patch the validator seam of a loaded validation module (drift-checked, idempotent);
+    True when it was patched now."""
+    validator = vars(validation_module)[VALIDATOR_NAME]
+    if getattr(validator, PATCH_MARKER, None) == VALIDATOR:
+        return False
+    installed_branch(VALIDATOR, validator)
+    setattr(validation_module, VALIDATOR_NAME, make_validator_patch(validator, request_split))
+    return True
+
+
+def install_runner(seams: PluginSeams, *, new_session: Callable[[Any], HookSession]) -> str:
+    """Patch the planner and slicer seams of a loaded runner module (both drift-checked
+    before either is patched; idempotent); returns the branch recognised."""
+    planner = vars(seams.runner_class)[PLANNER_NAME]
+    slicer = vars(seams.runner_module)[SLICER_NAME]
+    if getattr(planner, PATCH_MARKER, None) == PLANNER:  # our own attribute, set below
         return "already-installed"
     branch = installed_branch(PLANNER, planner)
-    installed_branch(VALIDATOR, validator)
     installed_branch(SLICER, slicer)
-    seams.validation_module._fail_if_unsupported_npu_async_moe_ubatching_features = (
-        make_validator_patch(validator, seams.request_split))
-    seams.runner_module.split_attn_metadata = make_slicer_patch(slicer)
-    seams.runner_class._build_attention_metadata_with_async_moe_ubatches = (
-        PLANNER_PATCHES[branch](planner, seams, new_session))
+    setattr(seams.runner_module, SLICER_NAME, make_slicer_patch(slicer))
+    setattr(seams.runner_class, PLANNER_NAME, PLANNER_PATCHES[branch](planner, seams, new_session))
     return branch
+
+
+def install(seams: PluginSeams, *, new_session: Callable[[Any], HookSession]) -> str:
+    """Patch the three seams (all drift-checked before any is patched; idempotent);
+    returns the branch recognised."""
+    planner = vars(seams.runner_class)[PLANNER_NAME]
+    if getattr(planner, PATCH_MARKER, None) == PLANNER:
+        return "already-installed"
+    installed_branch(PLANNER, planner)
+    installed_branch(VALIDATOR, vars(seams.validation_module)[VALIDATOR_NAME])
+    installed_branch(SLICER, vars(seams.runner_module)[SLICER_NAME])
+    install_validator(seams.validation_module, lambda: seams.request_split)
+    return install_runner(seams, new_session=new_session)

@@ -24,6 +24,7 @@ from afd_split.integrations.engine_step import (
     plan_engine_step,
     step_record,
 )
+from afd_split.integrations.expert_load import NATURAL, ExpertLoadRecorder
 from afd_split.integrations.worker_evidence import EvidenceWriter
 from afd_split.plan import SplitPlan
 
@@ -54,17 +55,27 @@ class HookSession:
     check_agreement: bool = False
     agreement_device: Any = "cpu"
     steps_planned: int = field(default=0)
+    expert_load: ExpertLoadRecorder | None = None
+    """Routed counts of the steps this session plans (evidence on, MoE model)."""
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str], *, ranks: StepRanks,
-                         groups: Sequence[Any], splitter: Splitter) -> HookSession:
-        """Evidence on when ``AFD_EVIDENCE_DIR`` is set; agreement when ``AFD_SPLIT_DEBUG_AGREE=1``."""
+                         groups: Sequence[Any], splitter: Splitter,
+                         num_layers: int | None = None, routing: str = NATURAL) -> HookSession:
+        """Evidence on when ``AFD_EVIDENCE_DIR`` is set (with expert load when the model's
+        ``num_layers`` is given); agreement when ``AFD_SPLIT_DEBUG_AGREE=1``."""
+        writer = EvidenceWriter.from_env(environ, ranks.label)
+        recorder = None
+        if writer is not None and num_layers is not None:
+            recorder = ExpertLoadRecorder(num_layers=num_layers, routing=routing,
+                                          ranks=ranks.to_dict(), write=writer.append)
         return cls(
             ranks=ranks,
             groups=groups,
             splitter=splitter,
-            writer=EvidenceWriter.from_env(environ, ranks.label),
+            writer=writer,
             check_agreement=agreement_enabled(environ),
+            expert_load=recorder,
         )
 
 
@@ -104,6 +115,8 @@ def plan_stages(session: HookSession, num_scheduled_tokens, *, num_computed_toke
     session.steps_planned += 1
     if session.writer is not None:
         session.writer.append(step_record(plan, step=step, ranks=session.ranks, pid=os.getpid()))
+    if session.expert_load is not None:
+        session.expert_load.begin_step(step, len(plan.ubatches) if plan.is_split else 1)
     if not plan.is_split:
         return None
     return PlannedUBatchSlices(ubatch_slices_for(plan, slice_type), plan=plan,
