@@ -32,13 +32,14 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from afd_split.adapters import common as adapter_common
 from afd_split.adapters.common import (
     FieldProgram,
     StageContext,
     plain_field_names,
     produced_from,
 )
-from afd_split.adapters.slicing import PAD_POSITION, host_like, torch_module, ubatch_token_rows
+from afd_split.adapters.slicing import PAD_POSITION, host_like, ubatch_token_rows
 from afd_split.requests import cut_request_arrays
 
 CONTEXT_NAME = re.compile(r"\bc\.([A-Za-z_]\w*)")
@@ -157,7 +158,7 @@ def _generate(program: FieldProgram, recompute, padded_rows: bool, cls) -> _Sour
         "host_like": host_like,
         "same_kind": _same_kind,
         "ubatch_token_rows": ubatch_token_rows,
-        "torch_module": torch_module,
+        "adapter_common": adapter_common,
         "program": program,
         "cls": cls,
         "new": object.__new__,
@@ -204,10 +205,12 @@ def _generate(program: FieldProgram, recompute, padded_rows: bool, cls) -> _Sour
         source.add(3, f"v_{name} = None")
         source.add(2, "else:")
         _token_rows(source, 3, f"v_{name}", f"f_{name}", pad_value, padded_rows)
-    for name in program.fresh_buffer:
-        source.add(
-            2, f"v_{name} = None if f_{name} is None else torch_module().empty_like(f_{name})"
-        )
+    if program.fresh_buffer:
+        rows = "ubatch.num_rows" if padded_rows else "ubatch.num_real_tokens"
+        for name in program.fresh_buffer:
+            # Looked up per call (a cold path): the rule's one implementation in common.
+            source.add(2, f"v_{name} = None if f_{name} is None else "
+                          f"adapter_common.fresh_stage_buffer(f_{name}, {rows})")
     changed = (
         *program.recompute,
         *program.request_rows,
