@@ -108,7 +108,18 @@ class _Source:
         return name
 
 
-def _inline(expression: str) -> str:
+COMMON_FIELD = re.compile(r"\bc\.common\.([A-Za-z_]\w*)")
+"""``c.common.<field>`` of a recompute expression: a parent field, read once per step."""
+
+
+def _inline(expression: str, hoisted: set) -> str:
+    """``expression`` over the generated locals; parent fields it reads go to ``hoisted``."""
+
+    def parent_field(match) -> str:
+        hoisted.add(match.group(1))
+        return f"k_{match.group(1)}"
+
+    expression = COMMON_FIELD.sub(parent_field, expression)
     return CONTEXT_NAME.sub(lambda match: CONTEXT_LOCALS[match.group(1)], expression)
 
 
@@ -127,24 +138,30 @@ def _token_rows(
     )
 
 
-def _recompute_lines(source: _Source, name: str, function, groups: dict) -> None:
+def _recompute_lines(source: _Source, name: str, function, groups: dict, hoisted: set) -> None:
     target = f"v_{name}"
     if getattr(function, "inline_source", None) is not None:
         for key, value in function.inline_names.items():
             source.bind(key, value)
-        source.add(2, f"{target} = {_inline(function.inline_source)}")
+        source.add(2, f"{target} = {_inline(function.inline_source, hoisted)}")
         return
     if getattr(function, "host_copy_of", None) is not None:
         field, array = function.host_copy_of
+        first = array not in groups
         made = groups.setdefault(array, f"h_{array}")
         array_local = CONTEXT_LOCALS[array]
-        source.add(2, f"like = common.{field}")
-        source.add(2, "if like is None:")
+        hoisted.add(field)
+        like = f"k_{field}"
+        source.add(2, f"if {like} is None:")
         source.add(3, f"{target} = None")
-        source.add(2, f"elif {made} is not None and same_kind({made}, like):")
+        if first:  # the group's first copy of this ubatch: nothing to share yet
+            source.add(2, "else:")
+            source.add(3, f"{target} = {made} = host_like({array_local}, {like})")
+            return
+        source.add(2, f"elif {made} is not None and same_kind({made}, {like}):")
         source.add(3, f"{target} = {made}")
         source.add(2, "else:")
-        source.add(3, f"{target} = {made} = host_like({array_local}, like)")
+        source.add(3, f"{target} = {made} = host_like({array_local}, {like})")
         return
     source.add(2, f"{target} = {source.bind(f'r_{name}', function)}(context)")
 
@@ -194,10 +211,14 @@ def _generate(program: FieldProgram, recompute, padded_rows: bool, cls) -> _Sour
     if calls_context:
         source.add(2, "context = StageContext(plan, ubatch, common, arrays)")
     groups: dict = {}
+    hoisted: set = set()
     for array in ("query_start_loc", "seq_lens", "num_computed_tokens"):
         source.add(2, f"h_{array} = None")
     for name in program.recompute:
-        _recompute_lines(source, name, recompute[name], groups)
+        _recompute_lines(source, name, recompute[name], groups, hoisted)
+    # The parent fields the recompute expressions read, once per step (before the loop).
+    loop = next(index for index, line in enumerate(source.lines) if line.startswith("    for "))
+    source.lines[loop:loop] = [f"    k_{field} = common.{field}" for field in sorted(hoisted)]
     for name in program.request_rows:
         source.add(2, f"v_{name} = None if f_{name} is None else f_{name}[request_slice]")
     for name, pad_value in program.token_rows:
