@@ -58,6 +58,7 @@ class ExpertLoadRecorder:
     write: Any
     clock: Any = time.perf_counter
     counts: Any = None
+    one: Any = None
     step: int | None = None
     num_stages: int = 1
     planned_at: float = 0.0
@@ -79,20 +80,20 @@ class ExpertLoadRecorder:
                    expert_per_rank: int) -> None:
         """Count one stage's routed ids of one layer (device ops only); flush after the
         step's last dispatch."""
-        if self.step is None:  # a forward the hook did not plan (profile or dummy run)
+        # A forward the hook did not plan (a dummy run), or a dispatch outside the planned
+        # stages and the model's layers: not counted, but reported in the step's line
+        # (evidence never fails the forward).
+        if (self.step is None or not 0 <= stage_idx < self.num_stages
+                or not 0 <= layer_idx < self.num_layers):
             self.unplanned_dispatches += 1
             return
-        if not 0 <= stage_idx < self.num_stages or not 0 <= layer_idx < self.num_layers:
-            raise ValueError(
-                f"dispatch of layer {layer_idx} stage {stage_idx} is outside the step's "
-                f"{self.num_layers} layers x {self.num_stages} stages")
         if self.counts is None:
             self.counts = topk_ids.new_zeros((MAX_STAGES, self.num_layers, num_experts),
                                              dtype=torch_module().int64)
+            self.one = self.counts.new_ones(1)  # expanded per dispatch: no allocation
         self.expert_per_rank = expert_per_rank
         flat = topk_ids.reshape(-1)
-        self.counts[stage_idx, layer_idx].index_add_(
-            0, flat, flat.new_ones(flat.shape, dtype=self.counts.dtype))
+        self.counts[stage_idx, layer_idx].index_add_(0, flat, self.one.expand(flat.shape[0]))
         self.layers_seen.add(layer_idx)
         self.pending = True
         if layer_idx == self.num_layers - 1 and stage_idx == self.num_stages - 1:

@@ -72,9 +72,10 @@ class SeamImportHook(importlib.abc.MetaPathFinder):
         if patch is None:
             return None
         for finder in sys.meta_path:
-            if finder is self:
+            find_spec = getattr(finder, "find_spec", None)  # the import system's own check
+            if finder is self or find_spec is None:
                 continue
-            spec = finder.find_spec(fullname, path, target)
+            spec = find_spec(fullname, path, target)
             if spec is not None:
                 break
         else:
