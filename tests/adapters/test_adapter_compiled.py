@@ -205,3 +205,22 @@ def test_a_rule_table_change_flows_into_the_generated_code():
     source = compiled_split(program, VLLM_RECOMPUTE, padded_rows=False, cls=cls).source
     assert "'is_prefilling': None" in source
     assert "f_is_prefilling[request_slice]" not in source
+
+
+@pytest.mark.parametrize("layout", ASCEND_LAYOUTS, ids=lambda layout: layout.version)
+def test_host_copies_of_one_ubatch_array_are_one_tensor_read_once(layout):
+    """Fields sharing a row index share the work: the compiled split makes one host tensor
+    for every copy of a ubatch's seq_lens (the interpreted one, one per field, same bytes)."""
+    cls = standin_class(layout)
+    common, positions, _ = build_common(cls, layout,
+                                        attn_state=attn_state_enum(layout).PrefillCacheHit)
+    plan = plan_split([40, 100, 20, 36], policy="token_balanced", num_computed_tokens=[0, 64, 0, 128],
+                      constraints=SplitConstraints(align=8))
+    compiled = split_ascend_common_metadata(plan, common, positions, 16, chunked_prefill=False)
+    interpreted = split_ascend_common_metadata(plan, common, positions, 16, chunked_prefill=False,
+                                               compiled=False)
+    for (sub, _), (reference, _) in zip(compiled, interpreted, strict=True):
+        assert sub._seq_lens_cpu is sub.seq_lens_cpu
+        assert sub._num_computed_tokens_cpu is sub.num_computed_tokens_cpu
+        assert reference._seq_lens_cpu is not reference.seq_lens_cpu
+        assert sub.seq_lens_cpu.tolist() == reference.seq_lens_cpu.tolist()
