@@ -224,3 +224,26 @@ def test_host_copies_of_one_ubatch_array_are_one_tensor_read_once(layout):
         assert sub._num_computed_tokens_cpu is sub.num_computed_tokens_cpu
         assert reference._seq_lens_cpu is not reference.seq_lens_cpu
         assert sub.seq_lens_cpu.tolist() == reference.seq_lens_cpu.tolist()
+
+
+@pytest.mark.parametrize("layout", VLLM_LAYOUTS, ids=lambda layout: layout.version)
+def test_a_class_with_post_init_goes_through_its_constructor_and_stays_identical(layout):
+    """A class whose __init__ does more than assign (here a __post_init__) is built with
+    dataclasses.replace by both paths: same fields, and __post_init__ ran for each ubatch."""
+    base = standin_class(layout)
+    seen = []
+
+    def post_init(self):
+        seen.append(self.num_reqs)
+
+    cls = dataclasses.make_dataclass(base.__name__, [], bases=(base,),
+                                     namespace={"__post_init__": post_init})
+    common, positions, _ = build_common(cls, layout, [40, 100, 20, 36], [0, 64, 0, 128])
+    plan = plan_split([40, 100, 20, 36], policy="token_balanced",
+                      num_computed_tokens=[0, 64, 0, 128], constraints=SplitConstraints(align=8))
+    assert "replace(common, **" in vllm_compiled_split(cls).source
+    seen.clear()
+    compiled = split_common_metadata(plan, common, positions, 16)
+    assert seen == [2, 3]  # the head holds requests 0-1, the tail the rest of 1, then 2-3
+    interpreted = split_common_metadata(plan, common, positions, 16, compiled=False)
+    _assert_identical(common, compiled, interpreted, set())
