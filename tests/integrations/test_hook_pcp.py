@@ -78,6 +78,7 @@ def _pcp_runner(seams):
     runner.common = "parent-common"
     runner.long_seq_metadata = "full-batch"
     runner.pcp_manager = StandInPcpManager(GLOBAL_SCHEDULED, rank=1)
+    runner.connector = SimpleNamespace()  # the plugin's connector (the expert-load recorder's home)
     return runner
 
 

@@ -169,7 +169,8 @@ def ascend_splitter(*, chunked_prefill: bool) -> Splitter:
     ``chunked_prefill`` is the engine's ``scheduler_config.enable_chunked_prefill``
     (it decides the stage ``attn_state``). The adapter slices the ``positions``
     field itself and runs its own request-level check on what it produced; no
-    PCP stage builder is passed because the validator seam rejects PCP.
+    PCP stage builder is passed: PCP stages are cut by the plugin's own slicer and
+    stage-PCP rebuild (``pcp_seam``), never by this adapter.
     """
 
     from afd_split.adapters.ascend import split_ascend_common_metadata  # lazy: engine glue
