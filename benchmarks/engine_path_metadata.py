@@ -49,13 +49,29 @@ class LayoutBatch:
     slice_type: type
 
 
+STANDIN_SUFFIX = "-standin"
+ASCEND_STANDINS = ("vllm-ascend-v0.19.1rc1", "vllm-ascend-v0.26.0rc")
+VLLM_STANDIN = "vllm-0.19.1"
+"""Measured without vLLM installed: its pinned layout as a stand-in class."""
+
+
 def layout_kind_here() -> str:
     """``vllm-<version>`` when vLLM imports, else the Ascend stand-in."""
     if importlib.util.find_spec("vllm") is None:
-        return f"{ASCEND_STANDIN}-standin"
+        return f"{ASCEND_STANDIN}{STANDIN_SUFFIX}"
     import vllm
 
     return f"vllm-{vllm.__version__}"
+
+
+def layout_kinds_here() -> list[str]:
+    """Every layout this environment measures: the real vLLM class where vLLM imports (else
+    its 0.19.1 stand-in), then both vLLM-Ascend stand-ins."""
+    if importlib.util.find_spec("vllm") is None:
+        first = f"{VLLM_STANDIN}{STANDIN_SUFFIX}"
+    else:
+        first = layout_kind_here()
+    return [first, *(f"{name}{STANDIN_SUFFIX}" for name in ASCEND_STANDINS)]
 
 
 def _standin_class(layout: PinnedLayout) -> type:
@@ -104,31 +120,37 @@ def _values(layout: PinnedLayout, lengths: np.ndarray, computed: np.ndarray, blo
     return values, i64(positions)
 
 
+def _vllm_splitter(positions):
+    from afd_split.adapters.vllm import split_common_metadata
+
+    def splitter(plan, common, block):
+        return [stage for stage, _ in split_common_metadata(plan, common, positions, block)]
+
+    return splitter
+
+
 def build_layout_batch(kind: str, lengths: np.ndarray, computed: np.ndarray,
                        block_size: int) -> LayoutBatch:
-    if kind.endswith("-standin"):
-        layout = load_layout(ASCEND_STANDIN)
+    """The batch as ``kind``'s class holds it: ``<pinned layout>-standin`` (a structural
+    stand-in of that layout) or ``vllm-<version>`` (the installed vLLM's own class)."""
+    if kind.endswith(STANDIN_SUFFIX):
+        layout = load_layout(kind.removesuffix(STANDIN_SUFFIX))
         values, positions = _values(layout, lengths, computed, block_size)
+        if "attn_state" not in layout.field_set:  # a vLLM layout: the vLLM adapter
+            return LayoutBatch(layout, _standin_class(layout)(**values), positions,
+                               _vllm_splitter(positions), StandInUBatchSlice)
         states = enum.Enum("AscendAttentionState", dict(layout.extra["attn_state_enum"]))
         values["attn_state"] = states.ChunkedPrefill
         return LayoutBatch(layout, _standin_class(layout)(**values), positions, None,
                            StandInUBatchSlice)
     from vllm.v1.worker.ubatch_utils import UBatchSlice
 
-    from afd_split.adapters.vllm import (
-        VLLM_LAYOUTS,
-        common_attention_metadata_type,
-        split_common_metadata,
-    )
+    from afd_split.adapters.vllm import VLLM_LAYOUTS, common_attention_metadata_type
 
     cls = common_attention_metadata_type()
     layout = match_layout(cls, VLLM_LAYOUTS)
     values, positions = _values(layout, lengths, computed, block_size)
-
-    def splitter(plan, common, block):
-        return [stage for stage, _ in split_common_metadata(plan, common, positions, block)]
-
-    return LayoutBatch(layout, cls(**values), positions, splitter, UBatchSlice)
+    return LayoutBatch(layout, cls(**values), positions, _vllm_splitter(positions), UBatchSlice)
 
 
 def plugin_style_slice(batch: LayoutBatch, request_slice: slice, token_slice: slice):

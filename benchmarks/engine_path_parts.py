@@ -61,12 +61,14 @@ def part_callables(batch, plan, splitter, block_size: int) -> dict:
     return {
         "adapter_split": lambda: splitter(plan, common, block_size),
         "request_check": request_check,
-        "torch_ops_floor": torch_floor(batch, plan, program, values),
+        "torch_ops_floor": torch_floor(batch, plan, program,
+                                       [sub.__dict__ for sub in splitter(plan, common, block_size)]),
     }
 
 
 def torch_floor(batch, plan, program, values):
-    """The adapter's torch calls for this batch, replayed bare (see the module docstring)."""
+    """The adapter's torch calls for this batch, replayed bare (see the module docstring);
+    ``values`` are the field dicts of the ubatches the adapter produced."""
     common = batch.common
 
     def first_set(names):  # the adapter reads the first set host copy of each field
@@ -84,7 +86,10 @@ def torch_floor(batch, plan, program, values):
     stages = []
     for ubatch, stage_values in zip(plan.ubatches, values, strict=True):
         request_slice, token_slice = ubatch.request_slice, ubatch.token_slice
-        arrays = [stage_values[name].numpy() for name in host_out]
+        # One host tensor per distinct produced copy (the compiled split shares one tensor
+        # between the host copies of one ubatch array, and the check reads it once).
+        distinct = {id(stage_values[name]): stage_values[name] for name in host_out}
+        arrays = [tensor.numpy() for tensor in distinct.values()]
         left_over = plan.cu_tokens[request_slice.stop - 1] - token_slice.stop
         stages.append((request_slice, token_slice, ubatch.num_real_tokens, int(left_over), arrays))
     qsl, seq_lens = common.query_start_loc, common.seq_lens

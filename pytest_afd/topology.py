@@ -236,10 +236,12 @@ class Topology:
             if self.is_afd
             else f"{CPU_ATTENTION_PROCESSES} co-located process stands for {self.attention_ranks} ranks"
         )
+        pcp_rows = (f", each split stage's rows laid out over {pcp_size} emulated PCP ranks by "
+                    "afd_split's stage-PCP zigzag and restored" if pcp_size > 1 else "")
         note = (
             f"{self.canonical} emulated on CPU: one DP replica (dp{self.attention.size('dp')} -> 1), "
             f"{role_note}; split alignment {split_align} (TP/SP unit) and PCP padding 2*{pcp_size} "
-            f"kept exact; expert load accounted over {self.num_ep_ranks} EP ranks; "
+            f"kept exact{pcp_rows}; expert load accounted over {self.num_ep_ranks} EP ranks; "
             f"pp{self.attention.size('pp')} stages run in sequence in one process"
         )
         return CpuEmulation(

@@ -37,6 +37,7 @@ from afd_split.adapters.common import (
     FieldProgram,
     HostSources,
     check_recompute_table,
+    checked_produced,
     checked_results,
     compile_fields,
     field_is_set,
@@ -47,6 +48,7 @@ from afd_split.adapters.common import (
     replaced,
     split_fields,
 )
+from afd_split.adapters.compiled import CompiledSplit, compiled_split
 from afd_split.adapters.layout import (
     MATCH_CACHE_SIZE,
     FieldRule,
@@ -143,14 +145,27 @@ def _actual_seq_lengths_q(context):
     return context.query_start_loc[1:].tolist()
 
 
+def _one_token_each(context) -> bool:
+    """Every request of the ubatch schedules exactly one token (its host query_start_loc)."""
+    return bool((np.diff(context.query_start_loc) == 1).all())
+
+
 def _attn_state(chunked_prefill: bool):
+    """The ubatch's state by the model runner's ``_build_attn_state`` rule, on its own pieces.
+
+    Upstream's order: no cached context anywhere -> PrefillNoCache; else every
+    request scheduling one token -> DecodeOnly; else ChunkedPrefill with chunked
+    prefill on, PrefillCacheHit without. (Its speculative-decoding branches never
+    apply: the hook refuses speculative decoding at start-up.)
+    """
+
     def recompute(context):
         states = type(context.common.attn_state)
         if not context.num_computed_tokens.any():
             return states.PrefillNoCache
-        if chunked_prefill or context.common.attn_state is states.ChunkedPrefill:
-            return states.ChunkedPrefill
-        return states.PrefillCacheHit
+        if context.ubatch.num_real_tokens == context.num_reqs and _one_token_each(context):
+            return states.DecodeOnly
+        return states.ChunkedPrefill if chunked_prefill else states.PrefillCacheHit
 
     return recompute
 
@@ -217,6 +232,13 @@ def ascend_field_program(cls: type) -> FieldProgram:
     return compile_fields(layout, ASCEND_FIELD_RULES, ASCEND_HOST_SOURCES, cls)
 
 
+@functools.lru_cache(maxsize=MATCH_CACHE_SIZE)
+def ascend_compiled_split(cls: type, chunked_prefill: bool) -> CompiledSplit:
+    """``cls``'s split without a PCP builder, generated once per class and mode."""
+    recompute = ASCEND_RECOMPUTE_BY_MODE[chunked_prefill, False]
+    return compiled_split(ascend_field_program(cls), recompute, padded_rows=True, cls=cls)
+
+
 def _pcp_fields_set(common, layout: PinnedLayout) -> list[str]:
     return [n for n in PCP_METADATA_FIELDS if n in layout.field_set and field_is_set(common, n)]
 
@@ -230,19 +252,42 @@ def check_ascend_pcp_startup(*, pcp_size: int, pcp_stage_builder: PcpStageBuilde
         )
 
 
+FIA_PADDING = "FIA padding"
+"""What the refusal of a parent with _pad_query_start_loc_for_fia's dummy request is named."""
+
+
+def _reject_fia_padding(common, plan: SplitPlan, layout: PinnedLayout) -> None:
+    """An Ascend prefill parent with more requests than the plan is FIA-padded (no other
+    prefill layout of the pinned runner pads requests, see the layout's ``runner_layouts``):
+    its dummy request holds the padding tokens. Stages get no such dummy, so refuse by name."""
+    qsl = host_numpy(common.query_start_loc_cpu)
+    real, padded = plan.num_requests, common.num_reqs
+    tokens = qsl[real + 1 : padded + 1] - qsl[real:padded] if qsl.shape[0] > padded else None
+    raise UnsupportedSplitError(
+        f"{layout.describe()}: {FIA_PADDING}: num_reqs={padded} holds "
+        f"{padded - real} dummy request(s) past the plan's {real} "
+        f"(padding tokens {None if tokens is None else tokens.tolist()}), as "
+        "_pad_query_start_loc_for_fia inserts for FIA (non-MLA attention with sequence "
+        "parallelism, or a FULL graph); a stage-local FIA dummy request is not built, so "
+        "this batch is not split"
+    )
+
+
 def check_ascend_split_support(
     common, plan: SplitPlan, *, pcp_stage_builder: PcpStageBuilder | None = None
 ) -> FieldProgram:
     """Every fail-closed check of the Ascend split, with nothing built; returns the program.
 
-    Rejects an unknown layout, a set field the split cannot honour, a non-prefill
-    ``attn_state``, an ``actual_seq_lengths_q`` that is not the cumulative query
+    Rejects an unknown layout, a set field the split cannot honour, FIA padding (a
+    dummy request past the plan's), a non-prefill ``attn_state``, an ``actual_seq_lengths_q`` that is not the cumulative query
     lengths, and PCP metadata without a builder (or a plan whose pcp_size
     disagrees with the metadata).
     """
     program = ascend_field_program(type(common))
     layout = program.layout
     reject_unsupported_fields(common, program)
+    if common.num_reqs > plan.num_requests:
+        _reject_fia_padding(common, plan, layout)
     state = common.attn_state
     if state is None or state.name not in PREFILL_STATES:
         raise UnsupportedSplitError(
@@ -304,6 +349,7 @@ def split_ascend_common_metadata(
     chunked_prefill: bool,
     pcp_stage_builder: PcpStageBuilder | None = None,
     check: str = CHECK_REQUESTS,
+    compiled: bool = True,
 ):
     """Per-ubatch ``(AscendCommonAttentionMetadata, positions)`` pairs for ``plan``, checked.
 
@@ -311,11 +357,20 @@ def split_ascend_common_metadata(
     (it decides ChunkedPrefill vs PrefillCacheHit for a ubatch with cached
     context, as the model runner's ``_build_attn_state`` does). ``positions``
     rows follow the ubatch's rows (``num_input_tokens``). ``check`` as in
-    ``afd_split.adapters.vllm.split_common_metadata``.
+    ``afd_split.adapters.vllm.split_common_metadata``. Without a PCP builder the
+    split runs the class's compiled rules (``ascend_compiled_split``);
+    ``compiled=False`` applies them field by field (the reference it is tested
+    against, byte for byte).
     """
     program = check_ascend_split_support(common, plan, pcp_stage_builder=pcp_stage_builder)
     parent = parent_arrays_of(plan, common, program)
     recompute = ASCEND_RECOMPUTE_BY_MODE[bool(chunked_prefill), pcp_stage_builder is not None]
+    if pcp_stage_builder is None and compiled:  # the per-step path: the class's compiled rules
+        split = ascend_compiled_split(type(common), bool(chunked_prefill))
+        results, produced = split(plan, common, positions, parent)
+        return checked_produced(
+            plan, common, positions, block_size, parent, produced, results, check
+        )
     per_ubatch = split_fields(plan, common, program, recompute, parent, padded_rows=True)
     results = []
     for ubatch, values in zip(plan.ubatches, per_ubatch, strict=True):

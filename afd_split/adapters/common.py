@@ -31,7 +31,6 @@ from afd_split.adapters.slicing import (
     check_split,
     host_numpy,
     parent_host_arrays,
-    torch_module,
     ubatch_token_rows,
 )
 from afd_split.errors import SplitInvariantError, UnsupportedSplitError
@@ -72,6 +71,14 @@ class FieldProgram:
     """(name, dataclass default) of every field rejected when set."""
     seq_lens_sources: tuple[str, ...]
     computed_sources: tuple[str, ...]
+
+    @functools.cached_property
+    def rejected(self):
+        """``rejected(common) -> bool``: is any REJECT_WHEN_SET field set? Generated once
+        per program (``afd_split.adapters.compiled``)."""
+        from afd_split.adapters.compiled import compiled_rejected  # it imports this module
+
+        return compiled_rejected(self)
 
 
 def compile_fields(layout: PinnedLayout, rules, sources: HostSources, cls=None) -> FieldProgram:
@@ -150,11 +157,7 @@ def field_is_set(common, name: str) -> bool:
 
 def reject_unsupported_fields(common, program: FieldProgram) -> None:
     """Fail closed, naming every set field whose rule is REJECT_WHEN_SET."""
-    for name, default in program.reject_when_set:  # the common case: nothing set, no list
-        value = getattr(common, name)
-        if value is not default and _is_set(value, default):
-            break
-    else:
+    if not program.rejected(common):  # the common case: nothing set, one generated test
         return
     bad = [
         name for name, default in program.reject_when_set if _is_set(getattr(common, name), default)
@@ -197,16 +200,15 @@ def parent_arrays_of(plan: SplitPlan, common, program: FieldProgram) -> tuple:
     )
 
 
-def _agreeing_copies(values: dict, names: tuple[str, ...], invariant: str):
-    """The first set of the host copies ``names`` of one ubatch; every other set copy must
-    hold the same entries (fails naming it), so no copy goes unchecked."""
-    first = array = None
-    for name in names:
-        value = values[name]
-        if value is None:
+def agreeing_copies(copies: tuple, names: tuple[str, ...], invariant: str):
+    """The first set of one ubatch's host copies ``copies`` (of fields ``names``); every
+    other set copy must hold the same entries (fails naming it), so no copy goes unchecked."""
+    first = array = first_value = None
+    for name, value in zip(names, copies, strict=True):
+        if value is None or value is first_value:  # one tensor for two fields: read once
             continue
         if array is None:
-            first, array = name, host_numpy(value)
+            first, array, first_value = name, host_numpy(value), value
         elif host_numpy(value).tobytes() != array.tobytes():
             raise SplitInvariantError(
                 f"{invariant}: the ubatch's {name} {host_numpy(value).tolist()[:8]} differs "
@@ -215,15 +217,26 @@ def _agreeing_copies(values: dict, names: tuple[str, ...], invariant: str):
     return array
 
 
-def produced_arrays(values: dict, program: FieldProgram) -> tuple:
-    """A produced ubatch's request-level host arrays, read back from its new field values
-    (``SplitInvariantError`` when two host copies of one field disagree)."""
-    qsl = host_numpy(values["query_start_loc_cpu"])
-    seq_lens = _agreeing_copies(values, program.seq_lens_sources, SEQ_LENS)
-    computed = _agreeing_copies(values, program.computed_sources, COMPUTED_TOKENS)
+def produced_from(query_start_loc_cpu, seq_lens_copies, computed_copies, program) -> tuple:
+    """A produced ubatch's request-level host arrays from its host fields' new values
+    (the copies in ``program``'s source order; ``SplitInvariantError`` when two disagree)."""
+    qsl = host_numpy(query_start_loc_cpu)
+    seq_lens = agreeing_copies(seq_lens_copies, program.seq_lens_sources, SEQ_LENS)
+    computed = agreeing_copies(computed_copies, program.computed_sources, COMPUTED_TOKENS)
     if computed is None:
         computed = seq_lens - (qsl[1:] - qsl[:-1])
     return qsl, seq_lens, computed
+
+
+def produced_arrays(values: dict, program: FieldProgram) -> tuple:
+    """A produced ubatch's request-level host arrays, read back from its new field values
+    (``SplitInvariantError`` when two host copies of one field disagree)."""
+    return produced_from(
+        values["query_start_loc_cpu"],
+        tuple(values[name] for name in program.seq_lens_sources),
+        tuple(values[name] for name in program.computed_sources),
+        program,
+    )
 
 
 def positions_rows(positions, common, values: dict, ubatch, *, with_padding: bool):
@@ -254,6 +267,14 @@ def checked_results(
     ``validate_split``: debugging only).
     """
     produced = [produced_arrays(values, program) for values in per_ubatch]
+    return checked_produced(plan, common, positions, block_size, parent, produced, results, check)
+
+
+def checked_produced(
+    plan: SplitPlan, common, positions, block_size: int, parent, produced, results, check: str
+) -> list:
+    """``checked_results`` once the produced host arrays are read back (the compiled path
+    reads them back itself)."""
     check_split(plan, parent, produced, check)
     if check == CHECK_FULL:
         from afd_split.adapters.debug import validate_token_level  # lazy: debug path only
@@ -290,12 +311,26 @@ def split_fields(
                 )
         for name in program.clear:
             values[name] = None
-        for name in program.fresh_buffer:
-            value = getattr(common, name)
-            if value is not None:
-                values[name] = torch_module().empty_like(value)
+        if program.fresh_buffer:
+            rows = ubatch.num_rows if padded_rows else ubatch.num_real_tokens
+            for name in program.fresh_buffer:
+                value = getattr(common, name)
+                if value is not None:
+                    values[name] = fresh_stage_buffer(value, rows)
         per_ubatch.append(values)
     return per_ubatch
+
+
+def fresh_stage_buffer(parent_view, rows: int):
+    """A FRESH_BUFFER field's own buffer for one stage: ``rows`` entries (the stage's
+    slot_mapping length) in the parent's dtype and device, one device allocation, no copy.
+
+    It stands for a runner buffer of ``max_num_batched_tokens`` entries (the pinned
+    layout's ``runner_buffers``) that a kernel fills with at most one entry per
+    slot_mapping row, unchecked; the parent's field is a shorter view of it
+    (``[:num_reqs_padded]``), so ``empty_like`` of that view could be overrun.
+    """
+    return parent_view.new_empty((rows,))
 
 
 def check_recompute_table(layouts, rules, recompute) -> None:

@@ -40,7 +40,9 @@ class FieldRule(enum.Enum):
     CLEAR = "clear"
     """A lazily filled cache of the parent: None in the ubatch, rebuilt on demand."""
     FRESH_BUFFER = "fresh_buffer"
-    """A kernel output buffer: each ubatch gets its own, so stages cannot overwrite each other."""
+    """A kernel output buffer: each ubatch gets its own, so stages cannot overwrite each other,
+    with one entry per row of the ubatch, as the token-sized runner buffer it stands for
+    bounds what the kernel writes (``common.fresh_stage_buffer``)."""
     REJECT_WHEN_SET = "reject_when_set"
     """A feature the split cannot honour: fail closed, naming the field, unless unset."""
 

@@ -127,7 +127,9 @@ def ubatch_request_rows(tensor, ubatch: UBatch):
     return tensor[ubatch.request_slice]
 
 
-def ubatch_token_rows(tensor, ubatch: UBatch, *, with_padding: bool, pad_value: int):
+def ubatch_token_rows(
+    tensor, ubatch: UBatch, *, with_padding: bool, pad_value: int, index_cache=None
+):
     """The ubatch's rows of a token-indexed tensor (last dim), device-side only.
 
     Without padding rows this is the view ``tensor[..., token_slice]``. With
@@ -135,6 +137,8 @@ def ubatch_token_rows(tensor, ubatch: UBatch, *, with_padding: bool, pad_value: 
     ``ubatch.real_row_indices`` of ``num_rows`` rows filled with ``pad_value``:
     still a view when the real rows are a prefix and no row is padding,
     otherwise one ``new_full`` plus a ``cat`` or an ``index_copy`` on the device.
+    ``index_cache`` (a dict per ubatch) shares the row-index tensor of one device
+    between the ubatch's token fields.
     """
     real = tensor[ubatch.token_slice] if tensor.ndim == 1 else tensor[..., ubatch.token_slice]
     if not with_padding or not ubatch.num_padded_tokens:
@@ -145,7 +149,12 @@ def ubatch_token_rows(tensor, ubatch: UBatch, *, with_padding: bool, pad_value: 
         pad = real.new_full((*tensor.shape[:-1], ubatch.num_padded_tokens), pad_value)
         return torch.cat([real, pad], dim=-1)
     rows = real.new_full(shape, pad_value)
-    index = torch.tensor(ubatch.real_row_indices, device=tensor.device)  # host-to-device only
+    device = tensor.device
+    index = None if index_cache is None else index_cache.get(device)
+    if index is None:
+        index = torch.tensor(ubatch.real_row_indices, device=device)  # host-to-device only
+        if index_cache is not None:
+            index_cache[device] = index
     return rows.index_copy_(-1, index, real)
 
 

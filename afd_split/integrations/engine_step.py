@@ -29,7 +29,8 @@ AGREE_DEBUG_ON = "1"
 EXPERT_LOAD_NDIM = 2
 """expert_load is [moe layers, routed experts]."""
 
-EXPERT_LOAD_ABSENT = "routed top-k ids are not at hand where this engine path plans"
+EXPERT_LOAD_ABSENT = ("routed top-k ids are not at hand where the step is planned; the AFD "
+                      "hook writes them after the forward in the step's afd_expert_load line")
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,10 @@ MAX_BYTES_ENV = "AFD_EVIDENCE_MAX_BYTES"
 """Override of the per-file cap in bytes."""
 
 DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
-"""64 MiB per rank: ~100k steps of a 32-request batch with per-layer expert load."""
+"""64 MiB per rank: ~100k step lines of a 32-request batch, but only ~550 steps with
+DeepSeek V3.2's per-stage expert-load lines (~120 KB each: 2 stages x 58 MoE layers x
+256 experts, benchmarks/expert_load_bench.py); raise ``AFD_EVIDENCE_MAX_BYTES`` for
+longer runs (the cap marker says where evidence stopped)."""
 
 RECORD_KIND = "afd_step"
 """``kind`` of a step record line."""

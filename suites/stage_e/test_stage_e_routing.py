@@ -2,7 +2,9 @@
 
 The RFC's four diagnostic pairs: reduced/full depth x forced-balanced/natural
 routing. Natural routing keeps the router's expert ids; every result records
-per-layer expert heat and EP-rank skew. Forced-balanced results are labelled
+per-layer expert heat and EP-rank skew (max/mean, coefficient of variation) and
+the per-step correlation of the straggler EP rank's load with the step's
+critical-path time (or the reason it is absent). Forced-balanced results are labelled
 synthetic (performance only, never an accuracy claim). A backend without
 forced routing runs the natural cases and skips the forced ones with the reason.
 """
@@ -10,7 +12,7 @@ forced routing runs the natural cases and skips the forced ones with the reason.
 from __future__ import annotations
 
 import pytest
-from stage_e_heat import heat_summary
+from stage_e_heat import critical_path_correlation, heat_summary
 
 from pytest_afd.backends.base import CAP_FORCED_ROUTING
 from pytest_afd.manifest import absent
@@ -50,6 +52,12 @@ def test_stage_e_depth_x_routing(stage_runner, depth):
             heat_summary(load["per_expert"], load["per_rank"])
             if item.has_expert_load
             else absent("the backend reported no expert load")
+        )
+        # RFC: how the straggler EP rank's load tracks the critical path, step by step.
+        evidence["expert_critical_path"] = (
+            critical_path_correlation(evidence["steps"])
+            if isinstance(evidence["steps"], list)
+            else absent("the backend reported no per-step evidence")
         )
     runner.write(measured)
     for name, item in measured.items():

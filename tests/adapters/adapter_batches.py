@@ -23,7 +23,11 @@ PREFIX_HIT_TOKENS = (40, 100, 20, 36)
 PREFIX_HIT_COMPUTED = (0, 64, 0, 128)
 """Two prefix-cache hits; token_balanced with align 8 cuts at 96, inside request 1."""
 PAD_REQS = 2
+"""Zero-token padding requests of a vLLM parent (the GPU runner's padded num_reqs)."""
 PAD_TOKENS = 12
+MAX_NUM_BATCHED_TOKENS = 2048
+"""scheduler_config.max_num_batched_tokens of the stand-in runner: the length of the runner
+buffers that back group_len / group_key_idx / group_key_cache_idx (v0.26.0rc)."""
 
 
 def standin_class(layout):
@@ -53,11 +57,19 @@ def attn_state_enum(layout):
 
 
 def build_common(cls, layout, tokens=PREFIX_HIT_TOKENS, computed=PREFIX_HIT_COMPUTED, *,
-                 device="cpu", attn_state=None, **overrides):
-    """(metadata, positions, BatchMetadata of the real part) for one padded prefill batch."""
+                 device="cpu", attn_state=None, fia_dummy=False, **overrides):
+    """(metadata, positions, BatchMetadata of the real part) for one padded prefill batch.
+
+    A vLLM parent pads requests (zero-token entries) and tokens. A vLLM-Ascend parent is one
+    of the layouts its runner builds (pinned ``runner_layouts``): the SP-padded one
+    (PAD_TOKENS padding rows, no padding request), or with ``fia_dummy`` the FIA one (one
+    dummy request holding the padding tokens, seq_len 0).
+    """
     meta = BatchMetadata.from_requests(list(tokens), list(computed), block_size=BLOCK)
     num_reqs, num_tokens = meta.num_reqs, meta.num_tokens
-    padded_reqs, padded_tokens = num_reqs + PAD_REQS, num_tokens + PAD_TOKENS
+    ascend = "num_input_tokens" in layout.field_set
+    pad_reqs = (1 if fia_dummy else 0) if ascend else PAD_REQS
+    padded_reqs, padded_tokens = num_reqs + pad_reqs, num_tokens + PAD_TOKENS
 
     def padded(array, length, fill):
         return np.concatenate([array, np.full(length - array.shape[-1], fill)])
@@ -68,13 +80,12 @@ def build_common(cls, layout, tokens=PREFIX_HIT_TOKENS, computed=PREFIX_HIT_COMP
     def cpu(array, dtype=torch.int32):
         return torch.from_numpy(np.asarray(array)).to(dtype=dtype)
 
-    qsl = padded(meta.query_start_loc, padded_reqs + 1, num_tokens)
+    qsl = padded(meta.query_start_loc, padded_reqs + 1, padded_tokens if fia_dummy else num_tokens)
     seq_lens = padded(meta.seq_lens, padded_reqs, 0)
     computed_all = padded(meta.num_computed_tokens, padded_reqs, 0)
     table = np.zeros((padded_reqs, meta.block_table.shape[1]), np.int64)
     table[:num_reqs] = meta.block_table
     positions = padded(meta.positions, padded_tokens, 0)
-    ascend = "num_input_tokens" in layout.field_set
     values = {
         "query_start_loc": dev(qsl),
         "query_start_loc_cpu": cpu(qsl),
@@ -98,9 +109,9 @@ def build_common(cls, layout, tokens=PREFIX_HIT_TOKENS, computed=PREFIX_HIT_COMP
         "positions_cpu": cpu(positions, torch.int64),
         "num_input_tokens": padded_tokens,
         "attn_state": attn_state,
-        "group_len": dev(np.zeros(padded_reqs)),
-        "group_key_idx": dev(np.zeros(padded_reqs)),
-        "group_key_cache_idx": dev(np.zeros(padded_reqs)),
+        # Views [:num_reqs_padded] of max_num_batched_tokens-long runner buffers.
+        **{name: dev(np.zeros(MAX_NUM_BATCHED_TOKENS))[:padded_reqs]
+           for name in ("group_len", "group_key_idx", "group_key_cache_idx")},
     }
     values.update({k: v for k, v in optional.items() if k in layout.field_set})
     values.update(overrides)

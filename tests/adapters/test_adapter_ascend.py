@@ -40,15 +40,61 @@ def case(layout, state="PrefillCacheHit", **overrides):
         ((40, 100, 20, 36), (0, 64, 0, 128), False, ("PrefillCacheHit", "PrefillCacheHit")),
         # Cut at a request boundary with no context in the tail.
         ((48, 48, 48, 48), (0, 0, 0, 0), False, ("PrefillNoCache", "PrefillNoCache")),
+        # A tail of only 1-token requests with cached context: upstream's _build_attn_state
+        # picks DecodeOnly for it, whether chunked prefill is on or off.
+        ((16, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1), (0,) + (30,) * 16, False,
+         ("PrefillNoCache", "DecodeOnly")),
+        ((16, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1), (0,) + (30,) * 16, True,
+         ("PrefillNoCache", "DecodeOnly")),
+        # 1-token requests without any cached context stay PrefillNoCache (checked first).
+        ((16, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1), (0,) * 17, True,
+         ("PrefillNoCache", "PrefillNoCache")),
+        # One 2-token request among the 1-token ones: not DecodeOnly.
+        ((16, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2), (0,) + (30,) * 16, False,
+         ("PrefillNoCache", "PrefillCacheHit")),
     ],
 )
 def test_attn_state_is_recomputed_per_ubatch(layout, tokens, computed, chunked, expected):
+    """Each ubatch's state equals upstream's rule on that ubatch's own pieces (the reference
+    below is written out from _build_attn_state, sharing no code with the adapter)."""
     parent_state = "PrefillNoCache" if not any(computed) else "PrefillCacheHit"
     common, positions, _, states = case(layout, parent_state, tokens=tokens, computed=computed)
     plan = plan_split(tokens, policy="token_balanced", constraints=SplitConstraints(align=8))
     results = split_ascend_common_metadata(plan, common, positions, BLOCK, chunked_prefill=chunked)
     assert tuple(sub.attn_state for sub, _ in results) == tuple(states[name] for name in expected)
+    reference = tuple(
+        states[upstream_attn_state(query, done, chunked)]
+        for query, done in _pieces(tokens, computed, plan.split_token)
+    )
+    assert reference == tuple(states[name] for name in expected)
     assert common.attn_state is states[parent_state]
+
+
+def upstream_attn_state(query_lens, computed, chunked):
+    """vLLM-Ascend's _build_attn_state (v0.19.1rc1 da421afad719 and v0.26.0rc cf0baa38dfb2,
+    model_runner_v1.py), without its speculative branches, on one ubatch scheduled alone."""
+    if all(done == 0 for done in computed):
+        return "PrefillNoCache"
+    if all(query == 1 for query in query_lens):
+        return "DecodeOnly"
+    return "ChunkedPrefill" if chunked else "PrefillCacheHit"
+
+
+def _pieces(tokens, computed, cut):
+    """Per ubatch, (query lens, computed tokens) of its request pieces; plain Python."""
+    head, tail = ([], []), ([], [])
+    start = 0
+    for query, done in zip(tokens, computed, strict=True):
+        stop = start + query
+        if stop <= cut:
+            head[0].append(query), head[1].append(done)
+        elif start >= cut:
+            tail[0].append(query), tail[1].append(done)
+        else:
+            head[0].append(cut - start), head[1].append(done)
+            tail[0].append(stop - cut), tail[1].append(done + cut - start)
+        start = stop
+    return head, tail
 
 
 @pytest.mark.parametrize("layout", ASCEND_LAYOUTS, ids=LAYOUT_IDS)
@@ -70,7 +116,7 @@ def test_stage_local_actual_seq_lengths_q_and_host_copies(layout):
     assert head._seq_lens_cpu.tolist() == [40, 120] and tail.seq_lens_cpu.tolist() == [164, 20, 164]
     assert tail.num_computed_tokens_cpu.tolist() == [120, 0, 128]
     assert common.actual_seq_lengths_q == cumulative
-    assert (head.num_reqs, tail.num_reqs) == (2, 3)  # the parent's padded num_reqs is 6
+    assert (head.num_reqs, tail.num_reqs) == (2, 3)
 
 
 @pytest.mark.parametrize("layout", ASCEND_LAYOUTS, ids=LAYOUT_IDS)

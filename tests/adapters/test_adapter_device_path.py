@@ -7,6 +7,7 @@ that the guard catches each kind of sync, so a pass means something.
 """
 
 import dataclasses
+from types import MappingProxyType
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from adapter_batches import BLOCK, PREFIX_HIT_TOKENS, attn_state_enum, build_com
 from device_guard import DEVICE, DeviceSyncError, DeviceSyncGuard
 
 from afd_split import SplitConstraints, plan_split
-from afd_split.adapters import slicing
+from afd_split.adapters import slicing, vllm
 from afd_split.adapters.ascend import ASCEND_LAYOUTS, split_ascend_common_metadata
 from afd_split.adapters.vllm import VLLM_LAYOUTS, split_common_metadata
 
@@ -34,6 +35,7 @@ ALLOWED_DEVICE_OPS = {
     "aten.new_full.default",
     "aten.index_copy_.default",
     "aten.empty_like.default",
+    "aten.new_empty.default",  # a stage's own kernel output buffer (fresh_stage_buffer)
     "aten.alias.default",
     "aten.view.default",
 }
@@ -108,19 +110,26 @@ def test_guard_catches_each_kind_of_host_sync(fault):
         fault(device_tensor)
 
 
-def test_guard_catches_a_sync_injected_into_the_adapter(monkeypatch):
-    """Fault injection: an adapter that reads one device scalar is caught by the guard."""
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "interpreted"])
+def test_guard_catches_a_sync_injected_into_the_adapter(monkeypatch, compiled):
+    """Fault injection: an adapter that reads one device scalar is caught by the guard,
+    on the compiled split and on the rule-by-rule one."""
     layout = VLLM_LAYOUTS[0]
     common, positions, _ = build_common(standin_class(layout), layout, device=DEVICE)
     real_cut = slicing.cut_seq_lens
 
-    def syncing_cut(seq_lens, ubatch, left_over):
-        int(seq_lens[0])  # the bug: a host read of a device value
-        return real_cut(seq_lens, ubatch, left_over)
+    def syncing_cut(context):
+        int(context.common.seq_lens[0])  # the bug: a host read of a device value
+        return real_cut(context.common.seq_lens, context.ubatch, context.left_over)
 
-    monkeypatch.setattr("afd_split.adapters.vllm.cut_seq_lens", syncing_cut)
-    with DeviceSyncGuard(), pytest.raises(DeviceSyncError, match="_local_scalar_dense"):
-        split_common_metadata(PLANS["unpadded"], common, positions, BLOCK)
+    table = MappingProxyType({**vllm.VLLM_RECOMPUTE, "seq_lens": syncing_cut})
+    monkeypatch.setattr(vllm, "VLLM_RECOMPUTE", table)
+    vllm.vllm_compiled_split.cache_clear()  # compile the class again, with the bug
+    try:
+        with DeviceSyncGuard(), pytest.raises(DeviceSyncError, match="_local_scalar_dense"):
+            split_common_metadata(PLANS["unpadded"], common, positions, BLOCK, compiled=compiled)
+    finally:
+        vllm.vllm_compiled_split.cache_clear()
 
 
 def test_full_check_is_the_one_mode_that_copies_to_host():

@@ -197,9 +197,26 @@ def _head_not_cut(plan, parent, head, tail):
     return (qsl, seq_lens, computed, already_done, left_over), tail
 
 
+@pytest.fixture
+def recompiled():
+    """The vLLM adapter compiles each class again (after a test patched its rules), and
+    again after the test (so no patched split stays cached)."""
+    from afd_split.adapters import vllm
+
+    vllm.vllm_compiled_split.cache_clear()
+    yield
+    vllm.vllm_compiled_split.cache_clear()
+
+
+COMPILED_MODES = pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "interpreted"])
+
+
+@COMPILED_MODES
 @pytest.mark.parametrize("layout", VLLM_LAYOUTS, ids=lambda layout: layout.version)
 @pytest.mark.parametrize("fault", [_not_advanced, _head_not_cut], ids=lambda f: f.__name__)
-def test_default_check_catches_an_injected_split_bug(layout, fault, monkeypatch):
+def test_default_check_catches_an_injected_split_bug(
+    layout, fault, compiled, monkeypatch, recompiled
+):
     """Fault injection into the request split the adapter uses: the per-step check fails."""
     from afd_split.requests import cut_request_arrays
 
@@ -211,9 +228,10 @@ def test_default_check_catches_an_injected_split_bug(layout, fault, monkeypatch)
         return list(fault(plan, parent, *cut_request_arrays(plan, qsl, seq_lens, computed)))
 
     monkeypatch.setattr("afd_split.adapters.common.cut_request_arrays", buggy_split)
+    monkeypatch.setattr("afd_split.adapters.compiled.cut_request_arrays", buggy_split)
     common, positions, _ = vllm_case(layout)
     with pytest.raises(SplitInvariantError):
-        split_common_metadata(PLAN, common, positions, BLOCK)
+        split_common_metadata(PLAN, common, positions, BLOCK, compiled=compiled)
 
 
 HOST_FIELD_FAULTS = {
@@ -225,9 +243,12 @@ HOST_FIELD_FAULTS = {
 """Host field -> the StageContext array it is built from."""
 
 
+@COMPILED_MODES
 @pytest.mark.parametrize("layout", VLLM_LAYOUTS, ids=lambda layout: layout.version)
 @pytest.mark.parametrize("field", sorted(HOST_FIELD_FAULTS))
-def test_default_check_reads_the_produced_host_fields(layout, field, monkeypatch):
+def test_default_check_reads_the_produced_host_fields(
+    layout, field, compiled, monkeypatch, recompiled
+):
     """Fault injection after the request split: one produced host field is built wrong (off by
     one in its last entry). The check reads the ubatches' fields, every host copy of a field
     (0.26.0 has two of seq_lens), so it sees the bug."""
@@ -245,25 +266,26 @@ def test_default_check_reads_the_produced_host_fields(layout, field, monkeypatch
     monkeypatch.setattr(vllm, "VLLM_RECOMPUTE", {**vllm.VLLM_RECOMPUTE, field: off_by_one})
     common, positions, _ = vllm_case(layout)
     with pytest.raises(SplitInvariantError):
-        split_common_metadata(PLAN, common, positions, BLOCK)
+        split_common_metadata(PLAN, common, positions, BLOCK, compiled=compiled)
 
 
+@COMPILED_MODES
 @pytest.mark.parametrize("fault", ["query_start_loc", "seq_lens"])
-def test_full_check_catches_a_device_side_bug(fault, monkeypatch):
+def test_full_check_catches_a_device_side_bug(fault, compiled, monkeypatch, recompiled):
     """Fault injection into the device arithmetic: only check="full" reads it back."""
-    from afd_split.adapters import slicing
+    from afd_split.adapters import vllm
 
-    real = {"query_start_loc": slicing.rebased_query_start_loc, "seq_lens": slicing.cut_seq_lens}
+    real = vllm.VLLM_RECOMPUTE[fault]
 
-    def off_by_one(*args):
-        return real[fault](*args) + 1
+    def off_by_one(context):
+        return real(context) + 1
 
-    target = {"query_start_loc": "rebased_query_start_loc", "seq_lens": "cut_seq_lens"}[fault]
-    monkeypatch.setattr(f"afd_split.adapters.vllm.{target}", off_by_one)
+    monkeypatch.setattr(vllm, "VLLM_RECOMPUTE", {**vllm.VLLM_RECOMPUTE, fault: off_by_one})
     common, positions, _ = vllm_case(VLLM_LAYOUTS[0])
-    split_common_metadata(PLAN, common, positions, BLOCK)  # the per-step check cannot see it
+    # The per-step check cannot see it.
+    split_common_metadata(PLAN, common, positions, BLOCK, compiled=compiled)
     with pytest.raises(SplitInvariantError):
-        split_common_metadata(PLAN, common, positions, BLOCK, check="full")
+        split_common_metadata(PLAN, common, positions, BLOCK, check="full", compiled=compiled)
 
 
 @pytest.mark.parametrize("layout", ASCEND_LAYOUTS, ids=lambda layout: layout.version)

@@ -132,7 +132,8 @@ def test_command_line_is_shell_quoted_and_round_trips():
         ("dp3pcp8-ep8", {"socket_ifname": None}, "--nic-name"),
         ("dp3pcp8-ep8", {"split": "token"}, "needs Attention TP > 1 and no PCP"),
         ("dp2pcp2tp4-ep8", {"split": "token"}, "no PCP"),
-        ("dp3pcp8-ep8", {"split": "token_balanced"}, "does not support PCP"),
+        ("dp3pcp8-ep8", {"split": "token_balanced", "stack": "v0.26"},
+         "needs stack 'v0.19.1rc1'"),
         ("dp3pcp8-ep8", {"stack": "v0.20"}, "stack"),
         ("dp3pcp8-ep8", {"extra_args": {"attention": ("--enable-dbo",)}}, "native DBO"),
         ("dp3pcp8-ep8", {"extra_args": {"ffn": ("--dbo-prefill-token-threshold=512",)}}, "native DBO"),
@@ -205,3 +206,19 @@ def test_plan_says_how_to_attach_the_harness():
     assert (declared.split_policy, declared.chunk_size, declared.max_num_batched_tokens) == (
         "token_balanced", 16384, 140000)
     assert "AFD_ASCEND_SERVER_SETTINGS=" in plan.format_text().splitlines()[1]
+
+
+@pytest.mark.parametrize(("topology", "nodes", "attention_processes"),
+                         [("dp3pcp8-ep8", RECIPE_NODES, 2), ("dp1pcp8-ep8", RECIPE_NODES[:1], 1)])
+def test_token_balanced_with_pcp_prints_plans(capsys, topology, nodes, attention_processes):
+    node_args = [arg for node in nodes for arg in ("--node-address", node)]
+    assert main(["--npu-topology", topology, "--devices-per-node", "16", "--model", MODEL,
+                 *node_args, "--nic-name", NIC, "--split", "token_balanced", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["split"] == "token_balanced" and payload["nodes"] == list(nodes)
+    attention = [p for p in payload["processes"] if p["role"] == "attention"]
+    assert len(attention) == attention_processes
+    for process in attention:
+        argv = process["argv"]
+        assert argv[argv.index("--prefill-context-parallel-size") + 1] == "8"
+        assert "afd_split" in process["env"]["VLLM_PLUGINS"].split(",")

@@ -85,7 +85,10 @@ def test_nightly_default_topology_launches_on_one_node():
     plan = build_launch_plan(topology, LaunchOptions(model="/m", devices_per_node=NODE_NPUS,
                                                      node_addresses=("127.0.0.1",)))
     assert {process.node for process in plan.processes} == {0}
-    # The candidate phase's token_balanced split must be launchable there (no PCP).
+    # The recipe's PCP Attention layout, and the candidate phase's token_balanced split must be
+    # launchable there (PCP on the default plugin ref's stack, v0.19.1rc1).
+    assert topology.attention.size("pcp") > 1
+    assert inputs["afd_plugin_ref"]["default"] == "release/v0.19.1rc1"
     build_launch_plan(topology, LaunchOptions(model="/m", devices_per_node=NODE_NPUS,
                                               node_addresses=("127.0.0.1",),
                                               split="token_balanced"))

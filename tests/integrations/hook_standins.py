@@ -21,7 +21,9 @@ import sys
 from pathlib import Path
 
 from afd_split.integrations.afd_plugin.patches import PluginSeams
+from afd_split.integrations.afd_plugin.pcp_seam import STAGE_PCP_REBUILD_HEADER
 from afd_split.integrations.afd_plugin.pinned import (
+    DISPATCH,
     PLANNER,
     SLICER,
     VALIDATOR,
@@ -89,25 +91,39 @@ def standin_source(branch: str, header_overrides: dict[str, str] | None = None) 
     else:
         planner_lines = ["CALLS.append(('plugin_planner', values.get('num_scheduled_tokens_np')))",
                          "return 'plugin-full'"]
+        # The pinned stage build's PCP facts (release/v0.19.1rc1): the inner rebuild runs
+        # per stage while the split_attn_metadata result is iterated with enumerate, and
+        # hands generate_pcp_metadata self.input_batch (returns early without CP).
         build = (
             "def _build_attention_metadata_with_ubatches(self, *args, **kwargs):\n"
             "    CALLS.append(('stage_build', kwargs['ubatch_slices']))\n"
             "    self.long_seq_metadata = 'stage-local'\n"
-            "    stages = split_attn_metadata(kwargs['ubatch_slices'], self.common, 0)\n"
-            "    return stages, None\n"
+            "    ubatch_slices = kwargs['ubatch_slices']\n\n"
+            f"    {STAGE_PCP_REBUILD_HEADER.rsplit('...', 1)[0]}\n"
+            "        if not self.use_cp:\n"
+            "            return\n"
+            "        scheduled = self.pcp_manager.query_lens_pcp_full.cpu[\n"
+            "            ubatch_slice.request_slice].tolist()\n"
+            "        STAGE_REBUILDS.append((ubid, self.pcp_manager.generate_pcp_metadata(\n"
+            "            scheduled, self.input_batch)))\n\n"
+            "    ubatch_common_metadata = split_attn_metadata(ubatch_slices, self.common, 0)\n"
+            "    for ubid, ubatch_cm in enumerate(ubatch_common_metadata):\n"
+            "        _build_stage_local_pcp_metadata(ubatch_cm, ubatch_slices[ubid], ubid, 0, 0)\n"
+            "    return list(ubatch_common_metadata), None\n"
         )
         replace = (
             "def _replace_attention_metadata_ubatch_slices(args, kwargs, ubatch_slices):\n"
             "    return args, {**kwargs, 'ubatch_slices': ubatch_slices}\n"
         )
     runner = (
-        "CALLS = []\n\n"
+        "CALLS = []\nSTAGE_REBUILDS = []\n\n"
         + slicer + "\n" + replace + "\n"
         "class NPUModelRunner:\n"
         "    def _build_attention_metadata(self, *args, **kwargs):\n"
         "        CALLS.append(('full_build', kwargs.get('num_tokens')))\n"
         "        return 'full-metadata'\n\n"
         "class AFDNPUAttentionModelRunner(NPUModelRunner):\n"
+        "    use_cp = False\n\n"
         + _indent(_body(header(PLANNER), planner_lines)) + "\n"
         + _indent(build) + "\n"
         "    def _build_afd_metadata(self, ubatch_slices, num_tokens):\n"
@@ -116,6 +132,32 @@ def standin_source(branch: str, header_overrides: dict[str, str] | None = None) 
     )
     future = "from __future__ import annotations\n\n"
     return future + "CALLS = []\n\n" + validation, future + runner
+
+
+def standin_connector_source(branch: str, header_overrides: dict[str, str] | None = None) -> str:
+    """Connector module source of ``branch``: ``CAMAsyncAFDConnector.send_attn_output`` with
+    the pinned header, checking the top-k payload shape as upstream does, then recording the
+    dispatch (the CAM op upstream issues)."""
+    header = normalize_header((header_overrides or {}).get(
+        DISPATCH, variant_for_branch(DISPATCH, branch).header))
+    send = _body(header, [
+        "topk_ids = kwargs.get('topk_ids')",
+        "if topk_ids is None or tuple(topk_ids.shape) != (context.metadata.total_tokens, "
+        "self.topk):",
+        "    raise ValueError('topk_ids shape must match the stage tokens and top_k')",
+        "CALLS.append(('dispatch', context.metadata.layer_idx, context.metadata.stage_idx))",
+    ])
+    return (
+        "from __future__ import annotations\n\n"
+        f"ASYNC_MOE_REQUEST_SPLIT = {REQUEST_SPLIT!r}\n"
+        "CALLS = []\n\n\n"
+        "class CAMAsyncAFDConnector:\n"
+        "    def __init__(self, *, topk, num_routed_experts, expert_per_rank):\n"
+        "        self.topk = topk\n"
+        "        self.num_routed_experts = num_routed_experts\n"
+        "        self.expert_per_rank = expert_per_rank\n\n"
+        + _indent(send)
+    )
 
 
 def _load(path: Path, source: str):

@@ -68,6 +68,7 @@ def _runner(seams, split: str, scheduled=SCHEDULED, computed=COMPUTED,
     runner.input_batch = SimpleNamespace(
         num_computed_tokens_cpu_tensor=common.num_computed_tokens_cpu.clone())
     runner.cache_config = SimpleNamespace(block_size=BLOCK_SIZE)
+    runner.connector = SimpleNamespace()  # the plugin's connector (the recorder's home)
     runner.common = common
     runner.real_batch = meta
     runner.long_seq_metadata = "full-batch"
@@ -92,7 +93,7 @@ def _call_planner(runner, branch: str, scheduled=SCHEDULED):
 def test_patch_functions_carry_the_pinned_headers_exactly(branch, standin_plugin):
     seams = standin_plugin(branch)
     patched = {
-        "validator": make_validator_patch(lambda *a, **k: None, "request"),
+        "validator": make_validator_patch(lambda *a, **k: None, lambda: "request"),
         "slicer": make_slicer_patch(lambda *a: None),
         "planner": PLANNER_PATCHES[branch](lambda *a: None, seams, _session_factory(None)),
     }
@@ -273,7 +274,7 @@ def test_installed_afd_plugin_matches_a_pinned_variant():  # pragma: no cover - 
         "_fail_if_unsupported_npu_async_moe_ubatching_features"]
     planner = vars(seams.runner_class)["_build_attention_metadata_with_async_moe_ubatches"]
     slicer = vars(seams.runner_module)["split_attn_metadata"]
-    pairs = [(validator, make_validator_patch(validator, seams.request_split)),
+    pairs = [(validator, make_validator_patch(validator, lambda: seams.request_split)),
              (slicer, make_slicer_patch(slicer)),
              (planner, PLANNER_PATCHES[branch](planner, seams, _session_factory(None)))]
     for installed, patched in pairs:

@@ -54,11 +54,11 @@ class RequestsOnly:
         return self.inner.describe()
 
 
-def _record(step, *, dp=0, tp=0, load=((1, 2), (3, 4))):
+def _record(step, *, dp=0, tp=0, pcp=0, load=((1, 2), (3, 4))):
     plan = plan_engine_step([30, 10], policy="token_balanced", constraints=SplitConstraints(),
                             num_computed_tokens=[0, 4])
     return step_record(plan, step=step, ranks=StepRanks(global_rank=dp * 2 + tp, dp_rank=dp,
-                                                         tp_rank=tp),
+                                                         tp_rank=tp, pcp_rank=pcp),
                        expert_load=None if load is None else np.asarray(load))
 
 
@@ -112,6 +112,20 @@ def test_leaders_per_dp_replica_and_their_expert_load(tmp_path):
     assert [(r["ranks"]["dp_rank"], r["step"]) for r in leaders] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert summed_expert_load(leaders) == [[4, 8], [12, 16]]
     assert summed_expert_load([_record(0), _record(1, load=None)]) is None
+
+
+def test_expert_load_adds_every_pcp_rank_once_per_tp_group(tmp_path):
+    """Under PCP each rank routes its own rows of a stage; TP ranks route the same ones."""
+    loads = {0: ((1, 2), (3, 4)), 1: ((10, 20), (30, 40))}
+    for pcp, load in loads.items():
+        for tp in (0, 1):
+            with EvidenceWriter(tmp_path, f"attention-rank{pcp * 2 + tp}") as writer:
+                writer.append(_record(0, tp=tp, pcp=pcp, load=load))
+    evidence = read_new_records(tmp_path, {}, max_read_bytes=READ_LIMIT)
+    assert evidence.problems == [] and len(evidence.records) == 4
+    assert [r["ranks"]["pcp_rank"] for r in evidence.leader_records] == [0]  # one step line
+    outputs = with_worker_evidence(RunOutputs(requests=[]), evidence)
+    assert outputs.expert_load == [[11, 22], [33, 44]]
 
 
 def test_an_incomplete_last_line_is_reported_and_no_partial_steps_are_used(tmp_path):

@@ -2,7 +2,9 @@
 
 Entry point (pyproject ``[project.entry-points."vllm.general_plugins"]``):
 ``afd_split = "afd_split.integrations.afd_plugin:register"``. vLLM calls it in
-every process (possibly more than once); without afd_plugin it does nothing,
+every process (possibly more than once), in the API server before vLLM-Ascend
+has set up: it imports nothing of the plugin's NPU stack and patches each seam
+module when it loads (``deferred``). Without afd_plugin it does nothing,
 and a process where the hook is not installed still refuses
 ``token_balanced`` through the plugin's own validator, so the value can never
 run unplanned. Enable per deployment with
@@ -22,6 +24,7 @@ from afd_split.integrations.afd_plugin.stages import (
     ascend_splitter,
 )
 from afd_split.integrations.engine_step import StepRanks
+from afd_split.integrations.expert_load import routing_label
 
 PLUGIN_NAME = "afd_split"
 """Entry-point name (what ``VLLM_PLUGINS`` lists)."""
@@ -37,6 +40,8 @@ def engine_session(runner) -> HookSession:
     from vllm.distributed import get_tp_group
     from vllm.distributed.parallel_state import get_pcp_group
 
+    from afd_split.integrations.afd_plugin.rules import runner_alignment
+
     parallel = runner.vllm_config.parallel_config
     tp_group = get_tp_group()
     groups = [tp_group.cpu_group] if tp_group.world_size >= MIN_GROUP_SIZE_TO_AGREE else []
@@ -50,27 +55,40 @@ def engine_session(runner) -> HookSession:
     return HookSession.from_environment(os.environ, ranks=ranks, groups=groups,
                                         splitter=ascend_splitter(
                                             chunked_prefill=runner.scheduler_config
-                                            .enable_chunked_prefill))
+                                            .enable_chunked_prefill),
+                                        alignment=runner_alignment(runner.vllm_config),
+                                        num_layers=runner.vllm_config.model_config
+                                        .hf_text_config.num_hidden_layers,
+                                        routing=engine_routing(runner.vllm_config))
+
+
+def engine_routing(vllm_config) -> str:
+    """How this deployment routes experts: forced-balanced when afd_plugin's Attention-side
+    switch (``AFD_FORCE_BALANCED_TOPK_IDS``) or the W8A8 ``enable_force_load_balance``
+    rewrites the router's ids (both read as afd_plugin reads them)."""
+    from afd_plugin.envs import force_balanced_topk_ids_enabled
+
+    additional = vllm_config.additional_config or {}
+    return routing_label(
+        force_balanced_env=force_balanced_topk_ids_enabled(),
+        force_load_balance_config=bool(additional.get("enable_force_load_balance", False)),
+    )
 
 
 def register() -> None:
-    """``vllm.general_plugins`` entry point: install the hook where afd_plugin is installed."""
+    """``vllm.general_plugins`` entry point: install the hook where afd_plugin is installed.
+
+    Imports nothing of afd_plugin, vLLM-Ascend or torch_npu (``deferred``): each seam
+    module is patched when it is already loaded, else right after it first loads.
+    """
     if importlib.util.find_spec("afd_plugin") is None:
         logger.debug("%s: afd_plugin is not installed; nothing to patch", PLUGIN_NAME)
         return
-    from afd_split.integrations.afd_plugin.patches import install, resolve_seams
+    from afd_split.integrations.afd_plugin.deferred import install_deferred
 
-    try:
-        seams = resolve_seams()
-    except ImportError as error:
-        # Fail closed without the hook: the unpatched validator refuses token_balanced.
-        logger.warning("%s: afd_plugin's worker modules do not import in this process (%s); "
-                       "async_moe_split=%r stays refused here", PLUGIN_NAME, error,
-                       TOKEN_BALANCED_SPLIT)
-        return
-    branch = install(seams, new_session=engine_session)
-    logger.info("%s: async_moe_split=%r routed through afd_split (afd_plugin %s seams)",
-                PLUGIN_NAME, TOKEN_BALANCED_SPLIT, branch)
+    install_deferred(new_session=engine_session)
+    logger.info("%s: async_moe_split=%r will be routed through afd_split when afd_plugin's "
+                "seam modules load", PLUGIN_NAME, TOKEN_BALANCED_SPLIT)
 
 
-__all__ = ["PLUGIN_NAME", "TOKEN_BALANCED_SPLIT", "engine_session", "register"]
+__all__ = ["PLUGIN_NAME", "TOKEN_BALANCED_SPLIT", "engine_routing", "engine_session", "register"]

@@ -23,8 +23,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from afd_split.adapters.ascend import check_ascend_pcp_startup
-from afd_split.errors import UnsupportedSplitError
+from afd_split.integrations.afd_plugin.pcp_seam import (
+    PCP_STAGE_RULE,
+    StageLocalInputBatches,
+    check_pcp_alignment,
+    global_scheduled_counts,
+    pcp_enabled,
+    pcp_seam_unavailable,
+    plan_pcp_step,
+    rank_local_slices,
+    stage_views,
+)
 from afd_split.integrations.afd_plugin.pinned import (
     PLANNER,
     RELEASE_V0_19_1RC1,
@@ -33,15 +42,19 @@ from afd_split.integrations.afd_plugin.pinned import (
     function_header,
     seams_for,
 )
+from afd_split.integrations.afd_plugin.rules import (
+    NO_PCP_SEAM,
+    token_balanced_unsupported_reasons,
+)
 from afd_split.integrations.afd_plugin.stages import (
     SESSION_ATTRIBUTE,
     TOKEN_BALANCED_SPLIT,
     HookSession,
     PlannedUBatchSlices,
     plan_stages,
+    record_step,
 )
 from afd_split.state import preserved_state
-from afd_split.support import SplitSupportConfig, unsupported_reasons
 
 if TYPE_CHECKING:  # names of the pinned headers; never imported at run time
     import torch
@@ -55,21 +68,12 @@ if TYPE_CHECKING:  # names of the pinned headers; never imported at run time
 PATCH_MARKER = "__afd_split_patch__"
 """Attribute on every patch function naming its seam; makes installation idempotent."""
 
-RUNNER_STATE_KEPT_ACROSS_STAGE_BUILD = ("long_seq_metadata",)
+RUNNER_STATE_KEPT_ACROSS_STAGE_BUILD = ("long_seq_metadata", "input_batch")
 """Runner state the full-batch build sets for the full-batch forward and the stage build
-overwrites; ``preserved_state`` restores it so the stages never leak into the parent."""
+overwrites (``input_batch``: swapped per stage under PCP, ``pcp_seam``); ``preserved_state``
+restores it so the stages never leak into the parent."""
 
-SPARSE_ATTENTION_CONFIG_KEY = "index_topk"
-"""HF text-config key of DeepSeek V3.2 sparse attention (the plugin's own SFA test)."""
 
-SFA_BUILDER = "AscendSFAMetadataBuilder"
-MLA_BUILDER = "AscendMLAMetadataBuilder"
-
-PCP_REJECTION = (
-    "prefill_context_parallel_size={pcp} > 1: the pinned runner regenerates stage PCP "
-    "metadata from whole-request lengths (_build_stage_local_pcp_metadata), which a cut "
-    "inside a request would mis-describe"
-)
 
 
 class PluginDriftError(RuntimeError):
@@ -91,16 +95,20 @@ def resolve_seams() -> PluginSeams:
     """The installed plugin's seams (imports afd_plugin, vLLM and vLLM-Ascend)."""
     import importlib
 
+    from afd_split.integrations.afd_plugin.pinned import RUNNER_MODULE
+
+    return seams_of(importlib.import_module(RUNNER_MODULE))
+
+
+def seams_of(runner_module: ModuleType) -> PluginSeams:
+    """The seams around a loaded runner module (whose own imports loaded the rest)."""
+    import importlib
+
     from afd_plugin.connectors.npu.async_cam import ASYNC_MOE_REQUEST_SPLIT
     from vllm.v1.worker.ubatch_utils import UBatchSlice
 
-    from afd_split.integrations.afd_plugin.pinned import (
-        RUNNER_CLASS,
-        RUNNER_MODULE,
-        VALIDATION_MODULE,
-    )
+    from afd_split.integrations.afd_plugin.pinned import RUNNER_CLASS, VALIDATION_MODULE
 
-    runner_module = importlib.import_module(RUNNER_MODULE)
     return PluginSeams(
         validation_module=importlib.import_module(VALIDATION_MODULE),
         runner_module=runner_module,
@@ -110,34 +118,21 @@ def resolve_seams() -> PluginSeams:
     )
 
 
-def token_balanced_unsupported_reasons(vllm_config, afd_config, num_ubatches: int) -> list[str]:
-    """Why this deployment may not run ``token_balanced`` (afd_split's support rules + PCP)."""
-    parallel = vllm_config.parallel_config
-    model = vllm_config.model_config
-    speculative = vllm_config.speculative_config
-    sparse = SPARSE_ATTENTION_CONFIG_KEY in model.hf_text_config.to_dict()
-    reasons = unsupported_reasons(SplitSupportConfig(
-        attention_builder=SFA_BUILDER if sparse else MLA_BUILDER,
-        split_policy=TOKEN_BALANCED_SPLIT,
-        num_stages=num_ubatches,
-        graph_mode="eager" if model.enforce_eager else "graph",
-        num_speculative_tokens=0 if speculative is None else speculative.num_speculative_tokens,
-        dcp_size=parallel.decode_context_parallel_size,
-        pcp_size=parallel.prefill_context_parallel_size,
-        tp_size=parallel.tensor_parallel_size,
-        compute_gate_on_attention=afd_config.compute_gate_on_attention,
-        native_dbo=parallel.enable_dbo,
-    ))
-    try:
-        # The hook passes no PCP stage builder (see PCP_REJECTION), so PCP > 1 fails here.
-        check_ascend_pcp_startup(pcp_size=parallel.prefill_context_parallel_size,
-                                 pcp_stage_builder=None)
-    except UnsupportedSplitError as error:
-        reasons.append(f"{error}: {PCP_REJECTION.format(pcp=parallel.prefill_context_parallel_size)}")
-    return reasons
+def plugin_request_split() -> str:
+    """afd_plugin's own request-boundary split value, read when the validator first runs
+    (in a worker: its connector module is loaded by then, never at registration)."""
+    from afd_plugin.connectors.npu.async_cam import ASYNC_MOE_REQUEST_SPLIT
+
+    return ASYNC_MOE_REQUEST_SPLIT
 
 
-def make_validator_patch(original: Callable, request_split: str) -> Callable:
+def no_pcp_seam() -> str:
+    """A validator's PCP answer when no runner seam was checked: PCP refused."""
+    return NO_PCP_SEAM
+
+
+def make_validator_patch(original: Callable, request_split: Callable[[], str],
+                         pcp_unavailable: Callable[[], str | None] = no_pcp_seam) -> Callable:
     # Upstream source: afd-plugin main 2e4378f / release/v0.19.1rc1 2f4f462,
     # compat/npu/feature_validation.py _fail_if_unsupported_npu_async_moe_ubatching_features.
     # Patch reason: the validator accepts only async_moe_split="request" and
@@ -146,12 +141,17 @@ def make_validator_patch(original: Callable, request_split: str) -> Callable:
     # with the request value, so they stay upstream's) plus afd_split's support
     # rules, failing closed with every reason before any connector exists.
     # Delegation exception: every other value calls the original unchanged.
-    # Signature: matches upstream; no added parameters.
+    # Signature: matches upstream; no added parameters. ``request_split()`` gives the
+    # plugin's request value, read at call time (the connector module loads with the worker);
+    # ``pcp_unavailable()`` why PCP cannot run here (None: the release seam is there), also
+    # read at call time: with deferred registration the validation module is patched
+    # before the runner module loads.
     def _fail_if_unsupported_npu_async_moe_ubatching_features(vllm_config: VllmConfig, afd_config: AFDConfig, *, num_ubatches: int, split: str) -> None:
         # ### PATCH START: afd_split token_balanced value
         if split == TOKEN_BALANCED_SPLIT:
-            original(vllm_config, afd_config, num_ubatches=num_ubatches, split=request_split)
-            reasons = token_balanced_unsupported_reasons(vllm_config, afd_config, num_ubatches)
+            original(vllm_config, afd_config, num_ubatches=num_ubatches, split=request_split())
+            reasons = token_balanced_unsupported_reasons(vllm_config, afd_config, num_ubatches,
+                                                         pcp_unavailable())
             if reasons:
                 raise RuntimeError(
                     f"async_moe_split={split!r} is unsupported here: " + "; ".join(reasons)
@@ -169,15 +169,18 @@ def make_slicer_patch(original: Callable) -> Callable:
     # v1/worker/npu/ubatch_utils.py split_attn_metadata, as bound in
     # attention_model_runner (the name _build_attention_metadata_with_ubatches calls).
     # Patch reason: the plugin's slicer copies whole-batch fields into each stage
-    # and cannot cut inside a request.
+    # and cannot cut inside a request; under PCP its stage-PCP rebuild reads the
+    # whole batch's input_batch (stage 1 gets the first requests' cached lengths).
     # Patch functionality: PlannedUBatchSlices (made only by the token_balanced
-    # planner) are sliced by afd_split's adapter, which request-level checks them.
+    # planner) are sliced by afd_split's adapter, which request-level checks them;
+    # under PCP (whole-request stages) by the original, its result iterated with a
+    # stage-local input_batch per stage (pcp_seam.StageLocalInputBatches).
     # Delegation exception: any other UBatchSlices go to the original unchanged.
     # Signature: matches upstream; no added parameters.
     def split_attn_metadata(ubatch_slices: UBatchSlices, common_attn_metadata: AscendCommonAttentionMetadata, max_num_tokens: int = 0) -> list[AscendCommonAttentionMetadata]:
         # ### PATCH START: afd_split stage slicing
         if isinstance(ubatch_slices, PlannedUBatchSlices):
-            return ubatch_slices.split(common_attn_metadata)
+            return ubatch_slices.split(common_attn_metadata, original, max_num_tokens)
         # ### PATCH END: afd_split stage slicing
         return original(ubatch_slices, common_attn_metadata, max_num_tokens)
 
@@ -189,28 +192,57 @@ def runner_session(runner, new_session: Callable[[Any], HookSession]) -> HookSes
     """The runner's ``HookSession``, created on its first token_balanced step."""
     session = vars(runner).get(SESSION_ATTRIBUTE)
     if session is None:
+        from afd_split.integrations.afd_plugin.dispatch_patch import attach_recorder
+
         session = new_session(runner)
         vars(runner)[SESSION_ATTRIBUTE] = session
+        attach_recorder(runner.connector, session.expert_load)
     return session
 
 
 def plan_runner_stages(runner, num_scheduled_tokens_np: np.ndarray, seams: PluginSeams,
-                       new_session: Callable[[Any], HookSession]) -> PlannedUBatchSlices | None:
+                       new_session: Callable[[Any], HookSession],
+                       num_tokens_padded: int | None = None) -> PlannedUBatchSlices | None:
     """Plan from the host arrays the pinned runner already holds (no device reads)."""
     num_reqs = len(num_scheduled_tokens_np)
+    session = runner_session(runner, new_session)
+    computed = runner.input_batch.num_computed_tokens_cpu_tensor[:num_reqs].numpy()
+    if pcp_enabled(session.alignment.pcp_size):
+        return plan_pcp_runner_stages(runner, session, num_reqs, computed, seams)
     return plan_stages(
-        runner_session(runner, new_session),
+        session,
         num_scheduled_tokens_np,
-        num_computed_tokens=runner.input_batch.num_computed_tokens_cpu_tensor[:num_reqs].numpy(),
+        num_computed_tokens=computed,
         block_size=runner.cache_config.block_size,
         slice_type=seams.slice_type,
+        num_input_tokens=num_tokens_padded,
     )
+
+
+def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, computed: np.ndarray,
+                           seams: PluginSeams) -> PlannedUBatchSlices | None:
+    """Whole-request stages on the GLOBAL counts (``query_lens_pcp_full``; the rank-local
+    ``num_scheduled_tokens_np`` is never planned on), rank-local row slices, and the
+    stage-local input batch each stage's PCP rebuild reads."""
+    pcp = session.alignment.pcp_size
+    check_pcp_alignment(session.alignment)  # before any agreement collective
+    plan = plan_pcp_step(global_scheduled_counts(runner.pcp_manager, num_reqs), computed, pcp)
+    record_step(session, plan, alignment=session.alignment.describe(),
+                pcp_stage_rule=PCP_STAGE_RULE)
+    if not plan.is_split:
+        return None
+    views = stage_views(plan, runner.input_batch, np.array(computed, dtype=np.int64))
+    return PlannedUBatchSlices(
+        rank_local_slices(plan, pcp, seams.slice_type), plan=plan,
+        block_size=runner.cache_config.block_size, session=session,
+        pcp_stages=lambda stages: StageLocalInputBatches(stages, runner, views))
 
 
 def build_token_balanced_stages(runner, full_metadata, num_tokens: int,
                                 num_scheduled_tokens_np, seams: PluginSeams,
                                 new_session: Callable[[Any], HookSession],
-                                stage_arguments: Callable[[PlannedUBatchSlices], tuple]):
+                                stage_arguments: Callable[[PlannedUBatchSlices], tuple],
+                                num_tokens_padded: int | None = None):
     """The AFD-only body both branches' planner patches share, after the full-batch build.
 
     Plans the stages with afd_split and builds their metadata with the runner's
@@ -223,7 +255,8 @@ def build_token_balanced_stages(runner, full_metadata, num_tokens: int,
     runner._afd_pending_metadata = runner._build_afd_metadata(None, num_tokens)
     if num_scheduled_tokens_np is None:
         return full_metadata
-    stage_slices = plan_runner_stages(runner, num_scheduled_tokens_np, seams, new_session)
+    stage_slices = plan_runner_stages(runner, num_scheduled_tokens_np, seams, new_session,
+                                      num_tokens_padded)
     if stage_slices is None:
         return full_metadata
     stage_args, stage_kwargs = stage_arguments(stage_slices)
@@ -270,6 +303,7 @@ def make_planner_patch_main(original: Callable, seams: PluginSeams,
         return build_token_balanced_stages(
             self, full_metadata, num_tokens, num_scheduled_tokens_np, seams, new_session,
             lambda stage_slices: ((), {**metadata_kwargs, "ubatch_slices": stage_slices}),
+            num_tokens_padded,
         )
         # ### PATCH END: afd_split token_balanced stages
 
@@ -285,7 +319,12 @@ def make_planner_patch_release(original: Callable, seams: PluginSeams,
     # Upstream source: afd-plugin release/v0.19.1rc1 2f4f462, same method as on main;
     # on this branch it takes the caller's (args, kwargs, values) and rebinds
     # ubatch_slices with _replace_attention_metadata_ubatch_slices.
-    # Patch reason and functionality: as make_planner_patch_main.
+    # Patch reason and functionality: as make_planner_patch_main. Under PCP (only this
+    # branch has the per-stage rebuild, drift-checked by pcp_seam.pcp_seam_unavailable)
+    # the stages are whole requests planned on the global query_lens_pcp_full, with
+    # rank-local row slices; the stage build's inner _build_stage_local_pcp_metadata
+    # reads a stage-local input_batch per stage (fixes upstream's whole-batch
+    # input_batch; removal plan in docs/ascend.md).
     # Delegation exception: every other value calls the original unchanged.
     # Signature: matches upstream; no added parameters.
     def _build_attention_metadata_with_async_moe_ubatches(self, args: tuple[Any, ...], kwargs: dict[str, Any], values: dict[str, Any]) -> Any:
@@ -297,6 +336,7 @@ def make_planner_patch_release(original: Callable, seams: PluginSeams,
         return build_token_balanced_stages(
             self, full_metadata, num_tokens, values.get("num_scheduled_tokens_np"), seams,
             new_session, lambda stage_slices: replace_slices(args, kwargs, stage_slices),
+            values.get("num_tokens_padded"),
         )
         # ### PATCH END: afd_split token_balanced stages
 
@@ -325,20 +365,62 @@ def installed_branch(key: str, function: Callable) -> str:
     )
 
 
-def install(seams: PluginSeams, *, new_session: Callable[[Any], HookSession]) -> str:
-    """Patch the three seams (drift-checked, idempotent); returns the branch recognised."""
-    validator = vars(seams.validation_module)[
-        "_fail_if_unsupported_npu_async_moe_ubatching_features"]
-    planner = vars(seams.runner_class)["_build_attention_metadata_with_async_moe_ubatches"]
-    slicer = vars(seams.runner_module)["split_attn_metadata"]
-    if getattr(planner, PATCH_MARKER, None) == PLANNER:  # our own attribute, set above
+VALIDATOR_NAME = "_fail_if_unsupported_npu_async_moe_ubatching_features"
+PLANNER_NAME = "_build_attention_metadata_with_async_moe_ubatches"
+SLICER_NAME = "split_attn_metadata"
+
+
+def install_validator(validation_module: ModuleType, request_split: Callable[[], str],
+                      pcp_unavailable: Callable[[], str | None] = no_pcp_seam) -> bool:
+    """Patch the validator seam of a loaded validation module (drift-checked, idempotent);
+    True when it was patched now."""
+    validator = vars(validation_module)[VALIDATOR_NAME]
+    if getattr(validator, PATCH_MARKER, None) == VALIDATOR:
+        return False
+    installed_branch(VALIDATOR, validator)
+    setattr(validation_module, VALIDATOR_NAME,
+            make_validator_patch(validator, request_split, pcp_unavailable))
+    return True
+
+
+RUNNER_NOT_LOADED = "the afd-plugin runner module is not loaded, so no per-stage PCP rebuild was checked"
+
+
+def runner_pcp_unavailable(runner_module: ModuleType | None) -> str | None:
+    """Why PCP cannot run with this runner module (None: the pinned release seam is there);
+    the planner's pinned header names the branch, patched or not (the patch keeps it)."""
+    from afd_split.integrations.afd_plugin.pinned import RUNNER_CLASS
+
+    if runner_module is None:
+        return RUNNER_NOT_LOADED
+    runner_class = vars(runner_module)[RUNNER_CLASS]
+    return pcp_seam_unavailable(runner_class,
+                                installed_branch(PLANNER, vars(runner_class)[PLANNER_NAME]))
+
+
+def install_runner(seams: PluginSeams, *, new_session: Callable[[Any], HookSession]) -> str:
+    """Patch the planner and slicer seams of a loaded runner module (both drift-checked
+    before either is patched; idempotent); returns the branch recognised."""
+    planner = vars(seams.runner_class)[PLANNER_NAME]
+    slicer = vars(seams.runner_module)[SLICER_NAME]
+    if getattr(planner, PATCH_MARKER, None) == PLANNER:  # our own attribute, set below
         return "already-installed"
     branch = installed_branch(PLANNER, planner)
-    installed_branch(VALIDATOR, validator)
     installed_branch(SLICER, slicer)
-    seams.validation_module._fail_if_unsupported_npu_async_moe_ubatching_features = (
-        make_validator_patch(validator, seams.request_split))
-    seams.runner_module.split_attn_metadata = make_slicer_patch(slicer)
-    seams.runner_class._build_attention_metadata_with_async_moe_ubatches = (
-        PLANNER_PATCHES[branch](planner, seams, new_session))
+    setattr(seams.runner_module, SLICER_NAME, make_slicer_patch(slicer))
+    setattr(seams.runner_class, PLANNER_NAME, PLANNER_PATCHES[branch](planner, seams, new_session))
     return branch
+
+
+def install(seams: PluginSeams, *, new_session: Callable[[Any], HookSession]) -> str:
+    """Patch the three seams (all drift-checked before any is patched; idempotent);
+    returns the branch recognised."""
+    planner = vars(seams.runner_class)[PLANNER_NAME]
+    if getattr(planner, PATCH_MARKER, None) == PLANNER:
+        return "already-installed"
+    branch = installed_branch(PLANNER, planner)
+    installed_branch(VALIDATOR, vars(seams.validation_module)[VALIDATOR_NAME])
+    installed_branch(SLICER, vars(seams.runner_module)[SLICER_NAME])
+    install_validator(seams.validation_module, lambda: seams.request_split,
+                      lambda: pcp_seam_unavailable(seams.runner_class, branch))
+    return install_runner(seams, new_session=new_session)

@@ -72,6 +72,8 @@ def function_header(function) -> str:
 VALIDATOR = "validator"
 PLANNER = "planner"
 SLICER = "slicer"
+DISPATCH = "dispatch"
+CONNECTOR_CLASS = "CAMAsyncAFDConnector"
 
 _VALIDATOR_HEADER = (
     "def _fail_if_unsupported_npu_async_moe_ubatching_features(vllm_config: VllmConfig, "
@@ -100,6 +102,11 @@ _SLICER_HEADER = (
     "-> list[AscendCommonAttentionMetadata]: ..."
 )
 
+_DISPATCH_HEADER = (
+    "def send_attn_output(self, hidden_states: Tensor, context: AFDTransferContext, "
+    "**kwargs: Any) -> None: ..."
+)
+
 PINNED_SEAMS: tuple[PinnedSeam, ...] = (
     PinnedSeam(VALIDATOR, VALIDATION_MODULE,
                "_fail_if_unsupported_npu_async_moe_ubatching_features", *MAIN, _VALIDATOR_HEADER),
@@ -117,6 +124,12 @@ PINNED_SEAMS: tuple[PinnedSeam, ...] = (
     PinnedSeam(SLICER, RUNNER_MODULE, "split_attn_metadata", *MAIN, _SLICER_HEADER),
     PinnedSeam(SLICER, RUNNER_MODULE, "split_attn_metadata", *RELEASE_V0_19_1RC1,
                _SLICER_HEADER),
+    # Where each stage's routed top-k ids meet its layer and stage, right before the CAM
+    # dispatch (the expert-load counts; afd_split.integrations.expert_load).
+    PinnedSeam(DISPATCH, EXTRA_INFO_MODULE, f"{CONNECTOR_CLASS}.send_attn_output", *MAIN,
+               _DISPATCH_HEADER),
+    PinnedSeam(DISPATCH, EXTRA_INFO_MODULE, f"{CONNECTOR_CLASS}.send_attn_output",
+               *RELEASE_V0_19_1RC1, _DISPATCH_HEADER),
 )
 """Every pinned (seam, branch) pair; a seam may have one variant per branch."""
 

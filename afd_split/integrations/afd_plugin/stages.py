@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from afd_split.constraints import SplitConstraints, SplitPolicy
+from afd_split.constraints import SplitPolicy
+from afd_split.engine_alignment import EngineAlignment
 from afd_split.integrations.engine_step import (
     StepRanks,
     agree_across_groups,
@@ -24,16 +25,16 @@ from afd_split.integrations.engine_step import (
     plan_engine_step,
     step_record,
 )
+from afd_split.integrations.expert_load import NATURAL, ExpertLoadRecorder
 from afd_split.integrations.worker_evidence import EvidenceWriter
 from afd_split.plan import SplitPlan
 
 TOKEN_BALANCED_SPLIT = "token_balanced"
 """The ``async_moe_split`` value this hook adds; distinct from PR #203's ``"token"``."""
 
-HOOK_CONSTRAINTS = SplitConstraints(align=1, pcp_size=1)
-"""The pinned plugin slices stage hidden states by ``UBatchSlice.token_slice`` and has no
-stage-local padding rows, so stages are planned unpadded (align 1) without PCP (PCP is
-rejected by the validator seam)."""
+NO_SP_NO_PCP = EngineAlignment(tp_size=1, sequence_parallel=False)
+"""A session's alignment unless the engine gives one: stages unpadded (align 1). With SP
+the engine's ``EngineAlignment`` gives the TP unit and the parent's padded rows instead."""
 
 SESSION_ATTRIBUTE = "_afd_split_hook_session"
 """AFD-only runner attribute holding its ``HookSession`` (one per runner, never global)."""
@@ -53,18 +54,31 @@ class HookSession:
     writer: EvidenceWriter | None = None
     check_agreement: bool = False
     agreement_device: Any = "cpu"
+    alignment: EngineAlignment = NO_SP_NO_PCP
     steps_planned: int = field(default=0)
+    expert_load: ExpertLoadRecorder | None = None
+    """Routed counts of the steps this session plans (evidence on, MoE model)."""
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str], *, ranks: StepRanks,
-                         groups: Sequence[Any], splitter: Splitter) -> HookSession:
-        """Evidence on when ``AFD_EVIDENCE_DIR`` is set; agreement when ``AFD_SPLIT_DEBUG_AGREE=1``."""
+                         groups: Sequence[Any], splitter: Splitter,
+                         alignment: EngineAlignment = NO_SP_NO_PCP,
+                         num_layers: int | None = None, routing: str = NATURAL) -> HookSession:
+        """Evidence on when ``AFD_EVIDENCE_DIR`` is set (with expert load when the model's
+        ``num_layers`` is given); agreement when ``AFD_SPLIT_DEBUG_AGREE=1``."""
+        writer = EvidenceWriter.from_env(environ, ranks.label)
+        recorder = None
+        if writer is not None and num_layers is not None:
+            recorder = ExpertLoadRecorder(num_layers=num_layers, routing=routing,
+                                          ranks=ranks.to_dict(), write=writer.append)
         return cls(
             ranks=ranks,
             groups=groups,
             splitter=splitter,
-            writer=EvidenceWriter.from_env(environ, ranks.label),
+            writer=writer,
             check_agreement=agreement_enabled(environ),
+            alignment=alignment,
+            expert_load=recorder,
         )
 
 
@@ -72,14 +86,27 @@ class PlannedUBatchSlices(list):
     """The plugin's ``UBatchSlices`` for a plan, carrying what the patched slicer needs."""
 
     def __init__(self, slices, *, plan: SplitPlan, block_size: int,
-                 session: HookSession) -> None:
+                 session: HookSession, pcp_stages: Callable | None = None) -> None:
         super().__init__(slices)
         self.plan = plan
         self.block_size = block_size
         self.session = session
+        self.pcp_stages = pcp_stages
 
-    def split(self, common_attn_metadata) -> list:
-        """Per-stage metadata from afd_split's adapter, request-level checked (every step)."""
+    def split(self, common_attn_metadata, plugin_slicer: Callable | None = None,
+              max_num_tokens: int = 0) -> list:
+        """Per-stage metadata from afd_split's adapter, request-level checked (every step).
+
+        Under PCP (``pcp_stages`` set) the stages are whole requests on rank-local rows:
+        the plugin's own slicer cuts them and ``pcp_stages`` wraps its result so the
+        runner's stage-PCP rebuild reads stage-local inputs (``pcp_seam``).
+        """
+        if self.pcp_stages is not None:
+            if plugin_slicer is None:
+                raise ValueError("PCP stages are cut by the plugin's own split_attn_metadata; "
+                                 "none was given")
+            return self.pcp_stages(plugin_slicer(list(self), common_attn_metadata,
+                                                 max_num_tokens))
         stages = self.session.splitter(self.plan, common_attn_metadata, self.block_size)
         if len(stages) != len(self.plan.ubatches):
             raise ValueError(f"the adapter returned {len(stages)} stages for a plan of "
@@ -88,22 +115,48 @@ class PlannedUBatchSlices(list):
 
 
 def ubatch_slices_for(plan: SplitPlan, slice_type) -> list:
-    """The plan's ubatches as the plugin's ``UBatchSlice(request_slice, token_slice)``."""
-    return [slice_type(ubatch.request_slice, ubatch.token_slice) for ubatch in plan.ubatches]
+    """The plan's ubatches as the plugin's ``UBatchSlice(request_slice, token_slice)``.
+
+    The token slice is the stage's rows in the parent: its real tokens plus the
+    parent's padding rows on the last stage (SP-aligned stages; the head of an
+    aligned cut has none), so every stage's hidden rows meet the SP unit.
+    """
+    slices, row = [], 0
+    for ubatch in plan.ubatches:
+        if ubatch.token_slice.start != row:
+            raise ValueError(f"ubatch {ubatch.index} starts at token {ubatch.token_slice.start} "
+                             f"but row {row}: only the last stage may carry padding")
+        slices.append(slice_type(ubatch.request_slice, slice(row, row + ubatch.num_rows)))
+        row += ubatch.num_rows
+    return slices
 
 
-def plan_stages(session: HookSession, num_scheduled_tokens, *, num_computed_tokens,
-                block_size: int, slice_type) -> PlannedUBatchSlices | None:
-    """Plan one step for the runner; None when it runs unsplit (its line says why)."""
-    plan = plan_engine_step(num_scheduled_tokens, policy=SplitPolicy.TOKEN_BALANCED,
-                            constraints=HOOK_CONSTRAINTS,
-                            num_computed_tokens=num_computed_tokens)
+def record_step(session: HookSession, plan: SplitPlan, **facts) -> None:
+    """Agreement (debug mode) and the step's evidence line, before anything is built."""
     if session.check_agreement:
         agree_across_groups(plan, session.groups, device=session.agreement_device)
     step = session.steps_planned
     session.steps_planned += 1
     if session.writer is not None:
-        session.writer.append(step_record(plan, step=step, ranks=session.ranks, pid=os.getpid()))
+        session.writer.append(step_record(plan, step=step, ranks=session.ranks, pid=os.getpid(),
+                                          **facts))
+    if session.expert_load is not None:
+        session.expert_load.begin_step(step, len(plan.ubatches) if plan.is_split else 1)
+
+
+def plan_stages(session: HookSession, num_scheduled_tokens, *, num_computed_tokens,
+                block_size: int, slice_type,
+                num_input_tokens: int | None = None) -> PlannedUBatchSlices | None:
+    """Plan one step for the runner; None when it runs unsplit (its line says why).
+
+    ``num_input_tokens`` is the parent's padded rows; the session's alignment
+    turns it into the step's constraints, or fails closed (``UnsupportedSplitError``
+    naming the rule) before any agreement collective when the parent is unaligned.
+    """
+    plan = plan_engine_step(num_scheduled_tokens, policy=SplitPolicy.TOKEN_BALANCED,
+                            constraints=session.alignment.constraints(num_input_tokens),
+                            num_computed_tokens=num_computed_tokens)
+    record_step(session, plan, alignment=session.alignment.describe())
     if not plan.is_split:
         return None
     return PlannedUBatchSlices(ubatch_slices_for(plan, slice_type), plan=plan,
@@ -116,7 +169,8 @@ def ascend_splitter(*, chunked_prefill: bool) -> Splitter:
     ``chunked_prefill`` is the engine's ``scheduler_config.enable_chunked_prefill``
     (it decides the stage ``attn_state``). The adapter slices the ``positions``
     field itself and runs its own request-level check on what it produced; no
-    PCP stage builder is passed because the validator seam rejects PCP.
+    PCP stage builder is passed: PCP stages are cut by the plugin's own slicer and
+    stage-PCP rebuild (``pcp_seam``), never by this adapter.
     """
 
     from afd_split.adapters.ascend import split_ascend_common_metadata  # lazy: engine glue

@@ -20,6 +20,7 @@ import torch
 from afd_split import BatchMetadata, SplitPlan, gather_ubatch_rows, merge_outputs, split_metadata
 from pytest_afd.backends.cpu.kv_cache import PagedKVCache
 from pytest_afd.backends.cpu.model import DeepseekV32Model, row_positions
+from pytest_afd.backends.cpu.pcp import pcp_rows_for, stage_input_rows
 
 # Token id of padding rows (any valid id: their outputs are dropped).
 PAD_TOKEN_ID = 0
@@ -174,9 +175,12 @@ class Executor:
         parts = split_metadata(plan, metadata)
         for observer in self.split_observers:
             observer.after_split(plan, metadata, parts)
+        pcp_rows = pcp_rows_for(plan, metadata)  # None without PCP
         stages = []
         for index, (ubatch, part) in enumerate(zip(plan.ubatches, parts, strict=True)):
             ub_ids = gather_ubatch_rows(plan, index, ids, pad_value=PAD_TOKEN_ID)
+            if pcp_rows is not None:
+                ub_ids = stage_input_rows(pcp_rows, plan, index, ub_ids, PAD_TOKEN_ID)
             real_rows = np.asarray(ubatch.real_row_indices)
             rows = torch.from_numpy(real_rows.astype(np.int64))
             real_mask = torch.zeros(ubatch.num_rows, dtype=torch.bool)

@@ -23,6 +23,7 @@ from pytest_afd.backends.vllm_ascend.plan import (
     ROLE_FFN,
     SPLIT_TO_ASYNC_MOE,
     TOKEN_BALANCED_MAX_PCP,
+    TOKEN_BALANCED_PCP_STACK,
     LaunchOptions,
     LaunchPlan,
     LaunchPlanError,
@@ -97,11 +98,13 @@ def resolve_split(options: LaunchOptions, topology: Topology, attention: RoleSha
             f"{topology.attention.spec!r} has tp{attention.tp} pcp{attention.pcp} "
             "(use split='request' there)"
         )
-    if split == "token_balanced" and attention.pcp > TOKEN_BALANCED_MAX_PCP:
+    if (split == "token_balanced" and attention.pcp > TOKEN_BALANCED_MAX_PCP
+            and options.stack != TOKEN_BALANCED_PCP_STACK):
         raise LaunchPlanError(
-            f"split='token_balanced' (afd_split's integration) does not support PCP yet: "
-            f"{topology.attention.spec!r} has pcp{attention.pcp}; its stage PCP metadata is "
-            "rebuilt from whole-request lengths, which a cut request breaks"
+            f"split='token_balanced' with PCP ({topology.attention.spec!r} has "
+            f"pcp{attention.pcp}) needs stack {TOKEN_BALANCED_PCP_STACK!r} (afd-plugin "
+            f"release/v0.19.1rc1's per-stage PCP rebuild); stack {options.stack!r} has no PCP "
+            "on model runner v1"
         )
     return split
 

@@ -30,9 +30,12 @@ SPLIT_TO_POLICY = {split: policy for policy, split in POLICY_TO_SPLIT.items()}
 # The plugin's "token" is the plugin's, not afd_split's: it has no RunSettings policy.
 PLUGIN_TOKEN_POLICY = "plugin_token"
 AFD_SPLIT_PLUGIN = "afd_split"
-# afd_split's integration regenerates no PCP stage metadata for a cut request
-# yet, so it refuses prefill_context_parallel_size > 1 (the hook's PCP_REJECTION).
+# Beyond this PCP size token_balanced needs the v0.19.1rc1 stack: afd-plugin
+# release/v0.19.1rc1 has the per-stage PCP rebuild the hook uses (its validator
+# refuses PCP elsewhere, afd_split.integrations.afd_plugin.rules); there the
+# stages are whole requests planned on the global counts (pcp_seam).
 TOKEN_BALANCED_MAX_PCP = 1
+TOKEN_BALANCED_PCP_STACK = recipe.STACK_V019
 PLACEHOLDER_ADDRESS = re.compile(r"^node\d+$")
 ENV_ATTACH_URL = "AFD_ASCEND_SERVER_URL"
 ENV_ATTACH_SETTINGS = "AFD_ASCEND_SERVER_SETTINGS"

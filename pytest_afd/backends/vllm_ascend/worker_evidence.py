@@ -1,7 +1,9 @@
 """Collect the Attention ranks' evidence lines of one case into its RunOutputs.
 
 The hook (afd_split.integrations) appends one JSON line per prefill step to one
-file per Attention rank under ``AFD_EVIDENCE_DIR``. Around each case the
+file per Attention rank under ``AFD_EVIDENCE_DIR``, and one expert-load line per
+step (per-stage, per-layer, per-expert routed tokens) that is joined to its step
+line by step number. Around each case the
 backend notes every file's size before and reads what was appended after, so a
 case gets exactly its own steps. Only whole lines count: an incomplete last
 line (a writer mid-append or killed) is left for the next read and reported; a
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from afd_split.integrations.expert_load import EXPERT_LOAD_KIND
 from afd_split.integrations.worker_evidence import (
     CAP_MARKER_KIND,
     EVIDENCE_DIR_ENV,
@@ -30,6 +33,8 @@ from afd_split.integrations.worker_evidence import (
 from pytest_afd.backends.base import PromptRequest, RunOutputs, RunSettings
 
 STEP_FIELDS_REQUIRED = ("policy", "split_token", "ubatches", "imbalance", "ranks", "step")
+EXPERT_LOAD_FIELDS_REQUIRED = ("step", "ranks", "routing", "layers", "expert_per_rank",
+                               "per_stage", "plan_to_flush_s")
 
 
 @dataclass
@@ -38,6 +43,8 @@ class WorkerEvidence:
 
     records: list[dict[str, Any]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    unmatched_expert_load: int = 0
+    """Expert-load lines of a step read in an earlier case (flushed at the next planning)."""
 
     @property
     def leader_records(self) -> list[dict[str, Any]]:
@@ -45,6 +52,12 @@ class WorkerEvidence:
         leaders = [r for r in self.records
                    if r["ranks"]["tp_rank"] == 0 and r["ranks"]["pcp_rank"] == 0]
         return sorted(leaders, key=lambda r: (r["ranks"]["dp_rank"], r["step"]))
+
+    @property
+    def expert_load_records(self) -> list[dict[str, Any]]:
+        """The records whose routed counts add up (TP rank 0 of every DP replica and PCP
+        rank): TP ranks route the same tokens, each PCP rank its own rows of the stage."""
+        return [r for r in self.records if r["ranks"]["tp_rank"] == 0]
 
 
 def evidence_files(directory: Path) -> list[Path]:
@@ -76,8 +89,10 @@ def _parse_line(raw: bytes, where: str, problems: list[str]) -> dict[str, Any] |
         problems.append(f"{where}: the writer hit its {record.get('max_bytes')}-byte cap; steps "
                         f"from {record.get('first_dropped_step')} on are missing")
         return None
-    missing = [name for name in STEP_FIELDS_REQUIRED if name not in record]
-    if record.get("kind") != RECORD_KIND or missing:
+    required = EXPERT_LOAD_FIELDS_REQUIRED if record.get("kind") == EXPERT_LOAD_KIND \
+        else STEP_FIELDS_REQUIRED
+    missing = [name for name in required if name not in record]
+    if record.get("kind") not in (RECORD_KIND, EXPERT_LOAD_KIND) or missing:
         problems.append(f"{where}: kind {record.get('kind')!r}, missing fields {missing}")
         return None
     return record
@@ -106,11 +121,47 @@ def read_new_records(directory: Path, offsets: Mapping[str, int], *,
                                      "without a newline: a writer is mid-append or died)")
         if not whole:
             continue
+        steps, loads = [], []
         for number, raw in enumerate(whole.split(b"\n"), start=1):
             record = _parse_line(raw, f"{path}:+{number}", evidence.problems)
             if record is not None:
-                evidence.records.append(record)
+                (loads if record["kind"] == EXPERT_LOAD_KIND else steps).append(record)
+        evidence.unmatched_expert_load += join_expert_load(steps, loads, str(path),
+                                                           evidence.problems)
+        evidence.records.extend(steps)
     return evidence
+
+
+def join_expert_load(steps: list[dict[str, Any]], loads: Sequence[Mapping[str, Any]],
+                     where: str, problems: list[str]) -> int:
+    """Attach each expert-load line of one rank file to its step line (same step number):
+    ``expert_load`` [layers][experts] summed over stages, per EP rank, per stage, routing.
+    Returns how many lines have no step line here (a step read in an earlier case)."""
+    by_step = {step["step"]: step for step in steps}
+    unmatched = 0
+    for load in loads:
+        step = by_step.get(load["step"])
+        if step is None:
+            unmatched += 1
+            continue
+        per_stage = load["per_stage"]
+        per_layer = [[sum(column) for column in zip(*layers, strict=True)]
+                     for layers in zip(*per_stage, strict=True)]
+        width = load["expert_per_rank"]
+        if not per_layer or width is None or len(per_layer[0]) % width:
+            problems.append(f"{where}: step {load['step']}: {len(per_layer[0]) if per_layer else 0}"
+                            f" experts cannot be grouped by expert_per_rank={width}")
+            continue
+        step.update({
+            "expert_load": per_layer,
+            "expert_load_per_rank": [[sum(layer[r:r + width]) for r in range(0, len(layer), width)]
+                                     for layer in per_layer],
+            "expert_load_layers": list(load["layers"]),
+            "expert_load_per_stage_tokens": [sum(map(sum, stage)) for stage in per_stage],
+            "expert_load_routing": load["routing"],
+            "plan_to_last_dispatch_s": load["plan_to_flush_s"],
+        })
+    return unmatched
 
 
 def summed_expert_load(records: Sequence[Mapping[str, Any]]) -> list[list[int]] | None:
@@ -132,12 +183,24 @@ def summed_expert_load(records: Sequence[Mapping[str, Any]]) -> list[list[int]] 
     return total
 
 
-def with_worker_evidence(outputs: RunOutputs, evidence: WorkerEvidence) -> RunOutputs:
-    """``outputs`` carrying the case's steps and expert load; unchanged when any problem."""
+def routing_problems(records: Sequence[Mapping[str, Any]], routing: str) -> list[str]:
+    """The steps whose workers routed otherwise than the case says (a forced run must stay
+    labelled synthetic, a natural one must not be forced)."""
+    wrong = sorted({r["expert_load_routing"] for r in records
+                    if r.get("expert_load_routing", routing) != routing})
+    return [f"the workers routed {wrong} but the case's routing is {routing!r}"] if wrong else []
+
+
+def with_worker_evidence(outputs: RunOutputs, evidence: WorkerEvidence,
+                         routing: str | None = None) -> RunOutputs:
+    """``outputs`` carrying the case's steps and expert load; unchanged when any problem
+    (``routing``, the case's, is checked against the workers' own label when given)."""
     leaders = evidence.leader_records
+    if routing is not None:
+        evidence.problems.extend(routing_problems(evidence.records, routing))
     if evidence.problems or not leaders:
         return outputs
-    load = summed_expert_load(leaders)
+    load = summed_expert_load(evidence.expert_load_records)
     return replace(outputs, steps=[dict(record) for record in leaders],
                    expert_load=load if load is not None else outputs.expert_load)
 
@@ -172,8 +235,9 @@ class WorkerEvidenceBackend:
         offsets = snapshot_offsets(self.directory)
         outputs = self._inner.run(prompts, settings)
         evidence = read_new_records(self.directory, offsets, max_read_bytes=self.max_read_bytes)
+        joined = with_worker_evidence(outputs, evidence, settings.routing)
         self.last_problems = evidence.problems
-        return with_worker_evidence(outputs, evidence)
+        return joined
 
     def reset_prefix_cache(self) -> None:
         self._inner.reset_prefix_cache()

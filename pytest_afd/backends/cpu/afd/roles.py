@@ -48,6 +48,7 @@ from pytest_afd.backends.cpu.config import ModelConfig
 from pytest_afd.backends.cpu.executor import PAD_TOKEN_ID
 from pytest_afd.backends.cpu.kv_cache import PagedKVCache
 from pytest_afd.backends.cpu.model import DeepseekV32Model, build_model, row_positions
+from pytest_afd.backends.cpu.pcp import pcp_rows_for, stage_input_rows
 from pytest_afd.backends.cpu.weights import load_pretrained
 
 COMMAND_FORWARD = "forward"
@@ -236,12 +237,20 @@ class AttentionRole(_Role):
         first_moe = next((layer.index for layer in layers if layer.is_moe), len(layers))
         if any(not layer.is_moe for layer in layers[first_moe:]):
             raise ValueError("the AFD runtime stages MoE layers only after all dense layers")
+        pcp_rows = pcp_rows_for(plan, metadata)  # None without PCP
+
+        def stage_rows_of(u, rows, pad_value=0):
+            # Under PCP each stage's rows go through its own zigzag, all-gather and restore.
+            gathered = gather_ubatch_rows(plan, u, rows, pad_value=pad_value)
+            return gathered if pcp_rows is None else stage_input_rows(pcp_rows, plan, u,
+                                                                      gathered, pad_value)
+
         if stage_dense_layers:
             # Padding rows embed the executor's pad token: padding routes to experts
             # too, and the expert GEMM shapes must match for bit-identical rows.
             with timeline.span(EMBED):
                 states = [
-                    model.embed(gather_ubatch_rows(plan, u, ids, pad_value=PAD_TOKEN_ID))
+                    model.embed(stage_rows_of(u, ids, pad_value=PAD_TOKEN_ID))
                     for u in range(len(plan.ubatches))
                 ]
             hidden, expert_load = self._staged_layers(
@@ -255,7 +264,7 @@ class AttentionRole(_Role):
                     hidden = layer.attention(hidden, metadata, kv_cache)
                 with timeline.span(DENSE_MLP, layer.index):
                     hidden = hidden + layer.mlp(layer.ffn_input(hidden))
-            states = [gather_ubatch_rows(plan, u, hidden) for u in range(len(plan.ubatches))]
+            states = [stage_rows_of(u, hidden) for u in range(len(plan.ubatches))]
             hidden, expert_load = self._staged_layers(
                 layers[first_moe:], states, metadata, plan, kv_cache, timeline, step
             )

@@ -1,0 +1,116 @@
+"""Deferred seam patching: registration imports nothing of afd_plugin's NPU stack.
+
+vLLM calls general plugins in every process. In the API server,
+``AsyncEngineArgs.add_cli_args`` calls ``load_general_plugins()`` before
+vLLM-Ascend's ``pre_register_and_update()``, so importing the plugin's runner
+module there would pull torch_npu and the NPU runner stack into a process that
+has not set them up (afd_plugin itself defers that import). Entry points also
+load in filesystem order: importing the runner module before afd_plugin's own
+``register_afd`` has patched ``vllm.forward_context.set_forward_context`` would
+bind the unpatched function into every module the runner imports.
+
+So ``install_deferred`` imports nothing: it patches a seam module that is
+already loaded, and puts a ``sys.meta_path`` finder in front that patches the
+others right after they first execute, in whichever process loads them (the
+worker, after vLLM-Ascend and afd_plugin have set up). The validation module,
+the runner module and the connector module (the expert-load dispatch seam) are
+patched independently: an FFN worker may load only the first.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import sys
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import Any
+
+from afd_split.integrations.afd_plugin.dispatch_patch import install_dispatch
+from afd_split.integrations.afd_plugin.patches import (
+    install_runner,
+    install_validator,
+    plugin_request_split,
+    runner_pcp_unavailable,
+    seams_of,
+)
+from afd_split.integrations.afd_plugin.pinned import (
+    EXTRA_INFO_MODULE,
+    RUNNER_MODULE,
+    VALIDATION_MODULE,
+)
+from afd_split.integrations.afd_plugin.stages import HookSession
+
+ModulePatch = Callable[[ModuleType], Any]
+
+
+class PatchingLoader(importlib.abc.Loader):
+    """Runs the real loader, then the seam patch, on the freshly executed module."""
+
+    def __init__(self, loader, patch: ModulePatch) -> None:
+        self.loader = loader
+        self.patch = patch
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.loader.exec_module(module)
+        self.patch(module)
+
+    def __getattr__(self, name: str):
+        # get_source / get_filename / is_package ... for inspect, linecache and pkgutil.
+        return getattr(self.loader, name)
+
+
+class SeamImportHook(importlib.abc.MetaPathFinder):
+    """Finds a seam module with the finders behind it and wraps its loader."""
+
+    def __init__(self, patches: Mapping[str, ModulePatch]) -> None:
+        self.patches = dict(patches)
+
+    def find_spec(self, fullname, path, target=None):
+        patch = self.patches.get(fullname)
+        if patch is None:
+            return None
+        for finder in sys.meta_path:
+            find_spec = getattr(finder, "find_spec", None)  # the import system's own check
+            if finder is self or find_spec is None:
+                continue
+            spec = find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None:
+            spec.loader = PatchingLoader(spec.loader, patch)
+        return spec
+
+
+def seam_patches(new_session: Callable[[Any], HookSession]) -> dict[str, ModulePatch]:
+    """Module name -> what to patch in it once loaded."""
+
+    def patch_runner(module: ModuleType) -> str:
+        return install_runner(seams_of(module), new_session=new_session)
+
+    def patch_validation(module: ModuleType) -> bool:
+        # PCP is judged from the runner module loaded when the validator runs: this
+        # module may load first (the Attention worker imports it before the runner).
+        return install_validator(module, plugin_request_split,
+                                 lambda: runner_pcp_unavailable(sys.modules.get(RUNNER_MODULE)))
+
+    return {VALIDATION_MODULE: patch_validation, RUNNER_MODULE: patch_runner,
+            EXTRA_INFO_MODULE: install_dispatch}
+
+
+def install_deferred(new_session: Callable[[Any], HookSession]) -> SeamImportHook:
+    """Patch the loaded seam modules now and the others when they load (one hook per
+    process: a second registration reuses it)."""
+    hook = next((f for f in sys.meta_path if isinstance(f, SeamImportHook)), None)
+    if hook is None:
+        hook = SeamImportHook(seam_patches(new_session))
+        sys.meta_path.insert(0, hook)
+    for name, patch in hook.patches.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            patch(module)
+    return hook
