@@ -7,8 +7,9 @@ For one batch and its (already made) plan:
 * ``request_check``: the adapter's check alone, on the host arrays of the
   ubatches it produced (read back from their fields, as the adapter does);
 * ``torch_ops_floor``: only the torch calls the adapter makes for this layout
-  (host ``.numpy()`` reads, device views and plan-integer arithmetic,
-  ``from_numpy`` of the ubatches' host fields), replayed with precomputed
+  (host ``.numpy()`` reads of the parent, device views and plan-integer
+  arithmetic, ``from_numpy`` of the ubatches' host fields, read back as the arrays
+  they share), replayed with precomputed
   indices and no Python logic around them: what no Python rewrite of the
   split could go below without fewer torch calls. ``aten_ops`` counts the aten
   ops of a callable; the bench records that the floor dispatches exactly the
@@ -113,13 +114,15 @@ def torch_floor(batch, plan, program, values):
             for tensor in token_rows:
                 tensor[token_slice]
             for array in arrays:
-                torch.from_numpy(array).numpy()  # made, then read back by the check
+                # Made; the check reads it as the array from_numpy shares (host_like_read).
+                torch.from_numpy(array)
 
     return replay
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts the aten ops a callable dispatches (``.numpy()`` / ``from_numpy`` dispatch none)."""
+    """Counts the aten ops a callable dispatches (under the mode ``.numpy()`` shows as a detach,
+    ``from_numpy`` as a lift_fresh)."""
 
     def __init__(self):
         super().__init__()

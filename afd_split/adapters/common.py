@@ -200,29 +200,45 @@ def parent_arrays_of(plan: SplitPlan, common, program: FieldProgram) -> tuple:
     )
 
 
-def agreeing_copies(copies: tuple, names: tuple[str, ...], invariant: str):
+def agreeing_copies(copies: tuple, names: tuple[str, ...], invariant: str, made=None, read=None):
     """The first set of one ubatch's host copies ``copies`` (of fields ``names``); every
-    other set copy must hold the same entries (fails naming it), so no copy goes unchecked."""
+    other set copy must hold the same entries (fails naming it), so no copy goes unchecked.
+
+    ``made`` / ``read``: a copy the caller made and the numpy view of its memory
+    (``host_like_read``), used for that copy instead of reading it back again.
+    """
     first = array = first_value = None
     for name, value in zip(names, copies, strict=True):
         if value is None or value is first_value:  # one tensor for two fields: read once
             continue
+        values = read if value is made and read is not None else host_numpy(value)
         if array is None:
-            first, array, first_value = name, host_numpy(value), value
-        elif host_numpy(value).tobytes() != array.tobytes():
+            first, array, first_value = name, values, value
+        elif values.tobytes() != array.tobytes():
             raise SplitInvariantError(
-                f"{invariant}: the ubatch's {name} {host_numpy(value).tolist()[:8]} differs "
+                f"{invariant}: the ubatch's {name} {values.tolist()[:8]} differs "
                 f"from its {first} {array.tolist()[:8]}"
             )
     return array
 
 
-def produced_from(query_start_loc_cpu, seq_lens_copies, computed_copies, program) -> tuple:
+def produced_from(
+    query_start_loc_cpu, seq_lens_copies, computed_copies, program, made=(None,) * 3, reads=(None,) * 3
+) -> tuple:
     """A produced ubatch's request-level host arrays from its host fields' new values
-    (the copies in ``program``'s source order; ``SplitInvariantError`` when two disagree)."""
-    qsl = host_numpy(query_start_loc_cpu)
-    seq_lens = agreeing_copies(seq_lens_copies, program.seq_lens_sources, SEQ_LENS)
-    computed = agreeing_copies(computed_copies, program.computed_sources, COMPUTED_TOKENS)
+    (the copies in ``program``'s source order; ``SplitInvariantError`` when two disagree).
+
+    ``made`` / ``reads``: per array (qsl, seq_lens, computed) a host copy the caller
+    made and the view of its memory (``host_like_read``), or None.
+    """
+    if query_start_loc_cpu is made[0] and reads[0] is not None:
+        qsl = reads[0]
+    else:
+        qsl = host_numpy(query_start_loc_cpu)
+    seq_lens = agreeing_copies(seq_lens_copies, program.seq_lens_sources, SEQ_LENS, made[1], reads[1])
+    computed = agreeing_copies(
+        computed_copies, program.computed_sources, COMPUTED_TOKENS, made[2], reads[2]
+    )
     if computed is None:
         computed = seq_lens - (qsl[1:] - qsl[:-1])
     return qsl, seq_lens, computed

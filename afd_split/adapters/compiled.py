@@ -18,7 +18,8 @@ compiled one inlined); any other recompute function is called with a
 * fields that share a row index share the work: every host copy of one ubatch
   array (``_seq_lens_cpu`` / ``seq_lens_cpu`` / ``seq_lens_cpu_upper_bound``) is one
   tensor over that array (the interpreted path makes one per field over the
-  same memory), read back once by the check; padded token rows build their
+  same memory), read back once by the check, as the array ``from_numpy`` shares
+  (``host_like_read``: no ``.numpy()`` per copy); padded token rows build their
   row-index tensor once per ubatch and device, not once per field;
 * the ubatch object is the parent's field dict copied once and overwritten by
   the changed fields (``replaced``'s fast path, decided once per class).
@@ -39,7 +40,7 @@ from afd_split.adapters.common import (
     plain_field_names,
     produced_from,
 )
-from afd_split.adapters.slicing import PAD_POSITION, host_like, ubatch_token_rows
+from afd_split.adapters.slicing import PAD_POSITION, host_like, host_like_read, ubatch_token_rows
 from afd_split.requests import cut_request_arrays
 
 CONTEXT_NAME = re.compile(r"\bc\.([A-Za-z_]\w*)")
@@ -156,12 +157,14 @@ def _recompute_lines(source: _Source, name: str, function, groups: dict, hoisted
         source.add(3, f"{target} = None")
         if first:  # the group's first copy of this ubatch: nothing to share yet
             source.add(2, "else:")
-            source.add(3, f"{target} = {made} = host_like({array_local}, {like})")
+            source.add(3, f"{made}, p_{array} = host_like_read({array_local}, {like})")
+            source.add(3, f"{target} = {made}")
             return
         source.add(2, f"elif {made} is not None and same_kind({made}, {like}):")
         source.add(3, f"{target} = {made}")
         source.add(2, "else:")
-        source.add(3, f"{target} = {made} = host_like({array_local}, {like})")
+        source.add(3, f"{made}, p_{array} = host_like_read({array_local}, {like})")
+        source.add(3, f"{target} = {made}")
         return
     source.add(2, f"{target} = {source.bind(f'r_{name}', function)}(context)")
 
@@ -173,6 +176,7 @@ def _generate(program: FieldProgram, recompute, padded_rows: bool, cls) -> _Sour
         "StageContext": StageContext,
         "produced_from": produced_from,
         "host_like": host_like,
+        "host_like_read": host_like_read,
         "same_kind": _same_kind,
         "ubatch_token_rows": ubatch_token_rows,
         "adapter_common": adapter_common,
@@ -213,7 +217,7 @@ def _generate(program: FieldProgram, recompute, padded_rows: bool, cls) -> _Sour
     groups: dict = {}
     hoisted: set = set()
     for array in ("query_start_loc", "seq_lens", "num_computed_tokens"):
-        source.add(2, f"h_{array} = None")
+        source.add(2, f"h_{array} = p_{array} = None")
     for name in program.recompute:
         _recompute_lines(source, name, recompute[name], groups, hoisted)
     # The parent fields the recompute expressions read, once per step (before the loop).
@@ -273,7 +277,8 @@ def _generate(program: FieldProgram, recompute, padded_rows: bool, cls) -> _Sour
     source.add(
         2,
         f"produced.append(produced_from(v_query_start_loc_cpu, ({seq_copies}), "
-        f"({computed_copies}), program))",
+        f"({computed_copies}), program, (h_query_start_loc, h_seq_lens, h_num_computed_tokens), "
+        "(p_query_start_loc, p_seq_lens, p_num_computed_tokens)))",
     )
     source.add(1, "return results, produced")
     return source

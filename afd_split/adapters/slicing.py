@@ -3,8 +3,8 @@
 API: ``parent_host_arrays(plan, qsl_cpu, seq_lens_cpu, computed_cpu, source=)``
 (numpy views of the real requests, engine dtype); ``ubatch_request_rows`` /
 ``ubatch_token_rows`` (device views, index ops only); ``rebased_query_start_loc``
-/ ``cut_seq_lens`` (device arithmetic by plan ints); ``host_like`` (a ubatch's
-host tensor over its array); ``check_split(plan, parent, produced, mode)``.
+/ ``cut_seq_lens`` (device arithmetic by plan ints); ``host_like`` / ``host_like_read`` (a
+ubatch's host tensor over its array, and the array it reads back as); ``check_split(plan, parent, produced, mode)``.
 
 Host-side values come only from the ``*_cpu`` fields the engine already holds
 (``query_start_loc_cpu``, ``_seq_lens_cpu`` / ``seq_lens_cpu_upper_bound``,
@@ -190,10 +190,24 @@ def cut_seq_lens(seq_lens, ubatch: UBatch, left_over: int):
 def host_like(array: np.ndarray, like):
     """``array`` as the parent's host field ``like`` holds it: a host tensor sharing its memory
     (``from_numpy``), in ``like``'s dtype, or an array when ``like`` is one."""
+    return host_like_read(array, like)[0]
+
+
+def host_like_read(array: np.ndarray, like) -> tuple:
+    """``(host_like(array, like), its host array)``: the made copy and a numpy view of its
+    memory, so the check reads what was produced without a ``.numpy()`` call per copy.
+
+    ``from_numpy`` shares ``array``'s memory, so ``array`` is that view; a dtype
+    conversion makes new memory, read back from the converted tensor.
+    """
     if isinstance(like, np.ndarray):
-        return array if array.dtype == like.dtype else array.astype(like.dtype)
+        made = array if array.dtype == like.dtype else array.astype(like.dtype)
+        return made, made
     tensor = torch_module().from_numpy(array)
-    return tensor if tensor.dtype is like.dtype else tensor.to(like.dtype)
+    if tensor.dtype is like.dtype:
+        return tensor, array
+    tensor = tensor.to(like.dtype)
+    return tensor, tensor.numpy()
 
 
 @functools.cache

@@ -247,3 +247,20 @@ def test_a_class_with_post_init_goes_through_its_constructor_and_stays_identical
     assert seen == [2, 3]  # the head holds requests 0-1, the tail the rest of 1, then 2-3
     interpreted = split_common_metadata(plan, common, positions, 16, compiled=False)
     _assert_identical(common, compiled, interpreted, set())
+
+
+@pytest.mark.parametrize("like", [torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int64),
+                                  np.zeros(2, dtype=np.int32), np.zeros(2, dtype=np.int64)],
+                         ids=["tensor-same", "tensor-convert", "array-same", "array-convert"])
+def test_host_copy_read_is_the_memory_of_the_made_copy(like):
+    """The compiled check reads a made host copy through host_like_read's array: it must be
+    the copy's own memory (a write to the copy shows in it), also after a dtype conversion."""
+    from afd_split.adapters.slicing import host_like, host_like_read
+
+    array = np.array([3, 5, 9], dtype=np.int32)
+    made, read = host_like_read(array, like)
+    made_array = made if isinstance(made, np.ndarray) else made.numpy()
+    assert type(made) is type(host_like(array, like)) and made.dtype == like.dtype
+    assert np.shares_memory(made_array, read)
+    made[0] = 42
+    assert read.tolist() == [42, 5, 9]
