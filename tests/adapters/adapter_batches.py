@@ -11,12 +11,12 @@ requests that shares no code with afd_split.
 from __future__ import annotations
 
 import dataclasses
-import enum
 
 import numpy as np
 import torch
 
 from afd_split import BatchMetadata
+from afd_split.adapters.standins import attn_state_enum, standin_class  # noqa: F401 (re-exported)
 
 BLOCK = 16
 PREFIX_HIT_TOKENS = (40, 100, 20, 36)
@@ -24,32 +24,6 @@ PREFIX_HIT_COMPUTED = (0, 64, 0, 128)
 """Two prefix-cache hits; token_balanced with align 8 cuts at 96, inside request 1."""
 PAD_REQS = 2
 PAD_TOKENS = 12
-
-
-def standin_class(layout):
-    """A dataclass with exactly the pinned fields and defaults; pinned properties raise."""
-    specs = []
-    for name in layout.fields:
-        if name in layout.extra["required"]:
-            specs.append((name, object))
-        elif name in layout.extra.get("factories", {}):
-            specs.append((name, object, dataclasses.field(default_factory=list)))
-        else:
-            specs.append((name, object, dataclasses.field(default=layout.extra["defaults"][name])))
-
-    def deprecated(name):
-        def read(self):
-            raise AssertionError(f"the adapter read deprecated property {name}")
-
-        return property(read)
-
-    namespace = {name: deprecated(name) for name in layout.extra["properties"]}
-    return dataclasses.make_dataclass(layout.class_name, specs, namespace=namespace)
-
-
-def attn_state_enum(layout):
-    """Stand-in of AscendAttentionState with the pinned member values."""
-    return enum.Enum("AscendAttentionState", dict(layout.extra["attn_state_enum"]))
 
 
 def build_common(cls, layout, tokens=PREFIX_HIT_TOKENS, computed=PREFIX_HIT_COMPUTED, *,
