@@ -35,6 +35,7 @@ from gate_lib import (
     shape_unverified,
     split_steps,
 )
+from step_evidence_checks import steps_count_problems
 
 from pytest_afd.backends.base import CAP_AFD, PromptRequest, RunOutputs, require_capability
 from pytest_afd.topology import parse_topology
@@ -98,8 +99,13 @@ class SplitWorkload:
         return prompts, [seed_prompt]
 
 
+# Above afd_split.request_checks.LIST_CHECK_MAX_REQUESTS (32): the request check's bytes
+# path runs. Small requests keep the CPU forward cheap; the cut falls inside the 60.
+MANY_SMALL_REQUESTS = (3,) * 20 + (60,) + (3,) * 20
+
 WORKLOADS = (
     SplitWorkload("one_long_request", (300,), cut_inside_a_request),
+    SplitWorkload("many_small_requests", MANY_SMALL_REQUESTS, cut_inside_a_request),
     SplitWorkload("equal_requests", (96, 96, 96), cut_inside_a_request),
     SplitWorkload("unequal_requests", (150, 37, 260), cut_inside_a_request),
     SplitWorkload("cut_on_request_boundary", (128, 64, 64), cut_on_request_boundaries),
@@ -167,6 +173,7 @@ def test_gate_1_token_balanced_matches_unsplit(
     verdict = judge(golden, f"gate1/{workload.name}", candidate, reference, profile, splits)
     unverified = shape_unverified(candidate)
     shape_problem = None if unverified else workload.expect(steps, candidate)
+    count_problems = steps_count_problems(candidate.steps, workload.name)
     record_gate_result(
         afd_results,
         manifest=gate_manifest,
@@ -185,6 +192,7 @@ def test_gate_1_token_balanced_matches_unsplit(
             "split_shapes": [step.__dict__ for step in steps],
             "shape_problem": shape_problem,
             "shape_unverified": unverified,
+            "step_count_problems": count_problems,
             "verdict": verdict.to_json(),
         },
     )
@@ -193,6 +201,7 @@ def test_gate_1_token_balanced_matches_unsplit(
             r.num_cached_tokens for r in reference.requests
         ], "candidate and reference must start from the same cached prefix"
     assert shape_problem is None, f"{workload.name}: {shape_problem}"
+    assert not count_problems, count_problems
     verdict.raise_if_rejected()
 
 
@@ -202,8 +211,9 @@ def test_gate_1_token_balanced_matches_unsplit(
 # names); each runs through Backend.run with ``afd_processes`` on.
 AFD_WORKLOADS = tuple(
     w for w in WORKLOADS
-    if w.name in ("one_long_request", "unequal_requests", "cut_on_request_boundary",
-                  "prefix_hit_nonzero_computed", "chunked_partial_query")
+    if w.name in ("one_long_request", "many_small_requests", "unequal_requests",
+                  "cut_on_request_boundary", "prefix_hit_nonzero_computed",
+                  "chunked_partial_query")
 )  # fmt: skip
 
 
@@ -238,6 +248,7 @@ def test_gate_1_afd_runtime_split_matches_unsplit(
     steps = split_steps(candidate, [p.num_prompt_tokens for p in prompts])
     verdict = judge(golden, f"gate1/afd/{workload.name}", candidate, reference, "float32", splits)
     shape_problem = workload.expect(steps, candidate)
+    count_problems = steps_count_problems(candidate.steps, f"afd/{workload.name}")
     record_gate_result(
         afd_results,
         manifest=gate_backends.manifest(gate_afd_topology),
@@ -254,8 +265,10 @@ def test_gate_1_afd_runtime_split_matches_unsplit(
             "prompts, schedule and cached prefix",
             "split_shapes": [step.__dict__ for step in steps],
             "shape_problem": shape_problem,
+            "step_count_problems": count_problems,
             "verdict": verdict.to_json(),
         },
     )
     assert shape_problem is None, f"{workload.name}: {shape_problem}"
+    assert not count_problems, count_problems
     verdict.raise_if_rejected()
