@@ -37,7 +37,14 @@ from gate_lib import (
 )
 from step_evidence_checks import steps_count_problems
 
-from pytest_afd.backends.base import CAP_AFD, PromptRequest, RunOutputs, require_capability
+from afd_split.request_checks import LIST_CHECK_MAX_REQUESTS
+from pytest_afd.backends.base import (
+    CAP_AFD,
+    PromptRequest,
+    RunOutputs,
+    RunSettings,
+    require_capability,
+)
 from pytest_afd.topology import parse_topology
 
 SHARED_PREFIX_TOKENS = 96  # six 16-token pages: a whole-block prefix hit
@@ -72,6 +79,14 @@ def cut_inside_a_partial_chunk(steps: list[SplitStep], outputs: RunOutputs) -> s
     return f"no cut inside a chunk that is only part of its prompt (splits {steps})"
 
 
+def cut_inside_a_request_of_many(steps: list[SplitStep], outputs: RunOutputs) -> str | None:
+    if any(s.boundary_request is not None and len(s.requests) > LIST_CHECK_MAX_REQUESTS
+           for s in steps):
+        return None
+    return (f"no forward of more than {LIST_CHECK_MAX_REQUESTS} requests was cut inside a "
+            f"request (splits {steps})")
+
+
 @dataclass(frozen=True)
 class SplitWorkload:
     name: str
@@ -80,6 +95,7 @@ class SplitWorkload:
     shared_prefix: int = 0  # requests listed in prefixed get this many shared tokens, seeded first
     prefixed: tuple[int, ...] = ()
     chunk_size: int | None = None
+    max_num_seqs: int | None = None  # None: RunSettings' default
 
     def prompts(
         self, seed: int, pages: PageScale
@@ -105,7 +121,8 @@ MANY_SMALL_REQUESTS = (3,) * 20 + (60,) + (3,) * 20
 
 WORKLOADS = (
     SplitWorkload("one_long_request", (300,), cut_inside_a_request),
-    SplitWorkload("many_small_requests", MANY_SMALL_REQUESTS, cut_inside_a_request),
+    SplitWorkload("many_small_requests", MANY_SMALL_REQUESTS, cut_inside_a_request_of_many,
+                  max_num_seqs=len(MANY_SMALL_REQUESTS)),
     SplitWorkload("equal_requests", (96, 96, 96), cut_inside_a_request),
     SplitWorkload("unequal_requests", (150, 37, 260), cut_inside_a_request),
     SplitWorkload("cut_on_request_boundary", (128, 64, 64), cut_on_request_boundaries),
@@ -146,6 +163,7 @@ def test_gate_1_token_balanced_matches_unsplit(
         quantization=quantization,
         chunk_size=gate_pages.tokens(workload.chunk_size),
         prefix_caching=bool(workload.shared_prefix),
+        max_num_seqs=workload.max_num_seqs or RunSettings.max_num_seqs,
     )
     prompts, seeds = workload.prompts(afd_options.seed, gate_pages)
     stored = gate_references.name(f"gate1/{workload.name}", topology.canonical, quantization)
@@ -237,6 +255,7 @@ def test_gate_1_afd_runtime_split_matches_unsplit(
         split_policy=SPLIT_POLICY,
         chunk_size=gate_pages.tokens(workload.chunk_size),
         prefix_caching=bool(workload.shared_prefix),
+        max_num_seqs=workload.max_num_seqs or RunSettings.max_num_seqs,
         afd_processes=True,
     )
     prompts, seeds = workload.prompts(afd_options.seed, gate_pages)

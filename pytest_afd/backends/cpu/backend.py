@@ -231,7 +231,8 @@ class CpuBackend:
             config=SchedulerConfig(
                 chunk_size=settings.chunk_size, cp_size=layout.pcp_size, page_size=block_size,
                 max_batched_tokens=settings.max_num_batched_tokens,
-                max_running_seqs=settings.max_num_seqs,
+                # vLLM's max_num_seqs bounds the requests of one forward as well.
+                max_prefill_reqs=settings.max_num_seqs, max_running_seqs=settings.max_num_seqs,
             ),
             cached_tokens=cached,
         )
