@@ -23,6 +23,7 @@ ADAPTER_VLLM_MODULE = "afd_split.adapters.vllm"
 ADAPTER_ASCEND_MODULE = "afd_split.adapters.ascend"
 ENGINE_STEP_MODULE = "afd_split.integrations.engine_step"
 ENGINE_GLUE_MODULE = "pytest_afd.backends.cpu.engine_glue"
+ROLES_MODULE = "pytest_afd.backends.cpu.afd.roles"
 REQUEST_CHECKS_MODULE = "afd_split.request_checks"
 PLAN_TYPES_MODULE = "afd_split.plan_types"
 BACKEND_MODULE = "pytest_afd.backends.cpu.backend"
@@ -126,7 +127,8 @@ def engine_check_unchecked() -> contextlib.AbstractContextManager[None]:
 
         return faulty
 
-    return _patched_in((ENGINE_STEP_MODULE, ENGINE_GLUE_MODULE), "check_engine_step", make)
+    return _patched_in((ENGINE_STEP_MODULE, ENGINE_GLUE_MODULE, ROLES_MODULE), "check_engine_step",
+                       make)
 
 
 def request_check_tail_plus_one() -> contextlib.AbstractContextManager[None]:

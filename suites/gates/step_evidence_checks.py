@@ -80,3 +80,18 @@ def steps_count_problems(steps: Sequence[dict[str, Any]], case: str) -> list[str
     """``step_count_problems`` over a run's step records."""
     return [problem for index, record in enumerate(steps)
             for problem in step_count_problems(record, f"{case} step {index}")]
+
+
+def agreement_problems(steps: Sequence[dict[str, Any]], case: str) -> list[str]:
+    """AFD-process steps whose ranks did not all record one agreed plan fingerprint
+    (the debug-mode agreement, ``afd_split.agree``, must run on every step)."""
+    problems = []
+    for index, record in enumerate(steps):
+        agreed = record.get("afd", {}).get("agreed_fingerprints")
+        if not agreed:
+            problems.append(f"{case} step {index}: no rank recorded the fingerprint agreement")
+        elif len({tuple(fingerprints or ()) for fingerprints in agreed.values()}) != 1 or not all(
+            agreed.values()
+        ):
+            problems.append(f"{case} step {index}: ranks recorded different agreements {agreed}")
+    return problems

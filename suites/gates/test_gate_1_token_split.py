@@ -35,7 +35,7 @@ from gate_lib import (
     shape_unverified,
     split_steps,
 )
-from step_evidence_checks import steps_count_problems
+from step_evidence_checks import agreement_problems, steps_count_problems
 
 from afd_split.request_checks import LIST_CHECK_MAX_REQUESTS
 from pytest_afd.backends.base import (
@@ -268,6 +268,7 @@ def test_gate_1_afd_runtime_split_matches_unsplit(
     verdict = judge(golden, f"gate1/afd/{workload.name}", candidate, reference, "float32", splits)
     shape_problem = workload.expect(steps, candidate)
     count_problems = steps_count_problems(candidate.steps, f"afd/{workload.name}")
+    count_problems += agreement_problems(candidate.steps, f"afd/{workload.name}")
     record_gate_result(
         afd_results,
         manifest=gate_backends.manifest(gate_afd_topology),

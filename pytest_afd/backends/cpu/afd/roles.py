@@ -28,6 +28,8 @@ import torch
 
 from afd_split import gather_ubatch_rows, merge_outputs
 from afd_split.agree import agree_on_split
+from afd_split.integrations.engine_step import check_engine_step
+from afd_split.requests import RequestFields
 from pytest_afd.backends.cpu.afd import connector
 from pytest_afd.backends.cpu.afd.evidence import (
     ATTENTION,
@@ -294,6 +296,10 @@ class AttentionRole(_Role):
         num_ubatches = len(plan.ubatches)
         # The engine glue: Ascend-layout metadata through the hook's seam and checks.
         ubatch_metadata = split_engine_metadata(plan, metadata, layout_name=ASCEND_ENGINE_LAYOUT)
+        # The request-level check on exactly the ubatches this rank runs (what the gates'
+        # split observer checks in-process, out of its reach here).
+        check_engine_step(plan, RequestFields.of(metadata),
+                          [RequestFields.of(part) for part in ubatch_metadata])
         real_rows = [plan.ubatches[u].real_row_indices for u in range(num_ubatches)]
         positions = [
             row_positions(
