@@ -7,9 +7,11 @@ of those runs FAILS with test failures (exit status 1); a run that passes
 means the gates cannot see that fault class, and a usage / collection /
 internal error (status 2-5) proves nothing, so both are reported as misses.
 
-Speed: gate 1's fault-injection module runs first (a split fault fails its
-control case within seconds), then the soak (the leaks, which only gate 5
-sees, fail within one soak); ``-x`` stops at the first failure. ``jobs`` > 1 runs that many
+Speed: gate 1's glue-check and fault-injection modules run first (a split
+or glue fault fails one of their cases within seconds), then the soak (the
+leaks, which only gate 5 sees, fail within one soak); ``-x`` stops at the
+first failure, which the report names per fault (``caught_by``: the gate
+test that caught it). ``jobs`` > 1 runs that many
 faults at once (only worth it with spare cores).
 """
 
@@ -30,9 +32,10 @@ from pytest_afd.faults import FAULT_ENV, FAULTS, get_fault
 
 PYTEST_TESTS_FAILED = 1
 DEFAULT_GATES_DIR = "suites/gates"
-# Gate 1's fault-injection module first (its control case fails within seconds
-# under any split fault), then gate 5, the only gate that sees the leaks.
-FIRST_MODULES = ("test_gate_1_fault_injection.py", "test_gate_5_soak.py")
+# Gate 1's glue checks and fault-injection module first (their cases fail within
+# seconds under a glue or split fault), then gate 5, the only gate that sees the leaks.
+FIRST_MODULES = ("test_gate_1_glue_checks.py", "test_gate_1_fault_injection.py",
+                 "test_gate_5_soak.py")
 DEFAULT_TIMEOUT_S = 1800.0
 OUTPUT_TAIL_CHARS = 2000
 
@@ -47,6 +50,13 @@ class FaultRun:
     seconds: float
     first_failure: str | None
     output_tail: str
+
+    @property
+    def caught_by(self) -> str | None:
+        """The gate test whose failure caught the fault (its node id), when it was caught."""
+        if not self.caught or self.first_failure is None:
+            return None
+        return self.first_failure.split(" ", 1)[1].split(" - ", 1)[0]
 
 
 def gate_command(gates_dir: Path, results_dir: Path, extra: Sequence[str] = ()) -> list[str]:
@@ -113,9 +123,10 @@ def fault_check(faults: Sequence[str] | None = None, *, gates_dir: str | Path = 
 
 def main(args) -> int:
     """The ``fault-check`` subcommand: JSON per fault on stdout, exit 1 when one is missed."""
+    extra = ("-k", args.select) if args.select else ()
     try:
         runs = fault_check(args.fault, gates_dir=args.gates_dir, jobs=args.jobs,
-                           control=args.control, timeout_s=args.timeout)
+                           control=args.control, timeout_s=args.timeout, extra=extra)
     except (ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -123,10 +134,15 @@ def main(args) -> int:
     summary = {
         "caught": [run.fault for run in runs if run.caught],
         "missed": missed,
-        "runs": [{k: v for k, v in asdict(run).items() if k != "output_tail" or not run.caught}
-                 for run in runs],
+        "caught_by": {run.fault: run.caught_by for run in runs},
+        "runs": [{**{k: v for k, v in asdict(run).items() if k != "output_tail" or not run.caught},
+                  "caught_by": run.caught_by} for run in runs],
     }
     print(json.dumps(summary, indent=2))
+    for run in runs:  # the table: fault, outcome, the gate that caught it
+        outcome = "caught" if run.caught else "MISSED"
+        print(f"{run.fault:40} {outcome:7} {run.seconds:7.1f} s  {run.caught_by or '-'}",
+              file=sys.stderr)
     return 1 if missed else 0
 
 
@@ -140,5 +156,8 @@ def add_parser(commands) -> None:
     check.add_argument("--jobs", type=int, default=1, help="faults run at once (default: 1)")
     check.add_argument("--control", action="store_true",
                        help="also run the gates without a fault: they must pass")
+    check.add_argument("--select", metavar="EXPR",
+                       help="only the gate tests pytest -k EXPR selects (e.g. afd_runtime: "
+                            "gate 1's AFD-process cases); default: every gate")
     check.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                        help="seconds per gate run (default: %(default)s)")

@@ -1,8 +1,11 @@
 """Named, seeded split-path faults: the bugs the gates exist to catch, injectable on demand.
 
 Each :class:`Fault` is a context manager that patches the split path where the
-CPU backend calls it (the ``afd_split`` names bound in the in-process executor
-and in the CPU AFD runtime's roles module, or the executor itself) for the
+CPU backend calls it (the split entry ``split_engine_metadata``, gather and
+merge as bound in the in-process executor and in the CPU AFD runtime's roles
+module, or the executor itself), or, for the glue faults of
+:mod:`pytest_afd.glue_faults`, one function of the engine glue (the adapters,
+the per-step checks, the plan fingerprint, the step record), for the
 duration of the block. They are the fault classes of docs/gates.md ("Seeded
 faults"): the mutation check (``python -m pytest_afd fault-check``) applies
 each one to a ``pytest -m gate`` subprocess and asserts that the gates fail.
@@ -11,8 +14,9 @@ Another process selects a fault by name through the environment variable
 :data:`FAULT_ENV` (``PYTEST_AFD_FAULT=merge_order_swapped``):
 ``fault_from_env()`` resolves it (an unknown name is an error naming the
 variable) and ``applied_from_env()`` is the context manager that applies it,
-or does nothing when the variable is unset. The suites' conftest and the CPU
-HTTP server apply it for their whole lifetime.
+or does nothing when the variable is unset. The suites' conftest, the CPU
+HTTP server and every rank process of the CPU AFD runtime (which inherits the
+environment) apply it for their whole lifetime.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+
+from pytest_afd import glue_faults
+from pytest_afd.glue_faults import patched as _patched
 
 FAULT_ENV = "PYTEST_AFD_FAULT"
 """Environment variable naming the fault another process (pytest, HTTP server) applies."""
@@ -40,6 +47,10 @@ RETAINED_ATTRIBUTE = "_retained_splits"
 MODEL_LEAK_ATTRIBUTE = "forward_metadata_log"
 """Attribute the executor-leak fault adds to the model (a list of every forward's metadata)."""
 
+SPLIT_ENTRY = "split_engine_metadata"
+"""The split the CPU executors run (``engine_glue``: the adapters and checks, or
+``split_metadata`` for PCP), with ``split_metadata``'s (plan, metadata) -> parts shape."""
+
 Wrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
 
 
@@ -49,7 +60,7 @@ class Fault:
 
     name: str
     description: str
-    # Function name bound in SPLIT_CALLERS that is wrapped ("split_metadata", ...),
+    # Function name bound in SPLIT_CALLERS that is wrapped ("split_engine_metadata", ...),
     # or None when ``install`` patches something else.
     target: str | None
     wrap: Wrapper | None = None
@@ -69,17 +80,7 @@ class Fault:
             yield
 
 
-@contextlib.contextmanager
-def _patched(owner: object, name: str, value: object) -> Iterator[None]:
-    original = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
-
-
-# ---- split_metadata faults -----------------------------------------------------
+# ---- faults in the split the executor runs (split_engine_metadata) -------------
 
 
 def _tail_computed_unadjusted(split: Callable) -> Callable:
@@ -152,7 +153,7 @@ def _head_seq_len_not_truncated(split: Callable) -> Callable:
 
 
 def _retained_reference(split: Callable) -> Callable:
-    """The leak: split_metadata keeps every (plan, metadata, parts) in a module-level list."""
+    """The leak: the split keeps every (plan, metadata, parts) in a module-level list."""
     module = importlib.import_module(METADATA_MODULE)
 
     def faulty(plan, metadata, **kwargs):
@@ -259,27 +260,53 @@ FAULTS: Mapping[str, Fault] = {
     fault.name: fault
     for fault in (
         Fault("tail_computed_unadjusted", "tail num_computed_tokens not advanced past the head",
-              "split_metadata", _tail_computed_unadjusted),
+              SPLIT_ENTRY, _tail_computed_unadjusted),
         Fault("positions_not_sliced", "token-indexed positions taken from token 0",
-              "split_metadata", _positions_not_sliced),
+              SPLIT_ENTRY, _positions_not_sliced),
         Fault("slot_mapping_shifted", "slot_mapping of later ubatches one token early",
-              "split_metadata", _slot_mapping_shifted),
+              SPLIT_ENTRY, _slot_mapping_shifted),
         Fault("block_table_wrong_rows", "block-table rows of the previous request",
-              "split_metadata", _block_table_wrong_rows),
+              SPLIT_ENTRY, _block_table_wrong_rows),
         Fault("head_seq_len_not_truncated", "head keeps the cut request's whole seq_len",
-              "split_metadata", _head_seq_len_not_truncated),
+              SPLIT_ENTRY, _head_seq_len_not_truncated),
         Fault("merge_order_swapped", "merged real rows in tail-first order",
               "merge_outputs", _merge_order_swapped),
         Fault("rows_shifted_in_gather", "later ubatches gather rows one token early",
               "gather_ubatch_rows", _rows_shifted_in_gather),
-        Fault("retained_reference", "split_metadata keeps every (plan, metadata, parts)",
-              "split_metadata", _retained_reference, install=_retained_list),
+        Fault("retained_reference", "the split keeps every (plan, metadata, parts)",
+              SPLIT_ENTRY, _retained_reference, install=_retained_list),
         Fault("executor_keeps_metadata", "executor appends every metadata to a list on the model",
               None, install=_executor_keeps_metadata),
         Fault("parent_mutated", "tail/head adjustments written into the parent metadata",
-              "split_metadata", _parent_mutated),
+              SPLIT_ENTRY, _parent_mutated),
+        # The engine glue (pytest_afd.glue_faults).
+        Fault("adapter_token_rows_by_request", "adapters slice token-indexed fields by request rows",
+              None, install=glue_faults.token_rows_by_request),
+        Fault("adapter_head_device_seq_lens_full",
+              "adapters leave the head's device seq_lens at the cut request's full length",
+              None, install=glue_faults.head_device_seq_lens_full),
+        Fault("adapter_tail_host_computed_plus_one",
+              "adapters' tail host computed-tokens copy one too high",
+              None, install=glue_faults.tail_host_computed_plus_one),
+        Fault("adapter_check_reads_plan",
+              "the adapters' check reads the plan instead of the produced host copies",
+              None, install=glue_faults.check_reads_plan),
+        Fault("engine_check_unchecked", "check_engine_step returns the split unchecked",
+              None, install=glue_faults.engine_check_unchecked),
+        Fault("request_check_tail_plus_one",
+              "the request check (bytes path, > 32 requests) accepts a tail computed count + 1",
+              None, install=glue_faults.request_check_tail_plus_one),
+        Fault("fingerprint_without_cut", "SplitPlan.fingerprint leaves out the cut",
+              None, install=glue_faults.fingerprint_without_cut),
+        Fault("step_record_padding_as_real", "step_record reports padding rows as real tokens",
+              None, install=glue_faults.padding_reported_as_real),
     )
 }  # fmt: skip
+
+
+GLUE_FAULTS = tuple(name for name, fault in FAULTS.items()
+                    if fault.install is not None and fault.install.__module__ == glue_faults.__name__)
+"""The faults in the engine glue (adapters, checks, fingerprint, step record)."""
 
 
 def get_fault(name: str, *, source: str = "fault name") -> Fault:

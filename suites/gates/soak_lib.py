@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from step_evidence_checks import step_count_problems
 
 from afd_split import SplitInvariantError, validate_split
 
@@ -204,6 +205,10 @@ def watch(thread: threading.Thread, progress: SoakProgress, *, step_timeout_s: f
     return None
 
 
+MAX_REPORTED_PROBLEMS = 20
+"""Step-count problems kept in the soak's result (the assertion names the first)."""
+
+
 @dataclass
 class StepCounts:
     """What the run's own step evidence says the soak's forwards were."""
@@ -215,9 +220,12 @@ class StepCounts:
     fallback: int = 0
     unsplit_policy: int = 0
     policies: dict[str, int] = field(default_factory=dict)
+    # Step records whose real / padded counts disagree with the schedule and the cut.
+    count_problems: list[str] = field(default_factory=list)
 
     def add(self, steps: list[dict[str, Any]]) -> None:
         for step in steps:
+            self.count_problems.extend(step_count_problems(step, f"soak forward {self.forwards}"))
             self.forwards += 1
             self.policies[step["policy"]] = self.policies.get(step["policy"], 0) + 1
             self.unsplit_policy += step["policy"] == "none"
@@ -239,4 +247,5 @@ class StepCounts:
             "fallbacks": self.fallback,
             "unsplit_policy_steps": self.unsplit_policy,
             "policies": dict(sorted(self.policies.items())),
+            "step_count_problems": self.count_problems[:MAX_REPORTED_PROBLEMS],
         }

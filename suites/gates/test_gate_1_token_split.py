@@ -35,8 +35,16 @@ from gate_lib import (
     shape_unverified,
     split_steps,
 )
+from step_evidence_checks import agreement_problems, steps_count_problems
 
-from pytest_afd.backends.base import CAP_AFD, PromptRequest, RunOutputs, require_capability
+from afd_split.request_checks import LIST_CHECK_MAX_REQUESTS
+from pytest_afd.backends.base import (
+    CAP_AFD,
+    PromptRequest,
+    RunOutputs,
+    RunSettings,
+    require_capability,
+)
 from pytest_afd.topology import parse_topology
 
 SHARED_PREFIX_TOKENS = 96  # six 16-token pages: a whole-block prefix hit
@@ -71,6 +79,14 @@ def cut_inside_a_partial_chunk(steps: list[SplitStep], outputs: RunOutputs) -> s
     return f"no cut inside a chunk that is only part of its prompt (splits {steps})"
 
 
+def cut_inside_a_request_of_many(steps: list[SplitStep], outputs: RunOutputs) -> str | None:
+    if any(s.boundary_request is not None and len(s.requests) > LIST_CHECK_MAX_REQUESTS
+           for s in steps):
+        return None
+    return (f"no forward of more than {LIST_CHECK_MAX_REQUESTS} requests was cut inside a "
+            f"request (splits {steps})")
+
+
 @dataclass(frozen=True)
 class SplitWorkload:
     name: str
@@ -79,6 +95,7 @@ class SplitWorkload:
     shared_prefix: int = 0  # requests listed in prefixed get this many shared tokens, seeded first
     prefixed: tuple[int, ...] = ()
     chunk_size: int | None = None
+    max_num_seqs: int | None = None  # None: RunSettings' default
 
     def prompts(
         self, seed: int, pages: PageScale
@@ -98,8 +115,14 @@ class SplitWorkload:
         return prompts, [seed_prompt]
 
 
+# Above afd_split.request_checks.LIST_CHECK_MAX_REQUESTS (32): the request check's bytes
+# path runs. Small requests keep the CPU forward cheap; the cut falls inside the 60.
+MANY_SMALL_REQUESTS = (3,) * 20 + (60,) + (3,) * 20
+
 WORKLOADS = (
     SplitWorkload("one_long_request", (300,), cut_inside_a_request),
+    SplitWorkload("many_small_requests", MANY_SMALL_REQUESTS, cut_inside_a_request_of_many,
+                  max_num_seqs=len(MANY_SMALL_REQUESTS)),
     SplitWorkload("equal_requests", (96, 96, 96), cut_inside_a_request),
     SplitWorkload("unequal_requests", (150, 37, 260), cut_inside_a_request),
     SplitWorkload("cut_on_request_boundary", (128, 64, 64), cut_on_request_boundaries),
@@ -140,6 +163,7 @@ def test_gate_1_token_balanced_matches_unsplit(
         quantization=quantization,
         chunk_size=gate_pages.tokens(workload.chunk_size),
         prefix_caching=bool(workload.shared_prefix),
+        max_num_seqs=workload.max_num_seqs or RunSettings.max_num_seqs,
     )
     prompts, seeds = workload.prompts(afd_options.seed, gate_pages)
     stored = gate_references.name(f"gate1/{workload.name}", topology.canonical, quantization)
@@ -167,6 +191,7 @@ def test_gate_1_token_balanced_matches_unsplit(
     verdict = judge(golden, f"gate1/{workload.name}", candidate, reference, profile, splits)
     unverified = shape_unverified(candidate)
     shape_problem = None if unverified else workload.expect(steps, candidate)
+    count_problems = steps_count_problems(candidate.steps, workload.name)
     record_gate_result(
         afd_results,
         manifest=gate_manifest,
@@ -185,6 +210,7 @@ def test_gate_1_token_balanced_matches_unsplit(
             "split_shapes": [step.__dict__ for step in steps],
             "shape_problem": shape_problem,
             "shape_unverified": unverified,
+            "step_count_problems": count_problems,
             "verdict": verdict.to_json(),
         },
     )
@@ -193,6 +219,7 @@ def test_gate_1_token_balanced_matches_unsplit(
             r.num_cached_tokens for r in reference.requests
         ], "candidate and reference must start from the same cached prefix"
     assert shape_problem is None, f"{workload.name}: {shape_problem}"
+    assert not count_problems, count_problems
     verdict.raise_if_rejected()
 
 
@@ -202,8 +229,9 @@ def test_gate_1_token_balanced_matches_unsplit(
 # names); each runs through Backend.run with ``afd_processes`` on.
 AFD_WORKLOADS = tuple(
     w for w in WORKLOADS
-    if w.name in ("one_long_request", "unequal_requests", "cut_on_request_boundary",
-                  "prefix_hit_nonzero_computed", "chunked_partial_query")
+    if w.name in ("one_long_request", "many_small_requests", "unequal_requests",
+                  "cut_on_request_boundary", "prefix_hit_nonzero_computed",
+                  "chunked_partial_query")
 )  # fmt: skip
 
 
@@ -227,6 +255,7 @@ def test_gate_1_afd_runtime_split_matches_unsplit(
         split_policy=SPLIT_POLICY,
         chunk_size=gate_pages.tokens(workload.chunk_size),
         prefix_caching=bool(workload.shared_prefix),
+        max_num_seqs=workload.max_num_seqs or RunSettings.max_num_seqs,
         afd_processes=True,
     )
     prompts, seeds = workload.prompts(afd_options.seed, gate_pages)
@@ -238,6 +267,8 @@ def test_gate_1_afd_runtime_split_matches_unsplit(
     steps = split_steps(candidate, [p.num_prompt_tokens for p in prompts])
     verdict = judge(golden, f"gate1/afd/{workload.name}", candidate, reference, "float32", splits)
     shape_problem = workload.expect(steps, candidate)
+    count_problems = steps_count_problems(candidate.steps, f"afd/{workload.name}")
+    count_problems += agreement_problems(candidate.steps, f"afd/{workload.name}")
     record_gate_result(
         afd_results,
         manifest=gate_backends.manifest(gate_afd_topology),
@@ -254,8 +285,10 @@ def test_gate_1_afd_runtime_split_matches_unsplit(
             "prompts, schedule and cached prefix",
             "split_shapes": [step.__dict__ for step in steps],
             "shape_problem": shape_problem,
+            "step_count_problems": count_problems,
             "verdict": verdict.to_json(),
         },
     )
     assert shape_problem is None, f"{workload.name}: {shape_problem}"
+    assert not count_problems, count_problems
     verdict.raise_if_rejected()

@@ -49,6 +49,7 @@ from pytest_afd.faults import get_fault
 from pytest_afd.topology import parse_topology
 
 SOAK_STEPS = 1000
+MAX_SHOWN_PROBLEMS = 5
 SOAK_MODEL = "reduced:num_hidden_layers=2,first_k_dense_replace=1"
 SOAK_TOPOLOGY = SUPPORTED_CPU_TOPOLOGIES[0]
 STEP_TIMEOUT_S = 60.0
@@ -239,6 +240,7 @@ def test_gate_5_soak_mixed_partial_splits(soak_backend, gate_backends, afd_optio
         raise outcome.error
     assert not outcome.problems(), outcome.problems()
     assert counts.forwards >= SOAK_STEPS
+    assert not counts.count_problems, counts.count_problems[:MAX_SHOWN_PROBLEMS]
     assert counts.split >= MIN_SPLIT_FRACTION * counts.forwards, counts.to_json()
     assert counts.partial_request >= MIN_PARTIAL_FRACTION * counts.forwards, counts.to_json()
     assert counts.partial_with_computed >= MIN_PARTIAL_WITH_COMPUTED, counts.to_json()

@@ -11,12 +11,12 @@ requests that shares no code with afd_split.
 from __future__ import annotations
 
 import dataclasses
-import enum
 
 import numpy as np
 import torch
 
 from afd_split import BatchMetadata
+from afd_split.adapters.standins import attn_state_enum, standin_class  # noqa: F401 (re-exported)
 
 BLOCK = 16
 PREFIX_HIT_TOKENS = (40, 100, 20, 36)
@@ -28,32 +28,6 @@ PAD_TOKENS = 12
 MAX_NUM_BATCHED_TOKENS = 2048
 """scheduler_config.max_num_batched_tokens of the stand-in runner: the length of the runner
 buffers that back group_len / group_key_idx / group_key_cache_idx (v0.26.0rc)."""
-
-
-def standin_class(layout):
-    """A dataclass with exactly the pinned fields and defaults; pinned properties raise."""
-    specs = []
-    for name in layout.fields:
-        if name in layout.extra["required"]:
-            specs.append((name, object))
-        elif name in layout.extra.get("factories", {}):
-            specs.append((name, object, dataclasses.field(default_factory=list)))
-        else:
-            specs.append((name, object, dataclasses.field(default=layout.extra["defaults"][name])))
-
-    def deprecated(name):
-        def read(self):
-            raise AssertionError(f"the adapter read deprecated property {name}")
-
-        return property(read)
-
-    namespace = {name: deprecated(name) for name in layout.extra["properties"]}
-    return dataclasses.make_dataclass(layout.class_name, specs, namespace=namespace)
-
-
-def attn_state_enum(layout):
-    """Stand-in of AscendAttentionState with the pinned member values."""
-    return enum.Enum("AscendAttentionState", dict(layout.extra["attn_state_enum"]))
 
 
 def build_common(cls, layout, tokens=PREFIX_HIT_TOKENS, computed=PREFIX_HIT_COMPUTED, *,

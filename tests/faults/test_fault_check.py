@@ -17,8 +17,15 @@ def test_gate_command_runs_the_leak_seeing_modules_first(tmp_path):
     command = fault_check.gate_command(GATES_DIR, tmp_path)
     assert command[command.index("-m", 2) + 1] == "gate" and "-x" in command
     modules = [Path(arg).name for arg in command if arg.endswith(".py")]
-    assert modules[:2] == list(fault_check.FIRST_MODULES)
+    assert modules[: len(fault_check.FIRST_MODULES)] == list(fault_check.FIRST_MODULES)
     assert sorted(modules) == sorted(p.name for p in GATES_DIR.glob("test_*.py"))
+
+
+def test_caught_by_names_the_failing_gate_test():
+    line = "FAILED suites/gates/test_gate_1_glue_checks.py::test_x[a] - AssertionError: boom"
+    run = fault_check.FaultRun("f", 1, True, 1.0, line, "")
+    assert run.caught_by == "suites/gates/test_gate_1_glue_checks.py::test_x[a]"
+    assert fault_check.FaultRun("f", 0, False, 1.0, None, "").caught_by is None
 
 
 def test_unknown_fault_and_missing_gates_dir_are_errors(tmp_path, capsys):

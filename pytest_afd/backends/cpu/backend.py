@@ -22,10 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from afd_split import BatchMetadata, RequestFields, SplitConstraints
+from afd_split import BatchMetadata, SplitConstraints
 from afd_split.integrations.engine_step import (
     StepRanks,
-    check_engine_step,
     plan_engine_step,
     step_record,
 )
@@ -237,7 +236,8 @@ class CpuBackend:
             config=SchedulerConfig(
                 chunk_size=settings.chunk_size, cp_size=layout.pcp_size, page_size=block_size,
                 max_batched_tokens=settings.max_num_batched_tokens,
-                max_running_seqs=settings.max_num_seqs,
+                # vLLM's max_num_seqs bounds the requests of one forward as well.
+                max_prefill_reqs=settings.max_num_seqs, max_running_seqs=settings.max_num_seqs,
             ),
             cached_tokens=cached,
         )
@@ -261,11 +261,11 @@ class CpuBackend:
                     token_lists[c.request_index][c.num_computed_tokens:c.num_computed_tokens + c.num_tokens]
                     for c in batch.chunks
                 ])  # fmt: skip
-                # The engine hook's glue: same planning and per-step request-level check.
+                # The engine hook's planning; the executors split through the engine glue
+                # (engine_glue.split_engine_metadata), which runs the per-step checks.
                 plan = plan_engine_step(batch.num_scheduled_tokens, policy=settings.split_policy,
                                         constraints=constraints,
                                         num_computed_tokens=batch.num_computed_tokens)
-                check_engine_step(plan, RequestFields.of(metadata))
                 if settings.afd_processes:
                     result = executor.execute(ids, metadata, plan)
                     afd_fields = afd_step_fields(executor.last_evidence)
@@ -400,9 +400,12 @@ class CpuBackend:
         if self._afd_runtime is None:
             emulation = None if self.topology is None else self.topology.cpu_emulation()
             num_ffn = max(1, emulation.ffn_processes) if emulation is not None else 1
+            # check_agreement: the CPU backend is a test harness, so it always runs the
+            # hook's debug-mode fingerprint agreement (one all-gather per step).
             self._afd_runtime = AfdRuntime(self.config, self.seed or 0, num_attention=1,
                                            num_ffn=num_ffn, model_dir=self.model_dir,
-                                           peer_timeout_s=self.peer_timeout_s)
+                                           peer_timeout_s=self.peer_timeout_s,
+                                           check_agreement=True)
         return self._afd_runtime
 
     def _drop_failed_runtime(self) -> None:

@@ -1,6 +1,8 @@
 """Runs one forward of the CPU model over ``afd_split`` metadata: unsplit or as a SplitPlan.
 
-Split order per layer is the one AFD's async MoE stages use: attention of
+A split runs through the engine glue (``engine_glue.split_engine_metadata``:
+vLLM-layout metadata, the vLLM adapter, the per-step checks on what it
+produced). Split order per layer is the one AFD's async MoE stages use: attention of
 ubatch 0, attention of ubatch 1 (so the head's KV of a request cut in two is in
 the cache before the tail reads it), then the FFN of each ubatch. Padding rows
 (``UBatch.num_padded_tokens``) run through every token-wise piece, are never
@@ -17,7 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from afd_split import BatchMetadata, SplitPlan, gather_ubatch_rows, merge_outputs, split_metadata
+from afd_split import BatchMetadata, SplitPlan, gather_ubatch_rows, merge_outputs
+from pytest_afd.backends.cpu.engine_glue import VLLM_ENGINE_LAYOUT, split_engine_metadata
 from pytest_afd.backends.cpu.kv_cache import PagedKVCache
 from pytest_afd.backends.cpu.model import DeepseekV32Model, row_positions
 from pytest_afd.backends.cpu.pcp import pcp_rows_for, stage_input_rows
@@ -172,7 +175,8 @@ class Executor:
             )
         for observer in self.split_observers:
             observer.before_split(plan, metadata)
-        parts = split_metadata(plan, metadata)
+        # The engine glue: vLLM-layout metadata through the vLLM adapter and the hook's checks.
+        parts = split_engine_metadata(plan, metadata, layout_name=VLLM_ENGINE_LAYOUT)
         for observer in self.split_observers:
             observer.after_split(plan, metadata, parts)
         pcp_rows = pcp_rows_for(plan, metadata)  # None without PCP

@@ -15,6 +15,7 @@ said the step ended.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
@@ -25,7 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from afd_split import gather_ubatch_rows, merge_outputs, split_metadata
+from afd_split import gather_ubatch_rows, merge_outputs
+from afd_split.agree import agree_on_split
+from afd_split.integrations.engine_step import check_engine_step
+from afd_split.requests import RequestFields
 from pytest_afd.backends.cpu.afd import connector
 from pytest_afd.backends.cpu.afd.evidence import (
     ATTENTION,
@@ -45,6 +49,7 @@ from pytest_afd.backends.cpu.afd.evidence import (
 )
 from pytest_afd.backends.cpu.afd.procs import RankSpec
 from pytest_afd.backends.cpu.config import ModelConfig
+from pytest_afd.backends.cpu.engine_glue import ASCEND_ENGINE_LAYOUT, split_engine_metadata
 from pytest_afd.backends.cpu.executor import PAD_TOKEN_ID
 from pytest_afd.backends.cpu.kv_cache import PagedKVCache
 from pytest_afd.backends.cpu.model import DeepseekV32Model, build_model, row_positions
@@ -218,6 +223,7 @@ class AttentionRole(_Role):
         routing: str,
         logits_rows: np.ndarray | None,
         stage_dense_layers: bool,
+        agreement_plans: list | None = None,
     ) -> dict:
         """One prefill forward; returns final hidden rows, logits rows, load and spans.
 
@@ -225,6 +231,7 @@ class AttentionRole(_Role):
         ``stage_dense_layers``: then they run per ubatch too, as the in-process
         executor does, which makes a cut inside a request bit-identical to it.
         """
+        agreed = agree_on_plans(agreement_plans)
         model = self.models.get(quantization, routing)
         timeline = Timeline(instrument)
         kv_cache = self._cache_for(metadata)
@@ -289,13 +296,19 @@ class AttentionRole(_Role):
             "spans": timeline.spans,
             "step_start": step_start,
             "step_end": step_end,
+            "agreed_fingerprints": agreed,
         }
 
     def _staged_layers(self, staged_layers, states, metadata, plan, kv_cache, timeline, step):
         """Layers run per ubatch; returns merged real rows and per-MoE-layer expert load."""
         topology = self.topology
         num_ubatches = len(plan.ubatches)
-        ubatch_metadata = split_metadata(plan, metadata)
+        # The engine glue: Ascend-layout metadata through the hook's seam and checks.
+        ubatch_metadata = split_engine_metadata(plan, metadata, layout_name=ASCEND_ENGINE_LAYOUT)
+        # The request-level check on exactly the ubatches this rank runs (what the gates'
+        # split observer checks in-process, out of its reach here).
+        check_engine_step(plan, RequestFields.of(metadata),
+                          [RequestFields.of(part) for part in ubatch_metadata])
         real_rows = [plan.ubatches[u].real_row_indices for u in range(num_ubatches)]
         positions = [
             row_positions(
@@ -390,8 +403,10 @@ class FfnRole(_Role):
         quantization: str,
         routing: str,
         fault: dict | None = None,
+        agreement_plans: list | None = None,
     ) -> dict:
         """Serve a2e messages until every Attention rank sent its end marker."""
+        agreed = agree_on_plans(agreement_plans)
         model = self.models.get(quantization, routing)
         timeline = Timeline(instrument)
         cpu_start = time.process_time()
@@ -442,6 +457,7 @@ class FfnRole(_Role):
             "routed_rows": routed_rows,
             "cpu_time_s": time.process_time() - cpu_start,
             "involuntary_switches": involuntary_switches() - switches_start,
+            "agreed_fingerprints": agreed,
         }
 
     @staticmethod
@@ -487,9 +503,28 @@ def _maybe_fault(fault: dict | None, layer: int) -> None:
         raise RuntimeError(f"injected failure at layer {layer}")
 
 
+def agree_on_plans(plans: list | None) -> list[str] | None:
+    """Debug-mode agreement: one fingerprint all-gather over every rank per Attention rank's
+    plan (``SplitMismatchError`` on every rank when they differ); the agreed fingerprints."""
+    if plans is None:
+        return None
+    for plan in plans:
+        agree_on_split(plan)
+    return [plan.fingerprint() for plan in plans]
+
+
 def make_role(spec: RankSpec, **kwargs) -> AttentionRole | FfnRole:
-    """Role factory run inside the child (picklable by reference)."""
+    """Role factory run inside the child (picklable by reference).
+
+    The seeded fault named by ``$PYTEST_AFD_FAULT`` (inherited from the parent)
+    is applied for the rank's lifetime, so the gates' AFD-process cases run the
+    faulty split path too (``pytest_afd.faults``).
+    """
     from pytest_afd.backends.cpu.afd.procs import ROLE_ATTENTION
+    from pytest_afd.faults import applied_from_env
 
     role_class = AttentionRole if spec.role == ROLE_ATTENTION else FfnRole
-    return role_class(spec, **kwargs)
+    role = role_class(spec, **kwargs)
+    role.seeded_fault = contextlib.ExitStack()
+    role.seeded_fault.enter_context(applied_from_env())
+    return role

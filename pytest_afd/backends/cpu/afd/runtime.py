@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from afd_split import BatchMetadata, SplitPlan, SplitSupportConfig, prepare_split_runtime
+from afd_split.integrations.engine_step import agreement_enabled
 from afd_split.support import CPU_REFERENCE_BUILDER
 from pytest_afd.backends.cpu.afd.evidence import Span, as_spans
 from pytest_afd.backends.cpu.afd.procs import (
@@ -106,6 +107,7 @@ class AfdRuntime:
         support: SplitSupportConfig | None = None,
         pin_cpus: bool = False,
         rank_nice: int = 0,
+        check_agreement: bool | None = None,
     ) -> None:
         """``model_dir``: load weights from a Hugging Face-style directory whose
         ``config.json`` equals ``config`` instead of seeding them. ``support``:
@@ -115,7 +117,9 @@ class AfdRuntime:
         OS never moves two ranks onto one core (benchmarks). ``rank_nice``: the
         ranks' scheduling niceness (-20..19; negative needs CAP_SYS_NICE), so a
         benchmark can measure the ranks' own schedule on a host shared with
-        other work; 0 leaves it as inherited."""
+        other work; 0 leaves it as inherited. ``check_agreement``: every rank
+        all-gathers each step's plan fingerprints (``afd_split.agree``) before
+        any ubatch is exchanged; None: on when ``AFD_SPLIT_DEBUG_AGREE=1``."""
         for name, value in (("num_attention", num_attention), ("num_ffn", num_ffn)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}; expected an integer >= 1")
@@ -133,6 +137,9 @@ class AfdRuntime:
                 raise ValueError(f"{name}={value!r}; expected a positive number of seconds")
         self.config = config
         self.seed = seed
+        self.check_agreement = (
+            agreement_enabled(os.environ) if check_agreement is None else bool(check_agreement)
+        )
         self.topology = Topology(num_attention, num_ffn, config.n_routed_experts)
         world = num_attention + num_ffn
         self.threads_per_rank = threads_per_rank or default_threads_per_rank(world)
@@ -211,6 +218,7 @@ class AfdRuntime:
             "transport": "torch.distributed gloo, TCP loopback",
             "peer_timeout_s": self.peer_timeout_s,
             "step_timeout_s": self.step_timeout_s,
+            "check_agreement": self.check_agreement,
         }
 
     # ---- running -------------------------------------------------------------
@@ -266,6 +274,8 @@ class AfdRuntime:
         if fault is not None:
             _check_fault(fault, self.topology.num_ffn)
         step = next(self._steps)
+        # Debug mode: every rank agrees on every Attention rank's plan, in rank order.
+        agreement = [batch[2] for batch in batches] if self.check_agreement else None
         messages: dict[int, Any] = {}
         for rank, (input_ids, metadata, plan, logits_rows) in zip(
             self.attention_ranks, batches, strict=True
@@ -284,6 +294,7 @@ class AfdRuntime:
                     "routing": routing,
                     "logits_rows": rows,
                     "stage_dense_layers": stage_dense_layers,
+                    "agreement_plans": agreement,
                 },
             )
         for ffn_index, rank in enumerate(self.ffn_ranks):
@@ -296,6 +307,7 @@ class AfdRuntime:
                     "quantization": quantization,
                     "routing": routing,
                     "fault": rank_fault,
+                    "agreement_plans": agreement,
                 },
             )
         replies = self._group.request(messages, self.step_timeout_s)
@@ -313,6 +325,10 @@ class AfdRuntime:
             cpu_time_s={r: replies[r]["cpu_time_s"] for r in replies},
             involuntary_switches={r: replies[r]["involuntary_switches"] for r in replies},
         )
+        # What each rank agreed on (debug mode), or None: the agreement did not run.
+        evidence["agreed_fingerprints"] = {
+            self._group.spec(rank).name: replies[rank]["agreed_fingerprints"] for rank in replies
+        } if agreement is not None else None
         return [
             AfdForwardResult(
                 hidden=replies[rank]["hidden"],

@@ -1,0 +1,185 @@
+"""Each engine-glue fault is live: a direct call shows it changes what the glue does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from afd_split import (
+    BatchMetadata,
+    SplitConstraints,
+    SplitInvariantError,
+    plan_split,
+    split_metadata,
+    validate_split,
+)
+from afd_split.agree import fingerprint_words
+from afd_split.integrations.engine_step import check_engine_step, plan_engine_step, step_record
+from afd_split.request_checks import LIST_CHECK_MAX_REQUESTS, validate_split_requests
+from afd_split.requests import RequestFields, split_request_fields
+from pytest_afd import faults
+from pytest_afd.backends.cpu import backend, engine_glue
+from pytest_afd.backends.cpu.engine_glue import (
+    ASCEND_ENGINE_LAYOUT,
+    ENGINE_LAYOUTS,
+    VLLM_ENGINE_LAYOUT,
+    adapter_split,
+    engine_common,
+    split_engine_metadata,
+)
+
+BLOCK = 16
+SMALL = ([40, 150, 70], [0, 16, 0])
+# Above LIST_CHECK_MAX_REQUESTS: the request check's bytes path; the cut falls inside the 60.
+MANY = ([3] * 20 + [60] + [3] * 20, [0] * 20 + [32] + [0] * 20)
+LAYOUTS = (VLLM_ENGINE_LAYOUT, ASCEND_ENGINE_LAYOUT)
+
+
+def _batch(tokens, computed):
+    metadata = BatchMetadata.from_requests(tokens, computed, block_size=BLOCK)
+    plan = plan_split(tokens, policy="token_balanced", num_computed_tokens=computed)
+    assert plan.is_split and plan.boundary_request is not None
+    return plan, metadata
+
+
+def _stages(plan, metadata, layout):
+    common, positions = engine_common(metadata, layout)
+    return adapter_split(plan, common, positions, BLOCK, layout), common
+
+
+def test_the_glue_faults_are_registered():
+    assert set(faults.GLUE_FAULTS) == {
+        "adapter_token_rows_by_request", "adapter_head_device_seq_lens_full",
+        "adapter_tail_host_computed_plus_one", "adapter_check_reads_plan",
+        "engine_check_unchecked", "request_check_tail_plus_one", "fingerprint_without_cut",
+        "step_record_padding_as_real",
+    }  # fmt: skip
+    assert len(MANY[0]) > LIST_CHECK_MAX_REQUESTS
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("batch", [SMALL, MANY], ids=["small", "many"])
+def test_the_clean_engine_path_equals_split_metadata(layout, batch):
+    plan, metadata = _batch(*batch)
+    parts = split_engine_metadata(plan, metadata, layout_name=layout)
+    for part, expected in zip(parts, split_metadata(plan, metadata), strict=True):
+        for name in ("query_start_loc", "seq_lens", "num_computed_tokens", "slot_mapping",
+                     "block_table", "positions"):
+            assert np.array_equal(getattr(part, name), getattr(expected, name)), name
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_token_rows_by_request_slices_slots_by_request(layout):
+    plan, metadata = _batch(*SMALL)
+    with faults.get_fault("adapter_token_rows_by_request").applied():
+        pairs, _ = _stages(plan, metadata, layout)
+    head = pairs[0][0]
+    num_head_requests = plan.ubatches[0].request_slice.stop
+    assert head.slot_mapping.shape[-1] == num_head_requests != plan.ubatches[0].num_real_tokens
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_head_device_seq_lens_full_leaves_the_host_copy_right(layout):
+    plan, metadata = _batch(*SMALL)
+    cut = plan.boundary_request
+    with faults.get_fault("adapter_head_device_seq_lens_full").applied():
+        pairs, _ = _stages(plan, metadata, layout)
+        with pytest.raises(SplitInvariantError):
+            split_engine_metadata(plan, metadata, layout_name=layout)
+    head = pairs[0][0]
+    assert int(head.seq_lens[-1]) == int(metadata.seq_lens[cut])
+    assert int(head._seq_lens_cpu[-1]) < int(metadata.seq_lens[cut])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("batch", [SMALL, MANY], ids=["small", "many"])
+def test_tail_host_plus_one_is_rejected_by_the_adapters_check(layout, batch):
+    plan, metadata = _batch(*batch)
+    with faults.get_fault("adapter_tail_host_computed_plus_one").applied(), \
+            pytest.raises(SplitInvariantError) as raised:
+        _stages(plan, metadata, layout)
+    assert any("afd_split/adapters/" in str(entry.path) for entry in raised.traceback)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_check_reads_plan_lets_a_wrong_host_copy_through(layout):
+    plan, metadata = _batch(*SMALL)
+    with faults.get_fault("adapter_check_reads_plan").applied(), \
+            faults.get_fault("adapter_tail_host_computed_plus_one").applied():
+        pairs, _ = _stages(plan, metadata, layout)  # the adapter's check no longer sees it
+        with pytest.raises(SplitInvariantError) as raised:  # the backend's read-back does
+            split_engine_metadata(plan, metadata, layout_name=layout)
+    assert not any("afd_split/adapters/" in str(entry.path) for entry in raised.traceback)
+    tail = pairs[1][0]
+    expected = metadata.num_computed_tokens[plan.boundary_request] + plan.ubatches[0].num_real_tokens \
+        - metadata.query_start_loc[plan.boundary_request]
+    assert int(tail._num_computed_tokens_cpu[0]) == expected + 1
+
+
+def _tail_plus_one(plan, parent):
+    parts = split_request_fields(plan, parent)
+    computed = parts[1].num_computed_tokens.copy()
+    computed[0] += 1
+    return [parts[0], RequestFields(parts[1].query_start_loc, parts[1].seq_lens, computed)]
+
+
+def test_engine_check_unchecked_returns_bad_parts():
+    plan, metadata = _batch(*SMALL)
+    parent = RequestFields.of(metadata)
+    bad = _tail_plus_one(plan, parent)
+    with pytest.raises(SplitInvariantError):
+        check_engine_step(plan, parent, bad)
+    with faults.get_fault("engine_check_unchecked").applied():
+        assert engine_glue.check_engine_step(plan, parent, bad) == bad
+        assert len(engine_glue.check_engine_step(plan, parent)) == 2
+
+
+@pytest.mark.parametrize("batch", [SMALL, MANY], ids=["lists_path", "bytes_path"])
+def test_request_check_tail_plus_one_eases_only_the_bytes_path(batch):
+    plan, metadata = _batch(*batch)
+    parent = RequestFields.of(metadata)
+    bad = _tail_plus_one(plan, parent)
+    with pytest.raises(SplitInvariantError):
+        validate_split_requests(plan, parent, bad)
+    with faults.get_fault("request_check_tail_plus_one").applied():
+        if plan.num_requests > LIST_CHECK_MAX_REQUESTS:
+            validate_split_requests(plan, parent, bad)  # accepted: the fault
+        else:
+            with pytest.raises(SplitInvariantError):
+                validate_split_requests(plan, parent, bad)
+
+
+def test_plans_differing_only_in_the_cut_get_different_fingerprints():
+    tokens = [100, 100, 100, 100]
+    one = plan_engine_step(tokens, policy="cost_balanced", constraints=SplitConstraints(),
+                           num_computed_tokens=[0, 0, 0, 0])
+    other = plan_engine_step(tokens, policy="cost_balanced", constraints=one.constraints,
+                             num_computed_tokens=[0, 0, 0, 4000])
+    assert one.split_token != other.split_token
+    assert (one.policy, one.constraints) == (other.policy, other.constraints)
+    assert np.array_equal(one.token_counts, other.token_counts)
+    assert not np.array_equal(fingerprint_words(one), fingerprint_words(other))
+    with faults.get_fault("fingerprint_without_cut").applied():
+        assert np.array_equal(fingerprint_words(one), fingerprint_words(other))
+
+
+def test_step_record_padding_as_real_moves_the_counts():
+    plan = plan_split([40, 150], policy="token_balanced", num_computed_tokens=[0, 96],
+                      constraints=SplitConstraints(align=4))
+    assert plan.ubatches[1].num_padded_tokens > 0
+    ranks = backend.CPU_STEP_RANKS
+    clean = step_record(plan, step=0, ranks=ranks)
+    with faults.get_fault("step_record_padding_as_real").applied():
+        faulty = backend.step_record(plan, step=0, ranks=ranks)
+    assert clean["num_real_tokens"] == 190 and clean["num_padded_tokens"] > 0
+    assert faulty["num_real_tokens"] == clean["num_rows"] and faulty["num_padded_tokens"] == 0
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_glue_faults_are_restored(layout):
+    plan, metadata = _batch(*SMALL)
+    for name in faults.GLUE_FAULTS:
+        with faults.get_fault(name).applied():
+            pass
+    validate_split(plan, metadata, split_engine_metadata(plan, metadata, layout_name=layout))
+    assert ENGINE_LAYOUTS[layout].fields
