@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from pytest_afd.backends.base import RunOutputs, RunSettings
+from pytest_afd.host import samples_of
 from pytest_afd.manifest import absent
 from pytest_afd.stats import summarize
 
@@ -197,7 +198,23 @@ def metrics_from_runs(
         if peak_memory_bytes is not None
         else reported_peak_memory(runs),
         computed_tokens_per_s=measurement(computed_per_s, "tokens/s"),
+        **time_metrics(runs),
     )
+
+
+def time_metrics(runs: Sequence[RunOutputs]) -> dict[str, Any]:
+    """Wall and CPU seconds per repetition, when every run carries its host sample.
+
+    CPU time (this process plus AFD ranks) is compared beside wall time: a
+    loaded host stretches wall time much more than the CPU time of the work.
+    """
+    samples = samples_of(runs)
+    if samples is None:
+        return {}
+    return {
+        "wall_time_s": measurement([run.wall_time_s for run in runs], "s"),
+        "cpu_time_s": measurement([sample.cpu_time_s for sample in samples], "s"),
+    }
 
 
 def reported_peak_memory(runs: Sequence[RunOutputs]) -> dict:

@@ -238,12 +238,14 @@ def build_result(
     headline_metric: str = DEFAULT_HEADLINE_METRIC,
     notes: str | None = None,
     created_at: str | None = None,
+    host: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble one result document (not yet validated: :func:`write_result` does that).
 
     ``labels`` defaults to ``synthetic`` = forced-balanced routing and
     ``comparability`` = ``"comparable"``; pass ``{"comparability":
     "exploratory", "comparability_reason": ...}`` when parity is not established.
+    ``host`` is :func:`pytest_afd.host.host_json` of the measured repetitions.
     """
     settings_doc = settings_json(settings) if isinstance(settings, RunSettings) else dict(settings)
     routing = settings_doc["expert_balancing"]["routing"]
@@ -271,6 +273,8 @@ def build_result(
     }
     if notes is not None:
         doc["notes"] = notes
+    if host is not None:
+        doc["host"] = dict(host)
     return doc
 
 

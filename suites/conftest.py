@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from pytest_afd import host as afd_host
 from pytest_afd import progress as afd_progress
 from pytest_afd import results as afd_result_docs
 from pytest_afd.backends import create_backend
@@ -445,7 +446,8 @@ class StageRunner:
 
     def _run_once(self, case: StageCase, settings: RunSettings) -> RunOutputs:
         self._prepare(case)
-        return self._handle(case).backend.run(case.workload.prompts(), settings)
+        backend = self._handle(case).backend
+        return afd_host.measured_run(lambda: backend.run(case.workload.prompts(), settings))
 
     def measure(
         self, cases: Sequence[StageCase], *, explain: bool = False, write: bool = True
@@ -604,12 +606,14 @@ class StageRunner:
         settings_doc = afd_result_docs.settings_json(case.settings)
         settings_doc["prefix_cache"]["phase"] = case.phase
         settings_doc["stage_sizes"] = self.sizes.to_json()
+        samples = afd_host.samples_of(runs)
         return self.writer.build(
             case_suffix=case.name,
             settings=settings_doc,
             manifest=self._handle(case).manifest,
             workload=self.workload_doc(case.workload),
             protocol=protocol,
+            host=None if samples is None else afd_host.host_json(samples),
             metrics=metrics,
             evidence=evidence,
             labels=case.labels,
