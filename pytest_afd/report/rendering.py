@@ -22,7 +22,6 @@ from pytest_afd.report.loading import (
     LoadedResult,
     LoadedResults,
     load_results,
-    select_latest_session,
     session_label,
     verdict_rank,
 )
@@ -245,9 +244,7 @@ def render(
         raise FileNotFoundError(f"results directory {str(source)!r} does not exist")
     report_dir = Path(output_dir) if output_dir is not None else source / REPORT_DIR_NAME
     prepare_report_dir(report_dir)
-    loaded = load_results(source, exclude=report_dir)
-    if not all_sessions:
-        loaded = select_latest_session(loaded)
+    loaded = load_results(source, exclude=report_dir, latest_only=not all_sessions)
     text = render_markdown(loaded, source, report_dir, all_sessions=all_sessions)
     target = report_dir / REPORT_FILE_NAME
     target.write_text(text + "\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_afd.report.loading import LoadedResult, load_results, select_latest_session
+from pytest_afd.report.loading import LoadedResult, load_results
 from pytest_afd.report.rendering import ReportError
 from pytest_afd.report.tables import short_digest
 
@@ -32,12 +32,11 @@ class Side:
         """case id -> result (the newest when the selection holds several)."""
         if not self.results_dir.is_dir():
             raise FileNotFoundError(f"results directory {str(self.results_dir)!r} does not exist")
-        loaded = load_results(self.results_dir)
-        chosen = loaded.results
-        if self.session is not None:
-            chosen = [r for r in chosen if r.session == self.session]
-        elif not self.all_sessions and chosen:
-            chosen = select_latest_session(loaded).results
+        chosen = load_results(
+            self.results_dir,
+            session=self.session,
+            latest_only=self.session is None and not self.all_sessions,
+        ).results
         if self.stack is not None:
             wanted = self.stack.removeprefix("sha256:")
             chosen = [r for r in chosen if short_digest(r.stack).startswith(wanted[:12])]

@@ -148,3 +148,44 @@ def test_the_report_does_not_import_the_pytest_plugin():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == "[]"
+
+
+def _count_validations(monkeypatch):
+    from pytest_afd.report import loading
+
+    calls = []
+    original = loading._validation_reason
+
+    def counting(doc):
+        calls.append(doc["case_id"])
+        return original(doc)
+
+    monkeypatch.setattr(loading, "_validation_reason", counting)
+    return calls
+
+
+def test_sessions_are_filtered_before_validating_and_verdicts_are_cached(
+    two_sessions, monkeypatch
+):
+    calls = _count_validations(monkeypatch)
+    report.render(two_sessions)
+    assert sorted(calls) == [f"stage_a/{n}/token_balanced" for n in ("broken", "crashed", "good")]
+    calls.clear()
+    text = report.render(two_sessions).read_text()
+    assert calls == []  # unchanged files: verdicts come from the cache
+    assert "2 result(s) of 2 earlier session(s) are not shown" in text
+    good = next(two_sessions.glob("stage_a_good*.json"))
+    good.write_text(good.read_text().replace('"passed"', '"failed"', 1))  # new size/mtime
+    report.render(two_sessions)
+    assert calls == ["stage_a/good/token_balanced"]
+
+
+def test_a_changed_file_is_validated_again_not_trusted_from_the_cache(two_sessions):
+    report.render(two_sessions)
+    good = next(two_sessions.glob("stage_a_good*.json"))
+    doc = json.loads(good.read_text())
+    del doc["metrics"]["ttft_s"]
+    good.write_text(json.dumps(doc, indent=2, sort_keys=True))
+    text = report.render(two_sessions).read_text()
+    skipped = text[text.index("## Skipped files") :]
+    assert "stage_a/good/token_balanced" in skipped and "ttft_s" in skipped
