@@ -257,7 +257,8 @@ def draw_rank_skew(results: Sequence[LoadedResult]) -> Figure | None:
         axis.errorbar(
             range(matrix.shape[1]),
             mean,
-            yerr=[mean - matrix.min(axis=0), matrix.max(axis=0) - mean],
+            # Clipped at 0: equal skews leave float rounding (mean - min = -1e-16).
+            yerr=[np.maximum(mean - matrix.min(axis=0), 0), np.maximum(matrix.max(axis=0) - mean, 0)],
             marker="o",
             markersize=3,
             capsize=ERROR_CAPSIZE,
