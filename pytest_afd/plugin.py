@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from pytest_afd import hardware, hookspecs, outcomes, reference_phase
+from pytest_afd import hardware, hookspecs, outcomes, reference_phase, verdicts
 from pytest_afd.backends import create_backend
 from pytest_afd.backends.base import Backend, BackendUnavailable
 from pytest_afd.golden import GoldenStore
 from pytest_afd.manifest import collect_manifest, manifest_digest
-from pytest_afd.markers import MARKER_SIGNATURES, MARKERS
+from pytest_afd.markers import MARKER_SIGNATURES, MARKERS, STAGE_MARKERS
 from pytest_afd.options import (  # noqa: F401  (AfdOptions and the defaults are re-exported)
     DEFAULT_GOLDEN_DIR,
     DEFAULT_RESULTS_DIR,
@@ -497,6 +497,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             f"{len(state.written)} result JSON file(s) in {state.options.results_dir} "
             f"(summary: {state.options.results_dir / SUMMARY_FILE})"
         )
+        reporter.write_line("verdicts (python -m pytest_afd report for the full report):")
+        paths = [entry["path"] for entry in state.written]
+        for line in verdicts.summary_lines_from_files(paths, STAGE_MARKERS):
+            reporter.write_line(f"  {line}")
     for lost in state.lost_workers:
         reporter.write_line(
             f"worker {lost['worker']} crashed ({lost['error']}): the results it wrote this "

@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from pytest_afd import verdicts
 from pytest_afd.markers import MARKERS, STAGE_MARKERS
 from pytest_afd.report import layout
 from pytest_afd.report.html import markdown_to_html
@@ -164,6 +165,24 @@ def _sessions_lines(loaded: LoadedResults, all_sessions: bool) -> list[str]:
     return [text, ""]
 
 
+def _verdicts(results: Sequence[LoadedResult]) -> list[str]:
+    """The report's first section: Stage A's ranking, then every stage's conclusion."""
+    docs = [r.doc for r in results]
+    lines = ["## Verdicts", ""]
+    rankings = verdicts.stage_a_rankings(docs)
+    for test, ranking in rankings:
+        lines += [f"**Stage A ({test})**: {verdicts.ranking_text(ranking)}.", ""]
+    if not rankings and any(r.stage == "stage_a" for r in results):
+        lines += ["**Stage A**: no result carries `evidence.stage_a.ranking` (no ranking ran).", ""]
+    stages = verdicts.by_stage(docs)
+    rows = [
+        [f"[{stage}](#{slug(stage)})", verdicts.stage_conclusion(stages[stage])]
+        for stage in (*STAGE_MARKERS, *OTHER_KINDS)
+        if stage in stages
+    ]
+    return [*lines, *table(("stage", "conclusion"), rows), ""]
+
+
 def _failures(results: Sequence[LoadedResult]) -> list[str]:
     failed = sorted((r for r in results if r.status in FAILED_STATUSES), key=verdict_rank)
     if not failed:
@@ -203,6 +222,7 @@ def render_markdown(
     if not loaded.results:
         lines += ["No result documents were found.", ""]
     else:
+        lines += _verdicts(loaded.results)
         lines += _failures(loaded.results)
         lines += _stacks_overview(loaded.results)
     by_stage: dict[str, dict[str, list[LoadedResult]]] = defaultdict(lambda: defaultdict(list))
