@@ -372,5 +372,7 @@ def render_comparison(
     text = "\n".join(lines)
     path = target / COMPARE_FILE_NAME
     path.write_text(text + "\n")
-    (target / COMPARE_HTML_NAME).write_text(markdown_to_html(text, "pytest-afd comparison"))
+    (target / COMPARE_HTML_NAME).write_text(
+        markdown_to_html(text, "pytest-afd comparison", base_dir=target)
+    )
     return path

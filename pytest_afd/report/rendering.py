@@ -268,5 +268,7 @@ def render(
     text = render_markdown(loaded, source, report_dir, all_sessions=all_sessions)
     target = report_dir / REPORT_FILE_NAME
     target.write_text(text + "\n")
-    (report_dir / HTML_FILE_NAME).write_text(markdown_to_html(text, "pytest-afd report"))
+    (report_dir / HTML_FILE_NAME).write_text(
+        markdown_to_html(text, "pytest-afd report", base_dir=report_dir)
+    )
     return target

@@ -1,5 +1,6 @@
 """Verdicts, sessions and bad input: failures first, latest session by default, no crash."""
 
+import base64
 import json
 
 import pytest
@@ -9,6 +10,7 @@ from pytest_afd import report
 from pytest_afd.__main__ import main
 from pytest_afd.workloads import make_workload
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 EARLY, LATE = "2026-12-01T10:00:00+00:00", "2026-12-01T12:00:00+00:00"
 
 
@@ -118,7 +120,19 @@ def test_html_page_has_the_tables_and_plots_inline(two_sessions):
         and "<td>failed: AssertionError: split outputs differ</td>" in page
     )
     images = [part.split('"')[0] for part in page.split('<img src="')[1:]]
-    assert images and all((two_sessions / "report" / src).is_file() for src in images)
+    assert images and all(src.startswith("data:image/png;base64,") for src in images)
+    assert all(base64.b64decode(src.partition(",")[2])[:8] == PNG_SIGNATURE for src in images)
+    assert 'href="plots/' not in page and 'src="plots/' not in page  # one self-contained file
+    toc = page[page.index('<nav id="contents">') : page.index("</nav>")]
+    assert '<a href="#Verdicts">' in toc and '<a href="#stage_a">' in toc
+    assert '<h2 id="stage_a">' in page
+    assert '<tr id="stage_a-Stack_' in page  # every case row has an anchor
+    broken = next(row for row in page.split("<tr ")
+                  if "failed: AssertionError: split outputs differ" in row)
+    assert 'class="bad"' in broken.split(">")[0]  # failed rows are highlighted
+    good = next(row for row in page.split("<tr ") if "<td>good/token_balanced</td>" in row)
+    assert 'class="bad"' not in good.split(">")[0]
+    assert '<table class="sortable">' in page and "querySelectorAll(\"table.sortable\")" in page
 
 
 def test_trace_imbalance_text_explains_its_keys(capsys):
