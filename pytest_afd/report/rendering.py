@@ -17,6 +17,7 @@ from pathlib import Path
 from pytest_afd import verdicts
 from pytest_afd.markers import MARKERS, STAGE_MARKERS
 from pytest_afd.report import layout
+from pytest_afd.report.gates import MAX_PLOTTED_GATES, gates_section
 from pytest_afd.report.html import markdown_to_html
 from pytest_afd.report.loading import (
     REPORT_DIR_NAME,
@@ -45,7 +46,8 @@ from pytest_afd.report.values import stack_description, stack_short_label
 REPORT_FILE_NAME = "report.md"
 HTML_FILE_NAME = "report.html"
 PLOTS_DIR_NAME = "plots"
-OTHER_KINDS = ("gate", "benchmark", "other")
+GATE_KIND = "gate"
+OTHER_KINDS = (GATE_KIND, "benchmark", "other")
 FAILED_STATUSES = ("failed", "error")
 
 
@@ -165,6 +167,16 @@ def _sessions_lines(loaded: LoadedResults, all_sessions: bool) -> list[str]:
     return [text, ""]
 
 
+def _gate_lines(results: Sequence[LoadedResult], report_dir: Path) -> list[str]:
+    """Gates in their own section: logit error against tolerance, one figure for all."""
+    table_lines, figure = gates_section(results)
+    shown = min(len(results), MAX_PLOTTED_GATES)
+    caption = "Gate logit error / atol per case (line: the tolerance)" + (
+        f"; the first {shown} of {len(results)} cases" if len(results) > shown else "")
+    return [f"## {GATE_KIND}: {MARKERS[GATE_KIND]}", "", *table_lines,
+            *_plot_lines(figure, report_dir, "gates-logit_error.png", caption)]
+
+
 def _verdicts(results: Sequence[LoadedResult]) -> list[str]:
     """The report's first section: Stage A's ranking, then every stage's conclusion."""
     docs = [r.doc for r in results]
@@ -229,7 +241,9 @@ def render_markdown(
     for result in loaded.results:
         by_stage[result.stage][result.stack].append(result)
     for stage in (*STAGE_MARKERS, *OTHER_KINDS):
-        if stage in by_stage:
+        if stage == GATE_KIND and stage in by_stage:
+            lines += _gate_lines([r for rs in by_stage[stage].values() for r in rs], report_dir)
+        elif stage in by_stage:
             lines += _section(stage, by_stage[stage], report_dir)
     if loaded.skipped:
         lines += ["## Skipped files", "", "| file | reason |", "|---|---|"]
