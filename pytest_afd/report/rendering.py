@@ -27,7 +27,8 @@ from pytest_afd.report.loading import (
     session_label,
     verdict_rank,
 )
-from pytest_afd.report.plots import PLOTTERS
+from pytest_afd.report.plots import PLOTTERS, plot_note
+from pytest_afd.report.point_plots import imbalance_key
 from pytest_afd.report.sidebyside import draw_side_by_side
 from pytest_afd.report.tables import (
     afd_pp_pairs,
@@ -49,6 +50,8 @@ PLOTS_DIR_NAME = "plots"
 GATE_KIND = "gate"
 OTHER_KINDS = (GATE_KIND, "benchmark", "other")
 FAILED_STATUSES = ("failed", "error")
+IMBALANCE_PLOT = "imbalance_vs_step_time"
+IMBALANCE_KEY_HEADER = ("#", "condition", "policy", "mean imbalance", "step time (s)", "")
 
 
 class ReportError(ValueError):
@@ -107,7 +110,12 @@ def _stack_section(
     ]
     for name, caption, draw in PLOTTERS:
         file_name = f"{slug(stage)}-{short_digest(digest)}-{name}.png"
-        lines += _plot_lines(draw(results), report_dir, file_name, caption)
+        caption = caption + plot_note(name, results)
+        drawn = _plot_lines(draw(results), report_dir, file_name, caption)
+        lines += drawn
+        if drawn and name == IMBALANCE_PLOT:
+            lines += ["Key to the numbered points:", "",
+                      *table(IMBALANCE_KEY_HEADER, imbalance_key(results)), ""]
     return lines
 
 

@@ -165,6 +165,10 @@ def _row(result: LoadedResult, condition: str, prefix: str) -> list[str]:
         labels = rate["absent_reason"] if labels == EMPTY else f"{labels}; {rate['absent_reason']}"
     memory = median_of(metrics["peak_memory_bytes"])
     tails = " / ".join(fmt(median_of(ttft_of(doc, key)), 4) for key in TTFT_PERCENTILE_KEYS[1:])
+    p50 = median_of(ttft_of(doc, "p50"))
+    if p50 is not None and all(median_of(ttft_of(doc, key)) == p50
+                               for key in TTFT_PERCENTILE_KEYS[1:]):
+        tails = f"= p50 ({arrival_process(doc)})"
     return [
         short_case_id(result, prefix),
         verdict_text(result),
