@@ -3,8 +3,8 @@
 The split-path faults (:mod:`pytest_afd.faults`) break correctness; this one
 only costs time. ``PYTEST_AFD_PERF_FAULT=slowdown:0.3`` makes each run measured
 through :func:`pytest_afd.host.measured_run` do 30 % more work: after the
-backend returns, the process spins on the CPU for 0.3 x the run's elapsed time,
-and that time is added to the run's wall time and to every request's TTFT (the
+backend returns, the process spins until it has used 0.3 x the run's elapsed
+time in CPU seconds (on a loaded host that takes longer), and that wall time is added to the run's wall time and to every request's TTFT (the
 spin is part of the measured span). CPU time grows with it, so the CPU-time
 metric sees the slowdown even on a loaded host.
 
@@ -36,10 +36,11 @@ class Slowdown:
         return self.extra_fraction * elapsed_s
 
     def slow_down(self, outputs: RunOutputs, elapsed_s: float) -> None:
-        """Spin for the extra time, then extend the run's wall time and TTFTs by what it took."""
-        deadline = time.perf_counter() + self.extra_seconds(elapsed_s)
+        """Spin until the process has used the extra CPU time (real work, not a wait), then
+        extend the run's wall time and TTFTs by the wall time that took."""
+        target = time.process_time() + self.extra_seconds(elapsed_s)
         started = time.perf_counter()
-        while time.perf_counter() < deadline:
+        while time.process_time() < target:
             pass
         extend(outputs, time.perf_counter() - started)
 

@@ -35,6 +35,7 @@ from pytest_afd.report.noise import (
     host_conditions,
     host_difference,
     host_text,
+    oversubscribed,
     write_calibration,
 )
 from pytest_afd.report.rendering import PLOTS_DIR_NAME, prepare_report_dir, slug
@@ -222,6 +223,7 @@ def compare_case(
 ) -> CaseComparison:
     hosts = host_conditions(a.doc), host_conditions(b.doc)
     host_change = host_difference(*hosts)
+    cpu_comparable = host_change is None or not oversubscribed(*hosts)
     host_cell = f"{host_text(hosts[0])} → {host_text(hosts[1])}"
     rows, ratios = [], {}
     for metric in METRICS:
@@ -230,7 +232,7 @@ def compare_case(
         ratio, interval, call = significance_call(
             left, right, metric.higher_is_better,
             floor=0.0 if calibrated is None else calibrated[0],
-            host_change=host_change, host_robust=metric.host_robust,
+            host_change=host_change, host_robust=metric.host_robust and cpu_comparable,
         )  # fmt: skip
         if ratio is not None:
             ratios[metric.name] = ratio
@@ -321,7 +323,7 @@ def render_comparison(
     calls: dict[str, int] = defaultdict(int)
     for comparison in comparisons:
         for row in comparison.rows:
-            calls[row[-1]] += 1
+            calls[f"{row[0]}: {row[5].partition(' (')[0]}"] += 1
     lines = [
         "# pytest-afd comparison",
         "",
@@ -340,7 +342,8 @@ def render_comparison(
         + f"; otherwise: {NO_DIFFERENCE}. When the recorded host conditions differ (1-minute "
         "load per CPU further apart than 0.5, or another CPU count), wall-time metrics are "
         f"'{INCONCLUSIVE_HOST} (load a → b)' and CPU time must also beat "
-        f"{CPU_CONTENTION_FLOOR:.0%} (what contention can add to the same work).",
+        f"{CPU_CONTENTION_FLOOR:.0%} (what contention can add to the same work), or is "
+        "inconclusive too when either side's load exceeded its CPU count.",
         "",
         *([f"Stored this comparison as A/A calibration `{calibrate}`.", ""]
           if calibrate is not None else []),

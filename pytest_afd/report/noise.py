@@ -6,8 +6,9 @@ and, when one is given, a named A/A calibration (two runs of the same code,
 compared with ``compare --calibrate``; its per-case |B / A - 1| is noise by
 construction). When the recorded host conditions differ (load per CPU, CPU
 count), wall-time metrics are "inconclusive: host conditions differ (load a ->
-b)"; CPU time, which a loaded host stretches far less, is still compared, with
-a higher floor and the host difference named.
+b)"; CPU time, which a busier host stretches far less, is still compared, with
+a higher floor and the host difference named, unless either side was
+oversubscribed (more load than CPUs): then it is inconclusive too.
 """
 
 from __future__ import annotations
@@ -23,8 +24,12 @@ from pytest_afd.results import atomic_write_json
 
 # Two load readings (1-minute averages) per CPU further apart than this are different hosts.
 HOST_LOAD_TOLERANCE_PER_CPU = 0.5
-# How much a loaded host can stretch the CPU time of the same work (SMT, caches, frequency).
+# How much a busier (not oversubscribed) host can stretch the CPU time of the same work
+# (SMT, caches, frequency).
 CPU_CONTENTION_FLOOR = 0.15
+# Beyond one runnable task per CPU, CPU time itself stretches without bound: measured here,
+# the same Stage A cases took 2x the CPU seconds at load 14 as at load 7 on 2 CPUs.
+OVERSUBSCRIBED_LOAD_PER_CPU = 1.0
 ONE_MINUTE = 0
 INCONCLUSIVE_HOST = "inconclusive: host conditions differ"
 CALIBRATION_KIND = "afd-calibration"
@@ -53,6 +58,11 @@ def host_conditions(doc: Mapping[str, Any]) -> HostConditions | None:
         for reading in (rep["load_before"], rep["load_after"])
     ]
     return HostConditions(int(host["cpu_count"]), sum(readings) / len(readings))
+
+
+def oversubscribed(a: HostConditions | None, b: HostConditions | None) -> bool:
+    """Either side ran with more runnable tasks than CPUs: even CPU time is not comparable."""
+    return any(h is not None and h.load_per_cpu > OVERSUBSCRIBED_LOAD_PER_CPU for h in (a, b))
 
 
 def host_text(host: HostConditions | None) -> str:

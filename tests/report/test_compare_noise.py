@@ -26,7 +26,9 @@ from pytest_afd.workloads import make_workload
 
 NODE = "suites/stage_d/test_stage_d_chunking.py::test_stage_d_chunk_sweep_then_best_two"
 POLICIES = ("request_boundary", "token_balanced")
-QUIET, LOADED = 0.2, 5.0  # 1-minute load averages on the 2-CPU host of the builders
+# 1-minute load averages on the 2-CPU host of the builders: busy is below one task per
+# CPU, loaded is oversubscribed.
+QUIET, BUSY, LOADED = 0.2, 1.8, 5.0
 CPU_S = 0.9
 SLOWDOWN = perf_fault.Slowdown(0.3)
 CALLS = ("B better", "B worse")
@@ -75,11 +77,19 @@ def test_a_a_pair_on_a_loaded_host_makes_no_call_and_names_the_host(tmp_path):
         assert row[7] not in CALLS, row
         assert "host conditions differ (load 0.2 → 5)" in row[10]
         assert row[9] == "load 0.2 / 2 CPUs → load 5 / 2 CPUs"
+    # Load 5 on 2 CPUs is oversubscribed: not even CPU time is comparable.
+    assert set(_calls(rows).values()) == {"inconclusive: host conditions differ (load 0.2 → 5)"}
+
+
+def test_a_a_pair_on_a_busier_host_compares_cpu_time_above_the_contention_floor(tmp_path):
+    _side(tmp_path / "a", load=QUIET)
+    _side(tmp_path / "b", wall_s=1.3, load=BUSY, cpu_s=CPU_S * 1.08)
+    rows = _compare(tmp_path, tmp_path / "a", tmp_path / "b")
     for (_, metric), call in _calls(rows).items():
         if metric == "CPU time (s)":
-            assert call == NO_DIFFERENCE
+            assert call == NO_DIFFERENCE  # 8 % apart, inside the 15 % contention floor
         else:
-            assert call == "inconclusive: host conditions differ (load 0.2 → 5)"
+            assert call == "inconclusive: host conditions differ (load 0.2 → 1.8)"
     cpu_row = next(row for row in rows if row[2] == "CPU time (s)")
     assert cpu_row[8] == "±15.0% (host contention)"
 
@@ -102,9 +112,9 @@ def test_a_seeded_30_percent_slowdown_is_called_worse(tmp_path):
     assert float(throughput[5]) == pytest.approx(1 / 1.3, rel=1e-3)
 
 
-def test_a_seeded_slowdown_on_a_loaded_host_is_still_called_worse_by_cpu_time(tmp_path):
+def test_a_seeded_slowdown_on_a_busier_host_is_still_called_worse_by_cpu_time(tmp_path):
     _side(tmp_path / "a", load=QUIET, spread=0.1)
-    _side(tmp_path / "b", wall_s=1.4, load=LOADED, spread=0.1, fault=SLOWDOWN)
+    _side(tmp_path / "b", wall_s=1.2, load=BUSY, spread=0.1, fault=SLOWDOWN)
     calls = _calls(_compare(tmp_path, tmp_path / "a", tmp_path / "b"))
     for (_, metric), call in calls.items():
         expected = "B worse" if metric == "CPU time (s)" else "inconclusive"
