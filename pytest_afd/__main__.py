@@ -2,8 +2,9 @@
 
 - ``report RESULTS_DIR [--output DIR] [--all-sessions]``: Markdown + HTML + PNG report
   of the latest session (every session with ``--all-sessions``).
-- ``compare A B [--output DIR]``: every case shared by two result selections side by
-  side, with ratio, dispersion and a significance call.
+- ``compare A B [--output DIR] [--calibrate FILE | --calibration FILE]``: every case
+  shared by two result selections side by side, with ratio, dispersion, both hosts'
+  conditions and a noise-aware call; ``--calibrate`` stores an A/A pair's deviations.
 - ``trace-imbalance [--max-batch-requests 8] [--json]``: the best request-boundary
   split imbalance of the shipped Azure traces (the numbers in docs/workloads.md).
 - ``fault-check [--fault NAME] [--jobs N] [--control]``: runs ``pytest -m gate``
@@ -88,6 +89,19 @@ def _add_compare(commands: argparse._SubParsersAction) -> None:
         help="use every session of each side (default: each side's latest session)",
     )
     compare.add_argument("--output", default=None, help="output directory (default: B/compare)")
+    compare.add_argument(
+        "--calibrate",
+        default=None,
+        metavar="FILE",
+        help="A and B are the same code (an A/A pair): store every case's B / A deviation "
+        "as a named noise calibration in FILE (its name is the file's stem)",
+    )
+    compare.add_argument(
+        "--calibration",
+        default=None,
+        metavar="FILE",
+        help="a calibration written by --calibrate: a change must also beat its A/A deviation",
+    )
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -103,9 +117,21 @@ def _compare(args: argparse.Namespace) -> int:
             (args.b, args.b_session, args.b_stack),
         )
     ]
+    from pytest_afd.report.noise import read_calibration
+
     output = None if args.output is None else Path(args.output)
     try:
-        path = render_comparison(*sides, output)
+        calibration = None if args.calibration is None else read_calibration(Path(args.calibration))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    try:
+        path = render_comparison(
+            *sides,
+            output,
+            calibration=calibration,
+            calibrate=None if args.calibrate is None else Path(args.calibrate),
+        )
     except (FileNotFoundError, ReportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE_ERROR

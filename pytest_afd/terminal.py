@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pytest_afd import verdicts
+from pytest_afd.markers import STAGE_MARKERS
 from pytest_afd.session import AfdSession
 
 
@@ -44,6 +46,10 @@ def write_results_table(reporter: Any, state: AfdSession, summary_file: str) -> 
             f"{len(state.written)} result JSON file(s) in {state.options.results_dir} "
             f"(summary: {state.options.results_dir / summary_file})"
         )
+        reporter.write_line("verdicts (python -m pytest_afd report for the full report):")
+        paths = [entry["path"] for entry in state.written]
+        for line in verdicts.summary_lines_from_files(paths, STAGE_MARKERS):
+            reporter.write_line(f"  {line}")
     for lost in state.lost_workers:
         reporter.write_line(
             f"worker {lost['worker']} crashed ({lost['error']}): the results it wrote this "

@@ -13,6 +13,7 @@ from stage_cases import (
     step_metrics,
 )
 
+from pytest_afd import host as afd_host
 from pytest_afd import results as afd_result_docs
 from pytest_afd.backends.base import (
     RunOutputs,
@@ -103,12 +104,14 @@ class StageResults:
         settings_doc = afd_result_docs.settings_json(case.settings)
         settings_doc["prefix_cache"]["phase"] = case.phase
         settings_doc["stage_sizes"] = self.sizes.to_json()
+        samples = afd_host.samples_of(runs)
         return self.writer.build(
             case_suffix=case.name,
             settings=settings_doc,
             manifest=self._handle(case).manifest,
             workload=self.workload_doc(case.workload),
             protocol=protocol,
+            host=None if samples is None else afd_host.host_json(samples),
             metrics=metrics,
             evidence=evidence,
             labels=case.labels,

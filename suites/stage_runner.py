@@ -28,6 +28,7 @@ from stage_sizes import (
     StageSizes,
 )
 
+from pytest_afd import host as afd_host
 from pytest_afd import progress as afd_progress
 from pytest_afd import results as afd_result_docs
 from pytest_afd.backends.base import (
@@ -159,7 +160,8 @@ class StageRunner(StageResults):
 
     def _run_once(self, case: StageCase, settings: RunSettings) -> RunOutputs:
         self._prepare(case)
-        return self._handle(case).backend.run(case.workload.prompts(), settings)
+        backend = self._handle(case).backend
+        return afd_host.measured_run(lambda: backend.run(case.workload.prompts(), settings))
 
     def measure(
         self, cases: Sequence[StageCase], *, explain: bool = False, write: bool = True

@@ -138,6 +138,8 @@ class RunOutputs:
     peak_memory_bytes: int | None = None
     # Why peak_memory_bytes is None (recorded as the result's absent_reason).
     peak_memory_absent_reason: str | None = None
+    # Host conditions of the run (pytest_afd.host.HostSample), set by host.measured_run.
+    host: Any = None
 
     def by_id(self) -> dict[str, RequestOutput]:
         return {r.request_id: r for r in self.requests}

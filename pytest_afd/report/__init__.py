@@ -2,10 +2,13 @@
 
 ``python -m pytest_afd report RESULTS_DIR`` (or :func:`render`) and
 ``python -m pytest_afd compare A B`` (or :func:`pytest_afd.report.compare.compare`).
-The package is split by job: ``loading`` (files, sessions, verdicts),
-``values`` (reading result documents), ``tables`` (Markdown), ``layout`` and
-``plots`` / ``sidebyside`` (figures), ``render`` (one directory), ``compare``
-(two directories) and ``html`` (the page next to report.md). See docs/report.md.
+The package is split by job: ``scan`` (file facts, cached by identity),
+``loading`` (sessions, verdicts), ``values`` (reading result documents),
+``tables`` (Markdown), ``layout``, ``plots``, ``point_plots`` and
+``sidebyside`` (figures), ``gates`` (the gates section), ``rendering`` (one
+directory), ``compare``, ``selection`` and ``noise`` (two selections, host
+conditions, A/A calibrations) and ``html`` (the self-contained page). See
+docs/report.md.
 """
 
 from pytest_afd.report.loading import LoadedResult, LoadedResults, load_results

@@ -4,9 +4,13 @@ A side is a results directory, optionally narrowed to one session or one stack
 (manifest digest prefix). By default each side is its latest session. Cases
 are matched by case id. Per case and metric: both medians with their
 dispersion, the ratio B / A, a bootstrap interval of that ratio over the
-repetitions, and a call. The call names a change only when the interval
-excludes 1 *and* the two sides' min-max ranges do not overlap; anything less
-is "no significant difference" (a difference must exceed the noise).
+repetitions, the noise floor, both hosts' conditions and a call (CPU time is
+compared beside the wall-time metrics). The call names a change only when the
+interval excludes 1, the min-max ranges do not overlap and B / A is further
+from 1 than the noise floor (pytest_afd.report.noise: the repetitions' spread
+and, when named, a stored A/A calibration). Wall-time metrics of cases whose
+recorded host conditions differ are "inconclusive: host conditions differ
+(load a → b)".
 """
 
 from __future__ import annotations
@@ -22,10 +26,22 @@ import numpy as np
 from pytest_afd.markers import STAGE_MARKERS
 from pytest_afd.report import layout
 from pytest_afd.report.html import markdown_to_html
-from pytest_afd.report.loading import LoadedResult, load_results, select_latest_session
-from pytest_afd.report.rendering import PLOTS_DIR_NAME, ReportError, prepare_report_dir, slug
+from pytest_afd.report.loading import LoadedResult
+from pytest_afd.report.noise import (
+    CPU_CONTENTION_FLOOR,
+    INCONCLUSIVE_HOST,
+    Calibration,
+    calibration_doc,
+    host_conditions,
+    host_difference,
+    host_text,
+    oversubscribed,
+    write_calibration,
+)
+from pytest_afd.report.rendering import PLOTS_DIR_NAME, prepare_report_dir, slug
+from pytest_afd.report.selection import Side, legend_names
 from pytest_afd.report.sidebyside import draw_side_by_side
-from pytest_afd.report.tables import EMPTY, fmt, fmt_measure, short_digest, table
+from pytest_afd.report.tables import EMPTY, fmt, fmt_measure, table
 from pytest_afd.report.values import (
     condition_labels,
     measured_stats,
@@ -44,10 +60,22 @@ CONFIDENCE = 0.95
 NO_DIFFERENCE = "no significant difference"
 NOT_MEASURED = "not measured"
 OTHER_KINDS = ("gate", "benchmark", "other")
-# (name, reader, higher is better)
-METRICS: tuple[tuple[str, Callable[[Mapping[str, Any]], Any], bool], ...] = (
-    ("prefill tokens/s", throughput, True),
-    ("TTFT p50 (s)", lambda doc: ttft_of(doc, "p50"), False),
+CPU_TIME_METRIC = "cpu_time_s"
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    read: Callable[[Mapping[str, Any]], Any]
+    higher_is_better: bool
+    # CPU time is compared even when the hosts differ (a loaded host stretches it far less).
+    host_robust: bool = False
+
+
+METRICS = (
+    Metric("prefill tokens/s", throughput, True),
+    Metric("TTFT p50 (s)", lambda doc: ttft_of(doc, "p50"), False),
+    Metric("CPU time (s)", lambda doc: doc["metrics"].get(CPU_TIME_METRIC), False, True),
 )
 HEADER = (
     "case",
@@ -58,47 +86,10 @@ HEADER = (
     "B / A",
     f"{CONFIDENCE:.0%} interval",
     "call",
+    "noise floor",
+    "host A → B",
     "notes",
 )
-
-
-@dataclass(frozen=True)
-class Side:
-    """One selection of results: a directory, optionally one session or one stack."""
-
-    results_dir: Path
-    session: str | None = None
-    stack: str | None = None
-    all_sessions: bool = False
-
-    @property
-    def name(self) -> str:
-        text = str(self.results_dir)
-        if self.session:
-            text += f" session {self.session}"
-        if self.stack:
-            text += f" stack {self.stack}"
-        return text
-
-    def load(self) -> dict[str, LoadedResult]:
-        """case id -> result (the newest when the selection holds several)."""
-        if not self.results_dir.is_dir():
-            raise FileNotFoundError(f"results directory {str(self.results_dir)!r} does not exist")
-        loaded = load_results(self.results_dir)
-        chosen = loaded.results
-        if self.session is not None:
-            chosen = [r for r in chosen if r.session == self.session]
-        elif not self.all_sessions and chosen:
-            chosen = select_latest_session(loaded).results
-        if self.stack is not None:
-            wanted = self.stack.removeprefix("sha256:")
-            chosen = [r for r in chosen if short_digest(r.stack).startswith(wanted[:12])]
-        if not chosen:
-            raise ReportError(f"{self.name}: no results match this selection")
-        newest: dict[str, LoadedResult] = {}
-        for result in sorted(chosen, key=lambda r: r.doc["created_at"]):
-            newest[result.case_id] = result
-        return newest
 
 
 def bootstrap_ratio_interval(a: Sequence[float], b: Sequence[float]) -> tuple[float, float] | None:
@@ -121,22 +112,35 @@ def _cv(values: Sequence[float]) -> float:
 
 
 def significance_call(
-    a: Sequence[float], b: Sequence[float], higher_is_better: bool
+    a: Sequence[float],
+    b: Sequence[float],
+    higher_is_better: bool,
+    *,
+    floor: float = 0.0,
+    host_change: str | None = None,
+    host_robust: bool = False,
 ) -> tuple[float | None, tuple[float, float] | None, str]:
     """(ratio of medians, interval, call) for one metric of one case.
 
     A change needs all three: the bootstrap interval excludes 1, the min-max
-    ranges do not overlap, and the ratio is further from 1 than either side's
-    coefficient of variation (the noise floor of its repetitions).
+    ranges do not overlap, and the ratio is further from 1 than the noise
+    floor (either side's coefficient of variation, or ``floor`` when wider).
+    ``host_change`` names a host difference: a wall-time metric is then
+    inconclusive; a ``host_robust`` one (CPU time) must beat
+    :data:`CPU_CONTENTION_FLOOR` as well.
     """
     if not a or not b:
         return None, None, NOT_MEASURED
     ratio = float(np.median(b) / np.median(a)) if np.median(a) > 0 else None
     interval = bootstrap_ratio_interval(a, b)
+    if host_change is not None and not host_robust:
+        return ratio, interval, f"{INCONCLUSIVE_HOST} ({host_change})"
+    if host_change is not None:
+        floor = max(floor, CPU_CONTENTION_FLOOR)
     ranges_apart = max(a) < min(b) or max(b) < min(a)
     if ratio is None or interval is None or not ranges_apart or interval[0] <= 1 <= interval[1]:
         return ratio, interval, NO_DIFFERENCE
-    if abs(ratio - 1) <= max(_cv(a), _cv(b)):
+    if abs(ratio - 1) <= max(_cv(a), _cv(b), floor):
         return ratio, interval, NO_DIFFERENCE
     better = (ratio > 1) == higher_is_better
     return ratio, interval, "B better" if better else "B worse"
@@ -149,8 +153,11 @@ class CaseComparison:
     condition: str
     a: LoadedResult
     b: LoadedResult
-    rows: tuple[tuple[str, str, str, str, str, str], ...]  # metric, A, B, ratio, interval, call
+    # metric, A, B, ratio, interval, call, noise floor, host A -> B
+    rows: tuple[tuple[str, ...], ...]
     notes: str
+    # metric -> B / A: what an A/A calibration stores.
+    ratios: Mapping[str, float]
 
 
 MAX_NAMED_DIFFERENCES = 3
@@ -189,31 +196,68 @@ def _notes(a: LoadedResult, b: LoadedResult) -> str:
         notes.append("exploratory case")
     if a.status not in ("passed", "unknown") or b.status not in ("passed", "unknown"):
         notes.append(f"verdicts {a.status} / {b.status}")
+    hosts = host_conditions(a.doc), host_conditions(b.doc)
+    change = host_difference(*hosts)
+    if change is not None:
+        notes.append(f"host conditions differ ({change})")
+    elif None in hosts:
+        notes.append("host conditions not recorded: a host difference cannot be ruled out")
     return "; ".join(notes) or EMPTY
 
 
-def compare_case(a: LoadedResult, b: LoadedResult, condition: str) -> CaseComparison:
-    rows = []
-    for metric, read, higher in METRICS:
+def _floor_text(a: Sequence[float], b: Sequence[float], calibrated: tuple[float, str] | None,
+                host_change: str | None, metric: Metric) -> str:
+    if not a or not b:
+        return EMPTY
+    floors = [(max(_cv(a), _cv(b)), "repetitions")]
+    if calibrated is not None:
+        floors.append(calibrated)
+    if host_change is not None and metric.host_robust:
+        floors.append((CPU_CONTENTION_FLOOR, "host contention"))
+    value, source = max(floors, key=lambda item: item[0])
+    return f"±{value:.1%} ({source})"
+
+
+def compare_case(
+    a: LoadedResult, b: LoadedResult, condition: str, calibration: Calibration | None = None
+) -> CaseComparison:
+    hosts = host_conditions(a.doc), host_conditions(b.doc)
+    host_change = host_difference(*hosts)
+    cpu_comparable = host_change is None or not oversubscribed(*hosts)
+    host_cell = f"{host_text(hosts[0])} → {host_text(hosts[1])}"
+    rows, ratios = [], {}
+    for metric in METRICS:
+        left, right = repetitions_of(metric.read(a.doc)), repetitions_of(metric.read(b.doc))
+        calibrated = None if calibration is None else calibration.floor(a.case_id, metric.name)
         ratio, interval, call = significance_call(
-            repetitions_of(read(a.doc)), repetitions_of(read(b.doc)), higher
-        )
+            left, right, metric.higher_is_better,
+            floor=0.0 if calibrated is None else calibrated[0],
+            host_change=host_change, host_robust=metric.host_robust and cpu_comparable,
+        )  # fmt: skip
+        if ratio is not None:
+            ratios[metric.name] = ratio
         interval_text = EMPTY if interval is None else f"{interval[0]:.3g}–{interval[1]:.3g}"
         rows.append(
             (
-                metric,
-                fmt_measure(read(a.doc)),
-                fmt_measure(read(b.doc)),
+                metric.name,
+                fmt_measure(metric.read(a.doc)),
+                fmt_measure(metric.read(b.doc)),
                 fmt(ratio),
                 interval_text,
                 call,
+                _floor_text(left, right, calibrated, host_change, metric),
+                host_cell,
             )
         )
-    return CaseComparison(a.case_id, a.stage, condition, a, b, tuple(rows), _notes(a, b))
+    return CaseComparison(
+        a.case_id, a.stage, condition, a, b, tuple(rows), _notes(a, b), ratios
+    )
 
 
 def compare_results(
-    a: Mapping[str, LoadedResult], b: Mapping[str, LoadedResult]
+    a: Mapping[str, LoadedResult],
+    b: Mapping[str, LoadedResult],
+    calibration: Calibration | None = None,
 ) -> list[CaseComparison]:
     """Shared cases in case-id order; condition labels are made per stage."""
     shared = sorted(set(a) & set(b))
@@ -223,10 +267,21 @@ def compare_results(
     labels: dict[str, str] = {}
     for members in by_stage.values():
         labels.update(condition_labels(members))
-    return [compare_case(a[case], b[case], labels[case]) for case in shared]
+    return [compare_case(a[case], b[case], labels[case], calibration) for case in shared]
 
 
-def _side_figure(comparisons: Sequence[CaseComparison], title: str):
+def calibration_from(name: str, sides: Sequence[str], comparisons: Sequence[CaseComparison]
+                     ) -> dict[str, Any]:
+    """An A/A calibration: every case's |B / A - 1| per metric, with both hosts' conditions."""
+    deviations = {c.case_id: {m: abs(r - 1) for m, r in c.ratios.items()} for c in comparisons}
+    hosts = {
+        c.case_id: (host_text(host_conditions(c.a.doc)), host_text(host_conditions(c.b.doc)))
+        for c in comparisons
+    }
+    return calibration_doc(name, sides, deviations, hosts)
+
+
+def _side_figure(comparisons: Sequence[CaseComparison], title: str, names: tuple[str, str]):
     """A and B bars per shared case; a significant throughput call is part of the label."""
     rows = [c for c in comparisons if measured_stats(throughput(c.a.doc)) is not None]
     if not rows:
@@ -242,19 +297,33 @@ def _side_figure(comparisons: Sequence[CaseComparison], title: str):
                 comparison.b.doc,
             )
         )
-    return draw_side_by_side(labelled, ("A", "B"), title)
+    return draw_side_by_side(labelled, names, title)
 
 
-def render_comparison(side_a: Side, side_b: Side, output_dir: Path | None = None) -> Path:
-    """Write compare.md, compare.html and plots; returns compare.md's path."""
+def render_comparison(
+    side_a: Side,
+    side_b: Side,
+    output_dir: Path | None = None,
+    *,
+    calibration: Calibration | None = None,
+    calibrate: Path | None = None,
+) -> Path:
+    """Write compare.md, compare.html and plots; returns compare.md's path.
+
+    ``calibration`` widens the noise floor by a stored A/A pair; ``calibrate``
+    stores this comparison (of A with A') as such a calibration there.
+    """
     a, b = side_a.load(), side_b.load()
     target = output_dir or side_b.results_dir / DEFAULT_COMPARE_DIR
     prepare_report_dir(target)
-    comparisons = compare_results(a, b)
+    comparisons = compare_results(a, b, calibration)
+    if calibrate is not None:
+        doc = calibration_from(calibrate.stem, (side_a.name, side_b.name), comparisons)
+        write_calibration(calibrate, doc)
     calls: dict[str, int] = defaultdict(int)
     for comparison in comparisons:
         for row in comparison.rows:
-            calls[row[-1]] += 1
+            calls[f"{row[0]}: {row[5].partition(' (')[0]}"] += 1
     lines = [
         "# pytest-afd comparison",
         "",
@@ -267,12 +336,22 @@ def render_comparison(side_a: Side, side_b: Side, output_dir: Path | None = None
         f"{CONFIDENCE:.0%} bootstrap interval of that ratio ({BOOTSTRAP_SAMPLES} resamples, "
         f"seed {BOOTSTRAP_SEED}). A change is called only when the interval excludes 1, "
         "the min-max ranges of A and B do not overlap, and B / A is further from 1 than "
-        f"either side's coefficient of variation; otherwise: {NO_DIFFERENCE}.",
+        "the noise floor: either side's coefficient of variation"
+        + (f", or the A/A calibration {calibration.name!r} ({calibration.path})"
+           if calibration is not None else "")
+        + f"; otherwise: {NO_DIFFERENCE}. When the recorded host conditions differ (1-minute "
+        "load per CPU further apart than 0.5, or another CPU count), wall-time metrics are "
+        f"'{INCONCLUSIVE_HOST} (load a → b)' and CPU time must also beat "
+        f"{CPU_CONTENTION_FLOOR:.0%} (what contention can add to the same work), or is "
+        "inconclusive too when either side's load exceeded its CPU count.",
         "",
+        *([f"Stored this comparison as A/A calibration `{calibrate}`.", ""]
+          if calibrate is not None else []),
         "Calls: " + (", ".join(f"{call}: {n}" for call, n in sorted(calls.items())) or EMPTY) + ".",
         "",
     ]
     by_stage: dict[str, list[CaseComparison]] = defaultdict(list)
+    names = legend_names(side_a, side_b)
     for comparison in comparisons:
         by_stage[comparison.stage].append(comparison)
     for stage in (*STAGE_MARKERS, *OTHER_KINDS):
@@ -285,15 +364,18 @@ def render_comparison(side_a: Side, side_b: Side, output_dir: Path | None = None
             for metric, *cells in comparison.rows:
                 rows.append([short, comparison.condition, metric, *cells, comparison.notes])
         lines += [f"## {stage}", "", *table(HEADER, rows), ""]
-        figure = _side_figure(members, f"{stage}: A vs B, shared cases")
+        figure = _side_figure(members, f"{stage}: A vs B, shared cases", names)
         if figure is not None:
             written = layout.save(figure, target / PLOTS_DIR_NAME / f"{slug(stage)}-a_vs_b.png")
             if written is not None:
                 relative = written.relative_to(target).as_posix()
-                caption = f"{stage}: A vs B per shared case (bars: min-max over repetitions)"
+                caption = (f"{stage}: {names[0]} vs {names[1]} per shared case "
+                           "(bars: min-max over repetitions)")
                 lines += [f"![{caption}]({relative})", "", f"*{caption}.*", ""]
     text = "\n".join(lines)
     path = target / COMPARE_FILE_NAME
     path.write_text(text + "\n")
-    (target / COMPARE_HTML_NAME).write_text(markdown_to_html(text, "pytest-afd comparison"))
+    (target / COMPARE_HTML_NAME).write_text(
+        markdown_to_html(text, "pytest-afd comparison", base_dir=target)
+    )
     return path

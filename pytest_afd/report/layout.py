@@ -95,11 +95,13 @@ def has_data(figure: Figure) -> bool:
 
 
 def place_point_labels(
-    figure: Figure, axis: Any, points: Sequence[tuple[float, float, str]]
+    figure: Figure, axis: Any, points: Sequence[tuple[float, float, str | Sequence[str]]]
 ) -> int:
     """Annotate points greedily; drop a label that overlaps a kept one or leaves the axes.
 
-    Returns how many labels were kept. Uses the text extents after drawing.
+    A point may offer several texts, longest first: the first that fits is kept
+    (a full label, else its number). Returns how many labels were kept. Uses
+    the text extents after drawing.
     """
     canvas = FigureCanvasAgg(figure)
     figure.draw_without_rendering()  # final layout, so extents are where they will be
@@ -108,29 +110,31 @@ def place_point_labels(
     # Every point's position on the canvas: a label must not cover another point.
     marks = axis.transData.transform([(x, y) for x, y, _ in points])
     kept: list[Any] = []
-    for index, (x, y, text) in enumerate(points):
-        note = axis.annotate(
-            text,
-            (x, y),
-            fontsize="x-small",
-            xytext=POINT_LABEL_OFFSET_PT,
-            textcoords="offset points",
-        )
-        note.set_in_layout(False)  # point labels never shrink the axes
-        extent = note.get_window_extent(renderer)
-        inside = (
-            extent.x0 >= box.x0
-            and extent.x1 <= box.x1
-            and extent.y0 >= box.y0
-            and extent.y1 <= box.y1
-        )
-        covers = any(
-            extent.contains(mx, my) for other, (mx, my) in enumerate(marks) if other != index
-        )
-        if not inside or covers or any(extent.overlaps(other) for other in kept):
-            note.remove()
-            continue
-        kept.append(extent)
+    for index, (x, y, texts) in enumerate(points):
+        for text in [texts] if isinstance(texts, str) else texts:
+            note = axis.annotate(
+                text,
+                (x, y),
+                fontsize="x-small",
+                xytext=POINT_LABEL_OFFSET_PT,
+                textcoords="offset points",
+            )
+            note.set_in_layout(False)  # point labels never shrink the axes
+            extent = note.get_window_extent(renderer)
+            inside = (
+                extent.x0 >= box.x0
+                and extent.x1 <= box.x1
+                and extent.y0 >= box.y0
+                and extent.y1 <= box.y1
+            )
+            covers = any(
+                extent.contains(mx, my) for other, (mx, my) in enumerate(marks) if other != index
+            )
+            if not inside or covers or any(extent.overlaps(other) for other in kept):
+                note.remove()
+                continue
+            kept.append(extent)
+            break
     return len(kept)
 
 

@@ -1,20 +1,21 @@
 """Loading a results directory: valid results, skipped files with the reason, sessions.
 
-Every ``*.json`` under the directory is read as UTF-8 JSON and, when its
-``kind`` is ``afd-result``, validated against ``schemas/result.schema.json``.
+Every ``*.json`` under the directory is scanned (pytest_afd.report.scan: kind,
+session, creation time, cached by file identity); the chosen sessions' results
+are then read as UTF-8 JSON and validated against ``schemas/result.schema.json``.
 A file that cannot be used (not UTF-8, not JSON, nested too deeply, invalid)
 is listed with the reason, never fatal: one bad file must not hide the rest.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pytest_afd.manifest import stack_digest, with_run
+from pytest_afd.report.scan import OTHER, UNUSABLE, FileFacts, ScanCache, read_json
 from pytest_afd.results import ResultValidationError, validate_result
 
 REPORT_DIR_NAME = "report"
@@ -76,6 +77,14 @@ class LoadedResult:
         return self.doc.get(SESSION_KEY)
 
 
+@dataclass(frozen=True)
+class EarlierResult:
+    """A result file of a session the report does not show: only its path and session."""
+
+    path: Path | None
+    session: str | None
+
+
 @dataclass
 class LoadedResults:
     results: list[LoadedResult] = field(default_factory=list)
@@ -83,26 +92,10 @@ class LoadedResults:
     skipped: list[tuple[Path, str]] = field(default_factory=list)
     # JSON that is not a result (the session summary, manifests): named, not an error.
     ignored: list[Path] = field(default_factory=list)
-    # Results left out by the session filter (see select_latest_session).
-    earlier: list[LoadedResult] = field(default_factory=list)
+    # Result files of other sessions, left out by the session filter (never validated).
+    earlier: list[EarlierResult] = field(default_factory=list)
     # How many results predate run identities and sessions (read through legacy_view).
     legacy: int = 0
-
-
-def read_json(path: Path) -> Any:
-    """The parsed file; ValueError with a one-line reason when it is not usable JSON."""
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise ValueError(f"unreadable: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"not UTF-8 text (byte {exc.start}: {exc.reason})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"unreadable JSON: {exc}") from None
-    except RecursionError:
-        raise ValueError("unreadable JSON: nested too deeply to parse") from None
 
 
 def _validation_reason(doc: Mapping[str, Any]) -> str | None:
@@ -135,34 +128,105 @@ def legacy_view(doc: Mapping[str, Any]) -> dict[str, Any] | None:
     return {**doc, "manifest": upgraded, "manifest_digest": upgraded["digest"]}
 
 
-def load_results(results_dir: Path, *, exclude: Path | None = None) -> LoadedResults:
-    """Every valid result under ``results_dir``, except files under ``exclude`` (the report)."""
+def load_results(
+    results_dir: Path,
+    *,
+    exclude: Path | None = None,
+    latest_only: bool = False,
+    session: str | None = None,
+) -> LoadedResults:
+    """The valid results under ``results_dir``, except files under ``exclude`` (the report).
+
+    Sessions are chosen before anything is validated (``latest_only``: the
+    newest session with a valid result; ``session``: that one); the other
+    sessions' files are only scanned and listed in ``earlier``. Facts and
+    validation verdicts are cached by file identity (pytest_afd.report.scan).
+    """
     loaded = LoadedResults()
     report_dir = (exclude or results_dir / REPORT_DIR_NAME).resolve()
+    cache = ScanCache.open(results_dir)
+    scanned: list[tuple[Path, FileFacts]] = []
     for path in sorted(results_dir.rglob("*.json")):
         if report_dir in path.resolve().parents or not path.is_file():
             continue
+        facts = cache.facts(path)
+        if facts.kind == UNUSABLE:
+            loaded.skipped.append((path, facts.reason or "unusable"))
+        elif facts.kind == OTHER:
+            loaded.ignored.append(path)
+        else:
+            scanned.append((path, facts))
+    if session is not None:
+        chosen = [item for item in scanned if item[1].session == session]
+        loaded.earlier = [EarlierResult(p, f.session) for p, f in scanned if f.session != session]
+        _read_valid(chosen, cache, loaded)
+    elif latest_only:
+        _read_latest_session(scanned, cache, loaded)
+    else:
+        _read_valid(scanned, cache, loaded)
+    cache.save()
+    return loaded
+
+
+def _read_valid(chosen: Sequence[tuple[Path, FileFacts]], cache: ScanCache,
+                loaded: LoadedResults) -> None:
+    for path, facts in chosen:
         try:
             doc = read_json(path)
         except ValueError as exc:
             loaded.skipped.append((path, str(exc)))
             continue
-        if not isinstance(doc, dict) or doc.get("kind") != RESULT_KIND:
-            loaded.ignored.append(path)
-            continue
-        reason = _validation_reason(doc)
+        reason, upgraded = facts.reason, None
+        if not facts.validated:
+            reason, upgraded = _verdict(doc)
+            cache.validated(path, reason, legacy=upgraded is not None)
+        elif facts.legacy:
+            upgraded = legacy_view(doc)
         if reason is not None:
-            try:
-                upgraded = legacy_view(doc)
-            except (TypeError, KeyError, AttributeError, ValueError):
-                upgraded = None
-            if upgraded is None or _validation_reason(upgraded) is not None:
-                loaded.skipped.append((path, reason))
-                continue
+            loaded.skipped.append((path, reason))
+            continue
+        if upgraded is not None:
             doc = upgraded
             loaded.legacy += 1
         loaded.results.append(LoadedResult(path=path, doc=doc))
-    return loaded
+
+
+def _verdict(doc: Mapping[str, Any]) -> tuple[str | None, dict[str, Any] | None]:
+    """(why the document is unusable or None, its legacy view when it is a legacy result)."""
+    reason = _validation_reason(doc)
+    if reason is None:
+        return None, None
+    try:
+        upgraded = legacy_view(doc)
+    except (TypeError, KeyError, AttributeError, ValueError):
+        upgraded = None
+    if upgraded is None or _validation_reason(upgraded) is not None:
+        return reason, None
+    return None, upgraded
+
+
+def _read_latest_session(scanned: Sequence[tuple[Path, FileFacts]], cache: ScanCache,
+                         loaded: LoadedResults) -> None:
+    """Newest session first (by its newest created_at); the first with a valid result wins."""
+    by_session: dict[str | None, list[tuple[Path, FileFacts]]] = {}
+    for item in scanned:
+        by_session.setdefault(item[1].session, []).append(item)
+    order = sorted(by_session, key=lambda s: max(f.created_at or "" for _, f in by_session[s]),
+                   reverse=True)
+    chosen: str | None = None
+    for candidate in order:
+        _read_valid(by_session[candidate], cache, loaded)
+        if loaded.results:
+            chosen = candidate
+            break
+    unusable = {path for path, _ in loaded.skipped}
+    loaded.earlier = [
+        EarlierResult(path, facts.session)
+        for candidate in order
+        if candidate != chosen
+        for path, facts in by_session[candidate]
+        if path not in unusable
+    ]
 
 
 def latest_session(results: Sequence[LoadedResult]) -> str | None:
@@ -177,7 +241,8 @@ def select_latest_session(loaded: LoadedResults) -> LoadedResults:
         return loaded
     latest = latest_session(loaded.results)
     kept = [r for r in loaded.results if r.session == latest]
-    earlier = [r for r in loaded.results if r.session != latest]
+    earlier = [*loaded.earlier,
+               *(EarlierResult(r.path, r.session) for r in loaded.results if r.session != latest)]
     return LoadedResults(kept, loaded.skipped, loaded.ignored, earlier, loaded.legacy)
 
 

@@ -17,29 +17,29 @@ from matplotlib.ticker import MaxNLocator
 
 from pytest_afd.report import layout
 from pytest_afd.report.loading import LoadedResult
+from pytest_afd.report.point_plots import draw_hit_ratio, draw_imbalance_vs_step_time
 from pytest_afd.report.values import (
     FORCED_ROUTING,
-    PERCENT,
     chunk_label,
     chunk_sort_key,
     chunk_validity,
     condition_labels,
     expert_routing,
-    hit_ratios,
-    mean_imbalance,
     median_of,
     natural_key,
     normalised_expert_heat,
     per_layer_components,
     per_layer_rank_skew,
     spread_of,
-    step_time_s,
-    step_time_spread,
     throughput,
     ttft_of,
 )
 
 MAX_PANELS = 6
+# The layer breakdown shows every instrumented case up to this many panels.
+MAX_LAYER_PANELS = 24
+# Conditions drawn in the policy plot (3 rows of 30); the case table lists every one.
+MAX_CONDITIONS_SHOWN = 90
 # Conditions per row of the policy plot; more go to further rows (small multiples).
 MAX_CONDITIONS_PER_ROW = 30
 BAR_HEIGHT_IN = 0.16
@@ -47,10 +47,11 @@ CONDITION_GAP = 0.2  # share of a condition's slot left empty between groups
 ERROR_CAPSIZE = layout.ERROR_CAPSIZE
 INVALID_MARKER_Y = 0.0
 X_TICKS = 4
+TTFT_P99_TITLE = "TTFT p99 (s)"
 METRIC_PANELS = (
     ("prefill throughput (tokens/s)", throughput),
     ("TTFT p50 (s)", lambda doc: ttft_of(doc, "p50")),
-    ("TTFT p99 (s)", lambda doc: ttft_of(doc, "p99")),
+    (TTFT_P99_TITLE, lambda doc: ttft_of(doc, "p99")),
 )
 
 
@@ -106,8 +107,9 @@ def draw_policy_metrics(results: Sequence[LoadedResult]) -> Figure | None:
     if not any(median_of(read(r.doc)) is not None for r in results for _, read in METRIC_PANELS):
         return None
     labels = condition_labels(results)
-    conditions = sorted(set(labels.values()), key=natural_key)
+    conditions = sorted(set(labels.values()), key=natural_key)[:MAX_CONDITIONS_SHOWN]
     policies = policies_of(results)
+    panels = metric_panels(results)
     chunks = [
         conditions[i : i + MAX_CONDITIONS_PER_ROW]
         for i in range(0, len(conditions), MAX_CONDITIONS_PER_ROW)
@@ -120,17 +122,17 @@ def draw_policy_metrics(results: Sequence[LoadedResult]) -> Figure | None:
     heights = [max(layout.MIN_AXES_HEIGHT_IN, len(chunk) * slot_in) for chunk in chunks]
     figure = Figure(
         figsize=(
-            layout.PANEL_WIDTH_IN * len(METRIC_PANELS),
+            layout.PANEL_WIDTH_IN * len(panels),
             sum(heights) + layout.FRAME_HEIGHT_IN * len(chunks),
         ),
         dpi=layout.FIGURE_DPI,
         layout="constrained",
     )
-    spec = figure.add_gridspec(len(chunks), len(METRIC_PANELS), height_ratios=heights)
+    spec = figure.add_gridspec(len(chunks), len(panels), height_ratios=heights)
     axes = []
     for row, chunk in enumerate(chunks):
         first = None
-        for column, (title, read) in enumerate(METRIC_PANELS):
+        for column, (title, read) in enumerate(panels):
             axis = figure.add_subplot(spec[row, column], sharey=first)
             first = first or axis
             _bars(axis, results, chunk, read, labels, policies)
@@ -148,38 +150,42 @@ def draw_policy_metrics(results: Sequence[LoadedResult]) -> Figure | None:
     return figure
 
 
-# --- imbalance vs step time ------------------------------------------------------------------
-def draw_imbalance_vs_step_time(results: Sequence[LoadedResult]) -> Figure | None:
-    """One point per split case (unsplit cases have no imbalance); labels only where they fit."""
-    labels = condition_labels(results)
-    points = [(r, mean_imbalance(r.doc), step_time_s(r.doc)) for r in results]
-    points = [(r, x, y) for r, x, y in points if x is not None and y is not None]
-    if not points:
-        return None
-    figure = layout.new_figure(1, height_in=layout.PANEL_HEIGHT_IN * 1.5)
-    figure.set_figwidth(layout.PANEL_WIDTH_IN * 2)
-    (axis,) = layout.grid(figure, 1)
-    for index, policy in enumerate(sorted({r.policy for r, _, _ in points})):
-        mine = [(r, x, y) for r, x, y in points if r.policy == policy]
-        spreads = [step_time_spread(r.doc) for r, _, _ in mine]
-        axis.errorbar(
-            [x * PERCENT for _, x, _ in mine],
-            [y for _, _, y in mine],
-            yerr=[[low for low, _ in spreads], [high for _, high in spreads]],
-            fmt="o",
-            capsize=ERROR_CAPSIZE,
-            label=policy,
-            color=f"C{index}",
-        )
-    axis.margins(x=0.08, y=0.12)
-    axis.set_xlabel("realized ubatch token imbalance, mean over steps (%)")
-    axis.set_ylabel("forward step time (s)")
-    axis.set_title("imbalance vs step time (bars: min-max)", fontsize="small")
-    layout.figure_legend(figure, [axis])
-    layout.place_point_labels(
-        figure, axis, [(x * PERCENT, y, layout.shorten(labels[r.case_id])) for r, x, y in points]
-    )
-    return figure
+def tails_repeat_median(results: Sequence[LoadedResult]) -> bool:
+    """True when every measured case's TTFT p99 equals its p50 (all requests arrive at once:
+    every first token comes out of the same prefill, so the tail percentiles repeat p50)."""
+    pairs = [(median_of(ttft_of(r.doc, "p50")), median_of(ttft_of(r.doc, "p99"))) for r in results]
+    pairs = [(p50, p99) for p50, p99 in pairs if p50 is not None and p99 is not None]
+    return bool(pairs) and all(np.isclose(p50, p99) for p50, p99 in pairs)
+
+
+def metric_panels(results: Sequence[LoadedResult]) -> tuple:
+    """The panels worth drawing: TTFT p99 only when it says something p50 does not."""
+    if tails_repeat_median(results):
+        return tuple(panel for panel in METRIC_PANELS if panel[0] != TTFT_P99_TITLE)
+    return METRIC_PANELS
+
+
+def instrumented_cases(results: Sequence[LoadedResult]) -> int:
+    return sum(bool(per_layer_components(r.doc)) for r in results)
+
+
+def plot_note(name: str, results: Sequence[LoadedResult]) -> str:
+    """What a plot leaves out, for its caption (rows capped, repeated percentiles)."""
+    notes = []
+    if name == "policy_metrics":
+        conditions = len(set(condition_labels(results).values()))
+        if conditions > MAX_CONDITIONS_SHOWN:
+            notes.append(f"the first {MAX_CONDITIONS_SHOWN} of {conditions} conditions; "
+                         "the case table lists every one")
+        if tails_repeat_median(results):
+            notes.append("TTFT p99 not drawn: it equals p50 in every case (all requests arrive "
+                         "at once, so every first token comes from the same prefill)")
+    if name == "layer_breakdown":
+        cases = instrumented_cases(results)
+        shown = min(cases, MAX_LAYER_PANELS)
+        notes.append(f"{shown} of {cases} instrumented case(s)"
+                     + (f" of {len(results)} in this stack" if cases < len(results) else ""))
+    return "".join(f"; {note}" for note in notes)
 
 
 # --- instrumented per-layer breakdown ------------------------------------------------------
@@ -189,7 +195,7 @@ def draw_layer_breakdown(results: Sequence[LoadedResult]) -> Figure | None:
     cases = [(r, layers) for r, layers in cases if layers]
     if not cases:
         return None
-    shown = cases[:MAX_PANELS]
+    shown = cases[:MAX_LAYER_PANELS]
     figure = layout.new_figure(len(shown))
     axes = layout.grid(figure, len(shown))
     components = sorted({name for _, layers in shown for layer in layers for name in layer})
@@ -257,7 +263,8 @@ def draw_rank_skew(results: Sequence[LoadedResult]) -> Figure | None:
         axis.errorbar(
             range(matrix.shape[1]),
             mean,
-            yerr=[mean - matrix.min(axis=0), matrix.max(axis=0) - mean],
+            # Clipped at 0: equal skews leave float rounding (mean - min = -1e-16).
+            yerr=[np.maximum(mean - matrix.min(axis=0), 0), np.maximum(matrix.max(axis=0) - mean, 0)],
             marker="o",
             markersize=3,
             capsize=ERROR_CAPSIZE,
@@ -320,58 +327,6 @@ def draw_chunk_sweep(results: Sequence[LoadedResult]) -> Figure | None:
     axis.set_ylabel("prefill throughput (tokens/s)")
     axis.set_title("chunk-size sweep (bars: min-max)", fontsize="small")
     layout.figure_legend(figure, [axis])
-    return figure
-
-
-def draw_hit_ratio(results: Sequence[LoadedResult]) -> Figure | None:
-    """Realized vs requested hit ratio, and throughput vs realized ratio, per policy."""
-    points = []
-    for result in results:
-        requested, realized = hit_ratios(result.doc)
-        if requested is not None and realized is not None:
-            points.append((result, requested, realized))
-    if len({requested for _, requested, _ in points}) < 2:  # noqa: PLR2004 - a sweep
-        return None
-    figure = layout.new_figure(2)
-    ratio_axis, rate_axis = layout.grid(figure, 2)
-    ratio_axis.plot(
-        [0, PERCENT],
-        [0, PERCENT],
-        color="grey",
-        linestyle="--",
-        gid=layout.REFERENCE_GID,
-        label="realized = requested",
-    )
-    for index, policy in enumerate(sorted({r.policy for r, _, _ in points})):
-        mine = [(r, req, real) for r, req, real in points if r.policy == policy]
-        ratio_axis.scatter(
-            [req * PERCENT for _, req, _ in mine],
-            [real * PERCENT for _, _, real in mine],
-            label=policy,
-            color=f"C{index}",
-        )
-        measured = [
-            (real, median_of(throughput(r.doc)), spread_of(throughput(r.doc)))
-            for r, _, real in mine
-        ]
-        measured = [(x, y, e) for x, y, e in measured if y is not None and e is not None]
-        if measured:
-            rate_axis.errorbar(
-                [x * PERCENT for x, _, _ in measured],
-                [y for _, y, _ in measured],
-                yerr=[[e[0] for _, _, e in measured], [e[1] for _, _, e in measured]],
-                fmt="o",
-                capsize=ERROR_CAPSIZE,
-                label=policy,
-                color=f"C{index}",
-            )
-    ratio_axis.set_xlabel("requested hit ratio (%)")
-    ratio_axis.set_ylabel("realized hit ratio (%)")
-    ratio_axis.set_title("realized vs requested hits", fontsize="small")
-    rate_axis.set_xlabel("realized hit ratio (%)")
-    rate_axis.set_ylabel("prefill throughput (tokens/s)")
-    rate_axis.set_title("throughput vs realized hits (min-max)", fontsize="small")
-    layout.figure_legend(figure, [ratio_axis, rate_axis])
     return figure
 
 

@@ -14,19 +14,21 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from pytest_afd import verdicts
 from pytest_afd.markers import MARKERS, STAGE_MARKERS
 from pytest_afd.report import layout
+from pytest_afd.report.gates import MAX_PLOTTED_GATES, gates_section
 from pytest_afd.report.html import markdown_to_html
 from pytest_afd.report.loading import (
     REPORT_DIR_NAME,
     LoadedResult,
     LoadedResults,
     load_results,
-    select_latest_session,
     session_label,
     verdict_rank,
 )
-from pytest_afd.report.plots import PLOTTERS
+from pytest_afd.report.plots import PLOTTERS, plot_note
+from pytest_afd.report.point_plots import imbalance_key
 from pytest_afd.report.sidebyside import draw_side_by_side
 from pytest_afd.report.tables import (
     afd_pp_pairs,
@@ -45,8 +47,11 @@ from pytest_afd.report.values import stack_description, stack_short_label
 REPORT_FILE_NAME = "report.md"
 HTML_FILE_NAME = "report.html"
 PLOTS_DIR_NAME = "plots"
-OTHER_KINDS = ("gate", "benchmark", "other")
+GATE_KIND = "gate"
+OTHER_KINDS = (GATE_KIND, "benchmark", "other")
 FAILED_STATUSES = ("failed", "error")
+IMBALANCE_PLOT = "imbalance_vs_step_time"
+IMBALANCE_KEY_HEADER = ("#", "condition", "policy", "mean imbalance", "step time (s)", "")
 
 
 class ReportError(ValueError):
@@ -105,7 +110,12 @@ def _stack_section(
     ]
     for name, caption, draw in PLOTTERS:
         file_name = f"{slug(stage)}-{short_digest(digest)}-{name}.png"
-        lines += _plot_lines(draw(results), report_dir, file_name, caption)
+        caption = caption + plot_note(name, results)
+        drawn = _plot_lines(draw(results), report_dir, file_name, caption)
+        lines += drawn
+        if drawn and name == IMBALANCE_PLOT:
+            lines += ["Key to the numbered points:", "",
+                      *table(IMBALANCE_KEY_HEADER, imbalance_key(results)), ""]
     return lines
 
 
@@ -165,6 +175,34 @@ def _sessions_lines(loaded: LoadedResults, all_sessions: bool) -> list[str]:
     return [text, ""]
 
 
+def _gate_lines(results: Sequence[LoadedResult], report_dir: Path) -> list[str]:
+    """Gates in their own section: logit error against tolerance, one figure for all."""
+    table_lines, figure = gates_section(results)
+    shown = min(len(results), MAX_PLOTTED_GATES)
+    caption = "Gate logit error / atol per case (line: the tolerance)" + (
+        f"; the first {shown} of {len(results)} cases" if len(results) > shown else "")
+    return [f"## {GATE_KIND}: {MARKERS[GATE_KIND]}", "", *table_lines,
+            *_plot_lines(figure, report_dir, "gates-logit_error.png", caption)]
+
+
+def _verdicts(results: Sequence[LoadedResult]) -> list[str]:
+    """The report's first section: Stage A's ranking, then every stage's conclusion."""
+    docs = [r.doc for r in results]
+    lines = ["## Verdicts", ""]
+    rankings = verdicts.stage_a_rankings(docs)
+    for test, ranking in rankings:
+        lines += [f"**Stage A ({test})**: {verdicts.ranking_text(ranking)}.", ""]
+    if not rankings and any(r.stage == "stage_a" for r in results):
+        lines += ["**Stage A**: no result carries `evidence.stage_a.ranking` (no ranking ran).", ""]
+    stages = verdicts.by_stage(docs)
+    rows = [
+        [f"[{stage}](#{slug(stage)})", verdicts.stage_conclusion(stages[stage])]
+        for stage in (*STAGE_MARKERS, *OTHER_KINDS)
+        if stage in stages
+    ]
+    return [*lines, *table(("stage", "conclusion"), rows), ""]
+
+
 def _failures(results: Sequence[LoadedResult]) -> list[str]:
     failed = sorted((r for r in results if r.status in FAILED_STATUSES), key=verdict_rank)
     if not failed:
@@ -204,13 +242,16 @@ def render_markdown(
     if not loaded.results:
         lines += ["No result documents were found.", ""]
     else:
+        lines += _verdicts(loaded.results)
         lines += _failures(loaded.results)
         lines += _stacks_overview(loaded.results)
     by_stage: dict[str, dict[str, list[LoadedResult]]] = defaultdict(lambda: defaultdict(list))
     for result in loaded.results:
         by_stage[result.stage][result.stack].append(result)
     for stage in (*STAGE_MARKERS, *OTHER_KINDS):
-        if stage in by_stage:
+        if stage == GATE_KIND and stage in by_stage:
+            lines += _gate_lines([r for rs in by_stage[stage].values() for r in rs], report_dir)
+        elif stage in by_stage:
             lines += _section(stage, by_stage[stage], report_dir)
     if loaded.skipped:
         lines += ["## Skipped files", "", "| file | reason |", "|---|---|"]
@@ -245,11 +286,11 @@ def render(
         raise FileNotFoundError(f"results directory {str(source)!r} does not exist")
     report_dir = Path(output_dir) if output_dir is not None else source / REPORT_DIR_NAME
     prepare_report_dir(report_dir)
-    loaded = load_results(source, exclude=report_dir)
-    if not all_sessions:
-        loaded = select_latest_session(loaded)
+    loaded = load_results(source, exclude=report_dir, latest_only=not all_sessions)
     text = render_markdown(loaded, source, report_dir, all_sessions=all_sessions)
     target = report_dir / REPORT_FILE_NAME
     target.write_text(text + "\n")
-    (report_dir / HTML_FILE_NAME).write_text(markdown_to_html(text, "pytest-afd report"))
+    (report_dir / HTML_FILE_NAME).write_text(
+        markdown_to_html(text, "pytest-afd report", base_dir=report_dir)
+    )
     return target

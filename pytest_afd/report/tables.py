@@ -23,6 +23,7 @@ from pytest_afd.report.values import (
     median_of,
     natural_key,
     rank_skew,
+    repetitions_of,
     short_case_id,
     stack_short_label,
     step_imbalances,
@@ -30,6 +31,7 @@ from pytest_afd.report.values import (
     ttft_of,
 )
 from pytest_afd.results import is_absent
+from pytest_afd.verdicts import INSIDE_NOISE, noise_mark
 
 DIGEST_SHORT_CHARS = 12  # after the "sha256:" prefix
 DIGEST_PREFIX = "sha256:"
@@ -163,6 +165,10 @@ def _row(result: LoadedResult, condition: str, prefix: str) -> list[str]:
         labels = rate["absent_reason"] if labels == EMPTY else f"{labels}; {rate['absent_reason']}"
     memory = median_of(metrics["peak_memory_bytes"])
     tails = " / ".join(fmt(median_of(ttft_of(doc, key)), 4) for key in TTFT_PERCENTILE_KEYS[1:])
+    p50 = median_of(ttft_of(doc, "p50"))
+    if p50 is not None and all(median_of(ttft_of(doc, key)) == p50
+                               for key in TTFT_PERCENTILE_KEYS[1:]):
+        tails = f"= p50 ({arrival_process(doc)})"
     return [
         short_case_id(result, prefix),
         verdict_text(result),
@@ -207,6 +213,7 @@ def comparison_table(results: Sequence[LoadedResult]) -> list[str]:
         return []
     labels = condition_labels(results)
     cells = {(labels[r.case_id], r.policy): median_of(throughput(r.doc)) for r in results}
+    reps = {(labels[r.case_id], r.policy): repetitions_of(throughput(r.doc)) for r in results}
     with_ratio = CONTROL_POLICY in policies and PROPOSED_POLICY in policies
     header = ["condition", *policies]
     if with_ratio:
@@ -217,9 +224,16 @@ def comparison_table(results: Sequence[LoadedResult]) -> list[str]:
         if with_ratio:
             proposed = cells.get((condition, PROPOSED_POLICY))
             control = cells.get((condition, CONTROL_POLICY))
-            row.append(fmt(proposed / control if proposed and control else None, 3))
+            ratio = fmt(proposed / control if proposed and control else None, 3)
+            mark = noise_mark(reps.get((condition, CONTROL_POLICY), []),
+                              reps.get((condition, PROPOSED_POLICY), []))
+            row.append(f"{ratio} ({mark})" if ratio != EMPTY else ratio)
         rows.append(row)
-    return ["Median prefill tokens/s per policy:", "", *table(header, rows), ""]
+    note = (f"{PROPOSED_POLICY} / {CONTROL_POLICY} is {INSIDE_NOISE} unless the min-max ranges "
+            "of the repetitions do not overlap and the ratio is further from 1 than either "
+            "side's coefficient of variation.")
+    return ["Median prefill tokens/s per policy:", "", *table(header, rows), "",
+            *([note, ""] if with_ratio else [])]
 
 
 def workload_table(results: Sequence[LoadedResult]) -> list[str]:

@@ -8,6 +8,7 @@ import numpy as np
 from afd_split import SplitConstraints, SplitPolicy, plan_split
 from pytest_afd import results
 from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
+from pytest_afd.host import HostSample, host_json
 from pytest_afd.manifest import collect_manifest
 from pytest_afd.stats import execution_order
 from pytest_afd.topology import parse_topology
@@ -17,6 +18,7 @@ REPS = 3
 NUM_EXPERTS = 8
 NUM_LAYERS = 3
 EP_RANKS = 4
+HOST_CPUS = 2
 
 
 def make_manifest(num_layers=NUM_LAYERS, topology="dp3pcp8-ep8", model_name="reduced"):
@@ -57,13 +59,25 @@ def _expert_load(skewed):
     return base.tolist()
 
 
-def _runs(workload, policy, *, wall_s, chunk_size=None, timings=None, skewed=False):
-    """REPS synthetic backend runs; wall time grows 10 % per repetition."""
+def host_sample(wall, cpu, load):
+    """What host.measured_run records for one repetition, at a steady 1-minute ``load``."""
+    loads = (load, load, load)
+    return HostSample(wall_time_s=wall, cpu_time_s=cpu, process_cpu_time_s=cpu,
+                      load_before=loads, load_after=loads)
+
+
+def _runs(workload, policy, *, wall_s, chunk_size=None, timings=None, skewed=False,
+          spread=0.1, host=None):
+    """REPS synthetic backend runs; wall time grows ``spread`` (10 %) per repetition.
+
+    ``host`` = (CPU seconds, 1-minute load): each run carries a host sample
+    whose CPU time grows 1 % per repetition.
+    """
     lengths = list(workload.prompt_lengths)
     plan = plan_split(lengths, policy=SplitPolicy(policy), constraints=SplitConstraints())
     runs = []
     for rep in range(REPS):
-        wall = wall_s * (1 + 0.1 * rep)
+        wall = wall_s * (1 + spread * rep)
         requests = [
             RequestOutput(
                 request_id=p.request_id,
@@ -83,6 +97,9 @@ def _runs(workload, policy, *, wall_s, chunk_size=None, timings=None, skewed=Fal
                 wall_time_s=wall,
             )
         )
+        if host is not None:
+            cpu_s, load = host
+            runs[-1].host = host_sample(wall, cpu_s * (1 + 0.01 * rep), load)
     return runs
 
 
@@ -99,8 +116,16 @@ def make_result(
     timings=None,
     routing="natural",
     skewed=False,
+    spread=0.1,
+    host=None,
+    fault=None,
 ):
-    runs = _runs(workload, policy, wall_s=wall_s, timings=timings, skewed=skewed)
+    """``host`` = (CPU seconds, load) records host conditions; ``fault`` (a
+    perf_fault.Slowdown) is applied to every run as the live fault would."""
+    runs = _runs(workload, policy, wall_s=wall_s, timings=timings, skewed=skewed,
+                 spread=spread, host=host)
+    if fault is not None:
+        runs = [fault.slowed(run) for run in runs]
     settings = RunSettings(
         split_policy=policy,
         chunk_size=chunk_size,
@@ -122,6 +147,7 @@ def make_result(
         ),
         protocol=_protocol(case_id),
         metrics=results.metrics_from_runs(runs),
+        host=None if host is None else host_json([r.host for r in runs], cpus=HOST_CPUS),
         evidence=results.evidence_from_outputs(
             runs[0],
             routing=routing,

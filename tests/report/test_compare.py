@@ -59,7 +59,7 @@ def test_compare_two_directories(tmp_path, capsys):
     assert _row(text, "token_balanced", "TTFT p50 (s)")[7] == "B better"  # lower is better
     same = _row(text, "request_boundary", "prefill tokens/s")
     assert same[5] == "1" and same[7] == NO_DIFFERENCE
-    assert (b_dir / "compare" / "compare.html").read_text().count("<table>") == 1
+    assert (b_dir / "compare" / "compare.html").read_text().count("<table") == 1
     assert (b_dir / "compare" / "plots" / "stage_a-a_vs_b.png").is_file()
 
 

@@ -15,6 +15,7 @@ from report_builders import SMALL, make_manifest, make_result
 from pytest_afd import results
 from pytest_afd.report import LoadedResult
 from pytest_afd.report.plots import PLOTTERS, draw_chunk_sweep, draw_policy_metrics
+from pytest_afd.report.point_plots import imbalance_key, imbalance_points, key_outliers
 from pytest_afd.report.sidebyside import draw_side_by_side
 from pytest_afd.report.values import mean_imbalance
 from pytest_afd.workloads import make_workload
@@ -105,7 +106,25 @@ def two_models():
     return _loaded(docs)
 
 
+def prefix_hits():
+    """Stage B's shape: 4 requested ratios x cold/steady x 2 policies; cold runs realize 0 %."""
+    docs = []
+    node = "suites/stage_b/test_stage_b_prefix_cache.py::test_stage_b_hit_ratio_sweep"
+    for hit in (0.0, 0.25, 0.5, 0.75):
+        workload = make_workload("uniform", requested_hit_ratio=hit, **SMALL)
+        for phase in ("cold", "steady"):
+            for index, policy in enumerate(POLICIES[1:]):
+                doc = make_result(f"{node}/hit{hit}/{phase}/{policy}", "stage_b", workload,
+                                  policy, wall_s=1.0 + 0.2 * index - 0.3 * hit)
+                doc["settings"]["prefix_cache"]["phase"] = phase
+                if phase == "cold":
+                    doc["evidence"]["prefix_cache"]["realized_hit_ratio"] = 0.0
+                docs.append(doc)
+    return _loaded(docs)
+
+
 CASE_SETS = {
+    "prefix_hits": prefix_hits,
     "stage_d_like": stage_d_like,
     "many_cases": many_cases,
     "one_case": one_case,
@@ -129,7 +148,9 @@ def test_every_plot_reads_well(case_set):
         assert layout_problems(figure) == [], f"{name}: {plot_name}"
     assert "rank_skew" in drawn and "expert_heat" in drawn, drawn
     if name != "two_models":
-        assert "policy_metrics" in drawn
+        assert "policy_metrics" in drawn and "imbalance_vs_step_time" in drawn, drawn
+    if name == "prefix_hits":
+        assert "hit_ratio" in drawn, drawn
 
 
 def test_point_labels_are_kept_only_where_they_fit():
@@ -192,3 +213,31 @@ def test_the_check_catches_a_crammed_figure():
     tiny = Figure(figsize=(1.2, 1.0), dpi=100)
     tiny.add_subplot(1, 1, 1).plot([0, 1], [0, 1])
     assert any(p.startswith("axes ") and " x " in p for p in layout_problems(tiny))
+
+
+def test_imbalance_points_are_numbered_and_key_outliers_labelled_in_full():
+    loaded = many_cases()
+    figure = dict((n, d) for n, _, d in PLOTTERS)["imbalance_vs_step_time"](loaded)
+    (axis,) = figure.axes
+    texts = [text.get_text() for text in axis.texts]
+    points = imbalance_points(loaded)
+    outliers = key_outliers(points)
+    assert 1 <= len(outliers) <= 3
+    full = {int(t.split(":")[0]) for t in texts if ":" in t}
+    numbers = {int(t) for t in texts if t.isdigit()}
+    assert full and full <= set(outliers)  # outliers placed first, in full where they fit
+    assert set(outliers) <= full | numbers  # else by their number
+    assert numbers and numbers <= {n for n, *_ in points}  # every number names a key row
+    key = imbalance_key(loaded)
+    assert [row[0] for row in key] == [str(n) for n, *_ in points]
+    assert sum(row[5] == "key outlier" for row in key) == len(outliers)
+
+
+def test_hit_ratio_tells_cold_from_steady_and_labels_what_was_realized():
+    figure = dict((n, d) for n, _, d in PLOTTERS)["hit_ratio"](prefix_hits())
+    legend = sorted(text.get_text() for text in figure.legends[0].get_texts())
+    assert "token_balanced, cold" in legend and "token_balanced, steady" in legend
+    ratio_axis = figure.axes[0]
+    labels = [text.get_text() for text in ratio_axis.texts]
+    assert labels and all(label == "realized 0% (cold)" for label in labels)
+    assert layout_problems(figure) == []

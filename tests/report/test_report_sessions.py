@@ -1,5 +1,6 @@
 """Verdicts, sessions and bad input: failures first, latest session by default, no crash."""
 
+import base64
 import json
 
 import pytest
@@ -9,6 +10,7 @@ from pytest_afd import report
 from pytest_afd.__main__ import main
 from pytest_afd.workloads import make_workload
 
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 EARLY, LATE = "2026-12-01T10:00:00+00:00", "2026-12-01T12:00:00+00:00"
 
 
@@ -118,7 +120,19 @@ def test_html_page_has_the_tables_and_plots_inline(two_sessions):
         and "<td>failed: AssertionError: split outputs differ</td>" in page
     )
     images = [part.split('"')[0] for part in page.split('<img src="')[1:]]
-    assert images and all((two_sessions / "report" / src).is_file() for src in images)
+    assert images and all(src.startswith("data:image/png;base64,") for src in images)
+    assert all(base64.b64decode(src.partition(",")[2])[:8] == PNG_SIGNATURE for src in images)
+    assert 'href="plots/' not in page and 'src="plots/' not in page  # one self-contained file
+    toc = page[page.index('<nav id="contents">') : page.index("</nav>")]
+    assert '<a href="#Verdicts">' in toc and '<a href="#stage_a">' in toc
+    assert '<h2 id="stage_a">' in page
+    assert '<tr id="stage_a-Stack_' in page  # every case row has an anchor
+    broken = next(row for row in page.split("<tr ")
+                  if "failed: AssertionError: split outputs differ" in row)
+    assert 'class="bad"' in broken.split(">")[0]  # failed rows are highlighted
+    good = next(row for row in page.split("<tr ") if "<td>good/token_balanced</td>" in row)
+    assert 'class="bad"' not in good.split(">")[0]
+    assert '<table class="sortable">' in page and "querySelectorAll(\"table.sortable\")" in page
 
 
 def test_trace_imbalance_text_explains_its_keys(capsys):
@@ -148,3 +162,44 @@ def test_the_report_does_not_import_the_pytest_plugin():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == "[]"
+
+
+def _count_validations(monkeypatch):
+    from pytest_afd.report import loading
+
+    calls = []
+    original = loading._validation_reason
+
+    def counting(doc):
+        calls.append(doc["case_id"])
+        return original(doc)
+
+    monkeypatch.setattr(loading, "_validation_reason", counting)
+    return calls
+
+
+def test_sessions_are_filtered_before_validating_and_verdicts_are_cached(
+    two_sessions, monkeypatch
+):
+    calls = _count_validations(monkeypatch)
+    report.render(two_sessions)
+    assert sorted(calls) == [f"stage_a/{n}/token_balanced" for n in ("broken", "crashed", "good")]
+    calls.clear()
+    text = report.render(two_sessions).read_text()
+    assert calls == []  # unchanged files: verdicts come from the cache
+    assert "2 result(s) of 2 earlier session(s) are not shown" in text
+    good = next(two_sessions.glob("stage_a_good*.json"))
+    good.write_text(good.read_text().replace('"passed"', '"failed"', 1))  # new size/mtime
+    report.render(two_sessions)
+    assert calls == ["stage_a/good/token_balanced"]
+
+
+def test_a_changed_file_is_validated_again_not_trusted_from_the_cache(two_sessions):
+    report.render(two_sessions)
+    good = next(two_sessions.glob("stage_a_good*.json"))
+    doc = json.loads(good.read_text())
+    del doc["metrics"]["ttft_s"]
+    good.write_text(json.dumps(doc, indent=2, sort_keys=True))
+    text = report.render(two_sessions).read_text()
+    skipped = text[text.index("## Skipped files") :]
+    assert "stage_a/good/token_balanced" in skipped and "ttft_s" in skipped

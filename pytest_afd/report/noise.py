@@ -1,0 +1,143 @@
+"""What noise a comparison must beat: the host conditions of each side and stored A/A calibrations.
+
+A change between A and B is called only beyond a noise floor measured on the
+same host: the larger coefficient of variation of the two sides' repetitions
+and, when one is given, a named A/A calibration (two runs of the same code,
+compared with ``compare --calibrate``; its per-case |B / A - 1| is noise by
+construction). When the recorded host conditions differ (load per CPU, CPU
+count), wall-time metrics are "inconclusive: host conditions differ (load a ->
+b)"; CPU time, which a busier host stretches far less, is still compared, with
+a higher floor and the host difference named, unless either side was
+oversubscribed (more load than CPUs): then it is inconclusive too.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_afd.results import atomic_write_json
+
+# Two load readings (1-minute averages) per CPU further apart than this are different hosts.
+HOST_LOAD_TOLERANCE_PER_CPU = 0.5
+# How much a busier (not oversubscribed) host can stretch the CPU time of the same work
+# (SMT, caches, frequency).
+CPU_CONTENTION_FLOOR = 0.15
+# Beyond one runnable task per CPU, CPU time itself stretches without bound: measured here,
+# the same Stage A cases took 2x the CPU seconds at load 14 as at load 7 on 2 CPUs.
+OVERSUBSCRIBED_LOAD_PER_CPU = 1.0
+ONE_MINUTE = 0
+INCONCLUSIVE_HOST = "inconclusive: host conditions differ"
+CALIBRATION_KIND = "afd-calibration"
+CALIBRATION_VERSION = 1
+
+
+@dataclass(frozen=True)
+class HostConditions:
+    cpu_count: int
+    # Mean 1-minute load average over every repetition's before/after reading.
+    load: float
+
+    @property
+    def load_per_cpu(self) -> float:
+        return self.load / self.cpu_count
+
+
+def host_conditions(doc: Mapping[str, Any]) -> HostConditions | None:
+    """The recorded host conditions of a result; None for results written before they were."""
+    host = doc.get("host")
+    if not isinstance(host, Mapping):
+        return None
+    readings = [
+        reading[ONE_MINUTE]
+        for rep in host["repetitions"]
+        for reading in (rep["load_before"], rep["load_after"])
+    ]
+    return HostConditions(int(host["cpu_count"]), sum(readings) / len(readings))
+
+
+def oversubscribed(a: HostConditions | None, b: HostConditions | None) -> bool:
+    """Either side ran with more runnable tasks than CPUs: even CPU time is not comparable."""
+    return any(h is not None and h.load_per_cpu > OVERSUBSCRIBED_LOAD_PER_CPU for h in (a, b))
+
+
+def host_text(host: HostConditions | None) -> str:
+    return "not recorded" if host is None else f"load {host.load:.2g} / {host.cpu_count} CPUs"
+
+
+def host_difference(a: HostConditions | None, b: HostConditions | None) -> str | None:
+    """``"load 0.3 → 5.1"`` (or the CPU counts) when A's and B's hosts differ; None when alike.
+
+    Unrecorded conditions are not a difference (they are named in the notes instead).
+    """
+    if a is None or b is None:
+        return None
+    if a.cpu_count != b.cpu_count:
+        return f"CPUs {a.cpu_count} → {b.cpu_count}, load {a.load:.2g} → {b.load:.2g}"
+    if abs(a.load_per_cpu - b.load_per_cpu) > HOST_LOAD_TOLERANCE_PER_CPU:
+        return f"load {a.load:.2g} → {b.load:.2g}"
+    return None
+
+
+# --- A/A calibrations -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Calibration:
+    """Per case and metric, the |B / A - 1| an A/A pair showed: noise, by construction."""
+
+    name: str
+    path: Path
+    floors: Mapping[str, Mapping[str, float]]
+
+    def floor(self, case_id: str, metric: str) -> tuple[float, str] | None:
+        """(floor, where from): the case's own A/A deviation, else the metric's widest."""
+        own = self.floors.get(case_id, {}).get(metric)
+        if own is not None:
+            return own, f"A/A {self.name!r}"
+        widest = [floors[metric] for floors in self.floors.values() if metric in floors]
+        if not widest:
+            return None
+        return max(widest), f"A/A {self.name!r} (widest case)"
+
+
+def calibration_doc(
+    name: str, sides: Sequence[str], deviations: Mapping[str, Mapping[str, float]],
+    hosts: Mapping[str, Sequence[str]],
+) -> dict[str, Any]:
+    """The stored calibration: both sides, their host conditions and every case's deviation."""
+    return {
+        "kind": CALIBRATION_KIND,
+        "version": CALIBRATION_VERSION,
+        "name": name,
+        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "sides": list(sides),
+        "hosts": {case: list(pair) for case, pair in sorted(hosts.items())},
+        "floors": {case: dict(sorted(m.items())) for case, m in sorted(deviations.items())},
+    }
+
+
+def write_calibration(path: Path, doc: Mapping[str, Any]) -> Path:
+    return atomic_write_json(path, doc)
+
+
+def read_calibration(path: Path, source: str = "--calibration") -> Calibration:
+    """A stored calibration; ValueError naming the file (and the flag) when it is not one."""
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"{source} {str(path)!r}: cannot read: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{source} {str(path)!r}: not JSON: {exc}") from None
+    if not isinstance(doc, Mapping) or doc.get("kind") != CALIBRATION_KIND:
+        raise ValueError(
+            f"{source} {str(path)!r}: not a calibration (kind {CALIBRATION_KIND!r}); write one "
+            "with 'python -m pytest_afd compare A A2 --calibrate FILE'"
+        )
+    floors = {
+        str(case): {str(metric): float(value) for metric, value in metrics.items()}
+        for case, metrics in doc["floors"].items()
+    }
+    return Calibration(str(doc["name"]), path, floors)
