@@ -21,11 +21,10 @@ from typing import Any
 
 from afd_split.integrations.worker_evidence import (
     CAP_MARKER_KIND,
-    EVIDENCE_DIR_ENV,
     EVIDENCE_FORMAT,
     FILE_SUFFIX,
     RECORD_KIND,
-    max_bytes_from_env,
+    EvidenceSettings,
 )
 from pytest_afd.backends.base import PromptRequest, RunOutputs, RunSettings
 
@@ -155,10 +154,10 @@ class WorkerEvidenceBackend:
     @classmethod
     def wrap_from_env(cls, inner, environ: Mapping[str, str]):
         """``inner`` wrapped when ``AFD_EVIDENCE_DIR`` is set, else ``inner`` itself."""
-        directory = environ.get(EVIDENCE_DIR_ENV)
-        if not directory:
+        settings = EvidenceSettings.from_env(environ)  # bad values fail here, at start-up
+        if settings is None:
             return inner
-        return cls(inner, directory, max_read_bytes=max_bytes_from_env(environ))
+        return cls(inner, settings.directory, max_read_bytes=settings.max_bytes)
 
     @property
     def name(self) -> str:
