@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from pytest_afd.results import atomic_write_json, read_result, write_result
+from pytest_afd.session import afd_session
 
 SESSION_ID_KEY = "afd_session_id"
 PASSED, FAILED, ERROR, SKIPPED = "passed", "failed", "error", "skipped"
@@ -104,8 +105,6 @@ class OutcomeTracker:
 
     def _stamp_final(self, nodeid: str) -> None:
         """Rewrite the results this process wrote for ``nodeid`` with its real outcome."""
-        from pytest_afd.plugin import afd_session  # lazy: the plugin imports this module
-
         outcome = self.outcome_of(nodeid)
         for entry in afd_session(self.config).written:
             if entry["nodeid"] != nodeid or entry.get("outcome_stamped"):

@@ -1,0 +1,112 @@
+"""The ``afd_results`` writer and the summary rows of written results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_afd import outcomes
+from pytest_afd.results import (
+    CASE_KINDS,
+    ResultValidationError,
+    build_result,
+    headline,
+    result_path,
+    write_result,
+)
+from pytest_afd.results_dir import results_written_since
+from pytest_afd.session import AfdSession
+
+
+def case_kind(item: pytest.Item) -> str:
+    """The first gate/stage marker on the test, else ``"other"``."""
+    for kind in CASE_KINDS:
+        if item.get_closest_marker(kind) is not None:
+            return kind
+    return "other"
+
+
+def summary_entry(doc: dict[str, Any], nodeid: str, path: Path) -> dict[str, Any]:
+    """One row of summary.json and of the terminal table for a written result."""
+    metric, median, cv, unit = headline(doc)
+    return {
+        "case_id": doc["case_id"],
+        "nodeid": nodeid,
+        "case_kind": doc["case_kind"],
+        "path": str(path),
+        "metric": metric,
+        "median": median,
+        "cv": cv,
+        "unit": unit,
+        "synthetic": doc["labels"]["synthetic"],
+        "comparability": doc["labels"]["comparability"],
+        "manifest_digest": doc["manifest_digest"],
+    }
+
+
+def recover_lost_results(state: AfdSession) -> None:
+    """Results a dead worker wrote this session, read back from the results dir."""
+    listed = {entry["case_id"] for entry in state.written}
+    for path, doc in results_written_since(state.options.results_dir, state.started_at):
+        if doc["case_id"] in listed:
+            continue
+        owners = [nodeid for nodeid in state.outcomes if doc["case_id"].startswith(nodeid)]
+        entry = summary_entry(doc, max(owners, key=len, default=doc["case_id"]), path)
+        state.written.append({**entry, "recovered": True})
+
+
+@dataclass
+class ResultWriter:
+    """The ``afd_results`` fixture: one validated, atomically written result JSON per case."""
+
+    state: AfdSession
+    case_id: str
+    case_kind: str
+    written: list[str] = field(default_factory=list)
+
+    @property
+    def results_dir(self) -> Path:
+        return self.state.options.results_dir
+
+    def build(self, *, case_suffix: str | None = None, **kwargs: Any) -> dict[str, Any]:
+        """:func:`pytest_afd.results.build_result` with case id, kind, backend, protocol and manifest filled in."""
+        opts = self.state.options
+        defaults = {
+            "case_id": self.case_id if case_suffix is None else f"{self.case_id}/{case_suffix}",
+            "case_kind": self.case_kind,
+            "backend": opts.backend,
+            "protocol": {
+                k: v
+                for k, v in opts.protocol().items()
+                if k in ("seed", "warmups", "repetitions", "run_order")
+            },
+        }
+        if "manifest" not in kwargs:
+            defaults["manifest"] = self.state.manifest()
+        return build_result(**{**defaults, **kwargs})
+
+    def write(self, doc: dict[str, Any]) -> Path:
+        """Validate and write ``doc``; an invalid result fails the test with the validation error."""
+        if doc.get("case_id") in self.written:
+            pytest.fail(
+                f"result {doc['case_id']!r} written twice: one result per case", pytrace=False
+            )
+        path = result_path(self.results_dir, str(doc.get("case_id", self.case_id)))
+        doc = outcomes.tracker(self.state.config).stamp(doc)
+        try:
+            write_result(path, doc)
+        except ResultValidationError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        self.written.append(doc["case_id"])
+        self.state.written.append(summary_entry(doc, self.case_id, path))
+        self.state.config.hook.pytest_afd_result_written(
+            config=self.state.config, path=path, result=doc
+        )
+        return path
+
+    def record(self, **kwargs: Any) -> Path:
+        """Build (see :meth:`build`) and write in one call."""
+        return self.write(self.build(**kwargs))

@@ -1,0 +1,117 @@
+"""Per-process plugin state: options, the backend (made once), the manifest, written results."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_afd.backends import create_backend
+from pytest_afd.backends.base import Backend, BackendUnavailable
+from pytest_afd.manifest import collect_manifest, manifest_digest
+from pytest_afd.options import AfdOptions
+from pytest_afd.results import validate_manifest
+
+
+@dataclass(eq=False)  # identity-hashed: it is registered as a pytest plugin
+class AfdSession:
+    """Per-process plugin state (one per xdist worker), kept in ``config.stash``."""
+
+    config: pytest.Config
+    options: AfdOptions
+    backend_instance: Backend | None = None
+    backend_error: BackendUnavailable | None = None
+    backend_tried: bool = False
+    manifest_doc: dict[str, Any] | None = None
+    written: list[dict[str, Any]] = field(default_factory=list)
+    golden_updates: list[str] = field(default_factory=list)
+    # Controller side under xdist: workers that died before handing back their results.
+    lost_workers: list[dict[str, str]] = field(default_factory=list)
+    # Temp files of killed atomic writes removed at start-up (controller only).
+    stale_temp_removed: list[Path] = field(default_factory=list)
+    # Result files modified since then belong to this session (lost-worker recovery).
+    started_at: float = field(default_factory=time.time)
+    # Test outcome per node id (controller side under xdist: it sees every report).
+    outcomes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def emulated(self) -> bool:
+        return self.options.backend == "cpu"
+
+    def backend(self) -> Backend:
+        """Create the backend once per process; re-raise BackendUnavailable on every call."""
+        if not self.backend_tried:
+            opts = self.options
+            try:
+                backend = self.config.hook.pytest_afd_create_backend(
+                    config=self.config,
+                    name=opts.backend,
+                    topology=opts.topology,
+                    model_name=opts.model,
+                    seed=opts.seed,
+                    results_dir=opts.results_dir,
+                )
+                self.backend_instance = backend or create_backend(
+                    opts.backend,
+                    topology=opts.topology,
+                    model_name=opts.model,
+                    seed=opts.seed,
+                    results_dir=opts.results_dir,
+                )
+            except BackendUnavailable as exc:
+                self.backend_error = exc
+            # Any other error propagates and the next caller tries again.
+            self.backend_tried = True
+        if self.backend_error is not None:
+            raise self.backend_error
+        return self.backend_instance
+
+    def manifest(self) -> dict[str, Any]:
+        if self.manifest_doc is None:
+            description, reason = None, None
+            try:
+                description = self.backend().describe()
+            except BackendUnavailable as exc:
+                reason = f"backend {self.options.backend!r} unavailable: {exc}"
+            manifest = collect_manifest(
+                topology=self.options.topology,
+                backend_name=self.options.backend,
+                backend_description=description,
+                backend_absent_reason=reason,
+                model_name=self.options.model,
+                protocol=self.options.protocol(),
+                emulated=self.emulated,
+                devices_per_node=self.options.devices_per_node,
+            )
+            self.config.hook.pytest_afd_manifest(config=self.config, manifest=manifest)
+            manifest["digest"] = manifest_digest(manifest)
+            validate_manifest(manifest)
+            self.manifest_doc = manifest
+        return self.manifest_doc
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Remember each test's outcome for the results table (setup/teardown failure = error)."""
+        if report.when == "call":
+            self.outcomes[report.nodeid] = report.outcome
+        elif report.failed:
+            self.outcomes[report.nodeid] = "error"
+
+    def close(self) -> None:
+        if self.backend_instance is not None:
+            backend, self.backend_instance = self.backend_instance, None
+            backend.close()
+
+
+AFD_SESSION_KEY = pytest.StashKey[AfdSession]()
+
+
+def afd_session(config: pytest.Config) -> AfdSession:
+    return config.stash[AFD_SESSION_KEY]
+
+
+def is_worker(config: pytest.Config) -> bool:
+    """A pytest-xdist worker (the controller hands it ``workerinput``)."""
+    return hasattr(config, "workerinput")

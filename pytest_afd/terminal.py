@@ -1,0 +1,55 @@
+"""The ``pytest-afd results`` section of the terminal summary (controller only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_afd.session import AfdSession
+
+
+def _format_value(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def write_results_table(reporter: Any, state: AfdSession, summary_file: str) -> None:
+    """One row per written result, then where the files and the summary are."""
+    reporter.section("pytest-afd results")
+    rows = [
+        (
+            entry["case_id"],
+            entry["case_kind"],
+            state.outcomes.get(entry["nodeid"], "unknown"),
+            f"{entry['metric']} {_format_value(entry['median'])} {entry['unit']}".strip(),
+            _format_value(entry["cv"]),
+            ",".join(
+                label
+                for label, on in (
+                    ("synthetic", entry["synthetic"]),
+                    ("exploratory", entry["comparability"] == "exploratory"),
+                )
+                if on
+            )
+            or "-",
+        )
+        for entry in sorted(state.written, key=lambda e: e["case_id"])
+    ]
+    header = ("case", "kind", "outcome", "headline (median)", "CV", "labels")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        reporter.write_line(
+            "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
+        )
+    if state.written:
+        reporter.write_line(
+            f"{len(state.written)} result JSON file(s) in {state.options.results_dir} "
+            f"(summary: {state.options.results_dir / summary_file})"
+        )
+    for lost in state.lost_workers:
+        reporter.write_line(
+            f"worker {lost['worker']} crashed ({lost['error']}): the results it wrote this "
+            f"session were read back from {state.options.results_dir} (marked recovered)"
+        )
+    if state.golden_updates:
+        reporter.write_line(
+            f"{len(state.golden_updates)} golden(s) updated in {state.options.golden_dir}"
+        )

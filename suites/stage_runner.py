@@ -1,0 +1,241 @@
+"""The stage measurement protocol (warmups, interleaved repetitions, instrumented runs).
+
+Every stage measures the same way (the RFC's "reproducible benchmark harness"):
+``warmups`` discarded runs per case, then ``>= 3`` measured repetitions in the
+session's run order, headline metrics only from non-instrumented runs, and one
+extra instrumented run per case only to explain (never for headline numbers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from stage_backends import BackendHandle, BackendPool
+from stage_cases import (
+    PHASE_STEADY,
+    MeasuredCase,
+    StageCase,
+    missing_capabilities,
+)
+from stage_results import StageResults
+from stage_sizes import (
+    LOGICAL_NUM_REQUESTS,
+    LOGICAL_TOTAL_TOKENS,
+    WORKLOAD_VOCAB_SIZE,
+    StageSizes,
+)
+
+from pytest_afd import progress as afd_progress
+from pytest_afd import results as afd_result_docs
+from pytest_afd.backends.base import (
+    CAP_INSTRUMENTATION,
+    Backend,
+    RunOutputs,
+    RunSettings,
+)
+from pytest_afd.topology import Topology
+from pytest_afd.workloads import Workload, make_workload
+
+
+class StageRunner(StageResults):
+    """Build stage workloads and settings at the stage scale; measure cases; write results."""
+
+    def __init__(
+        self,
+        *,
+        handle: BackendHandle,
+        options: Any,
+        writer: Any,
+        sizes: StageSizes,
+        pool: BackendPool,
+        progress: afd_progress.Emitter | None = None,
+        title: str = "",
+    ) -> None:
+        self.handle = handle
+        self.options = options
+        self.writer = writer
+        self.sizes = sizes
+        self.pool = pool
+        # Per-run progress lines (None: silent, e.g. under -q).
+        self.progress = progress
+        self.title = title
+
+    @property
+    def backend(self) -> Backend:
+        return self.handle.backend
+
+    @property
+    def topology(self) -> Topology:
+        return self.handle.topology
+
+    def on(self, *, model_name: str | None = None, topology_spec: str | None = None) -> StageRunner:
+        """The same runner on another model depth or topology (its own manifest)."""
+        handle = self.pool.get(model_name=model_name, topology_spec=topology_spec)
+        return StageRunner(
+            handle=handle,
+            options=self.options,
+            writer=self.writer,
+            sizes=self.sizes,
+            pool=self.pool,
+            progress=self.progress,
+            title=self.title,
+        )
+
+    # ---- building blocks ------------------------------------------------------------
+    def case(self, **fields: Any) -> StageCase:
+        """A :class:`StageCase` on this runner's backend (test modules cannot import conftest)."""
+        return StageCase(**{"handle": self.handle, **fields})
+
+    def workload(self, distribution: str, **spec_fields: Any) -> Workload:
+        fields = {
+            "num_requests": LOGICAL_NUM_REQUESTS,
+            "seed": self.options.seed,
+            "target_total_tokens": LOGICAL_TOTAL_TOKENS,
+            "scale": self.sizes.scale,
+            "vocab_size": WORKLOAD_VOCAB_SIZE,
+            "block_size": self.sizes.block_size,
+            **spec_fields,
+        }
+        return make_workload(distribution, **fields)
+
+    def settings(self, **overrides: Any) -> RunSettings:
+        """Session settings (routing, topology's split constraints) at the stage scale.
+
+        Measured runs are never instrumented and return no logits (headline
+        numbers must not pay for either).
+        """
+        scaled = {
+            "block_size": self.sizes.block_size,
+            "max_num_batched_tokens": self.sizes.max_batched_tokens,
+            "max_num_seqs": LOGICAL_NUM_REQUESTS,
+            "return_logits": False,
+            "instrument": False,
+        }
+        emulation = self.topology.cpu_emulation()
+        constraints = {"split_align": emulation.split_align, "pcp_size": emulation.pcp_size}
+        return self.options.run_settings(**{**scaled, **constraints, **overrides})
+
+    def require(self, settings: RunSettings, handle: BackendHandle | None = None) -> None:
+        """Skip (with the reason) when the backend cannot run ``settings``."""
+        backend = (handle or self.handle).backend
+        missing = missing_capabilities(backend, settings)
+        if missing:
+            pytest.skip(f"backend {backend.name!r} does not declare {missing} needed by {settings}")
+
+    @staticmethod
+    def require_evidence(measured: Mapping[str, MeasuredCase], kind: str) -> None:
+        """Skip the evidence checks (results are already written) when a case lacks ``kind``.
+
+        ``kind`` is ``"steps"`` (per-step split evidence) or ``"expert_load"``;
+        a backend behind an HTTP API, for one, reports neither.
+        """
+        checks = {
+            "steps": lambda item: item.has_step_evidence,
+            "expert_load": lambda item: item.has_expert_load,
+        }
+        lacking = sorted(name for name, item in measured.items() if not checks[kind](item))
+        if lacking:
+            pytest.skip(
+                f"results written; {kind} checks skipped: the backend reported no {kind} "
+                f"for {lacking}"
+            )
+
+    def _handle(self, case: StageCase) -> BackendHandle:
+        return case.handle or self.handle
+
+    # ---- measuring ----------------------------------------------------------------------
+    def _prepare(self, case: StageCase) -> None:
+        """Put the prefix cache in the case's phase: every run starts from the same state."""
+        backend = self._handle(case).backend
+        if case.settings.prefix_caching:
+            backend.reset_prefix_cache()
+            if case.phase == PHASE_STEADY:
+                seed_prompts = case.workload.prefix_warmup_prompts()
+                if seed_prompts:
+                    backend.run(seed_prompts, case.settings)
+
+    def _run_once(self, case: StageCase, settings: RunSettings) -> RunOutputs:
+        self._prepare(case)
+        return self._handle(case).backend.run(case.workload.prompts(), settings)
+
+    def measure(
+        self, cases: Sequence[StageCase], *, explain: bool = False, write: bool = True
+    ) -> dict[str, MeasuredCase]:
+        """Warm up, measure every case in one interleaved/random schedule, write one result each.
+
+        ``explain`` (or ``--afd-profile``) adds one instrumented run per case,
+        after the measured ones, when the backend declares instrumentation;
+        its timings go to the evidence, never to the headline metrics.
+        ``write=False`` leaves writing to :meth:`write` (a stage that adds
+        cross-case evidence first).
+        """
+        names = [case.name for case in cases]
+        if len(set(names)) != len(names):
+            raise ValueError(f"case names must be unique within one measurement: {names}")
+        for case in cases:
+            self.require(case.settings, case.handle)
+        warmups = self.options.warmups
+        calls: dict[str, int] = dict.fromkeys(names, 0)
+        measured: dict[str, list[RunOutputs]] = {name: [] for name in names}
+        by_name = {case.name: case for case in cases}
+        positions = {case.name: f"{i}/{len(cases)}" for i, case in enumerate(cases, start=1)}
+        wanted = explain or self.options.profile
+        progress = self._progress(cases, instrumented=wanted)
+
+        def make_call(name: str) -> Callable[[], dict[str, float]]:
+            def call() -> dict[str, float]:
+                case = by_name[name]
+                run = calls[name] + 1
+                phase = "warmup" if run <= warmups else f"{run - warmups}/{self.options.repeats}"
+                self._report_progress(progress, case, phase, positions[name])
+                output = self._run_once(case, case.settings)
+                calls[name] += 1
+                # run_repeated runs each case's warmups before any measured run.
+                if calls[name] > warmups:
+                    measured[name].append(output)
+                return {"wall_time_s": output.wall_time_s}
+
+            return call
+
+        repeated = self.options.repeat({name: make_call(name) for name in names})
+        done = {}
+        for case in cases:
+            backend = self._handle(case).backend
+            instrumented = None
+            if wanted and CAP_INSTRUMENTATION in backend.capabilities:
+                self._report_progress(progress, case, "instrumented", positions[case.name])
+                instrumented = self._run_once(case, replace(case.settings, instrument=True))
+            doc = self._result(case, measured[case.name], instrumented, repeated.protocol_json())
+            if wanted and instrumented is None:
+                doc["evidence"]["per_layer_timings"] = afd_result_docs.absent(
+                    f"an instrumented run was asked for, but backend {backend.name!r} does not "
+                    f"declare {CAP_INSTRUMENTATION!r}"
+                )
+            done[case.name] = MeasuredCase(case, measured[case.name], instrumented, doc)
+        if write:
+            self.write(done)
+        progress.finish()
+        return done
+
+    def _progress(self, cases: Sequence[StageCase], *, instrumented: bool) -> afd_progress.Progress:
+        """One step per backend run: warmups, measured repetitions, instrumented runs."""
+        runs_per_case = self.options.warmups + self.options.repeats
+        explained = sum(
+            CAP_INSTRUMENTATION in self._handle(case).backend.capabilities for case in cases
+        )
+        total = len(cases) * runs_per_case + (explained if instrumented else 0)
+        return afd_progress.Progress(total, self.progress, title=self.title, unit="run")
+
+    @staticmethod
+    def _report_progress(
+        progress: afd_progress.Progress, case: StageCase, phase: str, position: str
+    ) -> None:
+        progress.step(
+            case=f"{position} {case.name}",
+            policy=case.settings.split_policy,
+            workload=case.workload.name,
+            rep=phase,
+        )
