@@ -12,10 +12,12 @@ Modules by job: :mod:`pytest_afd.session` (per-process state),
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
 
+from afd_split.integrations.worker_evidence import EvidenceSettings
 from pytest_afd import hardware, hookspecs, outcomes, reference_phase
 from pytest_afd.backends.base import Backend, BackendUnavailable
 from pytest_afd.golden import GoldenStore
@@ -31,13 +33,17 @@ from pytest_afd.options import (  # noqa: F401  (AfdOptions and the defaults are
 )
 from pytest_afd.result_writer import ResultWriter, case_kind, recover_lost_results
 from pytest_afd.results_dir import remove_stale_temp_files
-from pytest_afd.session import AFD_SESSION_KEY, AfdSession, afd_session, is_worker
-from pytest_afd.terminal import write_results_table
+from pytest_afd.session import AFD_SESSION_KEY, AfdSession, afd_session, is_worker, write_error
+from pytest_afd.shared_results import SessionLease
+from pytest_afd.terminal import write_results_table, write_write_errors
 from pytest_afd.topology import RankInfo, Topology
 
 SUMMARY_FILE = "summary.json"
 WORKEROUTPUT_KEY = "afd_results"
 AFD_SESSION_PLUGIN = "afd-session"
+EXIT_RESULTS_UNWRITABLE = 6
+"""Exit status of a session whose results or summary could not be written (a full disk):
+distinct from pytest's own 0-5, so CI tells "tests failed" from "the record is incomplete"."""
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -58,7 +64,17 @@ def pytest_configure(config: pytest.Config) -> None:
             state.stale_temp_removed += remove_stale_temp_files(directory)
     # Registered as a plugin so it receives every test report (outcome column).
     config.pluginmanager.register(state, AFD_SESSION_PLUGIN)
-    outcomes.register(config)
+    tracker = outcomes.register(config)
+    try:  # AFD_EVIDENCE_DIR / AFD_EVIDENCE_MAX_BYTES: refused once here, not in every case
+        EvidenceSettings.from_env(os.environ)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    if not is_worker(config):  # the controller holds the session's claim on the results dir
+        try:
+            state.lease = SessionLease(state.options.results_dir, tracker.session_id).acquire()
+        except OSError as exc:
+            raise pytest.UsageError(write_error(
+                state.options.results_dir, exc, "the session cannot claim it")) from None
     reference_phase.reference_phase(config)  # a bad value is a UsageError now, not per test
     ledger = hardware.HardwareLedger(state.options.backend, state.options.require_hardware,
                                      lambda: state.backend_instance)
@@ -144,7 +160,7 @@ def golden(pytestconfig: pytest.Config) -> GoldenStore:
     store = GoldenStore(
         directory=state.options.golden_dir,
         update=state.options.update_golden,
-        manifest_digest=lambda: state.manifest()["digest"],
+        manifest=state.manifest,  # recorded in each sidecar, compared field by field
     )
     yield store
     state.golden_updates.extend(store.updated)
@@ -160,6 +176,12 @@ def afd_results(request: pytest.FixtureRequest) -> ResultWriter:
     )
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(AFD_SESSION_KEY, None)
+    if state is not None and state.lease is not None:
+        state.lease.release()
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     state = afd_session(session.config)
     state.close()
@@ -167,6 +189,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         session.config.workeroutput[WORKEROUTPUT_KEY] = {
             "results": state.written,
             "golden_updates": state.golden_updates,
+            "write_errors": state.write_errors,
         }
         return
     if state.lost_workers:
@@ -178,10 +201,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         extra["lost_workers"] = state.lost_workers
     if measured is not None:
         extra[hardware.SUMMARY_KEY] = measured
-    outcomes.tracker(session.config).write_summary(
-        state.options.results_dir / SUMMARY_FILE, state.written, state.options.results_dir,
-        state.golden_updates, extra=extra,
-    )
+    summary_path = state.options.results_dir / SUMMARY_FILE
+    try:
+        outcomes.tracker(session.config).write_summary(
+            summary_path, state.written, state.options.results_dir,
+            state.golden_updates, extra=extra,
+        )
+    except OSError as exc:  # a full disk: say so, keep pytest's own summary, exit distinctly
+        state.write_errors.append(write_error(summary_path, exc, "no summary was written"))
+    if state.write_errors:
+        session.exitstatus = EXIT_RESULTS_UNWRITABLE
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -201,10 +230,13 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
         return
     state.written.extend(output["results"])
     state.golden_updates.extend(output["golden_updates"])
+    state.write_errors.extend(output["write_errors"])
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     state = afd_session(config)
-    if is_worker(config) or not (state.written or state.golden_updates or state.lost_workers):
+    if is_worker(config):
         return
-    write_results_table(terminalreporter, state, SUMMARY_FILE)
+    if state.written or state.golden_updates or state.lost_workers:
+        write_results_table(terminalreporter, state, SUMMARY_FILE)
+    write_write_errors(terminalreporter, state, EXIT_RESULTS_UNWRITABLE)
