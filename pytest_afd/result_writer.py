@@ -96,15 +96,18 @@ class ResultWriter:
                 f"result {doc['case_id']!r} written twice: one result per case", pytrace=False
             )
         doc = outcomes.tracker(self.state.config).stamp(doc)
+        failure = None
         try:
             validate_result(doc)
             path = write_claimed_result(self.results_dir, doc)
         except ResultValidationError as exc:
-            pytest.fail(str(exc), pytrace=False)
+            failure = str(exc)
         except OSError as exc:  # a full disk: this test fails, by name, without a traceback
-            message = write_error(self.results_dir, exc, f"result {doc['case_id']!r} is lost")
-            self.state.write_errors.append(message)
-            pytest.fail(message, pytrace=False)
+            where = Path(exc.filename) if exc.filename else self.results_dir
+            failure = write_error(where, exc, f"result {doc['case_id']!r} is lost")
+            self.state.write_errors.append(failure)
+        if failure is not None:  # outside the except: no chained traceback in the report
+            pytest.fail(failure, pytrace=False)
         self.written.append(doc["case_id"])
         self.state.written.append(summary_entry(doc, self.case_id, path))
         self.state.config.hook.pytest_afd_result_written(

@@ -30,6 +30,8 @@ from afd_split.integrations.worker_evidence import (
 from pytest_afd.backends.cpu.backend import CpuBackend
 from pytest_afd.backends.vllm_ascend.worker_evidence import WorkerEvidenceBackend, read_new_records
 
+pytest_plugins = ["pytester"]
+
 SHARED_CAP = 8192
 WRITERS = 4
 STEPS_PER_WRITER = 60
@@ -164,3 +166,13 @@ class _NoModel:
     quantization = "bf16"
     routing = "natural"
     config = None
+
+
+def test_a_bad_evidence_setting_is_a_usage_error_when_pytest_starts(pytester, monkeypatch):
+    """Refused once, before any test runs (it used to fail every case's run)."""
+    monkeypatch.setenv(EVIDENCE_DIR_ENV, str(pytester.path / "evidence"))
+    monkeypatch.setenv(MAX_BYTES_ENV, "1_0_0_0_0")
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{MAX_BYTES_ENV}='1_0_0_0_0' is not an integer byte count*"])

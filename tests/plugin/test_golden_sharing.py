@@ -24,6 +24,8 @@ from pytest_afd.golden import (
 )
 from pytest_afd.manifest import manifest_differences, manifest_digest
 
+pytest_plugins = ["pytester"]
+
 ROUNDS = 30
 NAME = "gate/shared"
 
@@ -133,3 +135,34 @@ def test_manifest_differences_walks_to_the_leaves():
     assert manifest_differences({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3, "d": 4}}) == [
         ("/a/c", 2, 3), ("/a/d", "<missing>", 4)]
     assert manifest_differences({"a": [1, 2]}, {"a": [1, 2]}) == []
+
+
+PLUGIN_GOLDEN_USER = """
+import numpy as np
+
+def test_tokens(golden):
+    golden.check("gate/tokens", np.array([3, 1, 4]))
+"""
+
+
+def test_the_golden_fixture_names_the_manifest_fields_of_another_run(pytester, monkeypatch):
+    """Through the plugin: recorded under one --afd-model, checked under another."""
+    from test_plugin_hardening import AFD_ENV
+    from test_plugin_pytester import FAKE_CONFTEST, FAST
+
+    for name in AFD_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FAKE_UNAVAILABLE", "1")
+    monkeypatch.setenv("FAKE_CLOSED_FILE", str(pytester.path / "closed.txt"))
+    pytester.makeconftest(FAKE_CONFTEST)
+    pytester.makepyfile(test_golden=PLUGIN_GOLDEN_USER.replace(
+        "np.array([3, 1, 4]))", "np.array([3, 1, 4]), profile='exact')"))
+    pytester.runpytest(*FAST, "--afd-update-golden").assert_outcomes(passed=1)
+    pytester.makepyfile(test_golden=PLUGIN_GOLDEN_USER)
+    same = pytester.runpytest(*FAST)
+    same.assert_outcomes(passed=1)
+    assert "GoldenManifestWarning" not in same.stdout.str()
+    other = pytester.runpytest(*FAST, "--afd-model", "full")
+    other.assert_outcomes(passed=1, warnings=1)
+    other.stdout.fnmatch_lines(["*GoldenManifestWarning*/model/name (recorded 'reduced', "
+                                "this run 'full')*"])
