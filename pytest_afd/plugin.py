@@ -64,17 +64,11 @@ def pytest_configure(config: pytest.Config) -> None:
             state.stale_temp_removed += remove_stale_temp_files(directory)
     # Registered as a plugin so it receives every test report (outcome column).
     config.pluginmanager.register(state, AFD_SESSION_PLUGIN)
-    tracker = outcomes.register(config)
+    outcomes.register(config)
     try:  # AFD_EVIDENCE_DIR / AFD_EVIDENCE_MAX_BYTES: refused once here, not in every case
         EvidenceSettings.from_env(os.environ)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
-    if not is_worker(config):  # the controller holds the session's claim on the results dir
-        try:
-            state.lease = SessionLease(state.options.results_dir, tracker.session_id).acquire()
-        except OSError as exc:
-            raise pytest.UsageError(write_error(
-                state.options.results_dir, exc, "the session cannot claim it")) from None
     reference_phase.reference_phase(config)  # a bad value is a UsageError now, not per test
     ledger = hardware.HardwareLedger(state.options.backend, state.options.require_hardware,
                                      lambda: state.backend_instance)
@@ -174,6 +168,21 @@ def afd_results(request: pytest.FixtureRequest) -> ResultWriter:
         case_id=request.node.nodeid,
         case_kind=case_kind(request.node),
     )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The controller claims the results dir for the session (not for --help)."""
+    config = session.config
+    if is_worker(config):
+        return
+    state = afd_session(config)
+    try:
+        state.lease = SessionLease(state.options.results_dir,
+                                   outcomes.tracker(config).session_id).acquire()
+    except OSError as exc:
+        raise pytest.UsageError(write_error(
+            state.options.results_dir, exc, "the session cannot claim it")) from None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

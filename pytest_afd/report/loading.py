@@ -16,6 +16,7 @@ from typing import Any
 
 from pytest_afd.manifest import stack_digest, with_run
 from pytest_afd.results import ResultValidationError, validate_result
+from pytest_afd.shared_results import SESSIONS_DIR_NAME
 
 REPORT_DIR_NAME = "report"
 RESULT_KIND = "afd-result"
@@ -136,11 +137,14 @@ def legacy_view(doc: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def load_results(results_dir: Path, *, exclude: Path | None = None) -> LoadedResults:
-    """Every valid result under ``results_dir``, except files under ``exclude`` (the report)."""
+    """Every valid result under ``results_dir``, except files under ``exclude`` (the report)
+    and the sessions' bookkeeping (``.afd-sessions``: leases and per-session summaries)."""
     loaded = LoadedResults()
     report_dir = (exclude or results_dir / REPORT_DIR_NAME).resolve()
+    sessions_dir = (results_dir / SESSIONS_DIR_NAME).resolve()
     for path in sorted(results_dir.rglob("*.json")):
-        if report_dir in path.resolve().parents or not path.is_file():
+        parents = path.resolve().parents
+        if report_dir in parents or sessions_dir in parents or not path.is_file():
             continue
         try:
             doc = read_json(path)

@@ -18,6 +18,7 @@ import pytest
 from test_plugin_hardening import AFD_ENV
 from test_plugin_pytester import FAKE_CONFTEST
 
+from pytest_afd.report.loading import load_results
 from pytest_afd.shared_results import (
     SESSIONS_DIR_NAME,
     SessionLease,
@@ -109,6 +110,9 @@ def test_two_sessions_on_one_results_dir_keep_their_own_outcomes(tmp_path):
     assert [s["session_id"] for s in summary_b["concurrent_sessions"]] == [doc_a["session_id"]]
     assert not session_is_live(results, doc_a["session_id"])  # leases end with the sessions
     assert list((results / SESSIONS_DIR_NAME).glob("*.lock")) == []
+    loaded = load_results(results)  # the report sees both results, not the bookkeeping
+    assert sorted(r.path for r in loaded.results) == sorted([path_a, path_b])
+    assert [p.name for p in loaded.ignored] == ["summary.json"]
 
 
 def _doc(session_id: str, note: str) -> dict:
