@@ -71,6 +71,7 @@ MAX_REPEATS = 1000
 MAX_WARMUPS = 100
 MAX_SEED = 2**32 - 1
 MAX_DEVICES_PER_NODE = 64
+MAX_PEER_TIMEOUT_S = 86_400
 OPTION_SPECS = (
     OptionSpec(
         "--npu-topology",
@@ -172,6 +173,17 @@ OPTION_SPECS = (
         False,
         kind="bool",
         env="AFD_CPU_PROCESSES",
+    ),
+    OptionSpec(
+        "--afd-peer-timeout-s",
+        "afd_peer_timeout_s",
+        "CPU AFD runtime (--afd-cpu-processes, afd_processes servers): seconds a rank waits "
+        f"for its peer before the step fails, 1 to {MAX_PEER_TIMEOUT_S}; unset: the "
+        "runtime's 120 s",
+        kind="int",
+        env="AFD_PEER_TIMEOUT_S",
+        minimum=1,
+        maximum=MAX_PEER_TIMEOUT_S,
     ),
     OptionSpec(
         "--afd-golden-dir",

@@ -65,6 +65,7 @@ class AfdOptions:
     devices_per_node: int
     topology: Topology
     aliases: Mapping[str, str] = field(default_factory=dict)
+    peer_timeout_s: int | None = None  # None: the AFD runtime's default
 
     def run_settings(self, **overrides: Any) -> RunSettings:
         """RunSettings defaults from the options (routing, profile, split constraints), then overrides."""
@@ -192,6 +193,10 @@ def resolve_options(config: pytest.Config) -> AfdOptions:
         values[spec.dest] = _convert(spec, raw, sources[spec.dest], rootdir)
     topology, aliases = _topology(values, sources)
     _check_output_dirs(values, sources)
+    if values["afd_peer_timeout_s"] is not None and values["afd_backend"] != "cpu":
+        raise pytest.UsageError(
+            f"{sources['afd_peer_timeout_s']}={values['afd_peer_timeout_s']}: the peer timeout "
+            f"is the CPU AFD runtime's; --afd-backend is {values['afd_backend']!r}")
     return AfdOptions(
         topology_spec=values["npu_topology"],
         backend=values["afd_backend"],
@@ -210,4 +215,5 @@ def resolve_options(config: pytest.Config) -> AfdOptions:
         devices_per_node=values["afd_devices_per_node"],
         aliases=aliases,
         topology=topology,
+        peer_timeout_s=values["afd_peer_timeout_s"],
     )

@@ -65,6 +65,7 @@ class AfdSession:
                     model_name=opts.model,
                     seed=opts.seed,
                     results_dir=opts.results_dir,
+                    peer_timeout_s=opts.peer_timeout_s,
                 )
             except BackendUnavailable as exc:
                 self.backend_error = exc

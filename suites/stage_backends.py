@@ -65,6 +65,7 @@ class BackendPool:
                     model_name=model,
                     seed=self.options.seed,
                     results_dir=self.options.results_dir,
+                    peer_timeout_s=self.options.peer_timeout_s,
                 )
             except BackendUnavailable as exc:
                 pytest.skip(

@@ -30,10 +30,18 @@ def create_backend(
     model_name: str,
     seed: int,
     results_dir: str | Path,
+    peer_timeout_s: float | None = None,
 ) -> Backend:
-    """Create the named backend for ``topology`` (a :class:`pytest_afd.topology.Topology`)."""
+    """Create the named backend for ``topology`` (a :class:`pytest_afd.topology.Topology`).
+
+    ``peer_timeout_s``: the CPU AFD runtime's peer timeout (None: its default);
+    only the CPU backend runs that runtime, so another backend refuses it.
+    """
     if name not in BACKEND_MODULES:
         raise ValueError(f"unknown backend {name!r}; expected one of {BACKEND_NAMES}")
+    if peer_timeout_s is not None and name != "cpu":
+        raise ValueError(f"peer_timeout_s={peer_timeout_s!r} applies to the CPU backend's AFD "
+                         f"runtime only, not to backend {name!r}")
     module_name = BACKEND_MODULES[name]
     try:
         module = importlib.import_module(module_name)
@@ -45,6 +53,7 @@ def create_backend(
         raise BackendUnavailable(
             f"backend {name!r}: module {module_name} is not installed"
         ) from exc
+    extra = {} if peer_timeout_s is None else {"peer_timeout_s": peer_timeout_s}
     return module.create(
-        topology=topology, model_name=model_name, seed=seed, results_dir=results_dir
+        topology=topology, model_name=model_name, seed=seed, results_dir=results_dir, **extra
     )

@@ -176,7 +176,8 @@ class CompletionsClient:
     """Talks to one OpenAI-compatible server (vLLM, vLLM-Ascend, or the CPU server)."""
 
     def __init__(self, base_url: str, model: str, *,
-                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> None:
+                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+                 api_key: str | None = None) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or parts.hostname is None or parts.port is None:
             raise ValueError(f"base_url={base_url!r}; expected http://HOST:PORT")
@@ -185,6 +186,8 @@ class CompletionsClient:
         self.port = parts.port
         self.model = model
         self.request_timeout_s = request_timeout_s
+        # vLLM's --api-key: sent as a bearer token (vLLM checks it on /v1/*).
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def _connection(self, timeout: float) -> http.client.HTTPConnection:
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
@@ -210,7 +213,8 @@ class CompletionsClient:
         started = time.perf_counter()
         try:
             connection.request("POST", "/v1/completions", body=body, headers={
-                "Content-Type": "application/json", "X-Request-Id": prompt.request_id})
+                "Content-Type": "application/json", "X-Request-Id": prompt.request_id,
+                **self._auth})
             response = connection.getresponse()
             if response.status != HTTP_OK:
                 result.error = _error_message(response.status, response.read())
@@ -267,7 +271,7 @@ class CompletionsClient:
         """One short control-plane request; any transport error or non-200 is a ClientError."""
         connection = self._connection(METRICS_TIMEOUT_S)
         try:
-            connection.request(method, path)
+            connection.request(method, path, headers=self._auth)
             response = connection.getresponse()
             body = response.read()
         except (OSError, http.client.HTTPException) as error:

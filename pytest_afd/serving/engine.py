@@ -3,7 +3,11 @@
 Every backend call happens on this one thread. Waiting requests are admitted
 first come, first served into a batch of at most ``max_num_seqs`` requests and
 ``max_batch_tokens`` prompt tokens; a batch the backend fails is rerun request
-by request, so only the request that breaks it fails. See ``docs/serving.md``.
+by request, so only the request that breaks it fails. A request whose client
+has gone is aborted before its prefill (vLLM checks the connection the same
+way before running a queued request). On stop the running batch finishes and
+every request still queued is refused (the server answers 503). See
+``docs/serving.md``.
 """
 
 from __future__ import annotations
@@ -24,12 +28,26 @@ ENGINE_IDLE_POLL_S = 0.2
 # of concurrent clients reaches the server over a few milliseconds; without a
 # window the first request of an all-at-once burst would be prefilled alone.
 DEFAULT_BATCH_WINDOW_S = 0.02
+# /health turns 503 when one batch has run this long: 4x the ~15 s the longest
+# admitted prompt (4,096 tokens) takes on a loaded CPU host. A frozen AFD rank
+# otherwise leaves /health at 200 until the peer timeout fails the batch.
+DEFAULT_STALL_TIMEOUT_S = 60.0
+
+
+class RequestAborted(RuntimeError):
+    """The client went away while its request was queued: it was never prefilled."""
+
+
+class EngineStopped(RuntimeError):
+    """The engine is stopping (SIGTERM): a queued or newly submitted request is refused."""
 
 
 @dataclass
 class _Pending:
     prompt: PromptRequest
     future: Future[RequestOutput]
+    # True once the client has gone (None: never checked, e.g. an in-process caller).
+    abandoned: Callable[[], bool] | None = None
 
 
 @dataclass
@@ -38,9 +56,11 @@ class _Counters:
     cached_tokens: int = 0
     request_success: int = 0
     request_failure: int = 0
+    request_aborted: int = 0  # client gone before its prefill, or refused while stopping
     batches: int = 0
     submitted: int = 0
     running: int = 0  # requests in the batch the backend is running now
+    batch_started: float | None = None  # time.monotonic() the running batch started
 
 
 class PrefillEngine:
@@ -48,37 +68,101 @@ class PrefillEngine:
 
     def __init__(self, backend: Backend, settings: RunSettings,
                  batch_window_s: float = DEFAULT_BATCH_WINDOW_S,
-                 max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS) -> None:
+                 max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+                 stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> None:
+        if not 0 < stall_timeout_s < float("inf"):
+            raise ValueError(f"stall_timeout_s={stall_timeout_s!r}; expected seconds > 0")
         self.backend = backend
+        self.stall_timeout_s = stall_timeout_s
         self.settings = settings
         self.batch_window_s = batch_window_s
         self.max_batch_tokens = max_batch_tokens
         self._deferred: Callable[[], None] | None = None
         # A request that did not fit the last batch's token budget: it opens the next one.
         self._carried: _Pending | None = None
+        # A batch formed after stop() was asked for: refused, never run.
+        self._unrun: list[_Pending] = []
         self._queue: queue.Queue[_Pending | Callable[[], None]] = queue.Queue()
         self._lock = threading.Lock()
         self._counters = _Counters()
         self._stopping = threading.Event()
+        self._closed = False  # set under the lock once stop() refused what was queued
         self._thread = threading.Thread(target=self._loop, name="prefill-engine", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
+        """Finish the running batch, then refuse (EngineStopped) every request still queued."""
         self._stopping.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
+        with self._lock:
+            self._closed = True
+        leftovers: list[_Pending | Callable[[], None]] = [*self._unrun]
+        leftovers += [item for item in (self._carried, self._deferred) if item is not None]
+        self._unrun, self._carried, self._deferred = [], None, None
+        while True:
+            try:
+                leftovers.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        for item in leftovers:
+            if isinstance(item, _Pending):
+                self._finish_unrun(item, EngineStopped(
+                    "the server is shutting down; this request was not run"))
+            else:
+                item()  # a control item (prefix-cache reset): its caller is waiting
 
     @property
     def healthy(self) -> bool:
-        return self._thread.is_alive()
+        return self.unhealthy_reason() is None
 
-    def submit(self, prompt: PromptRequest) -> Future[RequestOutput]:
-        future: Future[RequestOutput] = Future()
+    def unhealthy_reason(self, now: float | None = None) -> str | None:
+        """Why ``/health`` should answer 503: the engine thread is gone, or one batch has run
+        longer than ``stall_timeout_s`` (a frozen rank: the engine makes no progress)."""
+        if not self._thread.is_alive():
+            return "the engine thread is not running"
+        with self._lock:
+            started, running = self._counters.batch_started, self._counters.running
+        if started is None:
+            return None
+        busy_s = (time.monotonic() if now is None else now) - started
+        if busy_s <= self.stall_timeout_s:
+            return None
+        return (f"the engine has run one batch of {running} request(s) for {busy_s:.0f} s "
+                f"without finishing (stall bound {self.stall_timeout_s:g} s)")
+
+    def submit(self, prompt: PromptRequest,
+               abandoned: Callable[[], bool] | None = None) -> Future[RequestOutput]:
+        """Queue one request; ``abandoned`` says whether its client has gone (checked
+        before its prefill). After stop() the future fails with EngineStopped at once."""
+        pending = _Pending(prompt, Future(), abandoned)
         with self._lock:
             self._counters.submitted += 1
-        self._queue.put(_Pending(prompt, future))
-        return future
+            closed = self._closed
+            if not closed:
+                self._queue.put(pending)
+        if closed:
+            self._finish_unrun(pending, EngineStopped(
+                "the server is shutting down; this request was not run"))
+        return pending.future
+
+    def _finish_unrun(self, pending: _Pending, error: Exception) -> None:
+        with self._lock:
+            self._counters.request_aborted += 1
+        pending.future.set_exception(error)
+
+    def _drop_abandoned(self, batch: list[_Pending]) -> list[_Pending]:
+        """The batch without the requests whose clients have gone (aborted, never prefilled)."""
+        kept = []
+        for pending in batch:
+            if pending.abandoned is not None and pending.abandoned():
+                self._finish_unrun(pending, RequestAborted(
+                    f"{pending.prompt.request_id}: the client disconnected before its prefill"))
+            else:
+                kept.append(pending)
+        return kept
 
     def reset_prefix_cache(self) -> None:
         """Runs between batches so a reset never races a forward."""
@@ -144,11 +228,17 @@ class PrefillEngine:
             if callable(work):
                 work()
                 continue
-            self._run_batch(work)
+            if self._stopping.is_set():
+                self._unrun = work
+                break
+            batch = self._drop_abandoned(work)
+            if batch:
+                self._run_batch(batch)
 
     def _run_batch(self, batch: list[_Pending]) -> None:
         with self._lock:
             self._counters.running = len(batch)
+            self._counters.batch_started = time.monotonic()
         try:
             outputs = self.backend.run([pending.prompt for pending in batch], self.settings)
         except Exception as error:  # one failing batch fails its requests, not the server
@@ -159,6 +249,7 @@ class PrefillEngine:
                 return
             with self._lock:
                 self._counters.running = 0
+                self._counters.batch_started = None
                 self._counters.request_failure += len(batch)
             for pending in batch:
                 pending.future.set_exception(error)
@@ -167,6 +258,7 @@ class PrefillEngine:
         missing = RuntimeError("the backend returned no output for this request")
         with self._lock:
             self._counters.running = 0
+            self._counters.batch_started = None
             self._counters.batches += 1
             for pending in batch:
                 output = by_id.get(pending.prompt.request_id)
@@ -196,6 +288,9 @@ class PrefillEngine:
              f"{{{labels}}}", counters.prompt_tokens),
             ("vllm:request_success", "counter", "Count of successfully processed requests.",
              f'{{{labels},finished_reason="length"}}', counters.request_success),
+            # vLLM V1 counts aborted requests under the same name (FinishReason.ABORT).
+            ("vllm:request_success", "counter", "Count of successfully processed requests.",
+             f'{{{labels},finished_reason="abort"}}', counters.request_aborted),
             ("afd:request_failure", "counter", "Requests whose prefill failed.",
              f"{{{labels}}}", counters.request_failure),
             ("afd:prefill_batches", "counter", "Backend prefill batches run.",
@@ -203,9 +298,10 @@ class PrefillEngine:
         ]
         lines = []
         for name, kind, help_text, label_text, value in rows:
-            lines += [f"# HELP {name}_total {help_text}", f"# TYPE {name}_total {kind}",
-                      f"{name}_total{label_text} {float(value)}"]
-        finished = counters.request_success + counters.request_failure
+            if f"# TYPE {name}_total {kind}" not in lines:
+                lines += [f"# HELP {name}_total {help_text}", f"# TYPE {name}_total {kind}"]
+            lines.append(f"{name}_total{label_text} {float(value)}")
+        finished = counters.request_success + counters.request_failure + counters.request_aborted
         waiting = counters.submitted - finished - counters.running
         for name, help_text, value in (
             ("vllm:num_requests_running", "Requests in the batch being prefilled.", counters.running),

@@ -102,8 +102,10 @@ def server_side_settings(settings: RunSettings,
 def cpu_server_spec(settings: RunSettings, *, name: str, log_dir: Path, topology: str | None,
                     model_name: str, seed: int,
                     startup_timeout_s: float = DEFAULT_CPU_STARTUP_TIMEOUT_S,
-                    threads: int = DEFAULT_CPU_SERVER_THREADS) -> ServerSpec:
-    """Spec of the CPU backend served by ``python -m pytest_afd.serving.server`` on loopback."""
+                    threads: int = DEFAULT_CPU_SERVER_THREADS,
+                    peer_timeout_s: float | None = None) -> ServerSpec:
+    """Spec of the CPU backend served by ``python -m pytest_afd.serving.server`` on loopback
+    (``peer_timeout_s``: the AFD runtime's, for ``afd_processes``; None: its default)."""
     port_file = Path(log_dir) / f"{name}.port"
     argv = [sys.executable, "-m", "pytest_afd.serving.server", "--backend", "cpu",
             "--model-name", model_name, "--seed", str(seed), "--results-dir", str(log_dir),
@@ -111,6 +113,8 @@ def cpu_server_spec(settings: RunSettings, *, name: str, log_dir: Path, topology
             "--settings-json", json.dumps(dataclasses.asdict(server_side_settings(settings)))]
     if topology is not None:
         argv += ["--topology", topology]
+    if peer_timeout_s is not None:
+        argv += ["--afd-peer-timeout-s", str(peer_timeout_s)]
     env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     return ServerSpec(name=name, argv=tuple(argv), env=env, port_file=port_file,
                       startup_timeout_s=startup_timeout_s)
@@ -137,13 +141,15 @@ class HttpBackend:
     def __init__(self, name: str, capabilities: frozenset[str], launcher: Launcher, *,
                  describe_extra: dict[str, Any] | None = None,
                  request_timeout_s: float | None = None,
-                 server_fields: tuple[str, ...] | None = None) -> None:
+                 server_fields: tuple[str, ...] | None = None,
+                 api_key: str | None = None) -> None:
         self.name = name
         self.capabilities = capabilities
         self._launcher = launcher
         self._describe_extra = dict(describe_extra or {})
         self._request_timeout_s = request_timeout_s
         self._server_fields = server_fields
+        self._api_key = api_key
         self._session: ServerSession | None = None
         self._session_settings: RunSettings | None = None
         self.launches = 0
@@ -152,9 +158,9 @@ class HttpBackend:
 
     def _client(self, session: ServerSession) -> CompletionsClient:
         if self._request_timeout_s is None:
-            return CompletionsClient(session.base_url, session.model)
+            return CompletionsClient(session.base_url, session.model, api_key=self._api_key)
         return CompletionsClient(session.base_url, session.model,
-                                 request_timeout_s=self._request_timeout_s)
+                                 request_timeout_s=self._request_timeout_s, api_key=self._api_key)
 
     def session_for(self, settings: RunSettings) -> ServerSession:
         """The running session for these settings, (re)starting servers when they differ."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 # vLLM V1 names (counters in tokens); older releases prefixed them with ``gpu_``.
@@ -18,6 +18,10 @@ PREFIX_CACHE_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits
 PROMPT_TOKENS = ("vllm:prompt_tokens_total",)
 REQUEST_SUCCESS = ("vllm:request_success_total",)
 REQUESTS_RUNNING = ("vllm:num_requests_running",)
+# vLLM V1 labels every finished request of request_success_total with its
+# FinishReason (vllm/v1/metrics/loggers.py): aborted ones carry "abort".
+FINISHED_REASON_LABEL = "finished_reason"
+FINISHED_ABORT = "abort"
 
 _SAMPLE_LINE = re.compile(
     r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)"
@@ -76,17 +80,23 @@ def parse_prometheus(text: str) -> list[Sample]:
     return samples
 
 
-def sum_metric(samples: Iterable[Sample], names: tuple[str, ...]) -> float | None:
+def sum_metric(samples: Iterable[Sample], names: tuple[str, ...],
+               where: Callable[[Sample], bool] | None = None) -> float | None:
     """Sum over all label sets of the first name in ``names`` that is present.
 
-    Several engines (DP ranks) report one series each; the server total is the sum.
+    Several engines (DP ranks) report one series each; the server total is the
+    sum. ``where`` keeps only the samples it accepts (e.g. one finished_reason).
     """
     materialized = list(samples)
     for name in names:
-        matching = [sample.value for sample in materialized if sample.name == name]
-        if matching:
-            return float(sum(matching))
+        series = [sample for sample in materialized if sample.name == name]
+        if series:
+            return float(sum(sample.value for sample in series if where is None or where(sample)))
     return None
+
+
+def _aborted(sample: Sample) -> bool:
+    return dict(sample.labels).get(FINISHED_REASON_LABEL) == FINISHED_ABORT
 
 
 @dataclass(frozen=True)
@@ -96,8 +106,9 @@ class ServerCounters:
     prefix_cache_queries: float
     prefix_cache_hits: float
     prompt_tokens: float | None
-    request_success: float | None
+    request_success: float | None  # finished requests, aborted ones excluded
     requests_running: float | None = None
+    request_aborted: float | None = None  # finished_reason="abort"
 
     @classmethod
     def from_text(cls, text: str) -> ServerCounters:
@@ -113,8 +124,10 @@ class ServerCounters:
             prefix_cache_queries=queries,
             prefix_cache_hits=hits,
             prompt_tokens=sum_metric(samples, PROMPT_TOKENS),
-            request_success=sum_metric(samples, REQUEST_SUCCESS),
+            request_success=sum_metric(samples, REQUEST_SUCCESS,
+                                       lambda sample: not _aborted(sample)),
             requests_running=sum_metric(samples, REQUESTS_RUNNING),
+            request_aborted=sum_metric(samples, REQUEST_SUCCESS, _aborted),
         )
 
 

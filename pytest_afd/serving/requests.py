@@ -11,8 +11,8 @@ has passed these checks, so one bad request cannot fail the others. See
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
+from email.message import Message
 from http import HTTPStatus
 from typing import Any, BinaryIO
 
@@ -26,8 +26,8 @@ DEFAULT_MAX_PROMPT_TOKENS = 4096
 DEFAULT_MAX_BATCH_TOKENS = 4096
 # Listen backlog (socketserver's default is 5: a burst of 16 clients lost one).
 DEFAULT_REQUEST_QUEUE_SIZE = 512
-# A connection that sends nothing for this long (a body shorter than its
-# Content-Length, held open) is answered 408 and closed.
+# Each request, header and body, must arrive within this long (a body shorter
+# than its Content-Length held open, a header sent a byte a second): else 408.
 DEFAULT_READ_TIMEOUT_S = 30.0
 # A request body: a JSON token list needs at most ~12 bytes per token.
 MAX_BODY_BYTES = 1 << 24
@@ -53,28 +53,45 @@ class ServingLimits:
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
     request_queue_size: int = DEFAULT_REQUEST_QUEUE_SIZE
-    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S  # the whole request (header and body)
+    max_connections: int | None = None  # None: the default lowered to the descriptor budget
 
     def __post_init__(self) -> None:
         for name in ("max_prompt_tokens", "max_batch_tokens", "request_queue_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)!r}; expected a positive integer")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"max_connections={self.max_connections!r}; expected a positive "
+                             "integer or None")
         if self.vocab_size is not None and self.vocab_size < 1:
             raise ValueError(f"vocab_size={self.vocab_size!r}; expected a positive integer or None")
         if not self.read_timeout_s > 0:
             raise ValueError(f"read_timeout_s={self.read_timeout_s!r}; expected seconds > 0")
 
 
-def read_body(rfile: BinaryIO, headers: Mapping[str, str]) -> bytes:
+def content_length_text(headers: Message) -> str:
+    """The one ``Content-Length`` value; repeated headers must agree (RFC 9110 8.6), else 400.
+
+    Two differing lengths are the classic request-smuggling split: this
+    server and a proxy in front of it could each believe a different one.
+    """
+    values = headers.get_all("Content-Length")
+    if not values:
+        raise BadRequest("Content-Length header is required", HTTPStatus.LENGTH_REQUIRED)
+    distinct = sorted({value.strip() for value in values})
+    if len(distinct) > 1:
+        shown = ", ".join(repr(value[:32]) for value in distinct[:4])
+        raise BadRequest(f"conflicting Content-Length headers ({shown}): refusing the request")
+    return distinct[0]
+
+
+def read_body(rfile: BinaryIO, headers: Message) -> bytes:
     """Exactly ``Content-Length`` bytes; a short body is a BadRequest, a stalled one times out.
 
-    The socket's read timeout (``ServingLimits.read_timeout_s``) raises
-    ``TimeoutError`` out of here; the handler answers 408.
+    The connection's request deadline (``ServingLimits.read_timeout_s``, whole
+    header and body) raises ``TimeoutError`` out of here; the handler answers 408.
     """
-    text = headers.get("Content-Length")
-    if text is None:
-        raise BadRequest("Content-Length header is required", HTTPStatus.LENGTH_REQUIRED)
-    text = text.strip()
+    text = content_length_text(headers)
     if not (text.isascii() and text.isdigit()) or len(text) > MAX_CONTENT_LENGTH_DIGITS:
         raise BadRequest(f"Content-Length {text[:32]!r} is not a byte count")
     length = int(text)
@@ -130,15 +147,53 @@ def _token_ids(prompt: Any) -> tuple[int, ...]:
     return tuple(prompt)
 
 
+# Every body field this server honours, with the only values it can honour.
+# Anything else is refused by name: silently ignoring ``n=4`` or ``temperature``
+# would answer a request the client did not make.
+SUPPORTED_FIELDS = (
+    "model", "prompt", "max_tokens", "stream", "stream_options", "return_token_ids",
+    "temperature", "n", "best_of", "echo", "logprobs", "return_tokens_as_token_ids",
+    "prompt_logprobs",
+)
+# Fields with exactly one supported value (prefill-only, greedy, one choice).
+FIXED_VALUES = {"n": 1, "best_of": 1, "echo": False, "temperature": 0.0,
+                "return_token_ids": True}
+
+
+def strict_int(name: str, value: Any) -> int:
+    """A JSON integer: ``1.0`` and ``true`` are not integers (Python's ``1.0 == True == 1``)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"{name}={value!r}; expected a JSON integer")
+    return value
+
+
+def _check_fixed(body: dict[str, Any]) -> None:
+    unknown = sorted(set(body) - set(SUPPORTED_FIELDS))
+    if unknown:
+        raise BadRequest(f"unsupported field(s) {', '.join(unknown)}: this prefill-only server "
+                         f"honours only {', '.join(SUPPORTED_FIELDS)}")
+    for name, wanted in FIXED_VALUES.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        # Types first: JSON true must not pass for 1, nor 0 for false.
+        if type(value) is not type(wanted) and not (
+                isinstance(wanted, float) and type(value) is int):
+            raise BadRequest(f"{name}={value!r}; this server supports only {name}={wanted!r}")
+        if value != wanted:
+            raise BadRequest(f"{name}={value!r}; this server supports only {name}={wanted!r}")
+
+
 def parse_completion_request(
     body: dict[str, Any], served_model_name: str
 ) -> tuple[tuple[int, ...], bool, bool]:
     """Validate a ``/v1/completions`` body; returns (token ids, stream, include_usage)."""
+    _check_fixed(body)
     model = body.get("model", served_model_name)
     if model != served_model_name:
         raise BadRequest(f"model={model!r}; this server serves {served_model_name!r}")
     token_ids = _token_ids(body.get("prompt"))
-    max_tokens = body.get("max_tokens", PREFILL_MAX_TOKENS)
+    max_tokens = strict_int("max_tokens", body.get("max_tokens", PREFILL_MAX_TOKENS))
     if max_tokens != PREFILL_MAX_TOKENS:
         raise BadRequest(
             f"max_tokens={max_tokens!r}; this prefill-only server generates exactly "
@@ -152,6 +207,10 @@ def parse_completion_request(
         stream_options = {}
     if not isinstance(stream_options, dict):
         raise BadRequest(f"stream_options={str(stream_options)[:80]!r}; expected a JSON object")
+    unknown_options = sorted(set(stream_options) - {"include_usage"})
+    if unknown_options:
+        raise BadRequest(f"unsupported stream_options field(s) {', '.join(unknown_options)}: "
+                         "only include_usage is honoured")
     include_usage = stream_options.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise BadRequest(f"stream_options.include_usage={include_usage!r}; expected a boolean")

@@ -6,239 +6,66 @@ authentication): ``POST /v1/completions`` (prompt token ids, ``max_tokens=1``,
 optional SSE streaming), ``GET /health``, ``GET /metrics`` (vLLM counter names),
 ``GET /v1/models``, ``POST /reset_prefix_cache`` and ``GET /afd/describe``.
 
-Concurrent requests are queued and prefilled together by one engine thread, the
-way a serving scheduler batches waiting prefills: everything that is waiting
-when the previous batch finishes (up to ``max_num_seqs`` requests and
-``--max-batch-tokens`` prompt tokens) forms the next batch. Requests are
-validated while they are read (:mod:`pytest_afd.serving.requests`), and a
-batch the backend fails is rerun request by request, so one bad request fails
-only itself. Limits, backlog and timeouts: ``docs/serving.md``.
+Concurrent requests are queued and prefilled together by one engine thread
+(:mod:`pytest_afd.serving.engine`), the way a serving scheduler batches waiting
+prefills. Requests are validated while they are read
+(:mod:`pytest_afd.serving.requests`, :mod:`pytest_afd.serving.handler`);
+connections are capped and every request has a deadline
+(:mod:`pytest_afd.serving.connections`). On SIGTERM the server stops
+accepting, lets the running batch finish and answers 503 to every request still
+queued. Limits, deadlines and shutdown: ``docs/serving.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import os
 import signal
 import socket
 import sys
 import threading
-import time
-import uuid
-from collections.abc import Callable
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_afd.backends.base import Backend, PromptRequest, RequestOutput, RunSettings
+from pytest_afd.backends.base import Backend, RunSettings
 from pytest_afd.faults import applied_from_env
-from pytest_afd.serving.engine import DEFAULT_BATCH_WINDOW_S, PrefillEngine
-from pytest_afd.serving.logprobs import MAX_NUM_LOGPROBS, completion_logprobs
+from pytest_afd.serving.connections import (
+    RESOURCE_ERRNOS,
+    CappedHTTPServer,
+    default_max_connections,
+    descriptor_budget,
+)
+from pytest_afd.serving.engine import DEFAULT_BATCH_WINDOW_S, DEFAULT_STALL_TIMEOUT_S, PrefillEngine
+from pytest_afd.serving.handler import Handler
 from pytest_afd.serving.requests import (
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_MAX_PROMPT_TOKENS,
     DEFAULT_READ_TIMEOUT_S,
     DEFAULT_REQUEST_QUEUE_SIZE,
-    PREFILL_MAX_TOKENS,
-    BadRequest,
     ServingLimits,
-    check_prompt,
-    parse_completion_request,
-    parse_json_body,
-    read_body,
 )
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
-PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-SSE_DONE = b"data: [DONE]\n\n"
+# After SIGTERM: how long past the request deadline to wait for answers being written.
+SHUTDOWN_GRACE_S = 10.0
+PEER_TIMEOUT_ENV = "AFD_PEER_TIMEOUT_S"
+MAX_PEER_TIMEOUT_S = 86_400.0
 
 
-def _usage(output: RequestOutput) -> dict[str, Any]:
-    return {
-        "prompt_tokens": output.num_prompt_tokens,
-        "completion_tokens": PREFILL_MAX_TOKENS,
-        "total_tokens": output.num_prompt_tokens + PREFILL_MAX_TOKENS,
-        "prompt_tokens_details": {"cached_tokens": output.num_cached_tokens},
-    }
-
-
-def _choice(output: RequestOutput) -> dict[str, Any]:
-    return {"index": 0, "text": "", "token_ids": [output.next_token], "logprobs": None,
-            "finish_reason": "length", "stop_reason": None}
-
-
-def parse_logprobs_request(body: dict[str, Any]) -> int | None:
-    """``logprobs`` (top-k of the generated token) as vLLM accepts it; prompt_logprobs refused.
-
-    Tokens are always returned as ``"token_id:<id>"`` (this server has no
-    tokenizer), so ``return_tokens_as_token_ids`` must be true when asking.
-    """
-    if body.get("prompt_logprobs") is not None:
-        raise BadRequest(f"prompt_logprobs={body['prompt_logprobs']!r}: this server returns only "
-                         "the generated token's logprobs (its backend gives last-token logits)")
-    k = body.get("logprobs")
-    if k is None:
-        return None
-    if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_NUM_LOGPROBS:
-        raise BadRequest(f"logprobs={k!r}; expected an integer in 0..{MAX_NUM_LOGPROBS}")
-    if body.get("return_tokens_as_token_ids") is not True:
-        raise BadRequest("logprobs needs return_tokens_as_token_ids=true: this server has no "
-                         "tokenizer to spell tokens as text")
-    return k
-
-
-def with_logprobs(choice: dict[str, Any], output: RequestOutput, k: int | None) -> dict[str, Any]:
-    """The choice with vLLM's ``logprobs`` object when the request asked for ``k`` of them."""
-    if k is None:
-        return choice
-    if output.logits is None:
-        raise RuntimeError("the backend returned no logits, so no logprobs can be computed")
-    return {**choice, "logprobs": completion_logprobs(output.logits, output.next_token, k)}
-
-
-def engine_settings(settings: RunSettings) -> RunSettings:
-    """The server's backend always returns last-token logits: logprobs are computed from them."""
-    return dataclasses.replace(settings, return_logits=True)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: AfdHTTPServer  # type: ignore[assignment]
-
-    def setup(self) -> None:
-        # StreamRequestHandler applies ``timeout`` to the socket: a stalled read
-        # (a body shorter than its Content-Length, held open) raises TimeoutError.
-        self.timeout = self.server.limits.read_timeout_s
-        super().setup()
-
-    def log_message(self, format: str, *args: Any) -> None:
-        sys.stderr.write(f"{self.address_string()} {format % args}\n")
-
-    def _send_json(self, status: HTTPStatus, payload: dict[str, Any]) -> None:
-        body = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _send_error_json(self, status: HTTPStatus, message: str) -> None:
-        self._send_json(status, {"error": {"message": message, "type": status.phrase,
-                                           "code": int(status)}})
-
-    def _read_json_body(self) -> dict[str, Any]:
-        """The body as JSON; a client error closes the connection (its stream is out of step)."""
-        try:
-            return parse_json_body(read_body(self.rfile, self.headers))
-        except BadRequest:
-            self.close_connection = True
-            raise
-        except TimeoutError:
-            self.close_connection = True
-            self._send_error_json(
-                HTTPStatus.REQUEST_TIMEOUT,
-                f"body not received within {self.server.limits.read_timeout_s} s "
-                f"(Content-Length {self.headers.get('Content-Length')})",
-            )
-            raise
-
-    def do_GET(self) -> None:
-        engine = self.server.engine
-        if self.path == "/health":
-            status = HTTPStatus.OK if engine.healthy else HTTPStatus.SERVICE_UNAVAILABLE
-            self.send_response(status)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-        elif self.path == "/metrics":
-            body = engine.metrics_text(self.server.served_model_name).encode()
-            self.send_response(HTTPStatus.OK)
-            self.send_header("Content-Type", PROMETHEUS_CONTENT_TYPE)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        elif self.path == "/v1/models":
-            self._send_json(HTTPStatus.OK, {"object": "list", "data": [
-                {"id": self.server.served_model_name, "object": "model",
-                 "root": self.server.served_model_name, "owned_by": "pytest-afd"}]})
-        elif self.path == "/afd/describe":
-            self._send_json(HTTPStatus.OK, {
-                "backend": engine.backend.describe(),
-                "settings": dataclasses.asdict(engine.settings),
-            })
-        else:
-            self._send_error_json(HTTPStatus.NOT_FOUND, f"no route GET {self.path}")
-
-    def do_POST(self) -> None:
-        if self.path == "/reset_prefix_cache":
-            try:
-                self.server.engine.reset_prefix_cache()
-            except Exception as error:
-                self._send_error_json(HTTPStatus.INTERNAL_SERVER_ERROR, f"reset failed: {error}")
-                return
-            self._send_json(HTTPStatus.OK, {"reset": True})
-            return
-        if self.path != "/v1/completions":
-            self._send_error_json(HTTPStatus.NOT_FOUND, f"no route POST {self.path}")
-            return
-        try:
-            body = self._read_json_body()
-            token_ids, stream, include_usage = parse_completion_request(
-                body, self.server.served_model_name)
-            num_logprobs = parse_logprobs_request(body)
-        except BadRequest as error:  # bad JSON, a bad Content-Length or a bad field
-            self._send_error_json(error.status, str(error))
-            return
-        except TimeoutError:
-            return  # _read_json_body answered 408 and closes the connection
-        try:
-            check_prompt(token_ids, self.server.limits, self.server.schedulable_prompt_tokens)
-        except BadRequest as error:
-            self._send_error_json(error.status, str(error))
-            return
-        request_id = self.headers.get("X-Request-Id") or f"cmpl-{uuid.uuid4().hex}"
-        # Internal ids stay unique even when clients reuse theirs.
-        prompt = PromptRequest(f"{request_id}#{uuid.uuid4().hex[:8]}", token_ids)
-        try:
-            output = self.server.engine.submit(prompt).result()
-        except Exception as error:
-            self._send_error_json(HTTPStatus.INTERNAL_SERVER_ERROR, f"prefill failed: {error}")
-            return
-        if output.error is not None:
-            self._send_error_json(HTTPStatus.INTERNAL_SERVER_ERROR, output.error)
-            return
-        try:
-            choice = with_logprobs(_choice(output), output, num_logprobs)
-        except RuntimeError as error:
-            self._send_error_json(HTTPStatus.INTERNAL_SERVER_ERROR, str(error))
-            return
-        response = {"id": request_id, "object": "text_completion", "created": int(time.time()),
-                    "model": self.server.served_model_name, "choices": [choice]}
-        if not stream:
-            self._send_json(HTTPStatus.OK, {**response, "usage": _usage(output)})
-            return
-        self.send_response(HTTPStatus.OK)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.end_headers()
-        self.wfile.write(f"data: {json.dumps(response)}\n\n".encode())
-        if include_usage:
-            usage_chunk = {**response, "choices": [], "usage": _usage(output)}
-            self.wfile.write(f"data: {json.dumps(usage_chunk)}\n\n".encode())
-        self.wfile.write(SSE_DONE)
-        self.wfile.flush()
-
-
-class AfdHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
+class AfdHTTPServer(CappedHTTPServer):
     def __init__(self, address: tuple[str, int], engine: PrefillEngine, served_model_name: str,
                  limits: ServingLimits | None = None) -> None:
         self.limits = limits or ServingLimits()
-        # listen() takes socketserver's backlog (default 5) when the base class binds.
-        self.request_queue_size = self.limits.request_queue_size
-        super().__init__(address, _Handler)
+        # Measured before the listening socket opens (FD_HEADROOM covers it).
+        self.descriptor_budget = descriptor_budget()
+        max_connections = self.limits.max_connections or default_max_connections(
+            self.descriptor_budget)
+        super().__init__(address, Handler, max_connections=max_connections,
+                         request_queue_size=self.limits.request_queue_size)
         self.engine = engine
         self.served_model_name = served_model_name
 
@@ -251,12 +78,36 @@ class AfdHTTPServer(ThreadingHTTPServer):
             return sys.maxsize
         return settings.max_num_batched_tokens // settings.block_size * settings.block_size
 
+    def metrics_text(self) -> str:
+        """The engine's vLLM-named counters plus this server's connection counters."""
+        labels = f'model_name="{self.served_model_name}",engine="0"'
+        lines = [self.engine.metrics_text(self.served_model_name).rstrip("\n"),
+                 "# HELP afd:accept_errors_total accept() failures for want of descriptors "
+                 "or memory (each one backed off).",
+                 "# TYPE afd:accept_errors_total counter"]
+        for code in sorted(RESOURCE_ERRNOS):
+            name = errno.errorcode[code]
+            count = self.accept_errors.get(name, 0)
+            lines.append(f'afd:accept_errors_total{{{labels},errno="{name}"}} {float(count)}')
+        for name, help_text, value in (
+            ("afd:open_connections", "Client connections open now.", self.open_connections),
+            ("afd:max_connections", "The connection cap.", self.max_connections),
+        ):
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge",
+                      f"{name}{{{labels}}} {float(value)}"]
+        return "\n".join(lines) + "\n"
+
     def handle_error(self, request: socket.socket | tuple[bytes, socket.socket],
                      client_address: Any) -> None:
         """A client that went away mid-answer is its own business, not a traceback."""
         if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
             return
         super().handle_error(request, client_address)
+
+
+def engine_settings(settings: RunSettings) -> RunSettings:
+    """The server's backend always returns last-token logits: logprobs are computed from them."""
+    return dataclasses.replace(settings, return_logits=True)
 
 
 def check_loopback(host: str) -> str:
@@ -330,9 +181,46 @@ def _build_parser() -> argparse.ArgumentParser:
                              "net.core.somaxconn)")
     limits.add_argument("--read-timeout-s", type=_argument(_positive_seconds),
                         default=DEFAULT_READ_TIMEOUT_S,
-                        help="a connection silent this long is answered 408 and closed "
+                        help="each request (header and body) must arrive within this many "
+                             "seconds, else 408 and the connection is closed (default "
+                             "%(default)s)")
+    limits.add_argument("--max-connections", type=_argument(_positive_int), default=None,
+                        help="open client connections at most; more wait in the listen "
+                             "backlog (default: 256, lowered to the RLIMIT_NOFILE budget)")
+    limits.add_argument("--stall-timeout-s", type=_argument(_positive_seconds),
+                        default=DEFAULT_STALL_TIMEOUT_S,
+                        help="/health answers 503 once one batch has run this long "
                              "(default %(default)s)")
+    parser.add_argument("--afd-peer-timeout-s", type=_argument(peer_timeout_seconds),
+                        default=None,
+                        help="CPU AFD runtime (afd_processes): how long a rank waits for its "
+                             f"peer before failing the batch (default ${PEER_TIMEOUT_ENV}, "
+                             "else the runtime's 120 s)")
     return parser
+
+
+def peer_timeout_seconds(text: str) -> float:
+    """A peer timeout in seconds: a finite number in (0, 86,400]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r}: expected a number of seconds") from None
+    if not 0 < value <= MAX_PEER_TIMEOUT_S:
+        raise ValueError(f"{text!r}: expected seconds in (0, {MAX_PEER_TIMEOUT_S:g}]")
+    return value
+
+
+def peer_timeout_from(flag: float | None, environ: Mapping[str, str]) -> float | None:
+    """The flag, else ``$AFD_PEER_TIMEOUT_S`` (a bad value names the variable), else None."""
+    if flag is not None:
+        return flag
+    text = environ.get(PEER_TIMEOUT_ENV, "")
+    if not text.strip():
+        return None
+    try:
+        return peer_timeout_seconds(text.strip())
+    except ValueError as error:
+        raise SystemExit(f"${PEER_TIMEOUT_ENV}={text!r}: {error}") from None
 
 
 def _positive_int(text: str) -> int:
@@ -364,7 +252,8 @@ def limits_from_args(args: argparse.Namespace, backend: Backend) -> ServingLimit
     return ServingLimits(vocab_size=vocab_size, max_prompt_tokens=args.max_prompt_tokens,
                          max_batch_tokens=args.max_batch_tokens,
                          request_queue_size=args.request_queue_size,
-                         read_timeout_s=args.read_timeout_s)
+                         read_timeout_s=args.read_timeout_s,
+                         max_connections=args.max_connections)
 
 
 def make_backend(args: argparse.Namespace) -> Backend:
@@ -376,35 +265,55 @@ def make_backend(args: argparse.Namespace) -> Backend:
 
         topology = parse_topology(args.topology)
     return create_backend(args.backend, topology=topology, model_name=args.model_name,
-                          seed=args.seed, results_dir=args.results_dir)
+                          seed=args.seed, results_dir=args.results_dir,
+                          peer_timeout_s=peer_timeout_from(args.afd_peer_timeout_s, os.environ))
 
 
 def serve(backend: Backend, settings: RunSettings, *, host: str, port: int,
           served_model_name: str, port_file: Path | None = None,
           batch_window_s: float = DEFAULT_BATCH_WINDOW_S,
-          limits: ServingLimits | None = None) -> None:
-    """Serve until SIGTERM/SIGINT; the backend is closed on the way out."""
+          limits: ServingLimits | None = None,
+          stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S) -> None:
+    """Serve until SIGTERM/SIGINT, then drain (:func:`drain`); the backend is closed last."""
     limits = limits or ServingLimits()
     engine = PrefillEngine(backend, engine_settings(settings), batch_window_s,
-                           limits.max_batch_tokens)
+                           limits.max_batch_tokens, stall_timeout_s)
     engine.start()
     httpd = AfdHTTPServer((host, port), engine, served_model_name, limits)
 
     def shutdown(signum: int, frame: object) -> None:
+        httpd.stopping = True
         threading.Thread(target=httpd.shutdown, daemon=True).start()
 
     signal.signal(signal.SIGTERM, shutdown)
     signal.signal(signal.SIGINT, shutdown)
     bound_port = httpd.server_address[1]
-    print(f"serving {served_model_name} ({backend.name}) on http://{host}:{bound_port}", flush=True)
+    budget = httpd.descriptor_budget
+    print(f"serving {served_model_name} ({backend.name}) on http://{host}:{bound_port}; "
+          f"at most {httpd.max_connections} connections (descriptor budget {budget}), "
+          f"request deadline {limits.read_timeout_s:g} s", flush=True)
+    if httpd.max_connections > budget:
+        print(f"warning: --max-connections {httpd.max_connections} exceeds the descriptor "
+              f"budget {budget}: accept will back off on EMFILE", file=sys.stderr, flush=True)
     if port_file is not None:
         _write_port_file(port_file, bound_port)
     try:
         httpd.serve_forever()
     finally:
-        httpd.server_close()
-        engine.stop()
+        drain(httpd, engine)
         backend.close()
+
+
+def drain(httpd: AfdHTTPServer, engine: PrefillEngine) -> None:
+    """Stop accepting; the running batch finishes and is answered, every queued request
+    gets 503; wait (bounded) until those answers are written."""
+    httpd.stopping = True
+    httpd.server_close()  # connections not yet accepted are refused, not left hanging
+    engine.stop()
+    unanswered = httpd.wait_answered(httpd.limits.read_timeout_s + SHUTDOWN_GRACE_S)
+    if unanswered:
+        print(f"shutdown: {unanswered} request(s) still unanswered after the grace period",
+              file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -418,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         serve(backend, args.settings_json, host=args.host, port=args.port,
               served_model_name=args.served_model_name or args.model_name,
               port_file=args.port_file, batch_window_s=args.batch_window_s,
-              limits=limits_from_args(args, backend))
+              limits=limits_from_args(args, backend), stall_timeout_s=args.stall_timeout_s)
     return 0
 
 

@@ -136,6 +136,7 @@ class GateBackends:
                 model_name=model,
                 seed=self.options.seed,
                 results_dir=self.options.results_dir,
+                peer_timeout_s=self.options.peer_timeout_s,
             )
         return self.created[key]
 

@@ -28,7 +28,7 @@ from pytest_afd.backends.vllm_ascend.backend import (
     npu_product_from_smi,
     server_specs,
 )
-from pytest_afd.backends.vllm_ascend.launch import LaunchOptions, build_launch_plan
+from pytest_afd.backends.vllm_ascend.launch import LaunchOptions, LaunchPlanError, build_launch_plan
 from pytest_afd.serving.http_backend import cpu_server_spec
 from pytest_afd.serving.lifecycle import ManagedServer
 from pytest_afd.topology import parse_topology
@@ -87,7 +87,7 @@ def test_npu_facts_model_path_and_devices_override(tmp_path):
     assert devices_per_node({"AFD_DEVICES_PER_NODE": "16"}) == 16
 
 
-def test_run_settings_map_to_a_loopback_launch_plan():
+def test_run_settings_map_to_a_loopback_launch_plan(monkeypatch):
     settings = RunSettings(split_policy="token_balanced", chunk_size=8192, prefix_caching=True,
                            routing="forced_balanced", quantization="w8a8")
     options = launch_options(settings, model="/m", devices=16)
@@ -98,11 +98,20 @@ def test_run_settings_map_to_a_loopback_launch_plan():
     assert [(spec.name, spec.port, spec.health_path) for spec in specs] == [
         ("0-attention-node0", 8000, "/health"), ("1-ffn-node0", 8001, "/health")]
     assert specs[0].env["AFD_FORCE_BALANCED_TOPK_IDS"] == "1"
+    # The harness's loopback deployment: bound to 127.0.0.1, no key, dev routes on.
+    assert specs[0].argv[specs[0].argv.index("--host") + 1] == "127.0.0.1"
+    assert "--api-key" not in specs[0].argv and specs[0].env["VLLM_SERVER_DEV_MODE"] == "1"
+    monkeypatch.setenv("VLLM_API_KEY", "key-from-env")
     recipe_plan = build_launch_plan(RECIPE, LaunchOptions(
         model="/m", devices_per_node=16, node_addresses=("10.0.0.1", "10.0.0.2"),
         socket_ifname="eth0"))
     recipe_specs = server_specs(recipe_plan, startup_timeout_s=5.0)
     assert [spec.health_path for spec in recipe_specs] == ["/health", None, "/health"]
+    assert [spec.argv[-2:] for spec in recipe_specs if spec.health_path] == [
+        ("--api-key", "key-from-env")] * 2
+    monkeypatch.delenv("VLLM_API_KEY")
+    with pytest.raises(LaunchPlanError, match=r"--api-key reads \$VLLM_API_KEY, which is not set"):
+        server_specs(recipe_plan, startup_timeout_s=5.0)
     with pytest.raises(CapabilityMissing, match="cost_balanced"):
         launch_options(RunSettings(split_policy="cost_balanced"), model="/m", devices=16)
 

@@ -51,7 +51,7 @@ def test_afd_dp3pcp8_ep8_matches_recipe_shape():
         assert single(process.flag_values("--tensor-parallel-size")) == "1"
         assert single(process.flag_values("--data-parallel-address")) == RECIPE_NODES[0]
         assert dict(process.env)["VLLM_ASCEND_ENABLE_CONTEXT_PARALLEL"] == "1"
-        assert dict(process.env)["VLLM_SERVER_DEV_MODE"] == "1"  # POST /reset_prefix_cache
+        assert "VLLM_SERVER_DEV_MODE" not in dict(process.env)  # dev routes: --dev-mode only
     assert single(attention1.flag_values("--data-parallel-start-rank")) == "2"
     assert "--headless" in attention1.argv and "--port" not in attention1.argv
     assert single(ffn.flag_values("--data-parallel-size")) == "8"
@@ -110,7 +110,8 @@ def test_command_line_is_shell_quoted_and_round_trips():
     process = plan.processes[0]
     words = shlex.split(process.command_line())
     assert words[0] == "env"
-    assert words[words.index("vllm"):] == list(process.argv)
+    assert words[words.index("vllm"):] == [*process.argv, "--api-key",
+                                           "${VLLM_API_KEY:?set VLLM_API_KEY first}"]
     # The CAM operator library goes in front of whatever LD_LIBRARY_PATH the node has.
     run = subprocess.run(["bash", "-c", process.command_line().split(" vllm ")[0] + " printenv "
                           "LD_LIBRARY_PATH"], capture_output=True, text=True, timeout=30,

@@ -19,7 +19,7 @@ PLAN_ONLY_FLAGS = {
     "--seed": "--seed/--block-size on AFD",
     "--block-size": "--seed/--block-size on AFD",
     "--trust-remote-code": "--trust-remote-code on AFD",
-    "--host": "--host 0.0.0.0 on FFN",
+    "--host": "--host <node address>",
     "--max-model-len": "FFN --max-model-len/--gpu-memory-utilization/--block-size/prefix/chunk flags",
     "--gpu-memory-utilization": "FFN --max-model-len/--gpu-memory-utilization/--block-size/prefix/chunk flags",
     "--no-enable-chunked-prefill": "FFN --max-model-len/--gpu-memory-utilization/--block-size/prefix/chunk flags",

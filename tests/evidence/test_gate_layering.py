@@ -11,7 +11,8 @@ GATES = Path(__file__).resolve().parents[2] / "suites" / "gates"
 # as pytest_afd.serving.logprobs are not backends).
 INTERNAL_PREFIXES = ("pytest_afd.backends.cpu", "pytest_afd.backends.vllm_ascend",
                      "pytest_afd.serving.http_backend", "pytest_afd.serving.server",
-                     "pytest_afd.serving.lifecycle")
+                     "pytest_afd.serving.lifecycle", "pytest_afd.serving.handler",
+                     "pytest_afd.serving.connections", "pytest_afd.serving.engine")
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -74,3 +74,17 @@ def test_hit_ratio_is_the_delta_between_scrapes():
 def test_malformed_metrics_fail_clearly(text, message):
     with pytest.raises(MetricsFormatError, match=message):
         ServerCounters.from_text(text)
+
+
+def test_aborted_requests_are_read_apart_from_successes():
+    """vLLM V1 labels aborted requests finished_reason="abort" under request_success_total."""
+    text = (
+        'vllm:prefix_cache_queries_total{engine="0"} 10.0\n'
+        'vllm:prefix_cache_hits_total{engine="0"} 0.0\n'
+        'vllm:request_success_total{engine="0",finished_reason="length"} 4.0\n'
+        'vllm:request_success_total{engine="0",finished_reason="stop"} 1.0\n'
+        'vllm:request_success_total{engine="0",finished_reason="abort"} 6.0\n'
+        'vllm:request_success_total{engine="1",finished_reason="abort"} 1.0\n'
+    )
+    counters = ServerCounters.from_text(text)
+    assert counters.request_success == 5.0 and counters.request_aborted == 7.0

@@ -8,10 +8,12 @@ import sys
 import pytest
 
 from pytest_afd.backends.base import RunSettings
+from pytest_afd.serving.http_backend import cpu_server_spec
+from pytest_afd.serving.requests import BadRequest, parse_completion_request
 from pytest_afd.serving.server import (
-    BadRequest,
+    PEER_TIMEOUT_ENV,
     check_loopback,
-    parse_completion_request,
+    peer_timeout_from,
     settings_from_json,
 )
 
@@ -50,9 +52,27 @@ def test_completion_request_contract():
         (["--max-prompt-tokens", "0"], "'0': expected a positive integer"),
         (["--request-queue-size", "\u0663"], "expected a positive integer"),
         (["--read-timeout-s", "inf"], "'inf': expected seconds > 0"),
+        (["--afd-peer-timeout-s", "0"], "'0': expected seconds in (0, 86400]"),
+        (["--afd-peer-timeout-s", "soon"], "'soon': expected a number of seconds"),
+        (["--max-connections", "0"], "'0': expected a positive integer"),
+        (["--stall-timeout-s", "-1"], "'-1': expected seconds > 0"),
     ],
 )
 def test_cli_refuses_bad_arguments_before_loading_anything(arguments, message):
     completed = subprocess.run([sys.executable, "-m", "pytest_afd.serving.server", *arguments],
                                capture_output=True, text=True, timeout=60)
     assert completed.returncode == 2 and message in completed.stderr
+
+
+def test_the_peer_timeout_comes_from_the_flag_else_the_environment():
+    assert peer_timeout_from(4.0, {PEER_TIMEOUT_ENV: "9"}) == 4.0
+    assert peer_timeout_from(None, {PEER_TIMEOUT_ENV: " 9 "}) == 9.0
+    assert peer_timeout_from(None, {PEER_TIMEOUT_ENV: ""}) is None
+    with pytest.raises(SystemExit, match=r"\$AFD_PEER_TIMEOUT_S='nan': 'nan': expected seconds"):
+        peer_timeout_from(None, {PEER_TIMEOUT_ENV: "nan"})
+
+
+def test_the_spec_passes_the_peer_timeout_to_the_server(tmp_path):
+    spec = cpu_server_spec(RunSettings(afd_processes=True), name="s", log_dir=tmp_path,
+                           topology=None, model_name="reduced", seed=0, peer_timeout_s=5.0)
+    assert spec.argv[spec.argv.index("--afd-peer-timeout-s") + 1] == "5.0"

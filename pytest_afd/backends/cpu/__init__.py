@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pytest_afd.backends.cpu.afd.runtime import DEFAULT_PEER_TIMEOUT_S
 from pytest_afd.backends.cpu.backend import CAPABILITIES, CpuBackend, load_per_rank, split_layout
 from pytest_afd.backends.cpu.config import (
     FULL,
@@ -33,13 +34,14 @@ from pytest_afd.backends.cpu.model import (
 from pytest_afd.backends.cpu.weights import init_weights, load_pretrained, save_pretrained
 
 
-def create(*, topology, model_name: str, seed: int, results_dir: str | Path | None = None
-           ) -> CpuBackend:
+def create(*, topology, model_name: str, seed: int, results_dir: str | Path | None = None,
+           peer_timeout_s: float = DEFAULT_PEER_TIMEOUT_S) -> CpuBackend:
     """Backend factory used by ``pytest_afd.backends.create_backend("cpu", ...)``.
 
     ``model_name`` is a named config (``reduced`` / ``full``, seeded weights),
     optionally with overrides (``reduced:index_topk=65536``), or a directory
     holding a Hugging Face-style ``config.json`` + ``*.safetensors``.
+    ``peer_timeout_s`` bounds the AFD runtime's waits for a peer rank.
     """
     model_dir = None
     if model_name.partition(":")[0] in NAMED_CONFIGS:
@@ -54,7 +56,7 @@ def create(*, topology, model_name: str, seed: int, results_dir: str | Path | No
             "with config.json + *.safetensors"
         )
     return CpuBackend(model, topology=topology, seed=seed, results_dir=results_dir,
-                      model_dir=model_dir)
+                      model_dir=model_dir, peer_timeout_s=peer_timeout_s)
 
 
 __all__ = [

@@ -46,6 +46,7 @@ from pytest_afd.backends.base import (
     RunSettings,
 )
 from pytest_afd.backends.cpu.afd import AfdExecutor, AfdRuntime, RankKVCache
+from pytest_afd.backends.cpu.afd.runtime import DEFAULT_PEER_TIMEOUT_S
 from pytest_afd.backends.cpu.config import ModelConfig
 from pytest_afd.backends.cpu.executor import Executor
 from pytest_afd.backends.cpu.kv_cache import (
@@ -188,9 +189,13 @@ class CpuBackend:
     capabilities = CAPABILITIES
 
     def __init__(self, model: DeepseekV32Model, *, topology=None, seed: int | None = None,
-                 results_dir: str | Path | None = None, model_dir: str | Path | None = None
-                 ) -> None:
+                 results_dir: str | Path | None = None, model_dir: str | Path | None = None,
+                 peer_timeout_s: float = DEFAULT_PEER_TIMEOUT_S) -> None:
+        if not 0 < peer_timeout_s < float("inf"):
+            raise ValueError(f"peer_timeout_s={peer_timeout_s!r}; expected seconds > 0")
         self.model = model
+        # The AFD runtime's bound on a wait for a peer rank (a frozen rank fails in it).
+        self.peer_timeout_s = peer_timeout_s
         # Where pretrained weights came from (None: seeded), for the AFD runtime's ranks.
         self.model_dir = None if model_dir is None else str(model_dir)
         self.config: ModelConfig = model.config
@@ -399,7 +404,8 @@ class CpuBackend:
             emulation = None if self.topology is None else self.topology.cpu_emulation()
             num_ffn = max(1, emulation.ffn_processes) if emulation is not None else 1
             self._afd_runtime = AfdRuntime(self.config, self.seed or 0, num_attention=1,
-                                           num_ffn=num_ffn, model_dir=self.model_dir)
+                                           num_ffn=num_ffn, model_dir=self.model_dir,
+                                           peer_timeout_s=self.peer_timeout_s)
         return self._afd_runtime
 
     def _drop_failed_runtime(self) -> None:

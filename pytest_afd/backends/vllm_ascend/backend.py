@@ -37,6 +37,7 @@ from pytest_afd.backends.base import (
     RunSettings,
 )
 from pytest_afd.backends.vllm_ascend.launch import (
+    API_KEY_ENV,
     ENV_ATTACH_SETTINGS,
     ENV_ATTACH_URL,
     POLICY_TO_SPLIT,
@@ -163,6 +164,9 @@ def launch_options(settings: RunSettings, *, model: str, devices: int,
         prefix_caching=settings.prefix_caching, routing=settings.routing,
         quantization=settings.quantization, max_num_batched_tokens=settings.max_num_batched_tokens,
         max_num_seqs=settings.max_num_seqs, block_size=settings.block_size,
+        # The harness's own loopback deployment: no API key, and the dev routes on for
+        # POST /reset_prefix_cache (cold-cache phases). Both bind 127.0.0.1 only.
+        api_key_env=None, dev_mode=True,
         **dict(overrides or {}),
     )
 
@@ -173,7 +177,8 @@ def server_specs(plan: LaunchPlan, *, startup_timeout_s: float) -> list[ServerSp
     for index, process in enumerate(plan.processes):
         specs.append(ServerSpec(
             name=f"{index}-{process.role}-node{process.node}",
-            argv=process.argv, env=process.resolved_env(os.environ), port=process.api_port,
+            argv=process.resolved_argv(os.environ), env=process.resolved_env(os.environ),
+            port=process.api_port,
             health_path=None if process.headless else "/health",
             startup_timeout_s=startup_timeout_s,
         ))
@@ -226,7 +231,10 @@ def create_backend(*, topology: Topology, model_name: str, seed: int, results_di
     describe: dict[str, Any] = {"model": {"name": model_name}, "seed": seed,
                                 "topology": topology.canonical}
     url = environ.get(ENV_SERVER_URL)
+    api_key = None
     if url:
+        # A cluster deployment's API key, from the variable its plan reads (never logged).
+        api_key = environ.get(API_KEY_ENV) or None
         describe["mode"] = "attach"
         describe["server_url"] = url
         served = environ.get(ENV_SERVED_MODEL_NAME, LaunchOptions.served_model_name)
@@ -255,7 +263,7 @@ def create_backend(*, topology: Topology, model_name: str, seed: int, results_di
                                   log_dir=Path(results_dir) / "servers", startup_timeout_s=timeout,
                                   overrides=overrides)
     backend = HttpBackend(BACKEND_NAME, capabilities_for(topology), launcher,
-                          describe_extra=describe, server_fields=LAUNCH_FIELDS)
+                          describe_extra=describe, server_fields=LAUNCH_FIELDS, api_key=api_key)
     # With AFD_EVIDENCE_DIR set (inherited by launched servers; set on both sides when
     # attaching), each case's steps and expert load come from the Attention ranks' lines.
     return WorkerEvidenceBackend.wrap_from_env(backend, environ)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from collections.abc import Sequence
 
 from pytest_afd.backends.vllm_ascend import recipe
@@ -30,6 +31,53 @@ from pytest_afd.backends.vllm_ascend.plan import (
     has_flag,
 )
 from pytest_afd.topology import Topology
+
+# RFC 1123 host names: dot-separated labels of letters, digits and inner hyphens.
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+MAX_HOSTNAME_CHARS = 253
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+LOOPBACK_NAMES = ("localhost",)
+
+
+def check_host(address: str) -> None:
+    """An IP address or an RFC 1123 host name, else LaunchPlanError naming it.
+
+    The address lands in the plan (``--host``, ``HCCL_IF_IP``, ``afd.host``,
+    comments): a newline, a ``;`` or a space there is never an address.
+    """
+    try:
+        ipaddress.ip_address(address)
+        return
+    except ValueError:
+        pass
+    labels = address.split(".")
+    if (0 < len(address) <= MAX_HOSTNAME_CHARS and address.isascii()
+            and all(_HOST_LABEL.fullmatch(label) for label in labels)
+            and not labels[-1].isdigit()):
+        return
+    raise LaunchPlanError(f"node address {address!r} (--node-address) is neither an IP address "
+                          "nor a host name (letters, digits, inner hyphens, dots)")
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address in LOOPBACK_NAMES
+
+
+def check_api_key(options: LaunchOptions, api_addresses: Sequence[str]) -> None:
+    """The API key comes from a named variable; only loopback APIs may run without one."""
+    if options.api_key_env is None:
+        exposed = [address for address in api_addresses if not is_loopback(address)]
+        if exposed:
+            raise LaunchPlanError(
+                f"no API key for APIs bound to {exposed}: vLLM would serve every client that "
+                "reaches them; give the key's variable (--api-key-env) or bind loopback")
+        return
+    if not _ENV_NAME.fullmatch(options.api_key_env):
+        raise LaunchPlanError(f"api_key_env={options.api_key_env!r} (--api-key-env) is not an "
+                              "environment variable name")
 
 # -- validation of options ----------------------------------------------------
 
@@ -71,6 +119,8 @@ def check_addresses(addresses: Sequence[str], num_nodes: int, topology: Topology
     if placeholders:
         raise LaunchPlanError(f"node addresses {placeholders} are placeholders; give the nodes' "
                               "real addresses (--node-address)")
+    for address in addresses:  # every one, on every plan: each lands in the plan's text
+        check_host(address)
     if num_nodes > 1:
         for address in addresses[:num_nodes]:
             try:

@@ -24,12 +24,15 @@ from typing import Any
 from pytest_afd.backends.vllm_ascend import recipe
 from pytest_afd.backends.vllm_ascend.checks import (
     check_addresses,
+    check_api_key,
     check_options,
     resolve_split,
     validate_plan,
 )
 from pytest_afd.backends.vllm_ascend.plan import (  # noqa: F401  (re-exported)
     AFD_SPLIT_PLUGIN,
+    API_KEY_ENV,
+    API_KEY_FLAG,
     ASYNC_MOE_NUM_UBATCHES,
     BATCHED_TOKENS_FLAG,
     CONNECTOR,
@@ -168,8 +171,9 @@ def _environment(topology: Topology, shape: RoleShape, options: LaunchOptions, s
     if shape.pcp > 1 or (topology.is_afd and topology.attention.size("pcp") > 1):
         # The recipe exports it on every AFD process, FFN included.
         env.update(recipe.CONTEXT_PARALLEL_ENV)
-    if shape.role != ROLE_FFN:
-        # Exposes POST /reset_prefix_cache, which cold-cache phases need (RFC Stage B).
+    if shape.role != ROLE_FFN and options.dev_mode:
+        # Exposes POST /reset_prefix_cache, which cold-cache phases need (RFC Stage B), and
+        # vLLM's other dev routes, unauthenticated: on request only (--dev-mode).
         env["VLLM_SERVER_DEV_MODE"] = "1"
     if topology.is_afd:
         plugins = ["ascend", "afd"] + ([AFD_SPLIT_PLUGIN] if split == "token_balanced" else [])
@@ -215,7 +219,8 @@ def _role_processes(topology: Topology, options: LaunchOptions, split: str, shap
         local_dp = len(node_ranks) // shape.ranks_per_replica
         argv = [options.vllm_executable, "serve", options.model]
         if not headless:
-            argv += ["--host", "0.0.0.0", "--port", str(api_port)]
+            # The node's own address, not every interface.
+            argv += ["--host", addresses[node], "--port", str(api_port)]
         argv += ["--served-model-name", options.served_model_name, "--enforce-eager",
                  "--tensor-parallel-size", str(shape.tp),
                  "--data-parallel-size", str(shape.dp)]
@@ -253,6 +258,8 @@ def _role_processes(topology: Topology, options: LaunchOptions, split: str, shap
                              multi_node_plan),
             env_prepend=((recipe.LD_LIBRARY_PATH, options.cam_op_api_lib),) if topology.is_afd
             else (),
+            env_arguments=((API_KEY_FLAG, options.api_key_env),)
+            if options.api_key_env is not None and not headless else (),
         ))
         dp_start += local_dp
     return processes
@@ -290,6 +297,7 @@ def build_launch_plan(topology: Topology | str, options: LaunchOptions) -> Launc
             f"{topology.canonical} spans {num_nodes} nodes: give the NIC the nodes talk over "
             f"(--nic-name) for {', '.join(recipe.SOCKET_IFNAME_VARIABLES)}"
         )
+    check_api_key(options, addresses[:num_nodes])
     afd_host = addresses[0]  # the node that owns Attention rank 0
     layout_roles = ("colocated",) if topology.ffn is None else (ROLE_ATTENTION, ROLE_FFN)
     processes: list[ProcessPlan] = []
@@ -338,6 +346,14 @@ def _build_parser() -> argparse.ArgumentParser:
         parser.add_argument(f"--{role}-arg", action="append", default=[], dest=f"{role}_args",
                             metavar="ARG", help=f"extra vllm serve argument for {role} (repeat; "
                             f"use --{role}-arg=--flag=value)")
+    parser.add_argument("--api-key-env", default=API_KEY_ENV,
+                        help="variable holding the API key on the nodes; the plan passes "
+                             '--api-key "$VAR", never the key (default %(default)s)')
+    parser.add_argument("--no-api-key", action="store_true",
+                        help="no API key (refused unless the API binds a loopback address)")
+    parser.add_argument("--dev-mode", action="store_true",
+                        help="set VLLM_SERVER_DEV_MODE=1 on the serving role: POST "
+                             "/reset_prefix_cache for cold-cache phases (unauthenticated)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     return parser
 
@@ -352,6 +368,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, extra_args=extra, stack=args.stack,
         socket_ifname=args.socket_ifname,
+        api_key_env=None if args.no_api_key else args.api_key_env, dev_mode=args.dev_mode,
     )
 
 

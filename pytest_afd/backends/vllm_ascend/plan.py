@@ -41,6 +41,11 @@ DEEPSEEK_V3_2_ROUTED_EXPERTS = 256
 NATIVE_DBO_FLAGS = ("--enable-dbo", "--dbo-decode-token-threshold", "--dbo-prefill-token-threshold")
 BATCHED_TOKENS_FLAG = "--max-num-batched-tokens"
 MAX_PORT = 65535
+# The API key comes from the launching environment: the plan names the variable,
+# never the key. vLLM checks it on /v1/* (its other routes stay open, so the dev
+# routes are off unless asked for: LaunchOptions.dev_mode).
+API_KEY_ENV = "VLLM_API_KEY"
+API_KEY_FLAG = "--api-key"
 
 # Recipe defaults.
 DEFAULT_API_PORT = 8000
@@ -109,6 +114,10 @@ class LaunchOptions:
     afd_port: int = DEFAULT_AFD_PORT
     # Extra ``vllm serve`` arguments per role (attention/ffn/baseline), appended last.
     extra_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # The variable that holds the API key on the nodes (None: no key, loopback plans only).
+    api_key_env: str | None = API_KEY_ENV
+    # VLLM_SERVER_DEV_MODE=1 (POST /reset_prefix_cache for cold-cache phases): on request only.
+    dev_mode: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,6 +136,9 @@ class ProcessPlan:
     env: tuple[tuple[str, str], ...]
     # Path lists put in front of the launching environment's value (LD_LIBRARY_PATH).
     env_prepend: tuple[tuple[str, str], ...] = ()
+    # (flag, variable): arguments whose value is read from the launching environment
+    # (the API key), appended to argv there and never written into the plan.
+    env_arguments: tuple[tuple[str, str], ...] = ()
 
     @property
     def num_ranks(self) -> int:
@@ -140,12 +152,29 @@ class ProcessPlan:
             resolved[key] = f"{prefix}:{current}" if current else prefix
         return resolved
 
+    def resolved_argv(self, environ: Mapping[str, str]) -> tuple[str, ...]:
+        """``argv`` plus each environment-valued argument; a missing variable is an error."""
+        argv = list(self.argv)
+        for flag, variable in self.env_arguments:
+            value = environ.get(variable, "")
+            if not value:
+                raise LaunchPlanError(f"{self.role} on node {self.node}: {flag} reads ${variable}, "
+                                      "which is not set in the launching environment")
+            argv += [flag, value]
+        return tuple(argv)
+
     def command_line(self) -> str:
-        """The process as one shell line (``env K=V ... vllm serve ...``), values quoted."""
+        """The process as one shell line (``env K=V ... vllm serve ...``), values quoted.
+
+        Environment-valued arguments stay references (``"${VLLM_API_KEY:?...}"``):
+        the shell refuses to start the process when the variable is unset.
+        """
         prepends = [f"{shlex.quote(f'{key}={prefix}')}${{{key}:+:${key}}}"
                     for key, prefix in self.env_prepend]
         fixed = shlex.join(["env", *(f"{key}={value}" for key, value in self.env)])
-        return " ".join([fixed, *prepends, shlex.join(self.argv)])
+        from_env = [f'{shlex.quote(flag)} "${{{variable}:?set {variable} first}}"'
+                    for flag, variable in self.env_arguments]
+        return " ".join([fixed, *prepends, shlex.join(self.argv), *from_env])
 
     def flag_values(self, flag: str) -> list[str]:
         return flag_values(self.argv, flag)
@@ -161,6 +190,7 @@ class ProcessPlan:
             "dp_local_size": self.dp_local_size, "headless": self.headless,
             "api_port": self.api_port, "env": dict(self.env),
             "env_prepend": dict(self.env_prepend), "argv": list(self.argv),
+            "env_arguments": [list(pair) for pair in self.env_arguments],
             "command_line": self.command_line(),
         }
 
@@ -206,21 +236,29 @@ class LaunchPlan:
                 ENV_ATTACH_SETTINGS: json.dumps(dict(self.run_settings), sort_keys=True)}
 
     def format_text(self) -> str:
-        lines = [f"# {self.topology}: {len(self.processes)} processes on "
-                 f"{len(self.node_addresses)} node(s), split={self.split}",
-                 "# attach the harness with: "
-                 + shlex.join([f"{key}={value}" for key, value in self.attach_env().items()])]
+        """The plan as a shell script: commands quoted (shlex), comment text escaped."""
+        lines = [comment(f"{self.topology}: {len(self.processes)} processes on "
+                         f"{len(self.node_addresses)} node(s), split={self.split}"),
+                 comment("attach the harness with: "
+                         + shlex.join([f"{key}={value}"
+                                       for key, value in self.attach_env().items()]))]
         for node, address in enumerate(self.node_addresses):
-            lines.append(f"\n## node {node} ({address})")
+            lines.append("\n" + comment(f"# node {node} ({address})"))
             for process in self.on_node(node):
                 mode = "headless" if process.headless else f"api port {process.api_port}"
-                lines.append(
-                    f"# {process.role}: devices {','.join(map(str, process.devices))}; "
+                lines.append(comment(
+                    f"{process.role}: devices {','.join(map(str, process.devices))}; "
                     f"DP ranks {process.dp_start_rank}..{process.dp_start_rank + process.dp_local_size - 1}; "
                     f"{mode}"
-                )
+                ))
                 lines.append(process.command_line())
         return "\n".join(lines) + "\n"
+
+
+def comment(text: str) -> str:
+    """One shell comment line: control characters (a newline would end the comment and
+    start a command) and non-ASCII are escaped, so the text stays inside the comment."""
+    return "# " + text.encode("unicode_escape").decode("ascii")
 
 
 # -- argv helpers -------------------------------------------------------------

@@ -110,8 +110,10 @@ BASELINE_ADDITIONAL_CONFIG = MappingProxyType({"enable_force_load_balance": True
 DEVIATIONS = MappingProxyType({
     "--enable-prompt-tokens-details": "every serving process: usage.prompt_tokens_details."
         "cached_tokens gives realized prefix hits per request (gate 2, Stage B)",
-    "VLLM_SERVER_DEV_MODE=1": "Attention/baseline: exposes POST /reset_prefix_cache, which "
-        "cold-cache phases need",
+    "VLLM_SERVER_DEV_MODE=1": "Attention/baseline, only with --dev-mode (the harness's own "
+        "loopback deployments): exposes POST /reset_prefix_cache, which cold-cache phases need",
+    "--api-key": "every API process: the key is read from $VLLM_API_KEY (--api-key-env) when "
+        "the plan runs, never written into it; omitted only for loopback plans (--no-api-key)",
     "--seed/--block-size on AFD": "the baseline's --seed 1024 and --block-size 128 made "
         "explicit on Attention and FFN, so both layouts run the same seed and KV page",
     "--trust-remote-code on AFD": "the baseline's flag on every process (one checkpoint loader)",
@@ -122,7 +124,8 @@ DEVIATIONS = MappingProxyType({
     "VLLM_USE_V1=1": "the V1 engine named explicitly (the CAMP2p scripts do the same)",
     "VLLM_ASCEND_ENABLE_FLASHCOMM1": "set on AFD processes only when Attention uses SP, and "
         "explicitly 0 on FFN (connector guide)",
-    "--host 0.0.0.0 on FFN": "the recipe FFN binds the default host; ours binds like Attention",
+    "--host <node address>": "every API process binds its node's address, not every "
+        "interface (the recipe binds the default host)",
     "--data-parallel-* on a single node": "omitted when one node holds a role (vLLM's defaults)",
     "--port/--host on headless processes": "a headless DP worker serves no API; the recipe's "
         "node-1 command passes --port unused",
