@@ -58,6 +58,8 @@ def test_a_planted_symlink_is_refused_and_its_target_untouched(tmp_path):
         EvidenceWriter(evidence_dir, "attention-rank1")
     assert target.read_bytes() == b"keep me\n"
     assert not (tmp_path / "created-through-the-link").exists()
+    target.write_text('{"kind": "afd_step", "format": 1}\n')  # the reader skips links too
+    assert read_new_records(evidence_dir, {}, max_read_bytes=1 << 20).problems == []
 
 
 def test_a_fifo_or_directory_in_place_of_the_file_is_refused_without_blocking(tmp_path):

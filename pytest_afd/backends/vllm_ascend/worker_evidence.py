@@ -47,11 +47,15 @@ class WorkerEvidence:
 
 
 def evidence_files(directory: Path) -> list[Path]:
-    """The rank files under ``directory`` (sorted; none when it does not exist yet)."""
+    """The rank files under ``directory`` (sorted; none when it does not exist yet).
+
+    A symlink is never a rank file (the writers refuse to write through one), so a
+    planted link cannot make a case read another file as its evidence.
+    """
     if not directory.is_dir():
         return []
     return sorted(path for path in directory.iterdir()
-                  if path.suffix == FILE_SUFFIX and path.is_file())
+                  if path.suffix == FILE_SUFFIX and not path.is_symlink() and path.is_file())
 
 
 def snapshot_offsets(directory: Path) -> dict[str, int]:
