@@ -1,67 +1,86 @@
-"""Golden-output tolerance comparisons (the ``golden`` fixture).
+"""Golden outputs on disk (the ``golden`` fixture): recorded once, checked by later runs.
 
 A golden is ``<dir>/<name>.npz`` (array under key ``value``; or
 ``<name>.safetensors`` with ``file_format="safetensors"``) plus
 ``<dir>/<name>.json``, a sidecar recording the profile, dtype, shape, the
-SHA-256 of the ``.npz`` bytes and the manifest digest of the run that produced
-it. A missing golden, a missing/corrupt sidecar or a checksum mismatch is an
-error, never a pass. ``update=True`` (``--afd-update-golden``) rewrites both
-files atomically.
+SHA-256 of the data bytes, the manifest digest of the run that produced it and
+(when the store knows it) that manifest itself. A missing golden, a
+missing/corrupt sidecar or a checksum mismatch is an error, never a pass.
+``update=True`` (``--afd-update-golden``) rewrites both files atomically.
 
-Profiles:
+Concurrent recorders and checkers of one directory (two sessions, xdist
+workers) agree through one ``flock`` on ``<dir>/.afd-golden.lock``: a save
+holds it exclusively across both renames, a load holds it shared across both
+reads, so a check never sees data from one writer with the sidecar of another.
 
-* ``exact`` — token ids: bitwise equality.
-* ``float32`` / ``bfloat16`` — ``torch.testing.assert_close`` default
-  tolerances for that dtype: ``|a - e| <= atol + rtol * |e|``.
-* ``w8a8`` — the quantized model's documented tolerance (:data:`W8A8_ATOL`,
-  :data:`W8A8_RTOL`, see ``docs/tolerance.md``).
-* ``topk_logprob`` — logits/logprobs ``[..., vocab]``: per row, when the argmax
-  tokens differ each side's token must be in the other's top-k (as vLLM's
-  ``check_logprobs_close``).
+A golden is checked under the profile it was recorded with (a caller asking
+for another profile is refused by name), and a golden recorded under another
+manifest is compared with a :class:`GoldenManifestWarning` naming the fields
+that differ (``strict_manifest=True`` refuses instead). Tolerance profiles and
+the comparisons live in :mod:`pytest_afd.golden_compare`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import fcntl
 import hashlib
 import io
 import json
+import os
 import re
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
+from pytest_afd.golden_compare import (
+    BFLOAT16_ATOL,
+    BFLOAT16_RTOL,
+    FLOAT32_ATOL,
+    FLOAT32_RTOL,
+    PROFILES,
+    REPORT_EXAMPLES,
+    TOPK_LOGPROB_K,
+    W8A8_ATOL,
+    W8A8_RTOL,
+    Comparison,
+    GoldenMismatchError,
+    ToleranceProfile,
+    assert_matches,
+    compare,
+    get_profile,
+    to_numpy,
+)
+from pytest_afd.manifest import manifest_differences
 from pytest_afd.results import atomic_write_bytes, atomic_write_json
 
 GOLDEN_FORMAT_VERSION = 1
 NPZ_KEY = "value"
-# torch.testing.assert_close defaults (torch/testing/_comparison.py).
-FLOAT32_RTOL = 1.3e-6
-FLOAT32_ATOL = 1e-5
-BFLOAT16_RTOL = 1.6e-2
-BFLOAT16_ATOL = 1e-5
-# W8A8 tolerance on last-token logits, measured (docs/tolerance.md; owned by the
-# CPU-backend engineer): the CPU W8A8 emulation is bitwise batch-invariant
-# (split / chunked / prefix-cached runs equal the unsplit run in 144 of 144
-# measured cases), so W8A8-vs-W8A8 comparisons get the float32 allowance and no
-# more. W8A8 vs float32 differs by up to 5.6 in logits: never a gate criterion.
-W8A8_ATOL = FLOAT32_ATOL
-W8A8_RTOL = FLOAT32_RTOL
-# k of the top-k cross-containment check (vLLM's check_logprobs_close uses the
-# number of logprobs requested; 5 is its common test setting).
-TOPK_LOGPROB_K = 5
-# How many offending rows/elements a mismatch report lists.
-REPORT_EXAMPLES = 5
 # What fixes a missing or corrupt golden: rerun with --afd-update-golden, or, for the
 # references a check phase reads, the record phase (docs/gates.md).
 UPDATE_GOLDEN_COMMAND = "--afd-update-golden"
 RECORD_PHASE_COMMAND = ("the record phase (--afd-reference-phase record, against the reference "
                         "deployment, into the same --afd-golden-dir)")
+DEFAULT_PROFILE = "float32"
+"""Profile of a save, or of a live-reference check, that names none."""
+LOCK_FILE_NAME = ".afd-golden.lock"
+LOCK_FILE_MODE = 0o644
+MANIFEST_DIFFERENCES_SHOWN = 8
+"""How many differing manifest fields a message lists (the count is always given)."""
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$")
+
+__all__ = [
+    "BFLOAT16_ATOL", "BFLOAT16_RTOL", "FLOAT32_ATOL", "FLOAT32_RTOL", "PROFILES",
+    "REPORT_EXAMPLES", "TOPK_LOGPROB_K", "W8A8_ATOL", "W8A8_RTOL", "Comparison",
+    "GoldenCorruptError", "GoldenError", "GoldenManifestError", "GoldenManifestWarning",
+    "GoldenMismatchError", "GoldenMissingError", "GoldenProfileError", "GoldenStore",
+    "ToleranceProfile", "assert_matches", "check_metadata", "compare", "get_profile", "to_numpy",
+]  # fmt: skip
 
 
 class GoldenError(Exception):
@@ -76,180 +95,60 @@ class GoldenCorruptError(GoldenError):
     """The stored golden cannot be trusted (unreadable, checksum or sidecar mismatch)."""
 
 
-class GoldenMismatchError(AssertionError):
-    """Value and golden differ beyond the profile's tolerance; the message is the report."""
+class GoldenProfileError(GoldenError):
+    """The check asked for another profile than the golden was recorded with."""
 
 
-@dataclass(frozen=True)
-class ToleranceProfile:
-    name: str
-    kind: str  # "exact", "close" or "topk"
-    atol: float = 0.0
-    rtol: float = 0.0
-    topk: int = 0
-
-    def describe(self) -> str:
-        if self.kind == "close":
-            return f"{self.name} (atol={self.atol:g}, rtol={self.rtol:g})"
-        if self.kind == "topk":
-            return f"{self.name} (k={self.topk})"
-        return self.name
+class GoldenManifestError(GoldenError):
+    """``strict_manifest``: the golden was recorded under another manifest (fields named)."""
 
 
-PROFILES: Mapping[str, ToleranceProfile] = MappingProxyType(
-    {
-        "exact": ToleranceProfile("exact", "exact"),
-        "float32": ToleranceProfile("float32", "close", FLOAT32_ATOL, FLOAT32_RTOL),
-        "bfloat16": ToleranceProfile("bfloat16", "close", BFLOAT16_ATOL, BFLOAT16_RTOL),
-        "w8a8": ToleranceProfile("w8a8", "close", W8A8_ATOL, W8A8_RTOL),
-        "topk_logprob": ToleranceProfile("topk_logprob", "topk", topk=TOPK_LOGPROB_K),
-    }
-)
+class GoldenManifestWarning(UserWarning):
+    """The golden was recorded under another manifest; the message names the differing fields."""
 
 
-def get_profile(profile: str | ToleranceProfile) -> ToleranceProfile:
-    if isinstance(profile, ToleranceProfile):
-        return profile
-    if profile not in PROFILES:
-        raise ValueError(
-            f"unknown tolerance profile {profile!r}; expected one of {tuple(PROFILES)}"
-        )
-    return PROFILES[profile]
+@contextlib.contextmanager
+def directory_lock(directory: Path, *, exclusive: bool) -> Iterator[None]:
+    """``flock`` on the store's lock file: exclusive for a save, shared for a load.
+
+    A reader that can neither open nor create the lock file (a read-only
+    checkout of recorded goldens) reads unlocked: nobody can write there either.
+    """
+    path = Path(directory) / LOCK_FILE_NAME
+    if exclusive:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, LOCK_FILE_MODE)
+    except OSError:
+        if exclusive:
+            raise
+        fd = -1
+    try:
+        if fd >= 0:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)  # closing releases the lock
 
 
-def to_numpy(value: Any) -> np.ndarray:
-    """numpy view of arrays, torch tensors (bfloat16 widened to float32) and lists."""
-    if isinstance(value, np.ndarray):
-        return value
-    module = type(value).__module__
-    if module.startswith("torch"):
-        tensor = value.detach().cpu()
-        if (
-            not tensor.dtype.is_floating_point
-            or tensor.dtype.itemsize >= np.dtype(np.float32).itemsize
-        ):
-            return tensor.numpy()
-        return tensor.float().numpy()
-    return np.asarray(value)
+def _manifest_body(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in manifest.items() if key != "digest"}
 
 
-@dataclass
-class Comparison:
-    """Outcome of one comparison; ``report`` explains a failure."""
-
-    ok: bool
-    profile: str
-    report: str = ""
-    max_abs_error: float | None = None
-    max_rel_error: float | None = None
-    num_mismatched: int = 0
-    num_total: int = 0
-    details: dict[str, Any] = field(default_factory=dict)
-
-
-def _index(flat: int, shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
-
-
-def _compare_exact(
-    actual: np.ndarray, expected: np.ndarray, profile: ToleranceProfile
-) -> Comparison:
-    bad = actual != expected
-    count = int(bad.sum())
-    if count == 0:
-        return Comparison(True, profile.name, num_total=actual.size)
-    flat = np.flatnonzero(bad)
-    examples = ", ".join(
-        f"{_index(i, actual.shape)}: {actual.flat[i].item()!r} != {expected.flat[i].item()!r}"
-        for i in flat[:REPORT_EXAMPLES]
-    )
-    report = f"{count} of {actual.size} elements differ (exact); first at {examples}"
-    return Comparison(False, profile.name, report, num_mismatched=count, num_total=actual.size)
-
-
-def _compare_close(
-    actual: np.ndarray, expected: np.ndarray, profile: ToleranceProfile
-) -> Comparison:
-    a = actual.astype(np.float64)
-    e = expected.astype(np.float64)
-    abs_err = np.abs(a - e)
-    nan_mismatch = np.isnan(a) | np.isnan(e)
-    abs_err = np.where(nan_mismatch, np.inf, abs_err)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel_err = np.where(e != 0, abs_err / np.abs(e), np.where(abs_err == 0, 0.0, np.inf))
-    rel_err = np.where(nan_mismatch, np.inf, rel_err)
-    # NaN never matches (torch.testing's equal_nan=False default).
-    exceed = nan_mismatch | (abs_err > profile.atol + profile.rtol * np.abs(e))
-    count = int(exceed.sum())
-    max_abs = float(abs_err.max()) if abs_err.size else 0.0
-    max_rel = float(rel_err.max()) if rel_err.size else 0.0
-    if count == 0:
-        return Comparison(True, profile.name, "", max_abs, max_rel, 0, actual.size)
-    where_abs = _index(int(abs_err.argmax()), actual.shape)
-    where_rel = _index(int(rel_err.argmax()), actual.shape)
-    first = np.flatnonzero(exceed)[:REPORT_EXAMPLES]
-    examples = ", ".join(
-        f"{_index(i, actual.shape)}: {a.flat[i]:.6g} vs {e.flat[i]:.6g}" for i in first
-    )
-    report = (
-        f"{count} of {actual.size} elements exceed {profile.describe()}; "
-        f"max abs error {max_abs:.6g} at {where_abs}, max rel error {max_rel:.6g} at {where_rel}; "
-        f"first: {examples}"
-    )
-    return Comparison(False, profile.name, report, max_abs, max_rel, count, actual.size)
-
-
-def _compare_topk(
-    actual: np.ndarray, expected: np.ndarray, profile: ToleranceProfile
-) -> Comparison:
-    if actual.ndim == 0:
-        raise ValueError("topk_logprob compares [..., vocab] logits or logprobs, got a scalar")
-    vocab = actual.shape[-1]
-    k = min(profile.topk, vocab)
-    a_rows = actual.reshape(-1, vocab).astype(np.float64)
-    e_rows = expected.reshape(-1, vocab).astype(np.float64)
-    a_top = np.argsort(-a_rows, axis=1, kind="stable")[:, :k]
-    e_top = np.argsort(-e_rows, axis=1, kind="stable")[:, :k]
-    failures = []
-    for row in range(a_rows.shape[0]):
-        a_tok, e_tok = int(a_top[row, 0]), int(e_top[row, 0])
-        if a_tok != e_tok and (a_tok not in e_top[row] or e_tok not in a_top[row]):
-            failures.append(f"row {row}: token {a_tok} vs golden {e_tok}")
-    if not failures:
-        return Comparison(True, profile.name, num_total=a_rows.shape[0])
-    report = (
-        f"{len(failures)} of {a_rows.shape[0]} rows fail {profile.describe()} "
-        f"(argmax tokens not in each other's top-{k}): {'; '.join(failures[:REPORT_EXAMPLES])}"
-    )
-    return Comparison(
-        False, profile.name, report, num_mismatched=len(failures), num_total=a_rows.shape[0]
-    )
-
-
-_COMPARATORS: Mapping[str, Callable[[np.ndarray, np.ndarray, ToleranceProfile], Comparison]] = (
-    MappingProxyType({"exact": _compare_exact, "close": _compare_close, "topk": _compare_topk})
-)
-
-
-def compare(actual: Any, expected: Any, profile: str | ToleranceProfile = "float32") -> Comparison:
-    """Compare ``actual`` with ``expected`` under ``profile`` (never raises on a mismatch)."""
-    prof = get_profile(profile)
-    a, e = to_numpy(actual), to_numpy(expected)
-    if a.shape != e.shape:
-        return Comparison(
-            False, prof.name, f"shape {a.shape} != expected shape {e.shape}", num_total=a.size
-        )
-    return _COMPARATORS[prof.kind](a, e, prof)
-
-
-def assert_matches(
-    actual: Any, expected: Any, profile: str | ToleranceProfile = "float32"
-) -> Comparison:
-    """:func:`compare` that raises :class:`GoldenMismatchError` with the report."""
-    result = compare(actual, expected, profile)
-    if not result.ok:
-        raise GoldenMismatchError(result.report)
-    return result
+def _named_differences(recorded: Mapping[str, Any] | None, current: Mapping[str, Any] | None,
+                       recorded_digest: str, current_digest: str) -> str:
+    """``"N fields differ: /a/b (recorded x, this run y), ..."``, or the two digests when
+    either side's manifest is not stored (goldens recorded before manifests were kept)."""
+    if not isinstance(recorded, Mapping) or current is None:
+        return (f"manifest {recorded_digest} (its fields were not recorded) vs this run's "
+                f"{current_digest}")
+    differences = manifest_differences(_manifest_body(recorded), _manifest_body(current))
+    shown = ", ".join(f"{path} (recorded {old!r}, this run {new!r})"
+                      for path, old, new in differences[:MANIFEST_DIFFERENCES_SHOWN])
+    more = len(differences) - MANIFEST_DIFFERENCES_SHOWN
+    return (f"{len(differences)} manifest field(s) differ: {shown}"
+            + (f", and {more} more" if more > 0 else ""))
 
 
 GOLDEN_FORMATS = ("npz", "safetensors")
@@ -291,10 +190,13 @@ def _check_sidecar_describes(
 
 @dataclass
 class GoldenStore:
-    """Goldens under ``directory``; ``manifest_digest`` may be a string or a callable giving one.
+    """Goldens under ``directory``.
 
-    ``file_format`` (``"npz"`` or ``"safetensors"``) applies to goldens written
-    by this store; reading follows the format the sidecar records.
+    ``manifest`` (a mapping or a callable giving one) is recorded in each
+    sidecar and compared on each check; ``manifest_digest`` (string or callable)
+    alone records only the digest. ``file_format`` (``"npz"`` or
+    ``"safetensors"``) applies to goldens written by this store; reading
+    follows the format the sidecar records.
     """
 
     directory: Path
@@ -305,6 +207,8 @@ class GoldenStore:
     # The command that (re)records a golden, named by every missing/corrupt error:
     # --afd-update-golden, or the record phase when a check phase reads references.
     record_with: str = UPDATE_GOLDEN_COMMAND
+    manifest: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None
+    strict_manifest: bool = False
 
     def __post_init__(self) -> None:
         if self.file_format not in GOLDEN_FORMATS:
@@ -323,13 +227,20 @@ class GoldenStore:
         suffix = file_format or self.file_format
         return base.with_name(f"{base.name}.{suffix}"), base.with_name(base.name + ".json")
 
+    def _manifest(self) -> Mapping[str, Any] | None:
+        manifest = self.manifest
+        return manifest() if callable(manifest) else manifest
+
     def _digest(self) -> str | None:
         digest = self.manifest_digest
+        if digest is None:
+            manifest = self._manifest()
+            return None if manifest is None else manifest.get("digest")
         return digest() if callable(digest) else digest
 
-    def save(self, name: str, value: Any, profile: str | ToleranceProfile = "float32",
+    def save(self, name: str, value: Any, profile: str | ToleranceProfile = DEFAULT_PROFILE,
              *, metadata: Mapping[str, Any] | None = None) -> Path:
-        """Write the data file and its sidecar atomically (temp file, fsync, rename).
+        """Write the data file and its sidecar atomically, as one unit under the store's lock.
 
         ``metadata`` (JSON) lands in the sidecar under ``"metadata"``: what a
         later phase must match before it may compare with this golden (see
@@ -339,7 +250,7 @@ class GoldenStore:
         array = to_numpy(value)
         payload = _serialize(array, self.file_format)
         data_path, json_path = self.paths(name)
-        atomic_write_bytes(data_path, payload)
+        manifest = self._manifest()
         sidecar = {
             "format_version": GOLDEN_FORMAT_VERSION,
             "format": self.file_format,
@@ -351,9 +262,13 @@ class GoldenStore:
             "manifest_digest": self._digest(),
             "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
         }
+        if manifest is not None:
+            sidecar["manifest"] = _manifest_body(manifest)
         if metadata is not None:
             sidecar["metadata"] = dict(metadata)
-        atomic_write_json(json_path, sidecar)
+        with directory_lock(Path(self.directory), exclusive=True):
+            atomic_write_bytes(data_path, payload)
+            atomic_write_json(json_path, sidecar)
         self.updated.append(name)
         return data_path
 
@@ -385,13 +300,15 @@ class GoldenStore:
         return sidecar
 
     def load(self, name: str) -> tuple[np.ndarray, dict[str, Any]]:
-        """The stored array and its sidecar; raises a :class:`GoldenError` when it cannot be trusted."""
-        sidecar = self._sidecar(name)
-        file_format = sidecar.get("format", "npz")
-        data_path, _ = self.paths(name, file_format)
-        if not data_path.exists():
-            raise GoldenCorruptError(f"golden {name!r} is incomplete: {data_path} is missing")
-        data = data_path.read_bytes()
+        """The stored array and its sidecar, read as one pair under the store's shared lock;
+        raises a :class:`GoldenError` when it cannot be trusted."""
+        with directory_lock(Path(self.directory), exclusive=False):
+            sidecar = self._sidecar(name)
+            file_format = sidecar.get("format", "npz")
+            data_path, _ = self.paths(name, file_format)
+            if not data_path.exists():
+                raise GoldenCorruptError(f"golden {name!r} is incomplete: {data_path} is missing")
+            data = data_path.read_bytes()
         actual_sha = hashlib.sha256(data).hexdigest()
         if actual_sha != sidecar["sha256"]:
             raise GoldenCorruptError(
@@ -405,35 +322,64 @@ class GoldenStore:
         _check_sidecar_describes(name, sidecar, array, data_path, self.record_with)
         return array, sidecar
 
+    def _recorded_profile(self, name: str, sidecar: Mapping[str, Any],
+                          asked: str | ToleranceProfile | None) -> ToleranceProfile:
+        """The profile the golden was recorded with; a check asking for another is refused."""
+        recorded = sidecar.get("profile")
+        if recorded not in PROFILES:
+            raise GoldenCorruptError(f"golden {name!r}: sidecar profile {recorded!r} is not one "
+                                     f"of {tuple(PROFILES)}")
+        if asked is not None and get_profile(asked).name != recorded:
+            raise GoldenProfileError(
+                f"golden {name!r} was recorded with profile {recorded!r} but is checked with "
+                f"{get_profile(asked).name!r}; check it with profile={recorded!r} or re-record "
+                "it with --afd-update-golden")
+        return PROFILES[recorded]
+
+    def _manifest_note(self, name: str, sidecar: Mapping[str, Any]) -> str:
+        """'' when recorded under this run's manifest; else the differing fields (warned, or
+        refused under ``strict_manifest``)."""
+        recorded_digest, current_digest = sidecar.get("manifest_digest"), self._digest()
+        if not recorded_digest or not current_digest or recorded_digest == current_digest:
+            return ""
+        note = (f"golden {name!r} was recorded under another manifest: "
+                + _named_differences(sidecar.get("manifest"), self._manifest(),
+                                     recorded_digest, current_digest))
+        if self.strict_manifest:
+            raise GoldenManifestError(note + "; re-record it with --afd-update-golden")
+        warnings.warn(GoldenManifestWarning(note), stacklevel=3)
+        return note
+
     def check(
         self,
         name: str,
         value: Any,
         *,
-        profile: str | ToleranceProfile = "float32",
+        profile: str | ToleranceProfile | None = None,
         reference: Any = None,
     ) -> Comparison:
         """Compare ``value`` to the stored golden ``name`` (or to a live ``reference``).
 
-        Under ``update`` the golden is (re)written from ``value`` instead. A
-        mismatch raises :class:`GoldenMismatchError` whose message is the report.
+        A stored golden is compared under the profile it was recorded with
+        (``profile``, when given, must be that one). Under ``update`` the golden
+        is (re)written from ``value`` instead. A mismatch raises
+        :class:`GoldenMismatchError` whose message is the report.
         """
         if reference is not None:
-            return assert_matches(value, reference, profile)
+            return assert_matches(value, reference, profile or DEFAULT_PROFILE)
         if self.update:
-            self.save(name, value, profile)
-            return Comparison(True, get_profile(profile).name, f"golden {name!r} updated")
+            prof = get_profile(profile or DEFAULT_PROFILE)
+            self.save(name, value, prof)
+            return Comparison(True, prof.name, f"golden {name!r} updated")
         expected, sidecar = self.load(name)
-        result = compare(value, expected, profile)
+        prof = self._recorded_profile(name, sidecar, profile)
+        note = self._manifest_note(name, sidecar)
+        result = compare(value, expected, prof)
+        if note:
+            result.details["manifest_mismatch"] = note
         if not result.ok:
-            produced_by = sidecar.get("manifest_digest")
-            current = self._digest()
-            note = (
-                f" (golden recorded under manifest {produced_by}, this run is {current})"
-                if produced_by and current and produced_by != current
-                else ""
-            )
-            raise GoldenMismatchError(f"golden {name!r}: {result.report}{note}")
+            raise GoldenMismatchError(f"golden {name!r}: {result.report}"
+                                      + (f" ({note})" if note else ""))
         return result
 
 

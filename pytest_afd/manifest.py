@@ -64,6 +64,30 @@ def manifest_digest(manifest: Mapping[str, Any]) -> str:
     return DIGEST_PREFIX + hashlib.sha256(canonical_json(body).encode()).hexdigest()
 
 
+MISSING_FIELD = "<missing>"
+"""What :func:`manifest_differences` reports for a field one side lacks."""
+
+
+def manifest_differences(recorded: Any, current: Any, path: str = ""
+                         ) -> list[tuple[str, Any, Any]]:
+    """``(JSON pointer, recorded, current)`` for every leaf that differs, in key order.
+
+    Why leaves: "the manifests differ" (two digests) does not say whether a
+    golden was recorded on another model, topology or just another commit.
+    """
+    if isinstance(recorded, Mapping) and isinstance(current, Mapping):
+        differences: list[tuple[str, Any, Any]] = []
+        for key in sorted(set(recorded) | set(current), key=str):
+            pointer = f"{path}/{key}"
+            if key not in recorded or key not in current:
+                differences.append((pointer, recorded.get(key, MISSING_FIELD),
+                                    current.get(key, MISSING_FIELD)))
+            else:
+                differences.extend(manifest_differences(recorded[key], current[key], pointer))
+        return differences
+    return [] if recorded == current else [(path or "/", recorded, current)]
+
+
 def package_revision(distributions: tuple[str, ...]) -> str | dict[str, Any]:
     """``version`` or ``version+git.<commit>`` of the first installed distribution name."""
     for name in distributions:

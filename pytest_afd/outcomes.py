@@ -11,7 +11,12 @@ Contract (schemas/result.schema.json, read by the report):
   setup/teardown failure is ``error``, an xfail is ``skipped`` with its reason);
 * ``summary.json`` is replaced at the end of every session (not ``--co``, which
   runs nothing and writes nothing), also one that
-  wrote no result, and carries ``session_id``.
+  wrote no result, and carries ``session_id``;
+* sessions sharing a results directory never touch each other's results: the
+  outcome rewrite is a compare-and-swap on ``session_id`` under the
+  directory's lock (:mod:`pytest_afd.shared_results`);
+* a write that fails (a full disk) is recorded in ``AfdSession.write_errors``
+  and reported once at the end, never an internal error of a hook.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from typing import Any
 
 import pytest
 
-from pytest_afd.results import atomic_write_json, read_result, write_result
-from pytest_afd.session import afd_session
+from pytest_afd.results import ResultValidationError
+from pytest_afd.session import afd_session, write_error
+from pytest_afd.shared_results import restamp_outcome, write_session_summary
 
 SESSION_ID_KEY = "afd_session_id"
 PASSED, FAILED, ERROR, SKIPPED = "passed", "failed", "error", "skipped"
@@ -105,16 +111,25 @@ class OutcomeTracker:
         return self.outcomes.get(nodeid, {"status": ERROR, "reason": NOT_FINISHED})
 
     def _stamp_final(self, nodeid: str) -> None:
-        """Rewrite the results this process wrote for ``nodeid`` with its real outcome."""
+        """Rewrite the results this process wrote for ``nodeid`` with its real outcome,
+        only where the file still holds this session's result."""
         outcome = self.outcome_of(nodeid)
-        for entry in afd_session(self.config).written:
+        state = afd_session(self.config)
+        for entry in state.written:
             if entry["nodeid"] != nodeid or entry.get("outcome_stamped"):
                 continue
             path = Path(entry["path"])
-            doc = read_result(path)
-            doc["outcome"] = outcome
-            write_result(path, doc)
             entry["outcome_stamped"] = True
+            try:
+                owner = restamp_outcome(state.options.results_dir, path, self.session_id,
+                                        outcome)
+            except (OSError, ValueError, ResultValidationError) as error:
+                state.write_errors.append(write_error(path, error, "its outcome is not recorded"))
+                continue
+            if owner is not None:
+                state.write_errors.append(
+                    f"{path} now holds session {owner}'s result: this session's outcome "
+                    f"({outcome['status']}) was not written into it")
 
     def summary(self, written: list[dict[str, Any]], results_dir: Path,
                 golden_updates: list[str], extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -133,11 +148,13 @@ class OutcomeTracker:
 
     def write_summary(self, path: Path, written: list[dict[str, Any]], results_dir: Path,
                       golden_updates: list[str], extra: dict[str, Any] | None = None) -> Path:
-        """Replace ``path`` (also when this session wrote nothing: never a stale summary).
+        """Replace ``path`` (also when this session wrote nothing: never a stale summary),
+        and keep this session's own copy beside the other sessions' (under the lock).
 
         ``extra``: further top-level keys (the plugin's ``lost_workers``).
         """
-        return atomic_write_json(path, self.summary(written, results_dir, golden_updates, extra))
+        summary = self.summary(written, results_dir, golden_updates, extra)
+        return write_session_summary(path.parent, path.name, summary)
 
 
 OUTCOME_PLUGIN = "afd-outcomes"

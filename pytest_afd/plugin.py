@@ -12,10 +12,12 @@ Modules by job: :mod:`pytest_afd.session` (per-process state),
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
 
+from afd_split.integrations.worker_evidence import EvidenceSettings
 from pytest_afd import early_setup, hardware, hookspecs, outcomes, reference_phase
 from pytest_afd.backends.base import Backend, BackendUnavailable
 from pytest_afd.golden import RECORD_PHASE_COMMAND, UPDATE_GOLDEN_COMMAND, GoldenStore
@@ -32,13 +34,17 @@ from pytest_afd.options import (  # noqa: F401  (AfdOptions and the defaults are
 )
 from pytest_afd.result_writer import ResultWriter, case_kind, recover_lost_results
 from pytest_afd.results_dir import remove_stale_temp_files
-from pytest_afd.session import AFD_SESSION_KEY, AfdSession, afd_session, is_worker
-from pytest_afd.terminal import write_results_table
+from pytest_afd.session import AFD_SESSION_KEY, AfdSession, afd_session, is_worker, write_error
+from pytest_afd.shared_results import SessionLease
+from pytest_afd.terminal import write_results_table, write_write_errors
 from pytest_afd.topology import RankInfo, Topology
 
 SUMMARY_FILE = "summary.json"
 WORKEROUTPUT_KEY = "afd_results"
 AFD_SESSION_PLUGIN = "afd-session"
+EXIT_RESULTS_UNWRITABLE = 6
+"""Exit status of a session whose results or summary could not be written (a full disk):
+distinct from pytest's own 0-5, so CI tells "tests failed" from "the record is incomplete"."""
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -67,6 +73,10 @@ def pytest_configure(config: pytest.Config) -> None:
     # Registered as a plugin so it receives every test report (outcome column).
     config.pluginmanager.register(state, AFD_SESSION_PLUGIN)
     outcomes.register(config)
+    try:  # AFD_EVIDENCE_DIR / AFD_EVIDENCE_MAX_BYTES: refused once here, not in every case
+        EvidenceSettings.from_env(os.environ)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     reference_phase.reference_phase(config)  # a bad value is a UsageError now, not per test
     ledger = hardware.HardwareLedger(state.options.backend, state.options.require_hardware,
                                      lambda: state.backend_instance)
@@ -153,7 +163,7 @@ def golden(pytestconfig: pytest.Config) -> GoldenStore:
     store = GoldenStore(
         directory=state.options.golden_dir,
         update=state.options.update_golden,
-        manifest_digest=lambda: state.manifest()["digest"],
+        manifest=state.manifest,  # recorded in each sidecar, compared field by field
         record_with=RECORD_PHASE_COMMAND if checking else UPDATE_GOLDEN_COMMAND,
     )
     yield store
@@ -170,6 +180,27 @@ def afd_results(request: pytest.FixtureRequest) -> ResultWriter:
     )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The controller claims the results dir for the session (not for --help)."""
+    config = session.config
+    if is_worker(config):
+        return
+    state = afd_session(config)
+    try:
+        state.lease = SessionLease(state.options.results_dir,
+                                   outcomes.tracker(config).session_id).acquire()
+    except OSError as exc:
+        raise pytest.UsageError(write_error(
+            state.options.results_dir, exc, "the session cannot claim it")) from None
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(AFD_SESSION_KEY, None)
+    if state is not None and state.lease is not None:
+        state.lease.release()
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
     state = afd_session(session.config)
     state.close()
@@ -179,6 +210,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         session.config.workeroutput[WORKEROUTPUT_KEY] = {
             "results": state.written,
             "golden_updates": state.golden_updates,
+            "write_errors": state.write_errors,
         }
         return
     if state.lost_workers:
@@ -190,10 +222,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         extra["lost_workers"] = state.lost_workers
     if measured is not None:
         extra[hardware.SUMMARY_KEY] = measured
-    outcomes.tracker(session.config).write_summary(
-        state.options.results_dir / SUMMARY_FILE, state.written, state.options.results_dir,
-        state.golden_updates, extra=extra,
-    )
+    summary_path = state.options.results_dir / SUMMARY_FILE
+    try:
+        outcomes.tracker(session.config).write_summary(
+            summary_path, state.written, state.options.results_dir,
+            state.golden_updates, extra=extra,
+        )
+    except OSError as exc:  # a full disk: say so, keep pytest's own summary, exit distinctly
+        state.write_errors.append(write_error(summary_path, exc, "no summary was written"))
+    if state.write_errors:
+        session.exitstatus = EXIT_RESULTS_UNWRITABLE
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -213,10 +251,13 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
         return
     state.written.extend(output["results"])
     state.golden_updates.extend(output["golden_updates"])
+    state.write_errors.extend(output["write_errors"])
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     state = afd_session(config)
-    if is_worker(config) or not (state.written or state.golden_updates or state.lost_workers):
+    if is_worker(config):
         return
-    write_results_table(terminalreporter, state, SUMMARY_FILE)
+    if state.written or state.golden_updates or state.lost_workers:
+        write_results_table(terminalreporter, state, SUMMARY_FILE)
+    write_write_errors(terminalreporter, state, EXIT_RESULTS_UNWRITABLE)

@@ -14,11 +14,11 @@ from pytest_afd.results import (
     ResultValidationError,
     build_result,
     headline,
-    result_path,
-    write_result,
+    validate_result,
 )
 from pytest_afd.results_dir import results_written_since
-from pytest_afd.session import AfdSession
+from pytest_afd.session import AfdSession, write_error
+from pytest_afd.shared_results import write_claimed_result
 
 
 def case_kind(item: pytest.Item) -> str:
@@ -50,9 +50,10 @@ def summary_entry(doc: dict[str, Any], nodeid: str, path: Path) -> dict[str, Any
 def recover_lost_results(state: AfdSession) -> None:
     """Results a dead worker wrote this session, read back from the results dir."""
     listed = {entry["case_id"] for entry in state.written}
+    session_id = outcomes.tracker(state.config).session_id
     for path, doc in results_written_since(state.options.results_dir, state.started_at):
-        if doc["case_id"] in listed:
-            continue
+        if doc["case_id"] in listed or doc.get("session_id") != session_id:
+            continue  # listed already, or another session's result in a shared directory
         owners = [nodeid for nodeid in state.outcomes if doc["case_id"].startswith(nodeid)]
         entry = summary_entry(doc, max(owners, key=len, default=doc["case_id"]), path)
         state.written.append({**entry, "recovered": True})
@@ -94,12 +95,19 @@ class ResultWriter:
             pytest.fail(
                 f"result {doc['case_id']!r} written twice: one result per case", pytrace=False
             )
-        path = result_path(self.results_dir, str(doc.get("case_id", self.case_id)))
         doc = outcomes.tracker(self.state.config).stamp(doc)
+        failure = None
         try:
-            write_result(path, doc)
+            validate_result(doc)
+            path = write_claimed_result(self.results_dir, doc)
         except ResultValidationError as exc:
-            pytest.fail(str(exc), pytrace=False)
+            failure = str(exc)
+        except OSError as exc:  # a full disk: this test fails, by name, without a traceback
+            where = Path(exc.filename) if exc.filename else self.results_dir
+            failure = write_error(where, exc, f"result {doc['case_id']!r} is lost")
+            self.state.write_errors.append(failure)
+        if failure is not None:  # outside the except: no chained traceback in the report
+            pytest.fail(failure, pytrace=False)
         self.written.append(doc["case_id"])
         self.state.written.append(summary_entry(doc, self.case_id, path))
         self.state.config.hook.pytest_afd_result_written(

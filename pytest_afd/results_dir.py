@@ -8,6 +8,7 @@ leaves ``.<name>.<random>.tmp`` behind; the next session removes those.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 import time
@@ -22,6 +23,9 @@ TEMP_FILE_GLOB = ".*.tmp"
 # session sharing the directory); a killed write's file is older at the next start.
 STALE_TEMP_AGE_S = 60.0
 PROBE_PREFIX = ".afd-write-probe-"
+PROBE_BYTES = 64 * 1024
+"""Bytes the start-up probe writes and fsyncs: an empty file needs no data block, so only
+a real write sees a full filesystem (a summary and a few results need at least this)."""
 
 
 class OutputDirError(ValueError):
@@ -38,8 +42,9 @@ def _nearest_existing(path: Path) -> Path:
 def check_writable_dir(path: Path, source: str) -> None:
     """Raise OutputDirError unless ``path`` is (or can be created as) a writable directory.
 
-    Writes and removes one probe file in the nearest existing directory: that is
-    the only check that sees read-only mounts, permissions and ownership alike.
+    Writes (``PROBE_BYTES``, fsynced) and removes one probe file in the nearest
+    existing directory: that is the only check that sees read-only mounts,
+    permissions, ownership and a full filesystem alike.
     """
     if path.exists() and not path.is_dir():
         raise OutputDirError(f"{source}={str(path)!r} is a file, not a directory")
@@ -55,8 +60,19 @@ def check_writable_dir(path: Path, source: str) -> None:
         raise OutputDirError(
             f"{source}={str(path)!r} is not writable{where}: {error.strerror}"
         ) from None
-    os.close(fd)
-    os.unlink(probe)
+    try:
+        written = os.write(fd, bytes(PROBE_BYTES))
+        os.fsync(fd)
+        if written != PROBE_BYTES:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    except OSError as error:
+        raise OutputDirError(
+            f"{source}={str(path)!r}: cannot write {str(base)!r}: "
+            f"{(error.strerror or str(error)).lower()}"
+        ) from None
+    finally:
+        os.close(fd)
+        os.unlink(probe)
 
 
 def remove_stale_temp_files(directory: Path, *, now: float | None = None) -> list[Path]:

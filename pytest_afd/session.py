@@ -14,6 +14,7 @@ from pytest_afd.backends.base import Backend, BackendUnavailable
 from pytest_afd.manifest import collect_manifest, manifest_digest
 from pytest_afd.options import AfdOptions
 from pytest_afd.results import validate_manifest
+from pytest_afd.shared_results import SessionLease
 
 
 @dataclass(eq=False)  # identity-hashed: it is registered as a pytest plugin
@@ -36,6 +37,10 @@ class AfdSession:
     started_at: float = field(default_factory=time.time)
     # Test outcome per node id (controller side under xdist: it sees every report).
     outcomes: dict[str, str] = field(default_factory=dict)
+    # Result/summary writes that failed (a full disk): reported at the end, exit status set.
+    write_errors: list[str] = field(default_factory=list)
+    # The controller's claim on the results dir while the session runs (shared_results).
+    lease: SessionLease | None = None
 
     @property
     def emulated(self) -> bool:
@@ -107,6 +112,12 @@ class AfdSession:
 
 
 AFD_SESSION_KEY = pytest.StashKey[AfdSession]()
+
+
+def write_error(path: Path, error: Exception, consequence: str) -> str:
+    """``cannot write <path>: <cause>; <consequence>`` (the OS reason, not a traceback)."""
+    cause = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+    return f"cannot write {path}: {cause.lower()}; {consequence}"
 
 
 def afd_session(config: pytest.Config) -> AfdSession:

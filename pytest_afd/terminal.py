@@ -59,3 +59,14 @@ def write_results_table(reporter: Any, state: AfdSession, summary_file: str) -> 
         reporter.write_line(
             f"{len(state.golden_updates)} golden(s) updated in {state.options.golden_dir}"
         )
+
+
+def write_write_errors(reporter: Any, state: AfdSession, exit_status: int) -> None:
+    """Writes that failed (a full disk), one line each, and the session's exit status."""
+    if not state.write_errors:
+        return
+    reporter.section("pytest-afd: results not written", red=True)
+    for message in state.write_errors:
+        reporter.write_line(f"afd: {message}", red=True)
+    reporter.write_line(f"afd: the session exits with status {exit_status} (results "
+                        "incomplete)", red=True)

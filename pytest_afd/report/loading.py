@@ -17,6 +17,7 @@ from typing import Any
 from pytest_afd.manifest import stack_digest, with_run
 from pytest_afd.report.scan import OTHER, UNUSABLE, FileFacts, ScanCache, read_json
 from pytest_afd.results import ResultValidationError, validate_result
+from pytest_afd.shared_results import SESSIONS_DIR_NAME
 
 REPORT_DIR_NAME = "report"
 RESULT_KIND = "afd-result"
@@ -141,13 +142,17 @@ def load_results(
     newest session with a valid result; ``session``: that one); the other
     sessions' files are only scanned and listed in ``earlier``. Facts and
     validation verdicts are cached by file identity (pytest_afd.report.scan).
+    The sessions' bookkeeping (``.afd-sessions``: leases and per-session
+    summaries) is never read as a result.
     """
     loaded = LoadedResults()
     report_dir = (exclude or results_dir / REPORT_DIR_NAME).resolve()
     cache = ScanCache.open(results_dir)
     scanned: list[tuple[Path, FileFacts]] = []
+    sessions_dir = (results_dir / SESSIONS_DIR_NAME).resolve()
     for path in sorted(results_dir.rglob("*.json")):
-        if report_dir in path.resolve().parents or not path.is_file():
+        parents = path.resolve().parents
+        if report_dir in parents or sessions_dir in parents or not path.is_file():
             continue
         facts = cache.facts(path)
         if facts.kind == UNUSABLE:

@@ -7,13 +7,11 @@ is invalid (reasons printed), 2 nonsense input (argparse-style message).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import cycle, islice
-from pathlib import Path
 from typing import Any
 
 from pytest_afd.scheduling.arguments import (  # noqa: F401  (re-exported: the CLI's API)
@@ -36,30 +34,18 @@ from pytest_afd.scheduling.model import (
 )
 from pytest_afd.scheduling.prefix_cache import realized_cached_tokens
 from pytest_afd.scheduling.sweep import SweepCandidate, sweep
+from pytest_afd.scheduling.workload import (  # noqa: F401  (re-exported: the CLI's API)
+    MAX_WORKLOAD_BYTES,
+    QueueEntry,
+    load_workload,
+)
 
-AZURE_PROMPT_COLUMN = "ContextTokens"
-JSONL_PROMPT_KEY = "prompt_len"
-JSONL_CACHED_KEY = "cached_prefix"
 EXIT_OK = 0
 EXIT_INVALID_PLAN = 1
 
 
 # ---------------------------------------------------------------------------
-# Workload files
-
-
-@dataclass(frozen=True)
-class QueueEntry:
-    prompt_len: int
-    requested_cached: int | None = None
-
-
-def _positive_field(value: object, where: str, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{where}: {what} {value!r} is not a positive integer")
-    if value > MAX_PROMPT_LEN:
-        raise ValueError(f"{where}: {what} {value} is more than the limit {MAX_PROMPT_LEN}")
-    return value
+# Queue bounds
 
 
 def _check_size(
@@ -79,63 +65,6 @@ def _check_size(
                 f"--max-batched-tokens {max_batched}) need at least {forwards} forwards; "
                 f"the limit is {MAX_FORWARDS}"
             )
-
-
-def _read_azure_csv(path: Path) -> list[QueueEntry]:
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        if reader.fieldnames is None or AZURE_PROMPT_COLUMN not in reader.fieldnames:
-            raise ValueError(f"{path}: CSV has no {AZURE_PROMPT_COLUMN} column")
-        entries = []
-        for line, row in enumerate(reader, start=2):
-            text = row[AZURE_PROMPT_COLUMN]
-            try:
-                value = int(text)
-            except (TypeError, ValueError):
-                raise ValueError(
-                    f"{path}:{line}: {AZURE_PROMPT_COLUMN} {text!r} is not an integer"
-                ) from None
-            entries.append(QueueEntry(_positive_field(value, f"{path}:{line}", "prompt length")))
-    return entries
-
-
-def _read_jsonl(path: Path) -> list[QueueEntry]:
-    entries = []
-    for line, text in enumerate(path.read_text().splitlines(), start=1):
-        if not text.strip():
-            continue
-        where = f"{path}:{line}"
-        try:
-            item = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{where}: not JSON ({error.msg})") from None
-        if isinstance(item, dict):
-            if JSONL_PROMPT_KEY not in item:
-                raise ValueError(f"{where}: object has no {JSONL_PROMPT_KEY!r}")
-            cached = item.get(JSONL_CACHED_KEY)
-            if cached is not None and (
-                isinstance(cached, bool) or not isinstance(cached, int) or cached < 0
-            ):
-                raise ValueError(f"{where}: {JSONL_CACHED_KEY} {cached!r} is not an integer >= 0")
-            entries.append(
-                QueueEntry(_positive_field(item[JSONL_PROMPT_KEY], where, "prompt length"), cached)
-            )
-        else:
-            entries.append(QueueEntry(_positive_field(item, where, "prompt length")))
-    return entries
-
-
-def load_workload(path: Path) -> list[QueueEntry]:
-    """Prompt lengths (and optional requested cached prefixes) from JSONL or an Azure CSV."""
-    if not path.is_file():
-        raise ValueError(f"workload file {str(path)!r} does not exist")
-    with path.open() as handle:
-        first_line = handle.readline()
-    is_csv = path.suffix.lower() == ".csv" or AZURE_PROMPT_COLUMN in first_line
-    entries = _read_azure_csv(path) if is_csv else _read_jsonl(path)
-    if not entries:
-        raise ValueError(f"workload file {str(path)!r} holds no requests")
-    return entries
 
 
 # ---------------------------------------------------------------------------

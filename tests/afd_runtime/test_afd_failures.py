@@ -63,9 +63,10 @@ def test_killed_ffn_rank_fails_the_step_naming_it(small_config):
 def test_hung_ffn_rank_times_out_naming_it(small_config):
     runtime = _start(small_config, peer_timeout_s=PEER_TIMEOUT_S)
     start = time.monotonic()
-    with pytest.raises(AfdRankFailure, match=r"timed out.*from FFN rank 0"):
+    with pytest.raises(AfdRankFailure, match=r"timed out.*from FFN rank 0") as info:
         _run_with_fault(runtime, small_config, "hang")
     assert time.monotonic() - start < PEER_TIMEOUT_S + FAILURE_BOUND_S
+    assert info.value.rank_names == ("FFN rank 0",)  # the hung peer, not the rank that waited
     _assert_no_ranks_left(runtime)
 
 

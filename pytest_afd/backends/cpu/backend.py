@@ -28,7 +28,7 @@ from afd_split.integrations.engine_step import (
     plan_engine_step,
     step_record,
 )
-from afd_split.integrations.worker_evidence import EvidenceWriter
+from afd_split.integrations.worker_evidence import EvidenceSettings
 from pytest_afd.backends.base import (
     CAP_AFD,
     CAP_CHUNKED_PREFILL,
@@ -211,6 +211,8 @@ class CpuBackend:
         self._afd_caches: dict[int, _CacheState] = {}
         self._digest: str | None = None
         self._split_observers: list = []
+        # AFD_EVIDENCE_DIR / _MAX_BYTES checked once here: a bad value fails start-up, not each run.
+        self._evidence_settings = EvidenceSettings.from_env(os.environ)
 
     # ---- protocol -------------------------------------------------------
     def run(self, prompts: Sequence[PromptRequest], settings: RunSettings) -> RunOutputs:
@@ -252,7 +254,8 @@ class CpuBackend:
         layer_seconds: list[list[dict[str, float]]] = []
         completed = False
         # AFD_EVIDENCE_DIR: the same per-step lines the engine hook's Attention ranks write.
-        evidence = EvidenceWriter.from_env(os.environ, CPU_STEP_RANKS.label)
+        evidence = (None if self._evidence_settings is None
+                    else self._evidence_settings.writer(CPU_STEP_RANKS.label))
         try:
             for step, batch in enumerate(sched.batches):
                 step_started = time.perf_counter()

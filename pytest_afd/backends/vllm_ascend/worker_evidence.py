@@ -24,11 +24,10 @@ from typing import Any
 from afd_split.integrations.expert_load import EXPERT_LOAD_KIND
 from afd_split.integrations.worker_evidence import (
     CAP_MARKER_KIND,
-    EVIDENCE_DIR_ENV,
     EVIDENCE_FORMAT,
     FILE_SUFFIX,
     RECORD_KIND,
-    max_bytes_from_env,
+    EvidenceSettings,
 )
 from pytest_afd.backends.base import PromptRequest, RunOutputs, RunSettings
 
@@ -61,11 +60,15 @@ class WorkerEvidence:
 
 
 def evidence_files(directory: Path) -> list[Path]:
-    """The rank files under ``directory`` (sorted; none when it does not exist yet)."""
+    """The rank files under ``directory`` (sorted; none when it does not exist yet).
+
+    A symlink is never a rank file (the writers refuse to write through one), so a
+    planted link cannot make a case read another file as its evidence.
+    """
     if not directory.is_dir():
         return []
     return sorted(path for path in directory.iterdir()
-                  if path.suffix == FILE_SUFFIX and path.is_file())
+                  if path.suffix == FILE_SUFFIX and not path.is_symlink() and path.is_file())
 
 
 def snapshot_offsets(directory: Path) -> dict[str, int]:
@@ -218,10 +221,10 @@ class WorkerEvidenceBackend:
     @classmethod
     def wrap_from_env(cls, inner, environ: Mapping[str, str]):
         """``inner`` wrapped when ``AFD_EVIDENCE_DIR`` is set, else ``inner`` itself."""
-        directory = environ.get(EVIDENCE_DIR_ENV)
-        if not directory:
+        settings = EvidenceSettings.from_env(environ)  # bad values fail here, at start-up
+        if settings is None:
             return inner
-        return cls(inner, directory, max_read_bytes=max_bytes_from_env(environ))
+        return cls(inner, settings.directory, max_read_bytes=settings.max_bytes)
 
     @property
     def name(self) -> str:

@@ -17,10 +17,13 @@ Every wait is bounded: a peer that died or hangs surfaces as an error naming it.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from pytest_afd.backends.cpu.afd.procs import PeerWaitError
 
 HEADER_WORDS = 6
 HEADER_KIND, HEADER_LAYER, HEADER_UBATCH, HEADER_ROWS, HEADER_TOPK, HEADER_STEP = range(
@@ -39,16 +42,17 @@ FLAG_SHARED = 2
 FLAG_BOTH = FLAG_ROUTED | FLAG_SHARED
 
 
-class PeerTimeoutError(RuntimeError):
-    """A bounded wait on a named peer rank expired."""
+class PeerTimeoutError(PeerWaitError):
+    """A bounded wait on named peer rank(s) expired or failed; ``peers`` are blamed."""
 
 
-def _wait(work: dist.Work, timeout_s: float, what: str) -> None:
+def _wait(work: dist.Work, timeout_s: float, what: str, peers: Sequence[str]) -> None:
     try:
         work.wait(datetime.timedelta(seconds=timeout_s))
     except RuntimeError as exc:
         kind = "timed out" if "Timed out" in str(exc) else "failed"
-        raise PeerTimeoutError(f"{kind} after <= {timeout_s:.1f}s {what}: {exc}") from exc
+        raise PeerTimeoutError(f"{kind} after <= {timeout_s:.1f}s {what}: {exc}",
+                               peers=peers) from exc
 
 
 @dataclass
@@ -83,9 +87,10 @@ class PendingResult:
             f"waiting for the e2a result of layer {self.layer} ubatch {self.ubatch} "
             f"from {self.peer_name}"
         )
-        _wait(self.receive, timeout_s, what)
+        _wait(self.receive, timeout_s, what, [self.peer_name])
         for send in self.sends:
-            _wait(send, timeout_s, f"completing the a2e send to {self.peer_name}")
+            _wait(send, timeout_s, f"completing the a2e send to {self.peer_name}",
+                  [self.peer_name])
         return self.result
 
 
@@ -162,6 +167,7 @@ def send_end(peer: int, peer_name: str, step: int, timeout_s: float) -> None:
         dist.isend(_header(KIND_END, step), peer, tag=TAG_HEADER),
         timeout_s,
         f"telling {peer_name} the step ended",
+        [peer_name],
     )
 
 
@@ -178,11 +184,16 @@ class Incoming:
     step: int
 
 
-def receive_header(timeout_s: float) -> Incoming:
-    """Next header from whichever Attention rank sent first (bounded)."""
+def receive_header(timeout_s: float, waiting_on: Sequence[str]) -> Incoming:
+    """Next header from whichever Attention rank sent first (bounded).
+
+    ``waiting_on``: the Attention ranks that have not ended the step yet; a
+    timeout blames them (one of them stopped sending), not the waiting rank.
+    """
     header = torch.empty(HEADER_WORDS, dtype=torch.int64)
     work = dist.irecv(header, tag=TAG_HEADER)
-    _wait(work, timeout_s, "waiting for the next a2e header from any Attention rank")
+    _wait(work, timeout_s, f"waiting for the next a2e header from {', '.join(waiting_on)}",
+          waiting_on)
     values = header.tolist()
     return Incoming(
         source=work.source_rank(),
@@ -201,7 +212,7 @@ def receive_payload(
     """The packed payload that follows a work header from ``incoming.source``."""
     packed = torch.empty((incoming.rows, hidden_size + 2 * incoming.topk + 1), dtype=torch.float32)
     work = dist.irecv(packed, incoming.source, tag=TAG_PAYLOAD)
-    _wait(work, timeout_s, f"receiving the a2e payload from {source_name}")
+    _wait(work, timeout_s, f"receiving the a2e payload from {source_name}", [source_name])
     return unpack(packed, incoming, hidden_size)
 
 

@@ -19,7 +19,6 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-import socket
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +42,10 @@ SHUTDOWN_JOIN_S = 5.0
 KILL_JOIN_S = 2.0
 
 MSG_READY = "ready"
+MSG_PORT = "port"
+"""Rank 0's first message: the port its rendezvous store really bound."""
+EPHEMERAL_PORT = 0
+"""Ask the kernel for a free port at bind time (no probe-then-bind race)."""
 MSG_OK = "ok"
 MSG_ERROR = "error"
 MSG_SHUTDOWN = "shutdown"
@@ -61,6 +64,18 @@ class AfdRankFailure(AfdRuntimeError):
     def __init__(self, message: str, *, rank_names: Sequence[str]) -> None:
         super().__init__(message)
         self.rank_names = tuple(rank_names)
+
+
+class PeerWaitError(RuntimeError):
+    """Raised in a rank whose bounded wait on ``peers`` failed: they are blamed, not it.
+
+    Why: a frozen FFN rank reports nothing; the Attention rank waiting on it is
+    the one that times out, and blaming the reporter would name the healthy rank.
+    """
+
+    def __init__(self, message: str, *, peers: Sequence[str]) -> None:
+        super().__init__(message)
+        self.peers = tuple(peers)
 
 
 @dataclass(frozen=True)
@@ -83,20 +98,13 @@ class WorkerConfig:
 
     spec: RankSpec
     world_size: int
-    master_port: int
+    master_port: int  # rank 0: the port to bind (EPHEMERAL_PORT: any); others: rank 0's port
     num_threads: int
     collective_timeout_s: float
     role_factory: Callable[..., Any]
     role_kwargs: Mapping[str, Any] = field(default_factory=dict)
     cpu_core: int | None = None  # pin the process (and its threads) to this core
     nice: int = 0  # scheduling niceness of the process (and its threads); 0: unchanged
-
-
-def free_loopback_port() -> int:
-    """A TCP port the OS reports free right now (rank 0's store binds it moments later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return sock.getsockname()[1]
 
 
 def _die_with_parent() -> None:
@@ -132,14 +140,18 @@ def worker_main(conn: multiprocessing.connection.Connection, config: WorkerConfi
     # the ranks live on one host, so pin the transport to loopback.
     os.environ.setdefault(GLOO_INTERFACE_ENV, LOOPBACK_INTERFACE)
     name = config.spec.name
+    timeout = datetime.timedelta(seconds=config.collective_timeout_s)
     try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://{LOOPBACK}:{config.master_port}",
-            rank=config.spec.global_rank,
-            world_size=config.world_size,
-            timeout=datetime.timedelta(seconds=config.collective_timeout_s),
-        )
+        # Rank 0 binds the store itself (port 0: the kernel picks a free one) and
+        # tells the parent, which only then starts the other ranks with that port:
+        # no rank can join another runtime's store through a reused probed port.
+        is_master = config.spec.global_rank == 0
+        store = dist.TCPStore(LOOPBACK, config.master_port, config.world_size,
+                              is_master=is_master, timeout=timeout, wait_for_workers=False)
+        if is_master:
+            conn.send((MSG_PORT, store.port))
+        dist.init_process_group("gloo", store=store, rank=config.spec.global_rank,
+                                world_size=config.world_size, timeout=timeout)
         role = config.role_factory(config.spec, **config.role_kwargs)
         conn.send((MSG_READY, {"pid": os.getpid(), "threads": torch.get_num_threads()}))
     except Exception as exc:
@@ -155,7 +167,8 @@ def worker_main(conn: multiprocessing.connection.Connection, config: WorkerConfi
         try:
             conn.send((MSG_OK, role.handle(message)))
         except Exception as exc:
-            conn.send((MSG_ERROR, f"{name}: {exc}\n{traceback.format_exc()}"))
+            blamed = exc.peers if isinstance(exc, PeerWaitError) else ()
+            conn.send((MSG_ERROR, f"{name}: {exc}\n{traceback.format_exc()}", blamed))
             # A failed step leaves the gloo channels in an unknown state; the
             # parent tears the whole group down, so stop serving.
             return
@@ -187,42 +200,56 @@ class ProcessGroupHandle:
         self._processes: dict[int, multiprocessing.process.BaseProcess] = {}
         self._conns: dict[int, multiprocessing.connection.Connection] = {}
         self.pids: dict[int, int] = {}
+        self.rendezvous_port: int | None = None  # the port rank 0's store bound (after start)
         self.closed = False
 
     def spec(self, global_rank: int) -> RankSpec:
         return self.specs[global_rank]
 
-    def start(self, startup_timeout_s: float) -> None:
-        """Spawn every rank and wait (bounded) until each has joined gloo and built its role."""
+    def start(self, startup_timeout_s: float, rendezvous_port: int = EPHEMERAL_PORT) -> None:
+        """Spawn every rank and wait (bounded) until each has joined gloo and built its role.
+
+        Rank 0 starts first and binds ``rendezvous_port`` (default: any free
+        port); the others start once it reported the port it really holds.
+        """
+        deadline = time.monotonic() + startup_timeout_s
         context = multiprocessing.get_context("spawn")
-        port = free_loopback_port()
-        for spec in self.specs:
-            parent_conn, child_conn = context.Pipe()
-            config = WorkerConfig(
-                spec=spec,
-                world_size=len(self.specs),
-                master_port=port,
-                num_threads=self._num_threads,
-                collective_timeout_s=self._collective_timeout_s,
-                role_factory=self._role_factory,
-                role_kwargs=dict(self._role_kwargs_for(spec)),
-                cpu_core=None
-                if self._cpu_affinity is None
-                else self._cpu_affinity[spec.global_rank],
-                nice=self._nice,
-            )
-            # daemon: multiprocessing's own exit hook kills it if close() never runs.
-            process = context.Process(
-                target=worker_main, args=(child_conn, config), name=spec.name, daemon=True
-            )
-            process.start()
-            child_conn.close()
-            self._processes[spec.global_rank] = process
-            self._conns[spec.global_rank] = parent_conn
-            self.pids[spec.global_rank] = process.pid
-        replies = self._gather(list(self._conns), startup_timeout_s, expect=MSG_READY)
+        first, *others = self.specs
+        if first.global_rank != 0:
+            raise ValueError(f"the first rank spec must be global rank 0, got {first}")
+        self._spawn(context, first, rendezvous_port)
+        port = self._gather([0], startup_timeout_s, expect=MSG_PORT)[0]
+        self.rendezvous_port = port
+        for spec in others:
+            self._spawn(context, spec, port)
+        remaining = max(0.0, deadline - time.monotonic())
+        replies = self._gather(list(self._conns), remaining, expect=MSG_READY)
         for rank, info in replies.items():
             self.pids[rank] = info["pid"]
+
+    def _spawn(self, context, spec: RankSpec, port: int) -> None:
+        """Start one rank's process, told the rendezvous port to bind (rank 0) or join."""
+        parent_conn, child_conn = context.Pipe()
+        config = WorkerConfig(
+            spec=spec,
+            world_size=len(self.specs),
+            master_port=port,
+            num_threads=self._num_threads,
+            collective_timeout_s=self._collective_timeout_s,
+            role_factory=self._role_factory,
+            role_kwargs=dict(self._role_kwargs_for(spec)),
+            cpu_core=None if self._cpu_affinity is None else self._cpu_affinity[spec.global_rank],
+            nice=self._nice,
+        )
+        # daemon: multiprocessing's own exit hook kills it if close() never runs.
+        process = context.Process(
+            target=worker_main, args=(child_conn, config), name=spec.name, daemon=True
+        )
+        process.start()
+        child_conn.close()
+        self._processes[spec.global_rank] = process
+        self._conns[spec.global_rank] = parent_conn
+        self.pids[spec.global_rank] = process.pid
 
     def request(self, messages: Mapping[int, Any], timeout_s: float) -> dict[int, Any]:
         """Send one message to each named rank; return their replies or fail naming the rank."""
@@ -277,10 +304,15 @@ class ProcessGroupHandle:
                     conn = self._conns[rank]
                     if conn not in ready:
                         continue
-                    kind, payload = self._receive(rank)
+                    kind, payload, *blamed = self._receive(rank)
                     if kind == MSG_ERROR:
-                        self._raise_if_any_dead(grace_s=ROOT_CAUSE_GRACE_S, reported=payload)
-                        self._fail(payload, [self.spec(rank).name])
+                        # The reporter exits after reporting: only a dead peer is a cause.
+                        self._raise_if_any_dead(grace_s=ROOT_CAUSE_GRACE_S, reported=payload,
+                                                reporter=rank)
+                        # A peer-wait error blames the peer(s) it waited on (a frozen
+                        # rank never reports); any other error blames the reporter.
+                        self._fail(payload, list(blamed[0]) if blamed and blamed[0]
+                                   else [self.spec(rank).name])
                     if kind != expect:
                         name = self.spec(rank).name
                         self._fail(f"{name} replied {kind!r}, expected {expect!r}", [name])
@@ -291,14 +323,16 @@ class ProcessGroupHandle:
             raise
         return replies
 
-    def _raise_if_any_dead(self, grace_s: float = 0.0, reported: str | None = None) -> None:
-        """Fail naming every child that has exited; wait up to grace_s for one to appear."""
+    def _raise_if_any_dead(self, grace_s: float = 0.0, reported: str | None = None,
+                           reporter: int | None = None) -> None:
+        """Fail naming every child that has exited (but ``reporter``, whose error is in
+        hand); wait up to grace_s for one to appear."""
         deadline = time.monotonic() + grace_s
         while True:
             dead = [
                 (rank, process)
                 for rank, process in self._processes.items()
-                if not process.is_alive()
+                if rank != reporter and not process.is_alive()
             ]
             if dead or time.monotonic() >= deadline:
                 break

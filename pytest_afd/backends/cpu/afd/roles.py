@@ -411,13 +411,15 @@ class FfnRole(_Role):
         timeline = Timeline(instrument)
         cpu_start = time.process_time()
         switches_start = involuntary_switches()
-        ended = 0
+        # Attention ranks still to end this step: a header timeout blames them.
+        running = {rank: self.topology.attention_name(rank)
+                   for rank in range(self.topology.num_attention)}
         served = 0
         sends = []
         routed_rows = 0
-        while ended < self.topology.num_attention:
+        while running:
             idle_start = time.perf_counter()
-            incoming = connector.receive_header(self.peer_timeout_s)
+            incoming = connector.receive_header(self.peer_timeout_s, list(running.values()))
             source_name = self.topology.attention_name(incoming.source)
             if incoming.step != step:
                 raise RuntimeError(
@@ -425,7 +427,7 @@ class FfnRole(_Role):
                     f"while serving step {step}"
                 )
             if incoming.kind == connector.KIND_END:
-                ended += 1
+                running.pop(incoming.source, None)
                 continue
             timeline.add(
                 FFN_IDLE,

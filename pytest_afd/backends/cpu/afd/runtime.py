@@ -28,6 +28,7 @@ from afd_split.support import CPU_REFERENCE_BUILDER
 from pytest_afd.backends.cpu.afd.evidence import Span, as_spans
 from pytest_afd.backends.cpu.afd.procs import (
     ADDRESS_IN_USE,
+    EPHEMERAL_PORT,
     ROLE_ATTENTION,
     ROLE_FFN,
     AfdRankFailure,
@@ -108,6 +109,7 @@ class AfdRuntime:
         pin_cpus: bool = False,
         rank_nice: int = 0,
         check_agreement: bool | None = None,
+        rendezvous_port: int = EPHEMERAL_PORT,
     ) -> None:
         """``model_dir``: load weights from a Hugging Face-style directory whose
         ``config.json`` equals ``config`` instead of seeding them. ``support``:
@@ -119,7 +121,11 @@ class AfdRuntime:
         benchmark can measure the ranks' own schedule on a host shared with
         other work; 0 leaves it as inherited. ``check_agreement``: every rank
         all-gathers each step's plan fingerprints (``afd_split.agree``) before
-        any ubatch is exchanged; None: on when ``AFD_SPLIT_DEBUG_AGREE=1``."""
+        any ubatch is exchanged; None: on when ``AFD_SPLIT_DEBUG_AGREE=1``.
+        ``rendezvous_port``: the port rank
+        0's store binds (default: any free one, picked by the kernel at bind
+        time and passed on to the other ranks); a port already taken fails
+        rank 0 at once and start-up retries once on a free port."""
         for name, value in (("num_attention", num_attention), ("num_ffn", num_ffn)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}={value!r}; expected an integer >= 1")
@@ -163,16 +169,16 @@ class AfdRuntime:
         self._steps = itertools.count()
         self._finalizer = weakref.finalize(self, ProcessGroupHandle.kill_all, self._group)
         try:
-            self._group.start(startup_timeout_s)
+            self._group.start(startup_timeout_s, rendezvous_port)
         except AfdRankFailure as failure:
-            # The free port can be taken between probing and binding (parallel test
-            # workers): one retry on a fresh port and fresh processes.
+            # A requested port already taken (another runtime holds it): rank 0
+            # failed alone, before any other rank started; one retry on a free port.
             if ADDRESS_IN_USE not in str(failure).lower():
                 raise
             self._group = self._new_group(specs, role_kwargs)
             self._finalizer.detach()
             self._finalizer = weakref.finalize(self, ProcessGroupHandle.kill_all, self._group)
-            self._group.start(startup_timeout_s)
+            self._group.start(startup_timeout_s, EPHEMERAL_PORT)
 
     def _new_group(self, specs, role_kwargs) -> ProcessGroupHandle:
         return ProcessGroupHandle(
@@ -202,6 +208,11 @@ class AfdRuntime:
     @property
     def closed(self) -> bool:
         return self._group.closed
+
+    @property
+    def rendezvous_port(self) -> int | None:
+        """The loopback port rank 0's rendezvous store bound."""
+        return self._group.rendezvous_port
 
     def alive_pids(self) -> list[int]:
         return self._group.alive_pids()

@@ -1,0 +1,154 @@
+"""Issue 23 row 1: two pytest sessions on one results dir never land on each other's results.
+
+Two real pytest processes run the same case on one ``--afd-results-dir``,
+synchronized by files (no sleeps that decide anything): A writes its result and
+waits; B writes, fails and finishes; then A passes. Before the fix the one file
+held B's session and measurements with A's outcome, and summary.json pointed
+at it. Now each result holds its own session's outcome, and each summary lists
+only its own session's files.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_plugin_hardening import AFD_ENV
+from test_plugin_pytester import FAKE_CONFTEST
+
+from pytest_afd.report.loading import load_results
+from pytest_afd.shared_results import (
+    SESSIONS_DIR_NAME,
+    SessionLease,
+    live_sessions,
+    restamp_outcome,
+    session_is_live,
+    write_claimed_result,
+)
+
+SESSION_TIMEOUT_S = 300
+CASE_ID = "test_shared.py::test_case"
+
+SHARED_CASE = """
+import os
+import time
+from pathlib import Path
+
+WAIT_BOUND_S = 120  # generous: only a hung peer session reaches it
+
+
+def _wait_for(path):
+    deadline = time.monotonic() + WAIT_BOUND_S
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_case(record_case):
+    sync, role = Path(os.environ["SYNC_DIR"]), os.environ["SESSION_ROLE"]
+    if role == "B":
+        _wait_for(sync / "a-wrote")
+    record_case()
+    if role == "A":
+        (sync / "a-wrote").touch()
+        _wait_for(sync / "b-done")
+    else:
+        assert False, "session B fails after writing its result"
+"""
+
+
+def _session(project: Path, results: Path, sync: Path, role: str) -> subprocess.Popen:
+    env = {key: value for key, value in os.environ.items() if key not in AFD_ENV}
+    env.update(SYNC_DIR=str(sync), SESSION_ROLE=role, FAKE_CLOSED_FILE=str(sync / "closed"))
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
+         "-p", "no:hypothesispytest", "--afd-results-dir", str(results), "test_shared.py"],
+        cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(process: subprocess.Popen) -> tuple[int, str]:
+    try:
+        output, _ = process.communicate(timeout=SESSION_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+        pytest.fail(f"a session did not finish within {SESSION_TIMEOUT_S}s:\n{output}")
+    return process.returncode, output
+
+
+def test_two_sessions_on_one_results_dir_keep_their_own_outcomes(tmp_path):
+    project, results, sync = tmp_path / "project", tmp_path / "results", tmp_path / "sync"
+    for directory in (project, sync):
+        directory.mkdir()
+    (project / "conftest.py").write_text(FAKE_CONFTEST)
+    (project / "test_shared.py").write_text(SHARED_CASE)
+    session_a = _session(project, results, sync, "A")
+    session_b = _session(project, results, sync, "B")
+    code_b, out_b = _finish(session_b)
+    (sync / "b-done").touch()
+    code_a, out_a = _finish(session_a)
+    assert code_b == 1 and "1 failed" in out_b, out_b
+    assert code_a == 0 and "1 passed" in out_a, out_a
+
+    docs = {path: json.loads(path.read_text()) for path in results.glob("*.json")
+            if path.name != "summary.json"}
+    assert len(docs) == 2  # one result per session: neither was overwritten
+    summary = json.loads((results / "summary.json").read_text())  # A finished last
+    by_session = {doc["session_id"]: (path, doc) for path, doc in docs.items()}
+    path_a, doc_a = by_session.pop(summary["session_id"])
+    [(path_b, doc_b)] = by_session.values()
+    assert doc_a["outcome"]["status"] == "passed" and doc_b["outcome"]["status"] == "failed"
+    assert doc_a["session_id"] != doc_b["session_id"]
+    assert doc_a["case_id"] == doc_b["case_id"] == CASE_ID
+
+    assert [(e["path"], e["outcome"]) for e in summary["results"]] == [(str(path_a), "passed")]
+    summary_b = json.loads(Path(summary["session_summary"]).parent.joinpath(
+        f"{doc_b['session_id']}.summary.json").read_text())
+    assert [(e["path"], e["outcome"]) for e in summary_b["results"]] == [(str(path_b), "failed")]
+    assert [s["session_id"] for s in summary_b["concurrent_sessions"]] == [doc_a["session_id"]]
+    assert not session_is_live(results, doc_a["session_id"])  # leases end with the sessions
+    assert list((results / SESSIONS_DIR_NAME).glob("*.lock")) == []
+    loaded = load_results(results)  # the report sees both results, not the bookkeeping
+    assert sorted(r.path for r in loaded.results) == sorted([path_a, path_b])
+    assert [p.name for p in loaded.ignored] == ["summary.json"]
+
+
+def _doc(session_id: str, note: str) -> dict:
+    from test_plugin_results import PROTOCOL, make_outputs
+
+    from pytest_afd import results
+    from pytest_afd.backends.base import RunSettings
+    from pytest_afd.manifest import collect_manifest
+    from pytest_afd.stats import run_repeated
+    from pytest_afd.topology import parse_topology
+
+    manifest = collect_manifest(topology=parse_topology("dp1tp1-ep1"), backend_name="cpu",
+                                backend_description={}, model_name="reduced", protocol=PROTOCOL,
+                                emulated=True)
+    outputs = make_outputs()
+    doc = results.build_result(
+        case_id=CASE_ID, case_kind="other", backend="cpu", settings=RunSettings(),
+        manifest=manifest, protocol=run_repeated({"x": lambda: 1.0}).protocol_json(),
+        workload=results.workload_json(dataset_name="fixed", prompt_lengths=[100, 60, 40],
+                                       seed=None),
+        metrics=results.metrics_from_runs([outputs]),
+        evidence=results.evidence_from_outputs(outputs, routing="natural", num_ep_ranks=1),
+        notes=note)
+    return {**doc, "session_id": session_id, "outcome": {"status": "error", "reason": "running"}}
+
+
+def test_a_rewrite_of_a_file_another_session_replaced_is_refused(tmp_path):
+    """The compare-and-swap itself: a finished session's file replaced by a later one."""
+    earlier = SessionLease(tmp_path, "earlier").acquire()
+    path = write_claimed_result(tmp_path, _doc("earlier", "first"))
+    earlier.release()  # finished: a later session may replace its file
+    later = SessionLease(tmp_path, "later").acquire()
+    assert write_claimed_result(tmp_path, _doc("later", "second")) == path
+    assert restamp_outcome(tmp_path, path, "earlier", {"status": "passed", "reason": None}) == (
+        "later")
+    assert json.loads(path.read_text())["outcome"]["status"] == "error"  # untouched
+    assert live_sessions(tmp_path, besides="nobody") == ["later"]
+    later.release()
+    assert live_sessions(tmp_path, besides="nobody") == []
