@@ -10,6 +10,8 @@ ranks waiting in a later, mismatched collective.
 
 from __future__ import annotations
 
+import datetime
+
 import numpy as np
 
 from afd_split.errors import SplitMismatchError
@@ -24,11 +26,15 @@ def fingerprint_words(plan: SplitPlan) -> np.ndarray:
     return np.frombuffer(bytes.fromhex(plan.fingerprint()), dtype="<i8").copy()
 
 
-def agree_on_split(plan: SplitPlan, group=None, *, device="cpu") -> None:
+def agree_on_split(
+    plan: SplitPlan, group=None, *, device="cpu", timeout_s: float | None = None
+) -> None:
     """Check that every rank of ``group`` holds the same plan; raise on mismatch.
 
     ``device`` is where the exchanged tensor lives (CPU for gloo, the
-    accelerator for HCCL/NCCL groups).
+    accelerator for HCCL/NCCL groups). ``timeout_s`` bounds the all-gather
+    (the backend's RuntimeError when it expires) instead of the group's own
+    timeout, so a frozen peer fails the step as soon as any other peer wait would.
     """
     import torch  # lazy: torch.distributed only when agreement is requested
     import torch.distributed as dist
@@ -38,7 +44,9 @@ def agree_on_split(plan: SplitPlan, group=None, *, device="cpu") -> None:
     local = torch.from_numpy(fingerprint_words(plan)).to(device)
     world_size = dist.get_world_size(group)
     gathered = [torch.empty_like(local) for _ in range(world_size)]
-    dist.all_gather(gathered, local, group=group)
+    work = dist.all_gather(gathered, local, group=group, async_op=timeout_s is not None)
+    if timeout_s is not None:
+        work.wait(datetime.timedelta(seconds=timeout_s))
     digests = [bytes(np.asarray(t.cpu().numpy(), dtype="<i8").tobytes()).hex() for t in gathered]
     if len(set(digests)) == 1:
         return

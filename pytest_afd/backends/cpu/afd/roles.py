@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from afd_split import gather_ubatch_rows, merge_outputs
+from afd_split import SplitMismatchError, gather_ubatch_rows, merge_outputs
 from afd_split.agree import agree_on_split
 from afd_split.integrations.engine_step import check_engine_step
 from afd_split.requests import RequestFields
@@ -172,6 +172,16 @@ class _Role:
         self.peer_timeout_s = peer_timeout_s
         self.models = _ModelVariants(config, seed, model_dir)
 
+    def agree(self, plans: list | None) -> list[str] | None:
+        """The step's fingerprint agreement, bounded by the peer timeout like every other
+        wait on a peer (a frozen rank would otherwise hold the all-gather for the whole
+        step timeout); a timeout blames every other rank, since any of them may be stuck."""
+        topology = self.topology
+        names = [topology.attention_name(index) for index in range(topology.num_attention)]
+        names += [topology.ffn_name(index) for index in range(topology.num_ffn)]
+        return agree_on_plans(plans, self.peer_timeout_s,
+                              [name for name in names if name != self.spec.name])
+
 
 class AttentionRole(_Role):
     """One Attention rank: owns the KV cache and everything but the MoE experts."""
@@ -231,7 +241,7 @@ class AttentionRole(_Role):
         ``stage_dense_layers``: then they run per ubatch too, as the in-process
         executor does, which makes a cut inside a request bit-identical to it.
         """
-        agreed = agree_on_plans(agreement_plans)
+        agreed = self.agree(agreement_plans)
         model = self.models.get(quantization, routing)
         timeline = Timeline(instrument)
         kv_cache = self._cache_for(metadata)
@@ -406,7 +416,7 @@ class FfnRole(_Role):
         agreement_plans: list | None = None,
     ) -> dict:
         """Serve a2e messages until every Attention rank sent its end marker."""
-        agreed = agree_on_plans(agreement_plans)
+        agreed = self.agree(agreement_plans)
         model = self.models.get(quantization, routing)
         timeline = Timeline(instrument)
         cpu_start = time.process_time()
@@ -505,13 +515,23 @@ def _maybe_fault(fault: dict | None, layer: int) -> None:
         raise RuntimeError(f"injected failure at layer {layer}")
 
 
-def agree_on_plans(plans: list | None) -> list[str] | None:
+def agree_on_plans(plans: list | None, timeout_s: float,
+                   peers: list[str]) -> list[str] | None:
     """Debug-mode agreement: one fingerprint all-gather over every rank per Attention rank's
-    plan (``SplitMismatchError`` on every rank when they differ); the agreed fingerprints."""
+    plan (``SplitMismatchError`` on every rank when they differ); the agreed fingerprints.
+    An all-gather that does not complete within ``timeout_s`` is a PeerTimeoutError."""
     if plans is None:
         return None
     for plan in plans:
-        agree_on_split(plan)
+        try:
+            agree_on_split(plan, timeout_s=timeout_s)
+        except SplitMismatchError:
+            raise
+        except RuntimeError as exc:
+            kind = "timed out" if "Timed out" in str(exc) else "failed"
+            raise connector.PeerTimeoutError(
+                f"{kind} after <= {timeout_s:.1f}s agreeing on the split plan with "
+                f"{', '.join(peers)}: {exc}", peers=peers) from exc
     return [plan.fingerprint() for plan in plans]
 
 
