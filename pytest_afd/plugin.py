@@ -182,9 +182,10 @@ def afd_results(request: pytest.FixtureRequest) -> ResultWriter:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """The controller claims the results dir for the session (not for --help)."""
+    """The controller claims the results dir for the session (not for --help, nor --co,
+    which runs nothing and writes nothing)."""
     config = session.config
-    if is_worker(config):
+    if is_worker(config) or config.option.collectonly:
         return
     state = afd_session(config)
     try:
