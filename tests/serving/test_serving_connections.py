@@ -49,6 +49,19 @@ def open_slow_clients(port: int, count: int) -> list[socket.socket]:
     return clients
 
 
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends before it closes (a 408's header and body may arrive in
+    separate segments, so one recv is not the whole answer); bounded by the client timeout."""
+    sock.settimeout(CLIENT_TIMEOUT_S)
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except OSError:
+        pass  # a reset after the answer: what arrived is the answer
+    return received
+
+
 def trickle_until_cut(clients: list[socket.socket], limit_s: float) -> tuple[int, list[bytes]]:
     """One header byte per client per interval until the server has cut every client or
     ``limit_s`` passed; returns (clients cut, what the server sent the cut ones)."""
@@ -61,18 +74,14 @@ def trickle_until_cut(clients: list[socket.socket], limit_s: float) -> tuple[int
                 sock.send(b"a")
             except BlockingIOError:
                 pass
-            except OSError:
-                del live[fileno]
+            except OSError:  # the server closed: its answer may already be waiting
+                answers.append(read_until_closed(live.pop(fileno)))
                 continue
         poller = select.poll()
         for fileno in live:
             poller.register(fileno, select.POLLIN | select.POLLERR | select.POLLHUP)
         for fileno, _event in poller.poll(0):
-            sock = live.pop(fileno)
-            try:
-                answers.append(sock.recv(65536))
-            except OSError:
-                answers.append(b"")
+            answers.append(read_until_closed(live.pop(fileno)))
         time.sleep(TRICKLE_INTERVAL_S)
     for sock in clients:
         sock.close()
