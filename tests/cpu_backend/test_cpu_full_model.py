@@ -2,8 +2,8 @@
 
 import pytest
 import torch
+from cpu_runner import Runner, make_prompts
 
-from conftest import Runner, make_prompts
 from pytest_afd.backends.cpu import FULL, build_model
 
 pytestmark = pytest.mark.slow

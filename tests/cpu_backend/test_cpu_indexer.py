@@ -1,8 +1,8 @@
 """V3.2 lightning indexer: deterministic top-k ties, dense reduction, split-invariant selection."""
 
 import torch
+from cpu_runner import Runner, make_prompts
 
-from conftest import Runner, make_prompts
 from pytest_afd.backends.cpu import build_model, named_config, select_topk
 
 

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 import torch
+from cpu_runner import Runner, make_prompts
 
 from afd_split import SplitConstraints, gather_ubatch_rows, pcp_stage
-from conftest import Runner, make_prompts
 from pytest_afd.backends.cpu.pcp import pcp_rows_for, stage_input_rows
 
 LENGTHS = [150, 37, 260]
