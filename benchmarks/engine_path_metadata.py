@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from afd_split.adapters.layout import PinnedLayout, load_layout, match_layout
+from afd_split.adapters.standins import standin_class
 
 ASCEND_STANDIN = "vllm-ascend-v0.19.1rc1"
 
@@ -74,18 +75,6 @@ def layout_kinds_here() -> list[str]:
     return [first, *(f"{name}{STANDIN_SUFFIX}" for name in ASCEND_STANDINS)]
 
 
-def _standin_class(layout: PinnedLayout) -> type:
-    specs = []
-    for name in layout.fields:
-        if name in layout.extra["required"]:
-            specs.append((name, object))
-        elif name in layout.extra.get("factories", {}):
-            specs.append((name, object, dataclasses.field(default_factory=list)))
-        else:
-            specs.append((name, object, dataclasses.field(default=layout.extra["defaults"][name])))
-    return dataclasses.make_dataclass(layout.class_name, specs)
-
-
 def _values(layout: PinnedLayout, lengths: np.ndarray, computed: np.ndarray, block_size: int):
     qsl = np.concatenate([[0], np.cumsum(lengths)])
     seq_lens = computed + lengths
@@ -137,11 +126,11 @@ def build_layout_batch(kind: str, lengths: np.ndarray, computed: np.ndarray,
         layout = load_layout(kind.removesuffix(STANDIN_SUFFIX))
         values, positions = _values(layout, lengths, computed, block_size)
         if "attn_state" not in layout.field_set:  # a vLLM layout: the vLLM adapter
-            return LayoutBatch(layout, _standin_class(layout)(**values), positions,
+            return LayoutBatch(layout, standin_class(layout)(**values), positions,
                                _vllm_splitter(positions), StandInUBatchSlice)
         states = enum.Enum("AscendAttentionState", dict(layout.extra["attn_state_enum"]))
         values["attn_state"] = states.ChunkedPrefill
-        return LayoutBatch(layout, _standin_class(layout)(**values), positions, None,
+        return LayoutBatch(layout, standin_class(layout)(**values), positions, None,
                            StandInUBatchSlice)
     from vllm.v1.worker.ubatch_utils import UBatchSlice
 

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -23,6 +27,7 @@ VOCAB = 2048  # the reduced model's vocabulary
 SETTINGS = RunSettings(return_logits=False, max_num_seqs=8)
 # Generous: a loaded 2-core host prefills slowly; a hang is what these bound.
 CLIENT_TIMEOUT_S = 300.0
+SERVER_STARTUP_S = 180.0  # a child server imports torch and builds its model first
 # Long enough that a burst of 8 lands in one batch on a loaded host.
 BURST_WINDOW_S = 0.5
 
@@ -114,3 +119,24 @@ def request_bytes(body: bytes, content_length: int) -> bytes:
             f"Content-Length: {content_length}\r\n\r\n").encode() + body
 
 
+
+
+def start_server_process(tmp_path, arguments: Sequence[str],
+                         preexec_fn=None) -> tuple[subprocess.Popen, int]:
+    """``python -m pytest_afd.serving.server`` as a child (the signal handlers and process
+    limits are part of what such tests check), on loopback port 0, one thread for the
+    math; its output goes to ``tmp_path/server.log``. Returns the process and its port."""
+    port_file = tmp_path / "port"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pytest_afd.serving.server", "--port", "0", "--port-file",
+         str(port_file), "--results-dir", str(tmp_path),
+         "--settings-json", json.dumps({"return_logits": False}), *arguments],
+        env=env, stdout=open(tmp_path / "server.log", "wb"), stderr=subprocess.STDOUT,
+        preexec_fn=preexec_fn)
+    deadline = time.monotonic() + SERVER_STARTUP_S
+    while not port_file.exists():
+        assert process.poll() is None, (tmp_path / "server.log").read_text()
+        assert time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.1)
+    return process, int(port_file.read_text())

@@ -12,16 +12,14 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import resource
 import select
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
-from serving_test_helpers import CLIENT_TIMEOUT_S, VOCAB, serving
+from serving_test_helpers import CLIENT_TIMEOUT_S, VOCAB, serving, start_server_process
 
 from pytest_afd.serving.prometheus import parse_prometheus, sum_metric
 from pytest_afd.serving.requests import ServingLimits
@@ -34,7 +32,6 @@ TRICKLE_LIMIT_S = 45.0
 GOOD_CLIENT_TIMEOUT_S = 30.0
 FD_LIMIT = 128
 SLOW_CLIENTS = 150  # more than the child server has descriptors
-STARTUP_S = 180.0
 HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Pad: "
 GOOD_BODY = json.dumps({"prompt": [1, 2, 3]}).encode()
 
@@ -105,20 +102,8 @@ def lowered_fd_limit() -> None:
 
 
 def start_server(tmp_path, extra: list[str]) -> tuple[subprocess.Popen, int]:
-    port_file = tmp_path / "port"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pytest_afd.serving.server", "--port", "0", "--port-file",
-         str(port_file), "--results-dir", str(tmp_path), "--read-timeout-s", str(READ_TIMEOUT_S),
-         "--settings-json", json.dumps({"return_logits": False}), *extra],
-        env=env, stdout=open(tmp_path / "server.log", "wb"), stderr=subprocess.STDOUT,
-        preexec_fn=lowered_fd_limit)
-    deadline = time.monotonic() + STARTUP_S
-    while not port_file.exists():
-        assert process.poll() is None, (tmp_path / "server.log").read_text()
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.1)
-    return process, int(port_file.read_text())
+    return start_server_process(tmp_path, ["--read-timeout-s", str(READ_TIMEOUT_S), *extra],
+                                preexec_fn=lowered_fd_limit)
 
 
 class GoodClient:

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
-from serving_test_helpers import CLIENT_TIMEOUT_S, prompt
+from serving_test_helpers import CLIENT_TIMEOUT_S, prompt, start_server_process
 
 from pytest_afd.serving.prometheus import parse_prometheus, sum_metric
 
@@ -24,23 +22,10 @@ from pytest_afd.serving.prometheus import parse_prometheus, sum_metric
 # its batch (a 4,096-token prompt held the engine ~15 s in the reproducer).
 LONG_TOKENS = 1536
 QUEUED = 3
-STARTUP_S = 180.0
 
 
 def start_server(tmp_path) -> tuple[subprocess.Popen, int]:
-    port_file = tmp_path / "port"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pytest_afd.serving.server", "--port", "0", "--port-file",
-         str(port_file), "--results-dir", str(tmp_path), "--max-batch-tokens", str(LONG_TOKENS),
-         "--settings-json", json.dumps({"return_logits": False})],
-        env=env, stdout=open(tmp_path / "server.log", "wb"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + STARTUP_S
-    while not port_file.exists():
-        assert process.poll() is None, (tmp_path / "server.log").read_text()
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.1)
-    return process, int(port_file.read_text())
+    return start_server_process(tmp_path, ["--max-batch-tokens", str(LONG_TOKENS)])
 
 
 def gauge(port: int, name: str) -> float:
