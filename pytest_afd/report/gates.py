@@ -103,7 +103,9 @@ def gates_section(results: Sequence[LoadedResult]) -> tuple[list[str], Figure | 
 def draw_gate_errors(results: Sequence[LoadedResult]) -> Figure | None:
     """Horizontal bars of max abs logit error / atol per gate case, the tolerance line at 1."""
     rows = [(r, error_over_atol(v)) for r in results if (v := gate_verdict(r.doc)) is not None]
-    rows = [(r, ratio) for r, ratio in rows if ratio is not None][:MAX_PLOTTED_GATES]
+    rows = [(r, ratio) for r, ratio in rows if ratio is not None]
+    total = len(rows)
+    rows = rows[:MAX_PLOTTED_GATES]
     if not rows:
         return None
     labels = [layout.wrap(r.case_id.rpartition("::")[2] or r.case_id, 48) for r, _ in rows]
@@ -121,7 +123,13 @@ def draw_gate_errors(results: Sequence[LoadedResult]) -> Figure | None:
     axis.set_yticks(range(len(rows)))
     axis.set_yticklabels(labels, fontsize="small")
     axis.set_ylim(len(rows) - 0.5, -0.5)
+    zeros = [index for index, (_, ratio) in enumerate(rows) if ratio == 0]
+    for index in zeros:  # a bar at the floor must not read as an error of floor x atol
+        axis.annotate("= 0 (bit-identical)", (floor, index), xytext=(4, 0),
+                      textcoords="offset points", va="center", fontsize="x-small")
     axis.set_xlabel("max abs logit error / atol (log)")
-    axis.set_title("gate logit error against tolerance", fontsize="small")
+    shown = f"{len(rows)} of {total} case(s) (failed first; the table lists all)"
+    floor_note = f"; {len(zeros)} with zero error drawn at the floor" if zeros else ""
+    axis.set_title(f"gate logit error against tolerance\n{shown}{floor_note}", fontsize="small")
     layout.figure_legend(figure, [axis])
     return figure
