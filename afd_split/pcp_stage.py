@@ -154,11 +154,16 @@ class ZigzagLayout:
         return np.argsort(self.padded_offsets.reshape(-1), kind="stable")
 
 
-def zigzag_layout(num_scheduled_tokens, pcp_size: int) -> ZigzagLayout:
-    """The DualChunkSwap layout of one batch (leading 1-token requests duplicated as decodes)."""
+def zigzag_layout(num_scheduled_tokens, pcp_size: int, *,
+                  num_decode_reqs: int | None = None) -> ZigzagLayout:
+    """The DualChunkSwap layout of one batch (leading 1-token requests duplicated as decodes).
+
+    ``num_decode_reqs`` overrides the leading-decode count: a sub-list of a batch's
+    requests keeps the decode status the whole batch gave them (``pcp_relayout``).
+    """
     counts = np.asarray(num_scheduled_tokens, dtype=np.int64)
     chunks = ZIGZAG_CHUNKS_PER_RANK * pcp_size
-    num_decodes = num_decode_requests(counts)
+    num_decodes = num_decode_requests(counts) if num_decode_reqs is None else num_decode_reqs
     padded = np.array([round_up(int(n), chunks) for n in counts], dtype=np.int64)
     padded[:num_decodes] = counts[:num_decodes] * pcp_size
     rank_tokens = padded // pcp_size

@@ -14,7 +14,8 @@ def standin_plugin(tmp_path):
     def build(branch: str = "main", header_overrides=None):
         seams = load_standin_plugin(tmp_path / f"{branch.replace('/', '_')}_{len(loaded)}",
                                     branch, header_overrides)
-        loaded.extend([seams.validation_module.__name__, seams.runner_module.__name__])
+        loaded.extend([seams.validation_module.__name__, seams.runner_module.__name__,
+                       seams.forward_module.__name__])
         return seams
 
     yield build

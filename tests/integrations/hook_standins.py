@@ -24,6 +24,7 @@ from afd_split.integrations.afd_plugin.patches import PluginSeams
 from afd_split.integrations.afd_plugin.pcp_seam import STAGE_PCP_REBUILD_HEADER
 from afd_split.integrations.afd_plugin.pinned import (
     DISPATCH,
+    FORWARD,
     PLANNER,
     SLICER,
     VALIDATOR,
@@ -91,21 +92,48 @@ def standin_source(branch: str, header_overrides: dict[str, str] | None = None) 
     else:
         planner_lines = ["CALLS.append(('plugin_planner', values.get('num_scheduled_tokens_np')))",
                          "return 'plugin-full'"]
-        # The pinned stage build's PCP facts (release/v0.19.1rc1): the inner rebuild runs
-        # per stage while the split_attn_metadata result is iterated with enumerate, and
-        # hands generate_pcp_metadata self.input_batch (returns early without CP).
+        # The pinned stage build's PCP facts (release/v0.19.1rc1 2f4f462): per attention
+        # group it slices with split_attn_metadata and, while iterating the result with
+        # enumerate, runs the inner rebuild per stage. The rebuild reads the stage's counts
+        # from query_lens_pcp_full.cpu[:num_reqs][request_slice] and its token range from
+        # the sums before request_slice.start / .stop, re-runs the manager's helpers with
+        # self.input_batch, pads the slots of input_batch.block_table[gid].slot_mapping.gpu
+        # of that range, stores clones of what it built, and restores the manager.
         build = (
             "def _build_attention_metadata_with_ubatches(self, *args, **kwargs):\n"
             "    CALLS.append(('stage_build', kwargs['ubatch_slices']))\n"
             "    self.long_seq_metadata = 'stage-local'\n"
-            "    ubatch_slices = kwargs['ubatch_slices']\n\n"
+            "    ubatch_slices = kwargs['ubatch_slices']\n"
+            "    num_reqs = kwargs['num_reqs']\n\n"
             f"    {STAGE_PCP_REBUILD_HEADER.rsplit('...', 1)[0]}\n"
             "        if not self.use_cp:\n"
             "            return\n"
-            "        scheduled = self.pcp_manager.query_lens_pcp_full.cpu[\n"
-            "            ubatch_slice.request_slice].tolist()\n"
-            "        STAGE_REBUILDS.append((ubid, self.pcp_manager.generate_pcp_metadata(\n"
-            "            scheduled, self.input_batch)))\n\n"
+            "        full = self.pcp_manager.query_lens_pcp_full.cpu[:num_reqs].numpy().copy()\n"
+            "        original = full[ubatch_slice.request_slice].copy()\n"
+            "        start = int(full[:ubatch_slice.request_slice.start].sum())\n"
+            "        stop = int(full[:ubatch_slice.request_slice.stop].sum())\n"
+            "        stage_num_reqs = ubatch_slice.request_slice.stop - "
+            "ubatch_slice.request_slice.start\n"
+            "        state = self.pcp_manager.snapshot()\n"
+            "        try:\n"
+            "            self.pcp_manager.init_batch_info(original, stage_num_reqs)\n"
+            "            rank_rows, _ = self.pcp_manager.update_tokens_for_pcp(original, None)\n"
+            "            metadata, table = self.pcp_manager.generate_pcp_metadata(\n"
+            "                int(common_attn_metadata.num_actual_tokens), rank_rows,\n"
+            "                self.input_batch, rank_rows, common_attn_metadata.block_table_tensor,\n"
+            "                stage_num_reqs, stage_num_reqs)\n"
+            "            raw = self.input_batch.block_table[kv_cache_gid].slot_mapping.gpu[\n"
+            "                start:stop]\n"
+            "            rows = int(rank_rows.sum())\n"
+            "            common_attn_metadata.slot_mapping = (\n"
+            "                self.pcp_manager.get_padded_slot_mapping(rows, rows, raw,\n"
+            "                                                         kv_cache_gid).clone())\n"
+            "            common_attn_metadata.prefill_context_parallel_metadata = copy.deepcopy(\n"
+            "                metadata)\n"
+            "            common_attn_metadata.block_table_tensor = table\n"
+            "            STAGE_REBUILDS.append((ubid, common_attn_metadata))\n"
+            "        finally:\n"
+            "            self.pcp_manager.restore(state)\n\n"
             "    ubatch_common_metadata = split_attn_metadata(ubatch_slices, self.common, 0)\n"
             "    for ubid, ubatch_cm in enumerate(ubatch_common_metadata):\n"
             "        _build_stage_local_pcp_metadata(ubatch_cm, ubatch_slices[ubid], ubid, 0, 0)\n"
@@ -116,7 +144,7 @@ def standin_source(branch: str, header_overrides: dict[str, str] | None = None) 
             "    return args, {**kwargs, 'ubatch_slices': ubatch_slices}\n"
         )
     runner = (
-        "CALLS = []\nSTAGE_REBUILDS = []\n\n"
+        "import copy\n\nCALLS = []\nSTAGE_REBUILDS = []\n\n"
         + slicer + "\n" + replace + "\n"
         "class NPUModelRunner:\n"
         "    def _build_attention_metadata(self, *args, **kwargs):\n"
@@ -160,6 +188,37 @@ def standin_connector_source(branch: str, header_overrides: dict[str, str] | Non
     )
 
 
+def standin_forward_source(branch: str, header_overrides: dict[str, str] | None = None) -> str:
+    """The async-MoE pipeline module of ``branch``: ``run_async_moe_ubatch_afd_forward`` with
+    the pinned header doing what upstream does at 2e4378f / 2f4f462, on layers called as
+    ``layer(positions, hidden_states, residual)``: the layers before
+    ``config.first_k_dense_replace`` on the whole batch (returning when no MoE layer
+    follows), then every MoE layer on each stage's rows (``UBatchSlice.token_slice``),
+    stage by stage, and the stages' rows concatenated."""
+    header = normalize_header((header_overrides or {}).get(
+        FORWARD, variant_for_branch(FORWARD, branch).header))
+    body = _body(header, [
+        "CALLS.append(('forward', model.start_layer, model.end_layer))",
+        "first_moe_layer = int(model.config.first_k_dense_replace)",
+        "dense_end_layer = min(model.end_layer, first_moe_layer)",
+        "for layer in islice(model.layers, model.start_layer, dense_end_layer):",
+        "    hidden_states, residual = layer(positions, hidden_states, residual)",
+        "if dense_end_layer == model.end_layer:",
+        "    return hidden_states, residual",
+        "ubatch_slices = async_moe_ubatch_metadata['ubatch_slices']",
+        "hidden = [hidden_states[ubatch_slice.token_slice] for ubatch_slice in ubatch_slices]",
+        "rest = [residual[ubatch_slice.token_slice] for ubatch_slice in ubatch_slices]",
+        "where = [positions[ubatch_slice.token_slice] for ubatch_slice in ubatch_slices]",
+        "for layer in islice(model.layers, max(model.start_layer, first_moe_layer), "
+        "model.end_layer):",
+        "    for stage in range(len(ubatch_slices)):",
+        "        hidden[stage], rest[stage] = layer(where[stage], hidden[stage], rest[stage])",
+        "return torch.cat(hidden), torch.cat(rest)",
+    ])
+    return ("from __future__ import annotations\n\nfrom itertools import islice\n\n"
+            "import torch\n\nCALLS = []\n\n\n" + body)
+
+
 def _load(path: Path, source: str):
     path.write_text(source)
     name = f"afd_split_standin_{path.stem}_{next(_MODULE_IDS)}"
@@ -200,6 +259,9 @@ def load_standin_plugin(folder: Path, branch: str = "main",
     folder.mkdir(parents=True)
     validation = _load(folder / "feature_validation.py", validation_source)
     runner = _load(folder / "attention_model_runner.py", runner_source)
+    forward = _load(folder / "deepseek_v2_async_cam_forward.py",
+                    standin_forward_source(branch, header_overrides))
     return PluginSeams(validation_module=validation, runner_module=runner,
                        runner_class=runner.AFDNPUAttentionModelRunner,
-                       request_split=REQUEST_SPLIT, slice_type=StandInUBatchSlice)
+                       request_split=REQUEST_SPLIT, slice_type=StandInUBatchSlice,
+                       forward_module=forward)

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hook_standins import standin_connector_source, standin_source
+from hook_standins import standin_connector_source, standin_forward_source, standin_source
 
 ROOT = Path(__file__).resolve().parents[2]
 FUTURE = "from __future__ import annotations\n\n"
@@ -66,6 +66,11 @@ def write_tree(root: Path, branch: str = "main", *, with_torch_npu: bool) -> Pat
         "afd_plugin/connectors/__init__.py": "",
         "afd_plugin/connectors/npu/__init__.py": "",
         "afd_plugin/connectors/npu/async_cam.py": standin_connector_source(branch),
+        "afd_plugin/model_executor/__init__.py": "",
+        "afd_plugin/model_executor/models/__init__.py": "",
+        "afd_plugin/model_executor/models/npu/__init__.py": "",
+        "afd_plugin/model_executor/models/npu/deepseek_v2_async_cam_forward.py":
+            standin_forward_source(branch),
         "afd_plugin/v1/__init__.py": "",
         "afd_plugin/v1/worker/__init__.py": "",
         "afd_plugin/v1/worker/npu/__init__.py": "",
@@ -107,6 +112,7 @@ class NpuImportRecorder(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, NpuImportRecorder())
 RUNNER = "afd_plugin.v1.worker.npu.attention_model_runner"
 VALIDATION = "afd_plugin.compat.npu.feature_validation"
+FORWARD = "afd_plugin.model_executor.models.npu.deepseek_v2_async_cam_forward"
 
 
 def register_afd_split():
@@ -132,6 +138,8 @@ for name in loads:
         importlib.import_module(RUNNER)
     elif name == "import_validation":
         importlib.import_module(VALIDATION)
+    elif name == "import_forward":  # the worker's first async-MoE forward
+        importlib.import_module(FORWARD)
     elif name == "plugins":
         for plugin in order.split(">"):
             plugins[plugin]()
@@ -146,6 +154,9 @@ report = {"attempted": attempted, "loaded": sorted(m for m in (RUNNER, VALIDATIO
 if VALIDATION in sys.modules:
     validator = vars(sys.modules[VALIDATION])["_fail_if_unsupported_npu_async_moe_ubatching_features"]
     report["validator"] = [getattr(validator, PATCH_MARKER, None), function_header(validator)]
+if FORWARD in sys.modules:
+    forward = vars(sys.modules[FORWARD])["run_async_moe_ubatch_afd_forward"]
+    report["forward"] = [getattr(forward, PATCH_MARKER, None), function_header(forward)]
 CONNECTOR = "afd_plugin.connectors.npu.async_cam"
 if CONNECTOR in sys.modules:
     dispatch = vars(sys.modules[CONNECTOR].CAMAsyncAFDConnector)["send_attn_output"]
@@ -163,7 +174,8 @@ print(json.dumps(report))
 
 def run_process(tree: Path, order: str, *, loads: str, registration: str = "register") -> dict:
     """One process: the plugins registered in ``order`` ("afd>afd_split" or the reverse),
-    with the imports ``loads`` ("plugins", "import_runner", "import_validation", in order)."""
+    with the imports ``loads`` ("plugins", "import_runner", "import_validation",
+    "import_forward", in order)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(ROOT)])}
     done = subprocess.run(
         [sys.executable, "-c", PROCESS_SCRIPT, order, registration, loads],

@@ -280,6 +280,15 @@ def test_installed_afd_plugin_matches_a_pinned_variant():  # pragma: no cover - 
     for installed, patched in pairs:
         assert [(p.name, p.kind, p.default) for p in inspect.signature(installed).parameters.values()] == [
             (p.name, p.kind, p.default) for p in inspect.signature(patched).parameters.values()]
+    # The facts the PCP path relies on, read from the installed bodies.
+    from afd_split.integrations.afd_plugin.forward_patch import forward_drift
+    from afd_split.integrations.afd_plugin.pcp_seam import pcp_seam_unavailable
+    from afd_split.integrations.afd_plugin.pinned import FORWARD_MODULE
+
+    forward = vars(importlib.import_module(FORWARD_MODULE))["run_async_moe_ubatch_afd_forward"]
+    assert forward_drift(forward) is None
+    if branch == "release/v0.19.1rc1":
+        assert pcp_seam_unavailable(seams.runner_class, branch) is None
 
 
 def test_entry_point_is_declared_and_register_is_safe_without_afd_plugin():

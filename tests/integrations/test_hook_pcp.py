@@ -19,15 +19,12 @@ import numpy as np
 import pytest
 import torch
 from hook_standins import BLOCK_SIZE, REQUEST_SPLIT, StandInUBatchSlice
+from pcp_standins import StandInPcpManager, block_tables
 
 from afd_split import UnsupportedSplitError
 from afd_split.engine_alignment import EngineAlignment
 from afd_split.integrations.afd_plugin.patches import install, install_runner
-from afd_split.integrations.afd_plugin.pcp_seam import (
-    PCP_STAGE_RULE,
-    StageLocalInputBatches,
-    rank_local_slices,
-)
+from afd_split.integrations.afd_plugin.pcp_seam import PCP_STAGE_RULE, StageBlockTables
 from afd_split.integrations.afd_plugin.rules import token_balanced_unsupported_reasons
 from afd_split.integrations.afd_plugin.stages import (
     TOKEN_BALANCED_SPLIT,
@@ -36,128 +33,169 @@ from afd_split.integrations.afd_plugin.stages import (
 )
 from afd_split.integrations.engine_step import StepRanks
 from afd_split.integrations.worker_evidence import EvidenceWriter
-from afd_split.pcp_stage import zigzag_layout
-from tests.afd_split.pcp_helper_reference import helper_metadata
+from afd_split.pcp_stage import stage_tokens
+from tests.adapters.pcp_runner_model import runner_batch
+from tests.afd_split.pcp_helper_reference import helper_metadata, helper_padded_slots
 
 RELEASE = "release/v0.19.1rc1"
 PCP = 4
 GLOBAL_SCHEDULED = [96, 40, 120, 64]
 COMPUTED = [0, 32, 200, 16]  # requests of different cached lengths
+CUT_CASES = [
+    # (scheduled, computed, pcp): a cut inside a prefix-hit request, one long request,
+    # leading decodes then a cut, a one-token tail followed by a one-token request
+    (GLOBAL_SCHEDULED, COMPUTED, PCP),
+    ([700], [128], 8),
+    ([1, 1, 90, 33], [40, 7, 0, 5], 2),
+    ([2, 3, 1, 1, 1], [0, 5, 2, 0, 4], 2),
+]
 
 
-def _session_factory(evidence_dir, alignment):
+def _session_factory(evidence_dir, alignment, pcp_rank=1, all_gather=None):
     def new_session(runner) -> HookSession:
-        return HookSession(ranks=StepRanks(global_rank=0, pcp_rank=1), groups=[],
+        return HookSession(ranks=StepRanks(global_rank=0, pcp_rank=pcp_rank), groups=[],
                            splitter=lambda *a: pytest.fail("PCP stages never reach the adapter"),
-                           writer=EvidenceWriter(evidence_dir, "attention-rank0"),
-                           alignment=alignment)
+                           writer=None if evidence_dir is None else EvidenceWriter(
+                               evidence_dir, "attention-rank0"),
+                           alignment=alignment,
+                           pcp_all_gather=all_gather or (lambda rows: rows))
 
     return new_session
 
 
-class StandInPcpManager:
-    """What the stage rebuild reads: the global counts (query_lens_pcp_full) and the helper."""
-
-    def __init__(self, scheduled, rank):
-        self.query_lens_pcp_full = SimpleNamespace(cpu=torch.tensor(scheduled, dtype=torch.int32))
-        self.rank = rank
-
-    def generate_pcp_metadata(self, scheduled, input_batch):
-        return helper_metadata(scheduled, list(input_batch.num_computed_tokens_cpu), PCP,
-                               self.rank)
-
-
-def _pcp_runner(seams):
+def _pcp_runner(seams, scheduled, computed, pcp, rank):
+    batch = runner_batch(scheduled, computed, pcp, rank, block_size=BLOCK_SIZE)
     runner = seams.runner_class()
     runner.use_cp = True
     runner.afd_async_extra_info = SimpleNamespace(async_moe_split=TOKEN_BALANCED_SPLIT)
-    computed = torch.tensor(COMPUTED, dtype=torch.int32)
-    runner.input_batch = SimpleNamespace(num_computed_tokens_cpu_tensor=computed,
-                                         num_computed_tokens_cpu=computed.numpy())
+    computed_tensor = torch.tensor(computed, dtype=torch.int32)
+    runner.input_batch = SimpleNamespace(num_computed_tokens_cpu_tensor=computed_tensor,
+                                         num_computed_tokens_cpu=computed_tensor.numpy(),
+                                         block_table=block_tables(batch.global_slots))
     runner.cache_config = SimpleNamespace(block_size=BLOCK_SIZE)
-    runner.common = "parent-common"
+    runner.common = batch.common
     runner.long_seq_metadata = "full-batch"
-    runner.pcp_manager = StandInPcpManager(GLOBAL_SCHEDULED, rank=1)
+    runner.pcp_manager = StandInPcpManager(pcp, rank)
+    runner.pcp_manager.init_batch_info(np.asarray(scheduled), len(scheduled))
     runner.connector = SimpleNamespace()  # the plugin's connector (the expert-load recorder's home)
-    return runner
+    return runner, batch
 
 
-def _rank_local(scheduled):
-    return zigzag_layout(np.asarray(scheduled), PCP).rank_tokens.astype(np.int32)
-
-
-def test_pcp_stages_plan_on_global_counts_and_rebuild_from_stage_local_batches(standin_plugin,
-                                                                               tmp_path):
-    seams = standin_plugin(RELEASE)
-    alignment = EngineAlignment(tp_size=1, sequence_parallel=False, pcp_size=PCP)
-    install(seams, new_session=_session_factory(tmp_path, alignment))
-    runner = _pcp_runner(seams)
-    rebuilt = seams.runner_module.STAGE_REBUILDS
-    rank_local = _rank_local(GLOBAL_SCHEDULED)  # what the runner leaves in num_scheduled_tokens_np
-    kwargs = {"num_tokens": int(rank_local.sum()), "num_tokens_padded": int(rank_local.sum()),
-              "num_scheduled_tokens_np": rank_local, "ubatch_slices": None}
+def _plan_step(seams, scheduled, computed, pcp, rank, evidence_dir=None):
+    install(seams, new_session=_session_factory(
+        evidence_dir, EngineAlignment(tp_size=1, sequence_parallel=False, pcp_size=pcp), rank))
+    runner, batch = _pcp_runner(seams, scheduled, computed, pcp, rank)
+    rank_rows = np.array(batch.rank_rows, dtype=np.int32)  # what _prepare_inputs leaves
+    kwargs = {"num_tokens": int(rank_rows.sum()), "num_tokens_padded": int(rank_rows.sum()),
+              "num_reqs": len(scheduled), "num_scheduled_tokens_np": rank_rows,
+              "ubatch_slices": None}
     assert runner._build_attention_metadata_with_async_moe_ubatches((), kwargs, kwargs) == (
         "full-metadata")
-    slices = runner._afd_async_moe_ubatch_metadata["ubatch_slices"]
-    plan = slices.plan
-    assert plan.token_counts.tolist() == GLOBAL_SCHEDULED  # never the rank-local array
-    assert plan.boundary_request is None and plan.is_split
-    # rank-local rows: each stage's whole requests, contiguous on every rank
-    starts = np.concatenate([[0], np.cumsum(rank_local)])
-    for ubatch_slice, ubatch in zip(slices, plan.ubatches, strict=True):
-        requests = ubatch.request_slice
-        assert ubatch_slice.request_slice == requests
-        assert ubatch_slice.token_slice == slice(int(starts[requests.start]),
-                                                 int(starts[requests.stop]))
-    # every stage's rebuild saw its own requests' cached lengths from index 0 (the fix)
-    assert [ubid for ubid, _ in rebuilt] == [0, 1]
-    for (ubid, metadata), ubatch in zip(rebuilt, plan.ubatches, strict=True):
-        requests = ubatch.request_slice
-        expected = helper_metadata(GLOBAL_SCHEDULED[requests], COMPUTED[requests], PCP, 1)
-        assert metadata == expected, ubid
-    assert runner.input_batch.num_computed_tokens_cpu.tolist() == COMPUTED  # restored
+    return runner, batch
+
+
+@pytest.mark.parametrize(("scheduled", "computed", "pcp"), CUT_CASES)
+def test_a_cut_request_gets_head_alone_and_tail_continuation_pcp_metadata(
+        standin_plugin, scheduled, computed, pcp):
+    for rank in range(pcp):
+        seams = standin_plugin(RELEASE)
+        runner, batch = _plan_step(seams, scheduled, computed, pcp, rank)
+        slices = runner._afd_async_moe_ubatch_metadata["ubatch_slices"]
+        plan = slices.plan
+        assert plan.token_counts.tolist() == scheduled  # never the rank-local array
+        assert plan.boundary_request is not None  # cut inside a request
+        rebuilt = dict(seams.runner_module.STAGE_REBUILDS)
+        assert sorted(rebuilt) == [0, 1]
+        for ubid, stage in enumerate(stage_tokens(plan, computed)):
+            pieces = stage.num_scheduled_tokens.tolist()
+            context = stage.num_computed_tokens.tolist()  # the tail's includes the head
+            built = rebuilt[ubid]
+            metadata = vars(built.prefill_context_parallel_metadata)
+            expected = helper_metadata(pieces, context, pcp, rank)
+            for key, value in expected.items():
+                got = metadata[key]
+                got = got.tolist() if hasattr(got, "tolist") else got
+                if key == "num_computed_tokens_of_pcp_dcp":
+                    got = [[ranks[0] for ranks in request] for request in got]
+                assert got == value, (rank, ubid, key)
+            stage_slots = batch.global_slots[stage.token_start:stage.token_start + stage.num_tokens]
+            assert built.slot_mapping.tolist() == helper_padded_slots(pieces, pcp,
+                                                                      stage_slots.tolist())
+            alone = runner_batch(pieces, context, pcp, rank, block_size=BLOCK_SIZE)
+            assert built.query_start_loc_cpu.tolist() == alone.common.query_start_loc_cpu.tolist()
+            assert built._seq_lens_cpu.tolist() == alone.common._seq_lens_cpu.tolist()
+            assert built.positions.tolist() == alone.positions.tolist()
+            assert built.num_actual_tokens == alone.common.num_actual_tokens
+        for ubatch_slice, rows in zip(slices, slices.pcp.relayout.stage_row_slices, strict=True):
+            assert ubatch_slice.token_slice == rows  # the relaid rows, not the parent's
+        # the runner's own state is back: batch, counts, full-batch PCP metadata
+        assert runner.input_batch.num_computed_tokens_cpu.tolist() == computed
+        assert runner.pcp_manager.query_lens_pcp_full.cpu[:len(scheduled)].tolist() == scheduled
+        assert runner.pcp_manager.query_lens_pcp_full.gpu[:len(scheduled)].tolist() == scheduled
+        assert runner.long_seq_metadata == "full-batch"
+
+
+def test_the_step_line_records_the_relayout(standin_plugin, tmp_path):
+    seams = standin_plugin(RELEASE)
+    _plan_step(seams, GLOBAL_SCHEDULED, COMPUTED, PCP, 1, evidence_dir=tmp_path)
     line = json.loads((tmp_path / "attention-rank0.jsonl").read_text().splitlines()[0])
     assert line["pcp_stage_rule"] == PCP_STAGE_RULE
     assert line["constraints"]["pcp_size"] == PCP
     assert line["ranks"]["pcp_rank"] == 1
+    assert line["pcp_relayout"]["exchanged_requests"] == [line["boundary_request"]]
+    assert sum(line["pcp_relayout"]["stage_rank_rows"]) >= line["pcp_relayout"]["parent_rank_rows"]
 
 
-def test_the_upstream_rebuild_reads_the_first_requests_cached_lengths():
-    """Without the stage-local batch, stage 1's helper call reads requests 0.. (upstream bug)."""
-    tail = slice(2, 4)
-    scheduled = GLOBAL_SCHEDULED[tail]
-    whole = SimpleNamespace(num_computed_tokens_cpu=np.asarray(COMPUTED))
-    upstream = helper_metadata(scheduled, list(whole.num_computed_tokens_cpu), PCP, 0)
-    fixed = helper_metadata(scheduled, COMPUTED[tail], PCP, 0)
-    assert upstream["num_computed_tokens_of_pcp_dcp"] != fixed["num_computed_tokens_of_pcp_dcp"]
-    runner = SimpleNamespace(input_batch=whole)
-    views = [SimpleNamespace(num_computed_tokens_cpu=np.asarray(COMPUTED[:2])),
-             SimpleNamespace(num_computed_tokens_cpu=np.asarray(COMPUTED[tail]))]
-    seen = []
-    for _stage in StageLocalInputBatches(["s0", "s1"], runner, views):
-        seen.append(runner.input_batch.num_computed_tokens_cpu.tolist())
-    assert seen == [COMPUTED[:2], COMPUTED[tail]]
-    assert runner.input_batch is whole
+def test_the_upstream_rebuild_without_the_stage_local_batch_is_caught(standin_plugin,
+                                                                      monkeypatch):
+    """Fault injection: upstream's whole-batch input_batch (stage 1 reads requests 0..'s cached
+    lengths from index 0) makes the rebuilt context differ, and the step fails closed."""
+    from afd_split.integrations.afd_plugin import pcp_seam
+
+    monkeypatch.setattr(pcp_seam, "stage_input_batch",
+                        lambda batch, stage: SimpleNamespace(
+                            num_computed_tokens_cpu=batch.num_computed_tokens_cpu,
+                            block_table=pcp_seam.StageBlockTables(batch.block_table,
+                                                                  stage.token_start)))
+    with pytest.raises(UnsupportedSplitError, match="context tokens"):
+        _plan_step(standin_plugin(RELEASE), GLOBAL_SCHEDULED, COMPUTED, PCP, 1)
 
 
-def test_an_abandoned_stage_loop_still_restores_the_runners_batch():
-    whole = SimpleNamespace(num_computed_tokens_cpu=np.zeros(2))
-    runner = SimpleNamespace(input_batch=whole)
-    stages = StageLocalInputBatches(["s0", "s1"], runner, [SimpleNamespace(), SimpleNamespace()])
-    iterator = iter(stages)
+def test_whole_request_counts_in_the_rebuild_are_caught(standin_plugin, monkeypatch):
+    """Fault injection: the rebuild reading its requests' whole counts, not the pieces'."""
+    from afd_split.integrations.afd_plugin import pcp_seam
+
+    def whole_requests(stage, num_reqs):
+        counts = np.zeros(num_reqs, dtype=np.int64)
+        requests = slice(stage.request_start, stage.request_start + len(stage.num_scheduled_tokens))
+        counts[requests] = np.asarray(GLOBAL_SCHEDULED)[requests]
+        return counts
+
+    monkeypatch.setattr(pcp_seam, "stage_scheduled_counts", whole_requests)
+    with pytest.raises(UnsupportedSplitError, match="query_lens_pcp_full"):
+        _plan_step(standin_plugin(RELEASE), GLOBAL_SCHEDULED, COMPUTED, PCP, 1)
+
+
+def test_an_abandoned_stage_loop_still_restores_the_runners_state(standin_plugin):
+    seams = standin_plugin(RELEASE)
+    runner, _ = _plan_step(seams, GLOBAL_SCHEDULED, COMPUTED, PCP, 0)
+    pcp = runner._afd_async_moe_ubatch_metadata["ubatch_slices"].pcp
+    whole = runner.input_batch
+    iterator = iter(pcp.split(runner.common))
     next(iterator)
     assert runner.input_batch is not whole
+    assert runner.pcp_manager.query_lens_pcp_full.cpu[:4].tolist() != GLOBAL_SCHEDULED
     iterator.close()  # the stage loop raised: the generator is closed
     assert runner.input_batch is whole
+    assert runner.pcp_manager.query_lens_pcp_full.cpu[:4].tolist() == GLOBAL_SCHEDULED
 
 
-def test_rank_local_slices_refuse_a_cut_inside_a_request():
-    from afd_split import SplitConstraints, plan_split
-
-    plan = plan_split([200, 10], policy="token_balanced", constraints=SplitConstraints(pcp_size=PCP))
-    assert plan.boundary_request == 0
-    with pytest.raises(ValueError, match="ubatch 0 cuts a request"):
-        rank_local_slices(plan, PCP, StandInUBatchSlice)
+def test_a_stage_block_table_exposes_only_the_slot_rows():
+    tables = block_tables(np.arange(10))
+    view = StageBlockTables(tables, 4)
+    assert view[0].slot_mapping.gpu[:3].tolist() == [4, 5, 6]
+    with pytest.raises(AttributeError):
+        view[0].block_table  # noqa: B018 - an upstream read beyond the slots fails loudly
 
 
 def _config(pcp, *, dcp=1, spec=None, model_type="deepseek_v32"):
@@ -241,10 +279,18 @@ def test_the_stage_pcp_rebuild_is_drift_checked(standin_plugin):
     source = __import__("inspect").getsource(vars(seams.runner_class)[STAGE_BUILD_METHOD])
     renamed = source.replace("attn_gid: int", "attn_group_id: int")
     assert "header is" in stage_pcp_rebuild_drift_in(renamed)
-    fixed_upstream = source.replace("scheduled, self.input_batch", "scheduled, stage_batch")
+    fixed_upstream = source.replace("            self.input_batch, rank_rows,",
+                                    "            stage_batch, rank_rows,")
+    assert fixed_upstream != source
     assert "no longer passes self.input_batch" in stage_pcp_rebuild_drift_in(fixed_upstream)
     outside = source.replace("enumerate(ubatch_common_metadata)", "enumerate(ubatch_slices)")
     assert "not called while iterating" in stage_pcp_rebuild_drift_in(outside)
+    # what StageLocalInputBatches sets up per stage must still be what the rebuild reads
+    for read, other in (("self.pcp_manager.query_lens_pcp_full.cpu", "self.pcp_manager.counts"),
+                        (".slot_mapping.gpu[", ".slots.gpu["),
+                        ("int(common_attn_metadata.num_actual_tokens)", "int(rows)")):
+        assert read in source
+        assert "no longer reads" in stage_pcp_rebuild_drift_in(source.replace(read, other))
 
 
 def test_a_drifted_stage_pcp_rebuild_refuses_pcp_at_start(standin_plugin):
@@ -266,10 +312,10 @@ def test_pcp_with_sequence_parallelism_fails_closed_naming_it(standin_plugin, tm
     seams = standin_plugin(RELEASE)
     alignment = EngineAlignment(tp_size=2, sequence_parallel=True, pcp_size=PCP)
     install(seams, new_session=_session_factory(tmp_path, alignment))
-    runner = _pcp_runner(seams)
-    rank_local = _rank_local(GLOBAL_SCHEDULED)
+    runner, batch = _pcp_runner(seams, GLOBAL_SCHEDULED, COMPUTED, PCP, 1)
+    rank_local = np.array(batch.rank_rows, dtype=np.int32)
     kwargs = {"num_tokens": int(rank_local.sum()), "num_tokens_padded": int(rank_local.sum()),
-              "num_scheduled_tokens_np": rank_local, "ubatch_slices": None}
+              "num_reqs": 4, "num_scheduled_tokens_np": rank_local, "ubatch_slices": None}
     with pytest.raises(UnsupportedSplitError, match="PCP stages with sequence parallelism"):
         runner._build_attention_metadata_with_async_moe_ubatches((), kwargs, kwargs)
     assert seams.runner_module.STAGE_REBUILDS == []

@@ -26,6 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from afd_split.integrations.afd_plugin.dispatch_patch import install_dispatch
+from afd_split.integrations.afd_plugin.forward_patch import install_forward
 from afd_split.integrations.afd_plugin.patches import (
     install_runner,
     install_validator,
@@ -35,6 +36,7 @@ from afd_split.integrations.afd_plugin.patches import (
 )
 from afd_split.integrations.afd_plugin.pinned import (
     EXTRA_INFO_MODULE,
+    FORWARD_MODULE,
     RUNNER_MODULE,
     VALIDATION_MODULE,
 )
@@ -99,7 +101,7 @@ def seam_patches(new_session: Callable[[Any], HookSession]) -> dict[str, ModuleP
                                  lambda: runner_pcp_unavailable(sys.modules.get(RUNNER_MODULE)))
 
     return {VALIDATION_MODULE: patch_validation, RUNNER_MODULE: patch_runner,
-            EXTRA_INFO_MODULE: install_dispatch}
+            EXTRA_INFO_MODULE: install_dispatch, FORWARD_MODULE: install_forward}
 
 
 def install_deferred(new_session: Callable[[Any], HookSession]) -> SeamImportHook:

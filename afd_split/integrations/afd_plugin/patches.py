@@ -23,16 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from afd_split.errors import UnsupportedSplitError
 from afd_split.integrations.afd_plugin.pcp_seam import (
     PCP_STAGE_RULE,
-    StageLocalInputBatches,
+    PcpStages,
     check_pcp_alignment,
+    check_rebuilt_stages,
     global_scheduled_counts,
     pcp_enabled,
     pcp_seam_unavailable,
     plan_pcp_step,
-    rank_local_slices,
-    stage_views,
 )
 from afd_split.integrations.afd_plugin.pinned import (
     PLANNER,
@@ -75,7 +75,6 @@ restores it so the stages never leak into the parent."""
 
 
 
-
 class PluginDriftError(RuntimeError):
     """The installed afd_plugin's seam no longer reads as any pinned variant."""
 
@@ -89,6 +88,8 @@ class PluginSeams:
     runner_class: type
     request_split: str
     slice_type: type
+    forward_module: ModuleType | None = None
+    """The async-MoE pipeline's module (PCP stages); None: imported at the first PCP step."""
 
 
 def resolve_seams() -> PluginSeams:
@@ -169,18 +170,19 @@ def make_slicer_patch(original: Callable) -> Callable:
     # v1/worker/npu/ubatch_utils.py split_attn_metadata, as bound in
     # attention_model_runner (the name _build_attention_metadata_with_ubatches calls).
     # Patch reason: the plugin's slicer copies whole-batch fields into each stage
-    # and cannot cut inside a request; under PCP its stage-PCP rebuild reads the
+    # and cannot cut inside a request; under PCP it slices the parent's rank rows,
+    # while a relaid stage has rows of its own, and its stage-PCP rebuild reads the
     # whole batch's input_batch (stage 1 gets the first requests' cached lengths).
     # Patch functionality: PlannedUBatchSlices (made only by the token_balanced
     # planner) are sliced by afd_split's adapter, which request-level checks them;
-    # under PCP (whole-request stages) by the original, its result iterated with a
-    # stage-local input_batch per stage (pcp_seam.StageLocalInputBatches).
+    # under PCP each stage is built for its relaid rows and iterated with its
+    # stage-local rebuild inputs (pcp_seam.PcpStages.split).
     # Delegation exception: any other UBatchSlices go to the original unchanged.
     # Signature: matches upstream; no added parameters.
     def split_attn_metadata(ubatch_slices: UBatchSlices, common_attn_metadata: AscendCommonAttentionMetadata, max_num_tokens: int = 0) -> list[AscendCommonAttentionMetadata]:
         # ### PATCH START: afd_split stage slicing
         if isinstance(ubatch_slices, PlannedUBatchSlices):
-            return ubatch_slices.split(common_attn_metadata, original, max_num_tokens)
+            return ubatch_slices.split(common_attn_metadata)
         # ### PATCH END: afd_split stage slicing
         return original(ubatch_slices, common_attn_metadata, max_num_tokens)
 
@@ -221,21 +223,31 @@ def plan_runner_stages(runner, num_scheduled_tokens_np: np.ndarray, seams: Plugi
 
 def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, computed: np.ndarray,
                            seams: PluginSeams) -> PlannedUBatchSlices | None:
-    """Whole-request stages on the GLOBAL counts (``query_lens_pcp_full``; the rank-local
-    ``num_scheduled_tokens_np`` is never planned on), rank-local row slices, and the
-    stage-local input batch each stage's PCP rebuild reads."""
-    pcp = session.alignment.pcp_size
+    """Token-balanced stages on the GLOBAL counts (``query_lens_pcp_full``; the rank-local
+    ``num_scheduled_tokens_np`` is never planned on), each laid out as its own zigzag on
+    this rank (``pcp_seam.PcpStages``)."""
     check_pcp_alignment(session.alignment)  # before any agreement collective
-    plan = plan_pcp_step(global_scheduled_counts(runner.pcp_manager, num_reqs), computed, pcp)
+    if session.pcp_all_gather is None:
+        raise UnsupportedSplitError("PCP stages need the PCP group's all-gather; the hook "
+                                    "session has none")
+    plan = plan_pcp_step(global_scheduled_counts(runner.pcp_manager, num_reqs), computed,
+                         session.alignment)
+    pcp = None
+    if plan.is_split:
+        from afd_split.integrations.afd_plugin.forward_patch import ensure_forward_patched
+
+        ensure_forward_patched(seams.forward_module)  # relaid rows never reach upstream slicing
+        pcp = PcpStages.for_rank(plan, computed, session.ranks.pcp_rank,
+                                 session.pcp_all_gather, runner,
+                                 chunked_prefill=session.chunked_prefill)
     record_step(session, plan, alignment=session.alignment.describe(),
-                pcp_stage_rule=PCP_STAGE_RULE)
-    if not plan.is_split:
+                pcp_stage_rule=PCP_STAGE_RULE,
+                **({} if pcp is None else {"pcp_relayout": pcp.evidence()}))
+    if pcp is None:
         return None
-    views = stage_views(plan, runner.input_batch, np.array(computed, dtype=np.int64))
     return PlannedUBatchSlices(
-        rank_local_slices(plan, pcp, seams.slice_type), plan=plan,
-        block_size=runner.cache_config.block_size, session=session,
-        pcp_stages=lambda stages: StageLocalInputBatches(stages, runner, views))
+        pcp.ubatch_slices(seams.slice_type), plan=plan,
+        block_size=runner.cache_config.block_size, session=session, pcp=pcp)
 
 
 def build_token_balanced_stages(runner, full_metadata, num_tokens: int,
@@ -264,6 +276,8 @@ def build_token_balanced_stages(runner, full_metadata, num_tokens: int,
         stage_attn_metadata, _ = runner._build_attention_metadata_with_ubatches(
             *stage_args, **stage_kwargs
         )
+    if stage_slices.pcp is not None:
+        check_rebuilt_stages(stage_slices.pcp)
     runner._afd_pending_metadata = runner._build_afd_metadata(stage_slices, num_tokens)
     runner._afd_async_moe_ubatch_metadata = {
         "attn_metadata": stage_attn_metadata,

@@ -1,33 +1,40 @@
 """``token_balanced`` under PCP on afd-plugin release/v0.19.1rc1: the per-stage PCP seam.
 
-Facts (afd-plugin release/v0.19.1rc1 2f4f462, ``v1/worker/npu/attention_model_runner.py``;
-vllm-ascend v0.19.1rc1 da421afad719, ``worker/pcp_utils.py`` and ``model_runner_v1.py``):
+Facts (afd-plugin release/v0.19.1rc1 2f4f462, ``v1/worker/npu/attention_model_runner.py``
+and ``model_executor/models/npu/deepseek_v2_async_cam_forward.py``; vllm-ascend
+v0.19.1rc1 da421afad719, ``worker/pcp_utils.py`` and ``worker/model_runner_v1.py``):
 
 * ``_build_attention_metadata_with_ubatches`` slices each attention group with the
   runner module's ``split_attn_metadata`` and, for every stage in that list, calls
   its inner ``_build_stage_local_pcp_metadata(common_attn_metadata, ubatch_slice,
-  ubid, kv_cache_gid, attn_gid)``, which re-runs the PCP manager's
-  ``init_batch_info``, ``update_tokens_for_pcp``, ``generate_pcp_metadata`` and
-  ``get_padded_slot_mapping`` from ``query_lens_pcp_full`` of the stage's request
-  slice. main has no PCP path.
+  ubid, kv_cache_gid, attn_gid)``: it reads the stage's counts as
+  ``pcp_manager.query_lens_pcp_full.cpu[:num_reqs][request_slice]`` and its global
+  token range as the sums before ``request_slice.start`` / ``.stop``, re-runs the
+  PCP manager's ``init_batch_info``, ``update_tokens_for_pcp``,
+  ``generate_pcp_metadata`` and ``get_padded_slot_mapping`` (on
+  ``input_batch.block_table[kv_cache_gid].slot_mapping.gpu`` of that range), and
+  restores the manager. main has no PCP path.
 * Upstream bug: that call hands ``generate_pcp_metadata`` the whole batch's
   ``self.input_batch``, which reads ``num_computed_tokens_cpu`` from index 0: stage
   1's cached-context lengths are those of the batch's first requests.
 * Under PCP the runner overwrites ``num_scheduled_tokens_np`` with its rank-local
-  counts; ``query_lens_pcp_full`` keeps the global ones (``init_batch_info``), the
-  same on every PCP rank.
-* Dense layers run the whole batch on the parent's per-rank rows (one zigzag per
-  whole request, laid out by ``_prepare_inputs`` before any planner seam); the
-  MoE stages slice those rows by ``UBatchSlice.token_slice``. A stage of whole
-  requests is a contiguous range of every rank's rows; a cut inside a request is
-  not (``afd_split.pcp_stage.stage_rows`` measures what re-laying it would move).
+  counts; ``query_lens_pcp_full`` keeps the global ones, the same on every PCP rank.
+* ``_prepare_inputs`` lays the batch out (one zigzag per whole request) before any
+  planner seam, the dense layers run the whole batch on those rows, and
+  ``run_async_moe_ubatch_afd_forward`` slices each stage's rows by
+  ``UBatchSlice.token_slice``.
 
-So under PCP the hook plans whole-request stages on the global counts,
-balanced on them, hands the plugin its rank-local row slices, lets the
-plugin's own slicer and stage-PCP rebuild run, and fixes the rebuild's input
-(AFD-only delta: each stage's rebuild reads a stage-local input batch). A cut
-inside a request stays with the CPU emulation until the runner lays out
-pieces before ``_prepare_inputs`` (docs/split-path.md).
+So the hook plans token_balanced on the global counts (a cut may fall inside a
+request), lays each stage out as its own zigzag (``afd_split.pcp_relayout``:
+the forward patch moves the rows of the requests whose layout differs, by one
+PCP all-gather each way), builds each stage's metadata for its relaid rows
+(``afd_split.adapters.ascend_pcp``), and lets the plugin's own stage rebuild
+regenerate the PCP metadata and slots from the stage's own counts: while it
+iterates, ``query_lens_pcp_full`` holds the stage's pieces (zero elsewhere) and
+``input_batch`` is a stage-local view whose computed tokens are the pieces' (the
+AFD-only fix of the whole-batch input_batch) and whose slot-mapping rows start at
+the stage's first token. ``check_rebuilt_stages`` then holds what it produced
+against the pieces before any stage runs.
 """
 
 from __future__ import annotations
@@ -37,21 +44,24 @@ import copy
 import inspect
 import textwrap
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from afd_split.constraints import MIN_PCP_FOR_ZIGZAG, SplitConstraints, SplitPolicy
+from afd_split.constraints import MIN_PCP_FOR_ZIGZAG, SplitPolicy
 from afd_split.engine_alignment import EngineAlignment
 from afd_split.errors import UnsupportedSplitError
 from afd_split.integrations.afd_plugin.pinned import normalize_header
 from afd_split.integrations.engine_step import plan_engine_step
-from afd_split.pcp_stage import zigzag_layout
+from afd_split.pcp_relayout import AllGather, RankRelayout, rank_relayout
+from afd_split.pcp_stage import DECODE_THRESHOLD, PcpStageTokens, stage_tokens
 from afd_split.plan import SplitPlan
 
 PCP_STAGE_RULE = (
-    "request_boundary stages under PCP: the runner lays out one zigzag per whole request "
-    "before the planner seam, so a cut inside a request is not a contiguous range of a "
-    "rank's rows (docs/split-path.md)"
+    "token_balanced under PCP: every stage laid out as its own zigzag (the head of a cut "
+    "request scheduled alone, its tail as a continuation); rows of requests whose layout "
+    "differs move by one PCP all-gather each way (afd_split.pcp_relayout)"
 )
 """Recorded in every PCP step's evidence line (``pcp_stage_rule``)."""
 
@@ -66,76 +76,208 @@ def global_scheduled_counts(pcp_manager, num_reqs: int) -> np.ndarray:
 
 
 def check_pcp_alignment(alignment: EngineAlignment) -> None:
-    """Whole-request PCP stages meet no SP unit by construction: PCP with SP fails closed."""
+    """PCP with sequence parallelism fails closed: under FlashComm1 a stage's rows are
+    scattered over the TP ranks, which the relaid layout does not model."""
     if alignment.rank_local_unit > 1:
         raise UnsupportedSplitError(
-            f"PCP stages with sequence parallelism ({alignment.describe()}): whole-request "
-            "stages' rank-local rows are not TP multiples by construction; not supported")
+            f"PCP stages with sequence parallelism ({alignment.describe()}): the relaid "
+            "stage rows are not modelled under FlashComm1's TP scatter; not supported")
 
 
-def plan_pcp_step(num_scheduled_tokens, num_computed_tokens, pcp_size: int) -> SplitPlan:
-    """Whole-request stages balanced on the global counts (each padded to 2 * pcp)."""
-    return plan_engine_step(num_scheduled_tokens, policy=SplitPolicy.REQUEST_BOUNDARY,
-                            constraints=SplitConstraints(pcp_size=pcp_size),
+def plan_pcp_step(num_scheduled_tokens, num_computed_tokens,
+                  alignment: EngineAlignment) -> SplitPlan:
+    """Token-balanced stages on the global counts, each request piece padded to 2 * pcp."""
+    return plan_engine_step(num_scheduled_tokens, policy=SplitPolicy.TOKEN_BALANCED,
+                            constraints=alignment.constraints(None),
                             num_computed_tokens=num_computed_tokens)
 
 
-def rank_local_slices(plan: SplitPlan, pcp_size: int, slice_type) -> list:
-    """The plugin's ``UBatchSlice`` per stage: its requests, and its rows on every PCP rank."""
-    rank_rows = zigzag_layout(np.asarray(plan.token_counts, dtype=np.int64), pcp_size).rank_tokens
-    starts = np.concatenate([[0], np.cumsum(rank_rows)])
-    slices = []
-    for ubatch in plan.ubatches:
-        if ubatch.num_real_tokens != int(plan.token_counts[ubatch.request_slice].sum()):
-            raise ValueError(f"ubatch {ubatch.index} cuts a request; under PCP only whole-request "
-                             "stages map to contiguous rank rows")
-        requests = ubatch.request_slice
-        slices.append(slice_type(requests, slice(int(starts[requests.start]),
-                                                 int(starts[requests.stop]))))
-    return slices
+@dataclass(frozen=True)
+class SlotRows:
+    """``slot_mapping.gpu`` of one KV-cache group seen from a stage's first token."""
+
+    gpu: Any
 
 
-def stage_input_batch(input_batch, computed: np.ndarray):
-    """``input_batch`` as one stage's PCP rebuild must read it: its requests from index 0.
+@dataclass(frozen=True)
+class StageBlockTable:
+    """What the stage rebuild reads of ``input_batch.block_table[gid]``: its slot rows."""
 
-    A shallow copy sharing every buffer (block tables, token ids) except the host
-    ``num_computed_tokens_cpu`` that ``generate_pcp_metadata`` indexes from 0.
+    slot_mapping: SlotRows
+
+
+@dataclass(frozen=True)
+class StageBlockTables:
+    """``input_batch.block_table`` for one stage: group ``gid``'s slot rows from ``offset``.
+
+    The rebuild reads ``block_table[gid].slot_mapping.gpu[start:stop]`` with the stage's
+    token range; the stage's counts start at 0 (``stage_scheduled_counts``), so rows
+    from the stage's first global token give its slots. Nothing else is exposed: an
+    upstream change reading more fails loudly here.
     """
+
+    parent: Any
+    offset: int
+
+    def __getitem__(self, kv_cache_gid: int) -> StageBlockTable:
+        return StageBlockTable(SlotRows(self.parent[kv_cache_gid].slot_mapping.gpu[self.offset:]))
+
+
+def stage_input_batch(input_batch, stage: PcpStageTokens):
+    """``input_batch`` as one stage's PCP rebuild must read it: its pieces' computed tokens
+    from index 0 and its slot rows from its first token (a shallow copy; buffers shared)."""
     view = copy.copy(input_batch)
-    view.num_computed_tokens_cpu = computed
+    view.num_computed_tokens_cpu = stage.num_computed_tokens.copy()
+    view.block_table = StageBlockTables(input_batch.block_table, stage.token_start)
     return view
 
 
+def stage_scheduled_counts(stage: PcpStageTokens, num_reqs: int) -> np.ndarray:
+    """``query_lens_pcp_full[:num_reqs]`` while the stage is rebuilt: its pieces at its
+    requests, zero elsewhere (so its token range starts at 0)."""
+    counts = np.zeros(num_reqs, dtype=np.int64)
+    counts[stage.request_start:stage.request_start + len(stage.num_scheduled_tokens)] = (
+        stage.num_scheduled_tokens)
+    return counts
+
+
 class StageLocalInputBatches(list):
-    """The plugin's per-stage metadata; iterating it gives each stage's rebuild its own batch.
+    """One stage list of the plugin's stage build; iterating it sets up each stage's rebuild.
 
     ``_build_attention_metadata_with_ubatches`` runs the inner stage-PCP rebuild for
-    stage ``ubid`` while it iterates this list: ``runner.input_batch`` is the
-    stage's view for exactly that step and the runner's own again when the loop
-    ends (the planner patch also restores it around the whole stage build).
+    stage ``ubid`` while it iterates this list: for exactly that step
+    ``runner.input_batch`` is the stage's view and ``query_lens_pcp_full`` holds the
+    stage's counts; both are the runner's own again when the loop ends.
     """
 
-    def __init__(self, stages: Sequence, runner, views: Sequence) -> None:
+    def __init__(self, stages: Sequence, runner, pcp_stages: PcpStages) -> None:
         super().__init__(stages)
-        if len(views) != len(stages):
-            raise ValueError(f"{len(views)} stage input batches for {len(stages)} stages")
+        if len(pcp_stages.stages) != len(stages):
+            raise ValueError(f"{len(pcp_stages.stages)} PCP stages for {len(stages)} stages")
         self._runner = runner
-        self._views = tuple(views)
+        self._pcp = pcp_stages
 
     def __iter__(self):
-        runner_batch = self._runner.input_batch
+        runner = self._runner
+        runner_batch = runner.input_batch
+        counts = runner.pcp_manager.query_lens_pcp_full
+        num_reqs = len(self._pcp.plan.token_counts)
+        global_counts = counts.cpu[:num_reqs].clone()
         try:
-            for stage, view in zip(list.__iter__(self), self._views, strict=True):
-                self._runner.input_batch = view
-                yield stage
+            for item, stage in zip(list.__iter__(self), self._pcp.stages, strict=True):
+                runner.input_batch = stage_input_batch(runner_batch, stage)
+                counts.cpu[:num_reqs] = _tensor_like(stage_scheduled_counts(stage, num_reqs),
+                                                     global_counts)
+                yield item
         finally:
-            self._runner.input_batch = runner_batch
+            runner.input_batch = runner_batch
+            counts.cpu[:num_reqs] = global_counts
+            counts.copy_to_gpu()
 
 
-def stage_views(plan: SplitPlan, input_batch, num_computed_tokens: np.ndarray) -> list:
-    """One stage-local input batch per ubatch (whole requests: their own computed tokens)."""
-    return [stage_input_batch(input_batch, num_computed_tokens[ubatch.request_slice].copy())
-            for ubatch in plan.ubatches]
+def _tensor_like(array: np.ndarray, like):
+    import torch
+
+    return torch.from_numpy(array).to(dtype=like.dtype)
+
+
+@dataclass
+class PcpStages:
+    """One PCP step on this rank: the plan, its relayout, and what the stage build made."""
+
+    plan: SplitPlan
+    num_computed_tokens: np.ndarray
+    relayout: RankRelayout
+    stages: tuple[PcpStageTokens, ...]
+    all_gather: AllGather
+    runner: Any
+    chunked_prefill: bool
+    built: list = field(default_factory=list)
+    _positions: dict = field(default_factory=dict)
+
+    @classmethod
+    def for_rank(cls, plan: SplitPlan, num_computed_tokens, pcp_rank: int,
+                 all_gather: AllGather, runner, *, chunked_prefill: bool) -> PcpStages:
+        computed = np.asarray(num_computed_tokens, dtype=np.int64)
+        return cls(plan, computed, rank_relayout(plan, computed, pcp_rank),
+                   stage_tokens(plan, computed), all_gather, runner, chunked_prefill)
+
+    def ubatch_slices(self, slice_type) -> list:
+        """The plugin's ``UBatchSlice`` per stage: its requests and its relaid rows."""
+        return [slice_type(slice(stage.request_start,
+                                 stage.request_start + len(stage.num_scheduled_tokens)), rows)
+                for stage, rows in zip(self.stages, self.relayout.stage_row_slices, strict=True)]
+
+    def positions_on(self, device):
+        """Every relaid row's position as a device tensor (made once per device and step)."""
+        key = str(device)
+        if key not in self._positions:
+            import torch
+
+            self._positions[key] = torch.from_numpy(self.relayout.stage_positions).to(device)
+        return self._positions[key]
+
+    def split(self, common) -> StageLocalInputBatches:
+        """Each stage's metadata for its relaid rows, iterated with its stage-local rebuild."""
+        from afd_split.adapters.ascend_pcp import pcp_stage_metadata  # lazy: engine glue
+
+        stages = pcp_stage_metadata(self.plan, common, self.num_computed_tokens, self.relayout,
+                                    self.positions_on(common.query_start_loc.device),
+                                    chunked_prefill=self.chunked_prefill)
+        self.built.append(stages)
+        return StageLocalInputBatches(stages, self.runner, self)
+
+    def evidence(self) -> dict:
+        """What the relayout moved on this rank (the step line's ``pcp_relayout``)."""
+        return {
+            "stage_rank_rows": list(self.relayout.stage_row_counts),
+            "parent_rank_rows": self.relayout.parent_rows,
+            "exchanged_requests": self.relayout.exchanged_requests.tolist(),
+            "exchanged_rows_per_rank": len(self.relayout.send_parent_rows),
+        }
+
+
+def _host(value) -> np.ndarray:
+    return np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+
+
+def check_rebuilt_stages(pcp: PcpStages) -> None:
+    """Host checks of what the plugin's stage rebuild wrote into every built stage, before any
+    stage runs: slots and PCP metadata for the stage's own rows, counts and context.
+
+    Fails closed (``UnsupportedSplitError``) when the rebuild did not run for a stage or
+    built it from other counts or cached lengths (e.g. an upstream change the drift check
+    missed).
+    """
+    pcp_size = pcp.relayout.pcp_size
+    for stages in pcp.built:
+        for index, (common, stage, rows) in enumerate(zip(
+                stages, pcp.stages, pcp.relayout.stage_row_counts, strict=True)):
+            metadata = common.prefill_context_parallel_metadata
+            if metadata is None or common.slot_mapping is None:
+                raise UnsupportedSplitError(
+                    f"stage {index}: the per-stage PCP rebuild did not run (slot_mapping or "
+                    "prefill_context_parallel_metadata unset)")
+            pieces = stage.num_scheduled_tokens
+            counts = _host(metadata.query_lens_pcp_full_cpu)[:len(pieces)]
+            decodes = int(np.argmax(pieces > DECODE_THRESHOLD)) if (
+                pieces > DECODE_THRESHOLD).any() else len(pieces)
+            context = stage.num_computed_tokens.copy()
+            context[:decodes] += pieces[:decodes]
+            built_context = _host(metadata.num_computed_tokens_of_pcp_dcp).reshape(
+                len(pieces), -1).sum(axis=1)
+            problems = [
+                f"{name} {got} != {want}" for name, got, want in (
+                    ("slot rows", int(common.slot_mapping.shape[0]), rows * pcp_size),
+                    ("num_actual_tokens_pcp_padded", int(metadata.num_actual_tokens_pcp_padded),
+                     rows * pcp_size),
+                    ("query_lens_pcp_full", counts.tolist(), pieces.tolist()),
+                    ("context tokens", built_context.tolist(), context.tolist()))
+                if got != want]
+            if problems:
+                raise UnsupportedSplitError(
+                    f"stage {index}: the per-stage PCP rebuild built other rows than the "
+                    "relayout: " + "; ".join(problems))
 
 
 def pcp_enabled(pcp_size: int) -> bool:
@@ -149,6 +291,18 @@ STAGE_PCP_REBUILD_HEADER = (
     "ubatch_slice: UBatchSlice, ubid: int, kv_cache_gid: int, attn_gid: int) -> None: ..."
 )
 """The inner seam's header at afd-plugin release/v0.19.1rc1 2f4f462 (pinned, drift-checked)."""
+
+STAGE_REBUILD_READS = (
+    "self.pcp_manager.query_lens_pcp_full.cpu",
+    "ubatch_slice.request_slice",
+    "ubatch_slice.request_slice.start",
+    "ubatch_slice.request_slice.stop",
+    "self.input_batch.block_table[kv_cache_gid].slot_mapping.gpu",
+    "common_attn_metadata.num_actual_tokens",
+)
+"""What the inner rebuild reads at 2f4f462 that ``StageLocalInputBatches`` sets up per stage:
+the stage's counts, its token range (sums before the request slice's start / stop), its
+slot rows, and its rank rows (the stage metadata's ``num_actual_tokens``)."""
 
 
 def _calls(node, name: str) -> list[ast.Call]:
@@ -186,6 +340,11 @@ def stage_pcp_rebuild_drift_in(source: str) -> str | None:
     if not any(_is_self_input_batch(arg) for call in _calls(inner[0], "generate_pcp_metadata")
                for arg in call.args):
         return f"{STAGE_PCP_REBUILD} no longer passes self.input_batch to generate_pcp_metadata"
+    read = {ast.unparse(node) for node in ast.walk(inner[0]) if isinstance(node, ast.Attribute)}
+    missing = [name for name in STAGE_REBUILD_READS if name not in read]
+    if missing:
+        return (f"{STAGE_PCP_REBUILD} no longer reads {missing} (the stage counts, token range "
+                "and slot rows the relaid stages set up)")
     sliced = {target.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
               and _calls(node.value, "split_attn_metadata")
               for target in node.targets if isinstance(target, ast.Name)}

@@ -31,6 +31,7 @@ VALIDATION_MODULE = "afd_plugin.compat.npu.feature_validation"
 RUNNER_MODULE = "afd_plugin.v1.worker.npu.attention_model_runner"
 RUNNER_CLASS = "AFDNPUAttentionModelRunner"
 EXTRA_INFO_MODULE = "afd_plugin.connectors.npu.async_cam"
+FORWARD_MODULE = "afd_plugin.model_executor.models.npu.deepseek_v2_async_cam_forward"
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ VALIDATOR = "validator"
 PLANNER = "planner"
 SLICER = "slicer"
 DISPATCH = "dispatch"
+FORWARD = "forward"
 CONNECTOR_CLASS = "CAMAsyncAFDConnector"
 
 _VALIDATOR_HEADER = (
@@ -107,6 +109,15 @@ _DISPATCH_HEADER = (
     "**kwargs: Any) -> None: ..."
 )
 
+_FORWARD_HEADER = (
+    "def run_async_moe_ubatch_afd_forward(model: AFDDeepseekV2Model, "
+    "hidden_states: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, "
+    "afd_metadata: AFDForwardContextMetadata, "
+    "async_moe_ubatch_metadata: AsyncMoeUbatchMetadata, "
+    "llama_4_scaling: torch.Tensor | None = None) "
+    "-> tuple[torch.Tensor, torch.Tensor | None]: ..."
+)
+
 PINNED_SEAMS: tuple[PinnedSeam, ...] = (
     PinnedSeam(VALIDATOR, VALIDATION_MODULE,
                "_fail_if_unsupported_npu_async_moe_ubatching_features", *MAIN, _VALIDATOR_HEADER),
@@ -130,6 +141,12 @@ PINNED_SEAMS: tuple[PinnedSeam, ...] = (
                _DISPATCH_HEADER),
     PinnedSeam(DISPATCH, EXTRA_INFO_MODULE, f"{CONNECTOR_CLASS}.send_attn_output",
                *RELEASE_V0_19_1RC1, _DISPATCH_HEADER),
+    # The async-MoE stage pipeline: dense layers on the whole batch, then the stages sliced by
+    # UBatchSlice.token_slice (looked up as a module attribute by AFDDeepseekV2Model).
+    PinnedSeam(FORWARD, FORWARD_MODULE, "run_async_moe_ubatch_afd_forward", *MAIN,
+               _FORWARD_HEADER),
+    PinnedSeam(FORWARD, FORWARD_MODULE, "run_async_moe_ubatch_afd_forward",
+               *RELEASE_V0_19_1RC1, _FORWARD_HEADER),
 )
 """Every pinned (seam, branch) pair; a seam may have one variant per branch."""
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from afd_split.constraints import SplitPolicy
 from afd_split.engine_alignment import EngineAlignment
@@ -27,7 +27,11 @@ from afd_split.integrations.engine_step import (
 )
 from afd_split.integrations.expert_load import NATURAL, ExpertLoadRecorder
 from afd_split.integrations.worker_evidence import EvidenceWriter
+from afd_split.pcp_relayout import AllGather
 from afd_split.plan import SplitPlan
+
+if TYPE_CHECKING:
+    from afd_split.integrations.afd_plugin.pcp_seam import PcpStages
 
 TOKEN_BALANCED_SPLIT = "token_balanced"
 """The ``async_moe_split`` value this hook adds; distinct from PR #203's ``"token"``."""
@@ -58,12 +62,18 @@ class HookSession:
     steps_planned: int = field(default=0)
     expert_load: ExpertLoadRecorder | None = None
     """Routed counts of the steps this session plans (evidence on, MoE model)."""
+    pcp_all_gather: AllGather | None = None
+    """The PCP group's all-gather (dim 0) that moves relaid stage rows (PCP > 1)."""
+    chunked_prefill: bool = False
+    """``scheduler_config.enable_chunked_prefill``: decides a PCP stage's ``attn_state``."""
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str], *, ranks: StepRanks,
                          groups: Sequence[Any], splitter: Splitter,
                          alignment: EngineAlignment = NO_SP_NO_PCP,
-                         num_layers: int | None = None, routing: str = NATURAL) -> HookSession:
+                         num_layers: int | None = None, routing: str = NATURAL,
+                         pcp_all_gather: AllGather | None = None,
+                         chunked_prefill: bool = False) -> HookSession:
         """Evidence on when ``AFD_EVIDENCE_DIR`` is set (with expert load when the model's
         ``num_layers`` is given); agreement when ``AFD_SPLIT_DEBUG_AGREE=1``."""
         writer = EvidenceWriter.from_env(environ, ranks.label)
@@ -79,6 +89,8 @@ class HookSession:
             check_agreement=agreement_enabled(environ),
             alignment=alignment,
             expert_load=recorder,
+            pcp_all_gather=pcp_all_gather,
+            chunked_prefill=chunked_prefill,
         )
 
 
@@ -86,27 +98,21 @@ class PlannedUBatchSlices(list):
     """The plugin's ``UBatchSlices`` for a plan, carrying what the patched slicer needs."""
 
     def __init__(self, slices, *, plan: SplitPlan, block_size: int,
-                 session: HookSession, pcp_stages: Callable | None = None) -> None:
+                 session: HookSession, pcp: PcpStages | None = None) -> None:
         super().__init__(slices)
         self.plan = plan
         self.block_size = block_size
         self.session = session
-        self.pcp_stages = pcp_stages
+        self.pcp = pcp
 
-    def split(self, common_attn_metadata, plugin_slicer: Callable | None = None,
-              max_num_tokens: int = 0) -> list:
+    def split(self, common_attn_metadata) -> list:
         """Per-stage metadata from afd_split's adapter, request-level checked (every step).
 
-        Under PCP (``pcp_stages`` set) the stages are whole requests on rank-local rows:
-        the plugin's own slicer cuts them and ``pcp_stages`` wraps its result so the
-        runner's stage-PCP rebuild reads stage-local inputs (``pcp_seam``).
+        Under PCP (``pcp`` set) each stage is built for its relaid rows and iterated with
+        its stage-local PCP rebuild (``pcp_seam.PcpStages.split``).
         """
-        if self.pcp_stages is not None:
-            if plugin_slicer is None:
-                raise ValueError("PCP stages are cut by the plugin's own split_attn_metadata; "
-                                 "none was given")
-            return self.pcp_stages(plugin_slicer(list(self), common_attn_metadata,
-                                                 max_num_tokens))
+        if self.pcp is not None:
+            return self.pcp.split(common_attn_metadata)
         stages = self.session.splitter(self.plan, common_attn_metadata, self.block_size)
         if len(stages) != len(self.plan.ubatches):
             raise ValueError(f"the adapter returned {len(stages)} stages for a plan of "

@@ -1,0 +1,188 @@
+"""The fifth patch: PCP stages run on their own zigzag rows (``afd_split.pcp_relayout``).
+
+Written to the AFD plugin's AGENTS.md rules like ``patches``: the pinned header
+exactly (``pinned.FORWARD``), the reason and behaviour in the comment above,
+the AFD-split-only delta between ``# ### PATCH START/END``, and every line of
+upstream's pipeline run through the ORIGINAL function object (this project does
+not copy upstream code): once over the dense layers alone, once over the MoE
+layers alone on the relaid rows, each through a view of the model that narrows
+its layer range. Anything but a token_balanced PCP step delegates unchanged.
+
+Facts the delta relies on (afd-plugin main 2e4378f and release/v0.19.1rc1
+2f4f462, ``model_executor/models/npu/deepseek_v2_async_cam_forward.py``; checked
+by ``forward_drift``): the function reads only ``model.config``,
+``model.start_layer``, ``model.end_layer`` and ``model.layers``; it runs the
+layers before ``config.first_k_dense_replace`` on the whole batch and returns
+their output when no MoE layer follows (``dense_end_layer == model.end_layer``);
+then it slices each stage's rows by ``UBatchSlice.token_slice`` and returns the
+stages' outputs concatenated in stage order.
+
+Removal plan (docs/ascend.md): once the runner lays a split's pieces out before
+``_prepare_inputs`` (an upstream planner hook), the stages are contiguous rows
+again and this seam is dropped.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from afd_split.errors import UnsupportedSplitError
+from afd_split.integrations.afd_plugin.patches import PATCH_MARKER, installed_branch
+from afd_split.integrations.afd_plugin.pinned import FORWARD, FORWARD_MODULE
+from afd_split.integrations.afd_plugin.stages import PlannedUBatchSlices
+from afd_split.pcp_relayout import relay_rows, restore_rows
+
+if TYPE_CHECKING:  # names of the pinned header; never imported at run time
+    import torch
+    from afd_plugin.model_executor.models import AsyncMoeUbatchMetadata
+    from afd_plugin.model_executor.models.deepseek_v2 import (
+        AFDDeepseekV2Model,
+        AFDForwardContextMetadata,
+    )
+
+FORWARD_NAME = "run_async_moe_ubatch_afd_forward"
+MODEL_ATTRIBUTES_READ = frozenset({"config", "start_layer", "end_layer", "layers"})
+"""What upstream's pipeline reads of ``model`` at both pinned commits (``LayerRange`` gives
+exactly these)."""
+SLICES_KEY = "ubatch_slices"
+
+
+@dataclass(frozen=True)
+class LayerRange:
+    """The model as upstream's pipeline reads it, narrowed to layers [start_layer, end_layer)."""
+
+    model: Any
+    start_layer: int
+    end_layer: int
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def layers(self):
+        return self.model.layers
+
+
+def run_relaid(original: Callable, model, hidden_states, residual, positions, afd_metadata,
+               async_moe_ubatch_metadata, slices: PlannedUBatchSlices):
+    """One token_balanced PCP step: dense layers on the parent's rows, the stages on their
+    own zigzag rows, the outputs back on the parent's rows (shape and padding rows kept)."""
+    pcp = slices.pcp
+    first_moe = int(model.config.first_k_dense_replace)
+    dense_end = min(model.end_layer, first_moe)
+    if dense_end == model.end_layer:  # no MoE layer on this rank: nothing is staged
+        return original(model, hidden_states, residual, positions, afd_metadata,
+                        async_moe_ubatch_metadata, None)
+    if dense_end > model.start_layer:
+        hidden_states, residual = original(LayerRange(model, model.start_layer, dense_end),
+                                           hidden_states, residual, positions, afd_metadata,
+                                           async_moe_ubatch_metadata, None)
+    rows = pcp.relayout.parent_rows
+    if hidden_states.shape[0] < rows:
+        raise UnsupportedSplitError(
+            f"{hidden_states.shape[0]} hidden rows on PCP rank {pcp.relayout.pcp_rank}; the "
+            f"planned layout has {rows}")
+    tensors = [hidden_states] if residual is None else [hidden_states, residual]
+    relaid = [relay_rows(pcp.relayout, tensor[:rows], pcp.all_gather) for tensor in tensors]
+    staged = {**async_moe_ubatch_metadata, SLICES_KEY: list(slices)}
+    outputs = original(LayerRange(model, max(model.start_layer, first_moe), model.end_layer),
+                       relaid[0], relaid[1] if residual is not None else None,
+                       pcp.positions_on(positions.device), afd_metadata, staged, None)
+    restored = [None if out is None else _with_padding_rows(
+        restore_rows(pcp.relayout, out, pcp.all_gather), tensor, rows)
+        for out, tensor in zip(outputs, (hidden_states, residual), strict=True)]
+    return restored[0], restored[1]
+
+
+def _with_padding_rows(parent_rows, like, rows: int):
+    """``parent_rows`` followed by ``like``'s rows past ``rows`` (the engine's padding rows)."""
+    if like is None or like.shape[0] == rows:
+        return parent_rows
+    import torch
+
+    return torch.cat([parent_rows, like[rows:]])
+
+
+def make_forward_patch(original: Callable) -> Callable:
+    # Upstream source: afd-plugin main 2e4378f / release/v0.19.1rc1 2f4f462,
+    # model_executor/models/npu/deepseek_v2_async_cam_forward.py run_async_moe_ubatch_afd_forward.
+    # Patch reason: under PCP the runner lays out one zigzag per whole request before any
+    # planner runs, so a stage cut inside a request is not a contiguous range of a rank's
+    # rows, while its PCP metadata describes its own zigzag.
+    # Patch functionality: for token_balanced PCP stages (PlannedUBatchSlices with a PCP
+    # relayout) the original runs the dense layers alone, the rows move to each stage's
+    # zigzag (one PCP all-gather of the requests whose layout differs), the original runs
+    # the MoE layers alone on them, and the outputs move back to the parent's rows.
+    # Delegation exception: every other call runs the original unchanged.
+    # Signature: matches upstream; no added parameters.
+    def run_async_moe_ubatch_afd_forward(model: AFDDeepseekV2Model, hidden_states: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor, afd_metadata: AFDForwardContextMetadata, async_moe_ubatch_metadata: AsyncMoeUbatchMetadata, llama_4_scaling: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # ### PATCH START: afd_split relaid PCP stages
+        slices = async_moe_ubatch_metadata[SLICES_KEY]
+        if isinstance(slices, PlannedUBatchSlices) and slices.pcp is not None:
+            if llama_4_scaling is not None:
+                raise UnsupportedSplitError("llama_4_scaling rows are not relaid under PCP")
+            return run_relaid(original, model, hidden_states, residual, positions,
+                              afd_metadata, async_moe_ubatch_metadata, slices)
+        # ### PATCH END: afd_split relaid PCP stages
+        return original(model, hidden_states, residual, positions, afd_metadata,
+                        async_moe_ubatch_metadata, llama_4_scaling)
+
+    setattr(run_async_moe_ubatch_afd_forward, PATCH_MARKER, FORWARD)
+    return run_async_moe_ubatch_afd_forward
+
+
+def forward_drift(function) -> str | None:
+    """Why the installed pipeline no longer reads as ``run_relaid`` relies on (None: it does)."""
+    return forward_drift_in(inspect.getsource(function))
+
+
+def forward_drift_in(source: str) -> str | None:
+    tree = ast.parse(textwrap.dedent(source))
+    function = next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef))
+    model = function.args.args[0].arg
+    read = {node.attr for node in ast.walk(function) if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name) and node.value.id == model}
+    if not read <= MODEL_ATTRIBUTES_READ:
+        return f"it reads {sorted(read - MODEL_ATTRIBUTES_READ)} of the model"
+    text = {ast.unparse(node) for node in ast.walk(function)
+            if isinstance(node, ast.Attribute | ast.Compare)}
+    for needed in (f"{model}.config.first_k_dense_replace", f"dense_end_layer == {model}.end_layer",
+                   "ubatch_slice.token_slice"):
+        if needed not in text:
+            return f"it no longer reads {needed!r}"
+    return None
+
+
+def install_forward(forward_module: ModuleType) -> bool:
+    """Patch the async-MoE pipeline (header and body drift-checked, idempotent); True when now."""
+    forward = vars(forward_module)[FORWARD_NAME]
+    if getattr(forward, PATCH_MARKER, None) == FORWARD:
+        return False
+    installed_branch(FORWARD, forward)
+    drift = forward_drift(forward)
+    if drift is not None:
+        from afd_split.integrations.afd_plugin.patches import PluginDriftError
+
+        raise PluginDriftError(f"afd_plugin {FORWARD_NAME} drifted: {drift}; re-pin it "
+                               "(AGENTS.md) before token_balanced can run under PCP")
+    setattr(forward_module, FORWARD_NAME, make_forward_patch(forward))
+    return True
+
+
+def ensure_forward_patched(forward_module: ModuleType | None) -> None:
+    """Before the first relaid PCP stage: the pipeline that runs it must be the patched one
+    (the import hook patches it when it loads; a process without the hook, or a module
+    loaded before it, is patched here), or upstream would slice the relaid rows as the
+    parent's."""
+    if forward_module is None:
+        import importlib
+
+        forward_module = importlib.import_module(FORWARD_MODULE)
+    install_forward(forward_module)
