@@ -10,14 +10,17 @@ between ranks: after the dense layers into the stage layout, and after the
 last stage back to the parent's layout (where the engine's own PCP restore and
 logits selection expect them).
 
-``rank_relayout`` computes, for one rank, index maps for both moves. Only the
-requests whose rows differ between the layouts are exchanged, by one
-all-gather over the PCP group each way (every rank contributes the same rows
-of the same requests, so the gather is rectangular). Everything is host
-integer arithmetic on the GLOBAL scheduled counts, identical on every rank;
-``relay_rows`` / ``restore_rows`` apply the maps to tensors with the caller's
-all-gather (vLLM's ``get_pcp_group().all_gather`` on the engine, an emulation
-on the CPU backend, which runs every PCP split through these functions).
+``rank_relayout`` computes, for one rank, index maps for both moves. Requests
+laid out alike in both (whole in one stage, same decode status) stay where they
+are; of the others (the cut request, a request a one-token tail turns into a
+decode) each rank receives exactly the rows it lacks, from the rank that holds
+each, by one all-to-all over the PCP group each way (unequal splits, as
+``torch.distributed.all_to_all_single`` takes them; vLLM-Ascend's MoE uses the
+same call). Everything is host integer arithmetic on the GLOBAL scheduled
+counts, identical on every rank, so every rank knows every rank's sends;
+``relay_rows`` / ``restore_rows`` apply the maps with the caller's all-to-all
+(the PCP group's on the engine, an emulation on the CPU backend, which runs
+every PCP split through these functions).
 """
 
 from __future__ import annotations
@@ -40,31 +43,46 @@ from afd_split.plan_types import SplitPlan
 NO_SOURCE = -1
 """Map entry of a padding row: filled with zeros, never read from a source row."""
 
-AllGather = Callable[[object], object]
-"""``rows [n, ...] -> [pcp * n, ...]``: every rank's rows concatenated in PCP rank order."""
+AllToAll = Callable[[object, Sequence[int], Sequence[int]], object]
+"""``(rows, send_counts, recv_counts) -> received``: rank r's rows are sent in blocks of
+``send_counts[q]`` to rank q, in rank order; the received rows are every rank's block for
+this rank, in rank order (``recv_counts``), as ``all_to_all_single`` with split sizes."""
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One all-to-all of one rank: the rows it sends (rank 0's block first) and its counts."""
+
+    send_rows: np.ndarray
+    send_counts: tuple[int, ...]
+    recv_counts: tuple[int, ...]
+
+    @property
+    def received_rows(self) -> int:
+        return int(sum(self.recv_counts))
 
 
 @dataclass(frozen=True)
 class RankRelayout:
     """One PCP rank's index maps between the parent layout and the stages' layouts.
 
-    Inbound (after the dense layers): this rank sends its parent rows
-    ``send_parent_rows`` to the all-gather; stage row ``i`` is row
-    ``stage_sources[i]`` of ``[parent rows ; gathered rows]`` (``NO_SOURCE``: padding).
-    Outbound (after the last stage): it sends its stage rows ``send_stage_rows``;
-    parent row ``i`` is row ``parent_sources[i]`` of ``[stage rows ; gathered rows]``.
-    ``stage_positions`` are the stage rows' positions (the engine's rule: computed
-    tokens plus the row's offset in its padded piece).
+    Inbound (after the dense layers): the rank sends ``inbound`` of its parent rows;
+    stage row ``i`` is row ``stage_sources[i]`` of ``[parent rows ; received rows]``
+    (``NO_SOURCE``: padding). Outbound (after the last stage): it sends ``outbound``
+    of its stage rows; parent row ``i`` is row ``parent_sources[i]`` of
+    ``[stage rows ; received rows]``. ``stage_positions`` are the stage rows'
+    positions (the engine's rule: computed tokens plus the row's offset in its
+    padded piece).
     """
 
     pcp_size: int
     pcp_rank: int
     parent_rows: int
     stage_row_counts: tuple[int, ...]
-    send_parent_rows: np.ndarray
+    inbound: Exchange
     stage_sources: np.ndarray
     stage_positions: np.ndarray
-    send_stage_rows: np.ndarray
+    outbound: Exchange
     parent_sources: np.ndarray
     exchanged_requests: np.ndarray
 
@@ -80,10 +98,11 @@ class RankRelayout:
 
 
 def _row_of_token(sources: np.ndarray, num_tokens: int) -> np.ndarray:
-    """Per token: the row holding it in ``sources`` (one rank's rows), or ``NO_SOURCE``."""
+    """Per token: the first row holding it in ``sources``, or ``NO_SOURCE`` (a decode held on
+    every rank: rank 0's copy, the one the engine's unpad mask keeps)."""
     rows = np.full(num_tokens, NO_SOURCE, dtype=np.int64)
-    real = sources != PAD_TOKEN
-    rows[sources[real]] = np.flatnonzero(real)
+    held = np.flatnonzero(sources != PAD_TOKEN)[::-1]
+    rows[sources[held]] = held
     return rows
 
 
@@ -135,19 +154,42 @@ def _sub_sources(counts: np.ndarray, num_decodes: int, pcp: int,
     return np.where(layout.rank_sources == PAD_TOKEN, PAD_TOKEN, layout.rank_sources + shift)
 
 
-def _gathered_sources(want: np.ndarray, have: np.ndarray, num_tokens: int,
-                      num_local_rows: int) -> np.ndarray:
-    """Rows of ``[local rows ; all-gather of every rank's ``have`` rows]`` that hold each
-    token of ``want`` (one rank's rows; ``NO_SOURCE`` on padding).
+def _exchange(want: np.ndarray, have: np.ndarray, have_full_rows: np.ndarray, rank: int,
+              num_tokens: int, num_local_rows: int) -> tuple[Exchange, np.ndarray]:
+    """(``rank``'s all-to-all, and its ``want`` rows' sources in ``[local rows ; received]``).
 
-    ``have`` is the [pcp, rows] tokens of the differing items in the source layout;
-    every rank sends all of them, so each wanted token is in the gathered rows.
+    ``want`` / ``have`` are every rank's [pcp, rows] tokens of the differing items in
+    the target and source layouts; ``have_full_rows`` maps a ``have`` row to the
+    rank's full row. A wanted token the rank does not hold comes from the first rank
+    that does (rank 0's copy of a decode); every receiver takes its blocks in source
+    rank order, each block in the receiver's own row order.
     """
-    gathered = _row_of_token(have.reshape(-1), num_tokens)
+    pcp, width = have.shape
+    flat = have.reshape(-1)
+    first = _row_of_token(flat, num_tokens)
+    owner, owner_row = first // width, first % width
+    # A decode is held by every rank, on the same row (decodes lead every rank's rows).
+    shared = np.bincount(flat[flat != PAD_TOKEN], minlength=num_tokens) > 1
     real = want != PAD_TOKEN
-    sources = np.full(len(want), NO_SOURCE, dtype=np.int64)
-    sources[real] = num_local_rows + gathered[want[real]]
-    return sources
+    tokens = np.where(real, want, 0)
+    from_rank = owner[tokens]
+    remote = real & (from_rank != np.arange(pcp)[:, None]) & ~shared[tokens]
+    # Sent by ``rank``: receiver after receiver, each in the receiver's row order.
+    sent = np.flatnonzero((remote & (from_rank == rank)).reshape(-1))
+    send_counts = np.bincount(sent // want.shape[1], minlength=pcp)
+    send_rows = have_full_rows[owner_row[tokens.reshape(-1)[sent]]]
+    # Received by ``rank``: sender after sender, each in this rank's row order.
+    mine, mine_remote, mine_from = tokens[rank], remote[rank], from_rank[rank]
+    incoming = np.flatnonzero(mine_remote)
+    order = incoming[np.argsort(mine_from[incoming], kind="stable")]
+    sources = np.full(want.shape[1], NO_SOURCE, dtype=np.int64)
+    held = real[rank] & ~mine_remote
+    sources[held] = have_full_rows[owner_row[mine[held]]]
+    sources[order] = num_local_rows + np.arange(len(order))
+    recv_counts = np.bincount(mine_from[incoming], minlength=pcp)
+    exchange = Exchange(send_rows.astype(np.int64), tuple(int(n) for n in send_counts),
+                        tuple(int(n) for n in recv_counts))
+    return exchange, sources
 
 
 def _stage_positions(pieces: _Pieces, rows: np.ndarray, pcp: int, rank: int) -> np.ndarray:
@@ -211,29 +253,30 @@ def rank_relayout(plan: SplitPlan, num_computed_tokens, pcp_rank: int) -> RankRe
         for chosen in (piece_index[pieces.stage[piece_index] == s]
                        for s in range(len(plan.ubatches)))], axis=1)
     stage_full_rows = _block_rows(stage_starts[piece_index], stage_rows[piece_index])
-    stage_sources[stage_full_rows] = _gathered_sources(stage_have[pcp_rank], parent_have,
-                                                       sub_tokens, len(parent_sources))
-    parent_sources[parent_full_rows] = _gathered_sources(parent_have[pcp_rank], stage_have,
-                                                         sub_tokens, len(stage_sources))
+    inbound, inbound_sources = _exchange(stage_have, parent_have, parent_full_rows, pcp_rank,
+                                         sub_tokens, len(parent_sources))
+    stage_sources[stage_full_rows] = inbound_sources
+    outbound, outbound_sources = _exchange(parent_have, stage_have, stage_full_rows, pcp_rank,
+                                           sub_tokens, len(stage_sources))
+    parent_sources[parent_full_rows] = outbound_sources
     return RankRelayout(
         pcp_size=pcp, pcp_rank=pcp_rank, parent_rows=len(parent_sources),
         stage_row_counts=tuple(int(stage_rows[pieces.stage == s].sum())
                                for s in range(len(plan.ubatches))),
-        send_parent_rows=parent_full_rows, stage_sources=stage_sources,
+        inbound=inbound, stage_sources=stage_sources,
         stage_positions=_stage_positions(pieces, stage_rows, pcp, pcp_rank),
-        send_stage_rows=stage_full_rows, parent_sources=parent_sources,
-        exchanged_requests=differ,
+        outbound=outbound, parent_sources=parent_sources, exchanged_requests=differ,
     )
 
 
-def _pool(rows, gathered, sources: np.ndarray):
-    """``[rows ; gathered]`` indexed by ``sources`` (zeros at ``NO_SOURCE``)."""
+def _pool(rows, received, sources: np.ndarray):
+    """``[rows ; received]`` indexed by ``sources`` (zeros at ``NO_SOURCE``)."""
     if isinstance(rows, np.ndarray):
-        pool = np.concatenate([rows, gathered, np.zeros_like(rows[:1])])
+        pool = np.concatenate([rows, received, np.zeros_like(rows[:1])])
         return pool[np.where(sources == NO_SOURCE, len(pool) - 1, sources)]
     import torch  # lazy: numpy callers never pay for it
 
-    pool = torch.cat([rows, gathered, rows.new_zeros((1, *rows.shape[1:]))])
+    pool = torch.cat([rows, received, rows.new_zeros((1, *rows.shape[1:]))])
     take = torch.from_numpy(np.where(sources == NO_SOURCE, len(pool) - 1, sources))
     return pool.index_select(0, take.to(rows.device))
 
@@ -251,60 +294,66 @@ def _check_rows(rows, expected: int, what: str, rank: int) -> None:
         raise ValueError(f"{len(rows)} {what} rows on PCP rank {rank}; the layout has {expected}")
 
 
-def inbound_send(relayout: RankRelayout, parent_rows):
-    """What this rank contributes to the inbound all-gather: its rows of the exchanged requests."""
-    _check_rows(parent_rows, relayout.parent_rows, "parent", relayout.pcp_rank)
-    return _rows(parent_rows, relayout.send_parent_rows)
+def _moved(rows, exchange: Exchange, sources: np.ndarray, all_to_all: AllToAll):
+    received = all_to_all(_rows(rows, exchange.send_rows), exchange.send_counts,
+                          exchange.recv_counts)
+    if len(received) != exchange.received_rows:
+        raise ValueError(f"the all-to-all returned {len(received)} rows; "
+                         f"{exchange.received_rows} were due")
+    return _pool(rows, received, sources)
 
 
-def inbound_assemble(relayout: RankRelayout, parent_rows, gathered):
-    """This rank's stage rows (all stages, concatenated) from its parent rows and the gather."""
-    return _pool(parent_rows, gathered, relayout.stage_sources)
-
-
-def outbound_send(relayout: RankRelayout, stage_rows_concat):
-    """What this rank contributes to the outbound all-gather: its rows of the exchanged pieces."""
-    _check_rows(stage_rows_concat, relayout.stage_rows, "stage", relayout.pcp_rank)
-    return _rows(stage_rows_concat, relayout.send_stage_rows)
-
-
-def outbound_assemble(relayout: RankRelayout, stage_rows_concat, gathered):
-    """This rank's parent rows from its stage rows and the gather."""
-    return _pool(stage_rows_concat, gathered, relayout.parent_sources)
-
-
-def relay_rows(relayout: RankRelayout, parent_rows, all_gather: AllGather):
+def relay_rows(relayout: RankRelayout, parent_rows, all_to_all: AllToAll):
     """This rank's stage rows (all stages, concatenated) from its parent rows [R, ...]."""
-    return inbound_assemble(relayout, parent_rows,
-                            all_gather(inbound_send(relayout, parent_rows)))
+    _check_rows(parent_rows, relayout.parent_rows, "parent", relayout.pcp_rank)
+    return _moved(parent_rows, relayout.inbound, relayout.stage_sources, all_to_all)
 
 
-def restore_rows(relayout: RankRelayout, stage_rows_concat, all_gather: AllGather):
+def restore_rows(relayout: RankRelayout, stage_rows_concat, all_to_all: AllToAll):
     """This rank's parent rows back from its stage rows (all stages, concatenated)."""
-    return outbound_assemble(relayout, stage_rows_concat,
-                             all_gather(outbound_send(relayout, stage_rows_concat)))
+    _check_rows(stage_rows_concat, relayout.stage_rows, "stage", relayout.pcp_rank)
+    return _moved(stage_rows_concat, relayout.outbound, relayout.parent_sources, all_to_all)
 
 
-def _concat(parts: Sequence):
-    if isinstance(parts[0], np.ndarray):
-        return np.concatenate(parts)
+def _concat(parts: Sequence, like):
+    if isinstance(like, np.ndarray):
+        return np.concatenate(parts) if parts else like[:0]
     import torch
 
-    return torch.cat(list(parts))
+    return torch.cat(list(parts)) if parts else like[:0]
+
+
+def emulated_all_to_all(per_rank_sends: Sequence, per_rank_exchanges: Sequence[Exchange],
+                        receiver: int):
+    """What ``receiver`` gets from an all-to-all of ranks held in one process: each rank's
+    block for it (from that rank's sends and send counts), in rank order."""
+    blocks = []
+    for sent, exchange in zip(per_rank_sends, per_rank_exchanges, strict=True):
+        start = int(sum(exchange.send_counts[:receiver]))
+        blocks.append(sent[start:start + exchange.send_counts[receiver]])
+    return _concat(blocks, per_rank_sends[receiver])
+
+
+def _all_ranks(relayouts: Sequence[RankRelayout], per_rank_rows: Sequence, exchange_of,
+               sources_of) -> list:
+    exchanges = [exchange_of(relayout) for relayout in relayouts]
+    sends = [_rows(rows, exchange.send_rows)
+             for rows, exchange in zip(per_rank_rows, exchanges, strict=True)]
+    return [_pool(rows, emulated_all_to_all(sends, exchanges, rank), sources_of(relayout))
+            for rank, (relayout, rows) in enumerate(zip(relayouts, per_rank_rows, strict=True))]
 
 
 def relay_all_ranks(relayouts: Sequence[RankRelayout], per_rank_parent_rows: Sequence) -> list:
-    """``relay_rows`` of every rank held in one process (the CPU emulation): each rank's
-    contribution, their concatenation in rank order as the all-gather, each rank's rows."""
-    gathered = _concat([inbound_send(relayout, rows) for relayout, rows
-                        in zip(relayouts, per_rank_parent_rows, strict=True)])
-    return [inbound_assemble(relayout, rows, gathered)
-            for relayout, rows in zip(relayouts, per_rank_parent_rows, strict=True)]
+    """``relay_rows`` of every rank held in one process (the CPU emulation)."""
+    for relayout, rows in zip(relayouts, per_rank_parent_rows, strict=True):
+        _check_rows(rows, relayout.parent_rows, "parent", relayout.pcp_rank)
+    return _all_ranks(relayouts, per_rank_parent_rows, lambda r: r.inbound,
+                      lambda r: r.stage_sources)
 
 
 def restore_all_ranks(relayouts: Sequence[RankRelayout], per_rank_stage_rows: Sequence) -> list:
     """``restore_rows`` of every rank held in one process (the CPU emulation)."""
-    gathered = _concat([outbound_send(relayout, rows) for relayout, rows
-                        in zip(relayouts, per_rank_stage_rows, strict=True)])
-    return [outbound_assemble(relayout, rows, gathered)
-            for relayout, rows in zip(relayouts, per_rank_stage_rows, strict=True)]
+    for relayout, rows in zip(relayouts, per_rank_stage_rows, strict=True):
+        _check_rows(rows, relayout.stage_rows, "stage", relayout.pcp_rank)
+    return _all_ranks(relayouts, per_rank_stage_rows, lambda r: r.outbound,
+                      lambda r: r.parent_sources)

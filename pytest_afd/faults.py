@@ -231,6 +231,61 @@ def _merge_order_swapped(merge: Callable) -> Callable:
     return faulty
 
 
+# ---- faults in the PCP relayout (the hook's rows under PCP) --------------------
+
+PCP_EMULATION_MODULE = "pytest_afd.backends.cpu.pcp"
+"""Binds ``rank_relayout``: the CPU backend's every PCP split goes through it."""
+
+
+def _relayout_fault(edit: Callable) -> Callable[[], contextlib.AbstractContextManager[None]]:
+    """An install that wraps every rank's relayout with ``edit(relayout) -> relayout``."""
+
+    @contextlib.contextmanager
+    def install() -> Iterator[None]:
+        module = importlib.import_module(PCP_EMULATION_MODULE)
+        original = module.rank_relayout
+
+        def faulty(plan, computed, rank):
+            return edit(original(plan, computed, rank))
+
+        with _patched(module, "rank_relayout", faulty):
+            yield
+
+    return install
+
+
+def _rows_swapped_into_stages(relayout):
+    """The inbound map swaps the first and the last real stage rows of every rank."""
+    sources = relayout.stage_sources.copy()
+    real = np.flatnonzero(sources >= 0)
+    sources[real[[0, -1]]] = sources[real[[-1, 0]]]
+    return replace(relayout, stage_sources=sources)
+
+
+def _restore_rows_shifted(relayout):
+    """The outbound map gives every real parent row its predecessor's stage row."""
+    sources = relayout.parent_sources.copy()
+    real = np.flatnonzero(sources >= 0)
+    sources[real] = np.roll(sources[real], 1)
+    return replace(relayout, parent_sources=sources)
+
+
+PCP_ROW_FAULTS = ("relaid_rows_swapped", "restore_rows_shifted")
+"""Faults on the PCP path's rows; they reach only a split with pcp_size > 1."""
+NON_PCP_ROW_FAULTS = ("merge_order_swapped", "rows_shifted_in_gather")
+"""Faults in ``gather_ubatch_rows`` / ``merge_outputs``, which a PCP split does not call
+(its rows move through ``afd_split.pcp_relayout``, as on the engine)."""
+
+
+def fault_reaches(name: str, pcp_size: int) -> bool:
+    """Whether fault ``name`` is on the split path of a topology with ``pcp_size``."""
+    if name in PCP_ROW_FAULTS:
+        return pcp_size > 1
+    if name in NON_PCP_ROW_FAULTS:
+        return pcp_size <= 1
+    return True
+
+
 # ---- executor faults -----------------------------------------------------------
 
 
@@ -273,6 +328,10 @@ FAULTS: Mapping[str, Fault] = {
               "merge_outputs", _merge_order_swapped),
         Fault("rows_shifted_in_gather", "later ubatches gather rows one token early",
               "gather_ubatch_rows", _rows_shifted_in_gather),
+        Fault("relaid_rows_swapped", "PCP relayout: two stage rows swapped on every rank",
+              None, install=_relayout_fault(_rows_swapped_into_stages)),
+        Fault("restore_rows_shifted", "PCP relayout: restored parent rows one row off",
+              None, install=_relayout_fault(_restore_rows_shifted)),
         Fault("retained_reference", "the split keeps every (plan, metadata, parts)",
               SPLIT_ENTRY, _retained_reference, install=_retained_list),
         Fault("executor_keeps_metadata", "executor appends every metadata to a list on the model",

@@ -28,7 +28,14 @@ from gate_lib import (
     split_steps,
 )
 
-from pytest_afd.faults import FAULTS, GLUE_FAULTS, get_fault
+from pytest_afd.faults import (
+    FAULTS,
+    GLUE_FAULTS,
+    NON_PCP_ROW_FAULTS,
+    PCP_ROW_FAULTS,
+    fault_reaches,
+    get_fault,
+)
 
 SHARED_PREFIX_TOKENS = 96
 PREFIX_SEED_SUFFIX = 8
@@ -49,10 +56,12 @@ JUDGED_FAULTS = tuple(sorted(set(FAULTS) - set(LEAKS) - set(GLUE_FAULTS)))
 # checker sees them, which is why the gate runs it.
 OUTPUT_VISIBLE = (
     "positions_not_sliced", "slot_mapping_shifted", "block_table_wrong_rows",
-    "merge_order_swapped", "rows_shifted_in_gather",
+    *NON_PCP_ROW_FAULTS, *PCP_ROW_FAULTS,
 )  # fmt: skip
-# Faults in the rows, not the metadata: only the outputs can show them.
-ROW_FAULTS = ("merge_order_swapped", "rows_shifted_in_gather")
+# Faults in the rows, not the metadata: only the outputs can show them. A PCP split's
+# rows move through the relayout (as on the engine), any other split's through the
+# plan's gather and merge: each row fault reaches one kind of topology.
+ROW_FAULTS = (*NON_PCP_ROW_FAULTS, *PCP_ROW_FAULTS)
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +91,9 @@ def fault_case(gate_backends, afd_options):
 def run_with(fault_case, fault: str | None, *, validate=True):
     """The measured run with the named seeded fault applied (None: the real split path)."""
     backend, settings, prompts, seeds, _ = fault_case
+    if fault is not None and not fault_reaches(fault, settings.pcp_size or 1):
+        pytest.skip(f"{fault} is not on this topology's split path (pcp_size="
+                    f"{settings.pcp_size}); the gates' other topologies judge it")
     if fault is None:
         return run_measured(backend, prompts, settings, seed_prompts=seeds, validate=validate)
     with get_fault(fault).applied():

@@ -104,7 +104,8 @@ def test_whole_request_stages_move_nothing():
                       constraints=SplitConstraints(pcp_size=4), num_computed_tokens=[0, 8, 0, 4])
     for rank in range(4):
         relayout = rank_relayout(plan, [0, 8, 0, 4], rank)
-        assert len(relayout.send_parent_rows) == len(relayout.send_stage_rows) == 0
+        assert len(relayout.inbound.send_rows) == len(relayout.outbound.send_rows) == 0
+        assert relayout.inbound.received_rows == relayout.outbound.received_rows == 0
         assert relayout.exchanged_requests.tolist() == []
         assert np.array_equal(relayout.stage_sources, np.arange(relayout.parent_rows))
 
@@ -114,7 +115,13 @@ def test_only_the_cut_request_is_exchanged():
     assert plan.boundary_request == 1
     relayout = rank_relayout(plan, [0, 128, 0], 0)  # rank 0 holds the last chunk: padding
     assert relayout.exchanged_requests.tolist() == [1]
-    assert len(relayout.send_parent_rows) == 704 // 8  # request 1's rows on every rank
+    # each rank receives only the rows of request 1's pieces it lacks (at most its 40 + 50
+    # rows of them), not the 8 x 88 rows of the whole request an all-gather would bring
+    received = [rank_relayout(plan, [0, 128, 0], rank).inbound.received_rows
+                for rank in range(8)]
+    assert 0 < max(received) <= 40 + 50
+    sent = [sum(rank_relayout(plan, [0, 128, 0], rank).inbound.send_counts) for rank in range(8)]
+    assert sum(sent) == sum(received)
     assert NO_SOURCE in relayout.stage_sources  # the pieces' own padding rows
 
 
@@ -128,8 +135,8 @@ def test_relay_and_restore_with_each_rank_passing_only_its_own_rows():
     def rank_main(rank):
         relayout = rank_relayout(plan, computed, rank)
         rows = torch.from_numpy(_marked(parent[rank])).float().repeat(1, 3)
-        staged = relay_rows(relayout, rows, group.all_gather_for(rank))
-        back = restore_rows(relayout, staged * 2, group.all_gather_for(rank))
+        staged = relay_rows(relayout, rows, group.all_to_all_for(rank))
+        back = restore_rows(relayout, staged * 2, group.all_to_all_for(rank))
         return staged, back, rows
 
     results = group.run(rank_main)
@@ -145,6 +152,9 @@ def test_bad_inputs_name_the_rank_and_rows():
         rank_relayout(plan, [0, 8], 2)
     relayout = rank_relayout(plan, [0, 8], 0)
     with pytest.raises(ValueError, match="5 parent rows on PCP rank 0"):
-        relay_rows(relayout, np.zeros((5, 1)), lambda rows: rows)
+        relay_rows(relayout, np.zeros((5, 1)), lambda rows, send, recv: rows)
     with pytest.raises(ValueError, match="3 stage rows on PCP rank 0"):
-        restore_rows(relayout, np.zeros((3, 1)), lambda rows: rows)
+        restore_rows(relayout, np.zeros((3, 1)), lambda rows, send, recv: rows)
+    parent = np.zeros((relayout.parent_rows, 1))
+    with pytest.raises(ValueError, match="the all-to-all returned 0 rows"):
+        relay_rows(relayout, parent, lambda rows, send, recv: rows[:0])

@@ -1,8 +1,10 @@
-"""PCP ranks as threads of one process, with a real all-gather between them (tests only).
+"""PCP ranks as threads of one process, with a real all-to-all between them (tests only).
 
-Each rank passes only its own rows; ``all_gather`` returns every rank's rows
-concatenated in rank order along dim 0, as ``GroupCoordinator.all_gather(rows, 0)``
-does, so a rank that sends the wrong rows gets wrong rows back.
+Each rank passes only its own rows and split sizes; ``all_to_all`` returns, in
+rank order, every rank's block for the caller, as
+``torch.distributed.all_to_all_single(out, rows, output_split_sizes=recv,
+input_split_sizes=send)`` does. A rank that sends the wrong rows, or expects the
+wrong counts, gets wrong rows back or fails.
 """
 
 from __future__ import annotations
@@ -20,15 +22,24 @@ class ThreadGroup:
         self.barrier = threading.Barrier(size)
         self.slots = [None] * size
 
-    def all_gather_for(self, rank: int):
-        def all_gather(rows):
-            self.slots[rank] = rows
+    def all_to_all_for(self, rank: int):
+        def all_to_all(rows, send_counts, recv_counts):
+            if len(send_counts) != self.size or int(sum(send_counts)) != len(rows):
+                raise ValueError(f"rank {rank}: send counts {send_counts} for {len(rows)} rows")
+            self.slots[rank] = (rows, list(send_counts))
             self.barrier.wait()
-            gathered = torch.cat(self.slots)
+            blocks = []
+            for sent, counts in self.slots:
+                start = sum(counts[:rank])
+                blocks.append(sent[start:start + counts[rank]])
             self.barrier.wait()
-            return gathered
+            received = torch.cat(blocks)
+            if [len(block) for block in blocks] != list(recv_counts):
+                raise ValueError(f"rank {rank}: expected {list(recv_counts)} rows, got "
+                                 f"{[len(block) for block in blocks]}")
+            return received
 
-        return all_gather
+        return all_to_all
 
     def run(self, rank_main) -> list:
         """``rank_main(rank)`` on every rank at once; their results, or the first error."""

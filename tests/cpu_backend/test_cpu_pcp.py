@@ -1,12 +1,14 @@
-"""The CPU backend's PCP emulation runs every split stage through afd_split's stage-PCP code."""
+"""The CPU backend's PCP emulation runs every split through the hook's PCP glue on every rank:
+the relayout of the rows (``afd_split.pcp_relayout``) and the relaid stage metadata
+(``afd_split.adapters.ascend_pcp``), so their faults reach the logits."""
 
 import numpy as np
 import pytest
 import torch
 from cpu_runner import Runner, make_prompts
 
-from afd_split import SplitConstraints, gather_ubatch_rows, pcp_stage
-from pytest_afd.backends.cpu.pcp import pcp_rows_for, stage_input_rows
+from afd_split import SplitConstraints, gather_ubatch_rows, pcp_relayout, pcp_stage
+from pytest_afd.backends.cpu.pcp import PcpEmulation
 
 LENGTHS = [150, 37, 260]
 
@@ -61,13 +63,61 @@ def test_leading_one_token_piece_keeps_its_real_copy():
 
     metadata = _batch([1, 60], [30, 0])  # a leading decode-like request under PCP
     plan = plan_split([1, 60], policy="token_balanced", constraints=SplitConstraints(pcp_size=2))
-    rows = pcp_rows_for(plan, metadata)
-    assert rows.stages[0].num_decode_reqs == 1
+    emulation = PcpEmulation(plan, metadata)
+    assert emulation.stages[0].num_decode_reqs == 1
     ids = torch.arange(61) + 100
+    stages = emulation.stage_inputs(ids, -1)
     for index, ubatch in enumerate(plan.ubatches):
         planner = gather_ubatch_rows(plan, index, ids, pad_value=-1)
-        stage = stage_input_rows(rows, plan, index, planner, -1)
-        assert torch.equal(stage, planner)  # the all-gather and restore give the plan's rows
-        real = stage[torch.from_numpy(np.array(ubatch.real_row_indices))]
+        assert torch.equal(stages[index], planner)  # relayout, all-gather, restore: the plan's rows
+        real = stages[index][torch.from_numpy(np.array(ubatch.real_row_indices))]
         assert real.tolist() == ids[ubatch.token_slice].tolist()
-        assert (stage == -1).sum() == ubatch.num_padded_tokens
+        assert (stages[index] == -1).sum() == ubatch.num_padded_tokens
+    assert torch.equal(emulation.merged(stages), ids)  # and back to the logical rows
+
+
+def test_the_kernels_read_the_glues_positions_and_computed_tokens():
+    from afd_split import plan_split, split_metadata
+
+    metadata = _batch([150, 37, 260], [0, 48, 16])
+    plan = plan_split([150, 37, 260], policy="token_balanced",
+                      constraints=SplitConstraints(pcp_size=4, align=8),
+                      num_computed_tokens=[0, 48, 16])
+    kernels = PcpEmulation(plan, metadata).kernel_metadata(metadata, chunked_prefill=True)
+    for kernel, part in zip(kernels, split_metadata(plan, metadata), strict=True):
+        assert np.array_equal(kernel.positions, part.positions)
+        assert np.array_equal(kernel.num_computed_tokens, part.num_computed_tokens)
+        assert np.array_equal(kernel.block_table, part.block_table)
+
+
+def test_a_wrong_relaid_position_is_caught_by_the_outputs(reduced_model, prompts, unsplit,
+                                                          monkeypatch):
+    """Fault injection in the glue: one relaid row's position off by one on every rank."""
+    honest = pcp_relayout.rank_relayout
+
+    def off_by_one(plan, computed, rank):
+        relayout = honest(plan, computed, rank)
+        positions = relayout.stage_positions.copy()
+        positions[len(positions) // 2] += 1
+        return relayout.__class__(**{**vars(relayout), "stage_positions": positions})
+
+    monkeypatch.setattr("pytest_afd.backends.cpu.pcp.rank_relayout", off_by_one)
+    out, _ = Runner(reduced_model).whole(prompts, "token_balanced", SplitConstraints(pcp_size=2))
+    assert not torch.allclose(out.last_logits, unsplit.last_logits, atol=1e-3)
+
+
+def test_a_wrong_relayout_map_is_caught_by_the_outputs(reduced_model, prompts, unsplit,
+                                                       monkeypatch):
+    """Fault injection in the glue: the inbound map sends one real row's data elsewhere."""
+    honest = pcp_relayout.rank_relayout
+
+    def swapped(plan, computed, rank):
+        relayout = honest(plan, computed, rank)
+        sources = relayout.stage_sources.copy()
+        real = np.flatnonzero(sources >= 0)
+        sources[real[[0, -1]]] = sources[real[[-1, 0]]]
+        return relayout.__class__(**{**vars(relayout), "stage_sources": sources})
+
+    monkeypatch.setattr("pytest_afd.backends.cpu.pcp.rank_relayout", swapped)
+    out, _ = Runner(reduced_model).whole(prompts, "token_balanced", SplitConstraints(pcp_size=2))
+    assert not torch.allclose(out.last_logits, unsplit.last_logits, atol=1e-3)

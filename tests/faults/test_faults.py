@@ -9,6 +9,7 @@ import afd_split
 from afd_split import BatchMetadata, SplitInvariantError, plan_split, validate_split
 from pytest_afd import faults
 from pytest_afd.backends.cpu import engine_glue, executor
+from pytest_afd.backends.cpu import pcp as pcp_emulation
 from pytest_afd.backends.cpu.afd import roles
 
 REQUIRED = {
@@ -35,18 +36,33 @@ def test_registry_has_every_required_class():
     assert len(faults.FAULTS) >= 8
 
 
+def _bindings():
+    return ({m: (m.split_engine_metadata, m.gather_ubatch_rows, m.merge_outputs)
+             for m in (executor, roles)}, executor.Executor.execute, pcp_emulation.rank_relayout)
+
+
 @pytest.mark.parametrize("name", sorted(set(faults.FAULTS) - set(faults.GLUE_FAULTS)))
 def test_fault_patches_only_inside_the_block(name):
-    before = {m: (m.split_engine_metadata, m.gather_ubatch_rows, m.merge_outputs) for m in (executor, roles)}
-    execute = executor.Executor.execute
+    before = _bindings()
     fault = faults.get_fault(name)
     with fault.applied():
-        patched = {m: (m.split_engine_metadata, m.gather_ubatch_rows, m.merge_outputs) for m in before}
-        assert patched != before or executor.Executor.execute is not execute
-    after = {m: (m.split_engine_metadata, m.gather_ubatch_rows, m.merge_outputs) for m in before}
-    assert after == before
-    assert executor.Executor.execute is execute
+        assert _bindings() != before
+    assert _bindings() == before
     assert not hasattr(afd_split.metadata, faults.RETAINED_ATTRIBUTE)
+
+
+@pytest.mark.parametrize("name", faults.PCP_ROW_FAULTS)
+def test_pcp_row_faults_move_relaid_rows(name):
+    """Direct call: under the fault every rank's relayout moves other rows than the real one."""
+    plan = plan_split([40, 150, 70], policy="token_balanced", num_computed_tokens=[0, 16, 0],
+                      constraints=afd_split.SplitConstraints(pcp_size=2))
+    clean = [pcp_emulation.rank_relayout(plan, [0, 16, 0], rank) for rank in range(2)]
+    with faults.get_fault(name).applied():
+        faulty = [pcp_emulation.rank_relayout(plan, [0, 16, 0], rank) for rank in range(2)]
+    for a, b in zip(clean, faulty, strict=True):
+        assert not (np.array_equal(a.stage_sources, b.stage_sources)
+                    and np.array_equal(a.parent_sources, b.parent_sources))
+    assert faults.fault_reaches(name, 2) and not faults.fault_reaches(name, 1)
 
 
 @pytest.mark.parametrize("name", METADATA_FAULTS)

@@ -160,3 +160,43 @@ def test_a_line_of_an_earlier_step_is_counted_not_joined(standin_plugin, connect
     (tmp_path / "attention-rank0.jsonl").write_bytes(lines[1])  # the step line is gone
     evidence = read_new_records(tmp_path, {}, max_read_bytes=1 << 20)
     assert evidence.records == [] and evidence.unmatched_expert_load == 1
+
+
+def _pcp_record(pcp_rank, step, load, dp_rank=0, dispatch_s=0.5):
+    """A TP-rank-0 step line after its expert-load line was joined (what the reader holds)."""
+    return {"step": step, "ranks": {"global_rank": 8 * dp_rank + pcp_rank, "dp_rank": dp_rank,
+                                    "tp_rank": 0, "pcp_rank": pcp_rank},
+            "expert_load": load, "expert_load_per_rank": [[sum(row)] for row in load],
+            "expert_load_per_stage_tokens": [sum(map(sum, load)), 0],
+            "plan_to_last_dispatch_s": dispatch_s}
+
+
+def test_per_step_load_is_joined_over_the_pcp_ranks():
+    """Under PCP each rank routes its own relaid rows: a step's counts are every PCP rank's."""
+    from pytest_afd.backends.vllm_ascend.worker_evidence import WorkerEvidence
+
+    loads = {rank: [[rank, 1], [2, rank * 3]] for rank in range(4)}
+    records = [_pcp_record(rank, 0, loads[rank], dispatch_s=0.1 * (rank + 1)) for rank in range(4)]
+    records.append(_pcp_record(0, 0, [[5, 5], [5, 5]], dp_rank=1))  # another replica, no PCP
+    leaders = WorkerEvidence(records=records).leader_records
+    assert [(r["ranks"]["dp_rank"], r["step"]) for r in leaders] == [(0, 0), (1, 0)]
+    joined = leaders[0]
+    assert joined["expert_load"] == [[6, 4], [8, 18]]
+    assert joined["expert_load_per_rank"] == [[10], [26]]
+    assert joined["expert_load_per_stage_tokens"] == [36, 0]
+    assert joined["plan_to_last_dispatch_s"] == pytest.approx(0.4)
+    assert joined["expert_load_pcp_ranks"] == [0, 1, 2, 3]
+    assert leaders[1]["expert_load"] == [[5, 5], [5, 5]]  # one PCP rank: nothing to join
+    assert records[0]["expert_load"] == loads[0]  # the records themselves are not changed
+
+
+def test_a_step_missing_a_pcp_ranks_load_shows_no_rank_zero_only_counts():
+    from pytest_afd.backends.vllm_ascend.worker_evidence import WorkerEvidence
+
+    records = [_pcp_record(rank, step, [[1, 1]]) for rank in range(4) for step in (0, 1)]
+    records[-1]["expert_load"] = {"value": None, "absent_reason": "not flushed yet"}
+    (first, second) = WorkerEvidence(records=records).leader_records
+    assert first["expert_load"] == [[4, 4]]
+    assert second["expert_load"]["value"] is None
+    assert "PCP ranks [3] have no expert load for step 1" in second["expert_load"]["absent_reason"]
+    assert "expert_load_per_rank" not in second and second["expert_load_pcp_ranks"] == [0, 1, 2]

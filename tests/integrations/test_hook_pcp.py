@@ -51,14 +51,15 @@ CUT_CASES = [
 ]
 
 
-def _session_factory(evidence_dir, alignment, pcp_rank=1, all_gather=None):
+def _session_factory(evidence_dir, alignment, pcp_rank=1):
     def new_session(runner) -> HookSession:
         return HookSession(ranks=StepRanks(global_rank=0, pcp_rank=pcp_rank), groups=[],
                            splitter=lambda *a: pytest.fail("PCP stages never reach the adapter"),
                            writer=None if evidence_dir is None else EvidenceWriter(
                                evidence_dir, "attention-rank0"),
                            alignment=alignment,
-                           pcp_all_gather=all_gather or (lambda rows: rows))
+                           pcp_all_to_all=lambda rows, send, recv: pytest.fail(
+                               "no rows move while metadata is built"))
 
     return new_session
 

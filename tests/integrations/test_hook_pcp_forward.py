@@ -90,7 +90,7 @@ def test_relaid_stages_give_every_token_the_unsplit_rows(standin_plugin, schedul
     group = ThreadGroup(pcp)
 
     def rank_main(rank):
-        pcp_stages = PcpStages.for_rank(plan, computed, rank, group.all_gather_for(rank), None,
+        pcp_stages = PcpStages.for_rank(plan, computed, rank, group.all_to_all_for(rank), None,
                                         chunked_prefill=False)
         slices = PlannedUBatchSlices(pcp_stages.ubatch_slices(StandInUBatchSlice), plan=plan,
                                      block_size=16, session=None, pcp=pcp_stages)

@@ -45,14 +45,14 @@ def engine_session(runner) -> HookSession:
     parallel = runner.vllm_config.parallel_config
     tp_group = get_tp_group()
     groups = [tp_group.cpu_group] if tp_group.world_size >= MIN_GROUP_SIZE_TO_AGREE else []
-    pcp_rank, pcp_all_gather = 0, None
+    pcp_rank, pcp_all_to_all = 0, None
     if parallel.prefill_context_parallel_size >= MIN_GROUP_SIZE_TO_AGREE:
+        from afd_split.integrations.afd_plugin.pcp_seam import group_all_to_all
+
         pcp_group = get_pcp_group()
         groups.append(pcp_group.cpu_group)
         pcp_rank = pcp_group.rank_in_group
-
-        def pcp_all_gather(rows):
-            return pcp_group.all_gather(rows, 0)
+        pcp_all_to_all = group_all_to_all(pcp_group.device_group)
 
     ranks = StepRanks(global_rank=dist.get_rank(), dp_rank=parallel.data_parallel_rank,
                       tp_rank=tp_group.rank_in_group, pcp_rank=pcp_rank)
@@ -63,7 +63,7 @@ def engine_session(runner) -> HookSession:
                                         num_layers=runner.vllm_config.model_config
                                         .hf_text_config.num_hidden_layers,
                                         routing=engine_routing(runner.vllm_config),
-                                        pcp_all_gather=pcp_all_gather,
+                                        pcp_all_to_all=pcp_all_to_all,
                                         chunked_prefill=chunked_prefill)
 
 

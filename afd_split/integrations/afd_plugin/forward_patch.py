@@ -25,6 +25,7 @@ again and this seam is dropped.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import textwrap
 from collections.abc import Callable
@@ -89,21 +90,36 @@ def run_relaid(original: Callable, model, hidden_states, residual, positions, af
         raise UnsupportedSplitError(
             f"{hidden_states.shape[0]} hidden rows on PCP rank {pcp.relayout.pcp_rank}; the "
             f"planned layout has {rows}")
-    tensors = [hidden_states] if residual is None else [hidden_states, residual]
-    relaid = [relay_rows(pcp.relayout, tensor[:rows], pcp.all_gather) for tensor in tensors]
+    move_in = functools.partial(relay_rows, pcp.relayout, all_to_all=pcp.all_to_all)
+    relaid = _moved_pair(move_in, hidden_states[:rows],
+                         None if residual is None else residual[:rows])
     staged = {**async_moe_ubatch_metadata, SLICES_KEY: list(slices)}
     outputs = original(LayerRange(model, max(model.start_layer, first_moe), model.end_layer),
-                       relaid[0], relaid[1] if residual is not None else None,
-                       pcp.positions_on(positions.device), afd_metadata, staged, None)
-    restored = [None if out is None else _with_padding_rows(
-        restore_rows(pcp.relayout, out, pcp.all_gather), tensor, rows)
-        for out, tensor in zip(outputs, (hidden_states, residual), strict=True)]
-    return restored[0], restored[1]
+                       relaid[0], relaid[1], pcp.positions_on(positions.device), afd_metadata,
+                       staged, None)
+    move_out = functools.partial(restore_rows, pcp.relayout, all_to_all=pcp.all_to_all)
+    restored = _moved_pair(move_out, *outputs)
+    return (_with_padding_rows(restored[0], hidden_states, rows),
+            _with_padding_rows(restored[1], residual, rows))
+
+
+def _moved_pair(move: Callable, hidden_states, residual):
+    """``move`` applied to hidden and residual rows: side by side in one all-to-all when they
+    share a dtype (the model's activations), else one each."""
+    if residual is None:
+        return move(hidden_states), None
+    if residual.dtype != hidden_states.dtype:
+        return move(hidden_states), move(residual)
+    import torch
+
+    joined = move(torch.cat([hidden_states, residual], dim=-1))
+    width = hidden_states.shape[-1]
+    return joined[..., :width], joined[..., width:]
 
 
 def _with_padding_rows(parent_rows, like, rows: int):
     """``parent_rows`` followed by ``like``'s rows past ``rows`` (the engine's padding rows)."""
-    if like is None or like.shape[0] == rows:
+    if parent_rows is None or like is None or like.shape[0] == rows:
         return parent_rows
     import torch
 
@@ -118,7 +134,7 @@ def make_forward_patch(original: Callable) -> Callable:
     # rows, while its PCP metadata describes its own zigzag.
     # Patch functionality: for token_balanced PCP stages (PlannedUBatchSlices with a PCP
     # relayout) the original runs the dense layers alone, the rows move to each stage's
-    # zigzag (one PCP all-gather of the requests whose layout differs), the original runs
+    # zigzag (one PCP all-to-all of the rows each rank lacks), the original runs
     # the MoE layers alone on them, and the outputs move back to the parent's rows.
     # Delegation exception: every other call runs the original unchanged.
     # Signature: matches upstream; no added parameters.

@@ -227,8 +227,8 @@ def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, computed
     ``num_scheduled_tokens_np`` is never planned on), each laid out as its own zigzag on
     this rank (``pcp_seam.PcpStages``)."""
     check_pcp_alignment(session.alignment)  # before any agreement collective
-    if session.pcp_all_gather is None:
-        raise UnsupportedSplitError("PCP stages need the PCP group's all-gather; the hook "
+    if session.pcp_all_to_all is None:
+        raise UnsupportedSplitError("PCP stages need the PCP group's all-to-all; the hook "
                                     "session has none")
     plan = plan_pcp_step(global_scheduled_counts(runner.pcp_manager, num_reqs), computed,
                          session.alignment)
@@ -238,7 +238,7 @@ def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, computed
 
         ensure_forward_patched(seams.forward_module)  # relaid rows never reach upstream slicing
         pcp = PcpStages.for_rank(plan, computed, session.ranks.pcp_rank,
-                                 session.pcp_all_gather, runner,
+                                 session.pcp_all_to_all, runner,
                                  chunked_prefill=session.chunked_prefill)
     record_step(session, plan, alignment=session.alignment.describe(),
                 pcp_stage_rule=PCP_STAGE_RULE,
@@ -335,9 +335,10 @@ def make_planner_patch_release(original: Callable, seams: PluginSeams,
     # ubatch_slices with _replace_attention_metadata_ubatch_slices.
     # Patch reason and functionality: as make_planner_patch_main. Under PCP (only this
     # branch has the per-stage rebuild, drift-checked by pcp_seam.pcp_seam_unavailable)
-    # the stages are whole requests planned on the global query_lens_pcp_full, with
-    # rank-local row slices; the stage build's inner _build_stage_local_pcp_metadata
-    # reads a stage-local input_batch per stage (fixes upstream's whole-batch
+    # the stages are planned on the global query_lens_pcp_full (a cut may fall inside a
+    # request) and laid out each as its own zigzag (pcp_seam.PcpStages, moved by the
+    # forward patch); the stage build's inner _build_stage_local_pcp_metadata reads the
+    # stage's pieces and a stage-local input_batch per stage (fixes upstream's whole-batch
     # input_batch; removal plan in docs/ascend.md).
     # Delegation exception: every other value calls the original unchanged.
     # Signature: matches upstream; no added parameters.

@@ -27,7 +27,7 @@ v0.19.1rc1 da421afad719, ``worker/pcp_utils.py`` and ``worker/model_runner_v1.py
 So the hook plans token_balanced on the global counts (a cut may fall inside a
 request), lays each stage out as its own zigzag (``afd_split.pcp_relayout``:
 the forward patch moves the rows of the requests whose layout differs, by one
-PCP all-gather each way), builds each stage's metadata for its relaid rows
+PCP all-to-all each way), builds each stage's metadata for its relaid rows
 (``afd_split.adapters.ascend_pcp``), and lets the plugin's own stage rebuild
 regenerate the PCP metadata and slots from the stage's own counts: while it
 iterates, ``query_lens_pcp_full`` holds the stage's pieces (zero elsewhere) and
@@ -54,14 +54,14 @@ from afd_split.engine_alignment import EngineAlignment
 from afd_split.errors import UnsupportedSplitError
 from afd_split.integrations.afd_plugin.pinned import normalize_header
 from afd_split.integrations.engine_step import plan_engine_step
-from afd_split.pcp_relayout import AllGather, RankRelayout, rank_relayout
+from afd_split.pcp_relayout import AllToAll, RankRelayout, rank_relayout
 from afd_split.pcp_stage import DECODE_THRESHOLD, PcpStageTokens, stage_tokens
 from afd_split.plan import SplitPlan
 
 PCP_STAGE_RULE = (
     "token_balanced under PCP: every stage laid out as its own zigzag (the head of a cut "
     "request scheduled alone, its tail as a continuation); rows of requests whose layout "
-    "differs move by one PCP all-gather each way (afd_split.pcp_relayout)"
+    "differs move by one PCP all-to-all each way (afd_split.pcp_relayout)"
 )
 """Recorded in every PCP step's evidence line (``pcp_stage_rule``)."""
 
@@ -189,7 +189,7 @@ class PcpStages:
     num_computed_tokens: np.ndarray
     relayout: RankRelayout
     stages: tuple[PcpStageTokens, ...]
-    all_gather: AllGather
+    all_to_all: AllToAll
     runner: Any
     chunked_prefill: bool
     built: list = field(default_factory=list)
@@ -197,10 +197,10 @@ class PcpStages:
 
     @classmethod
     def for_rank(cls, plan: SplitPlan, num_computed_tokens, pcp_rank: int,
-                 all_gather: AllGather, runner, *, chunked_prefill: bool) -> PcpStages:
+                 all_to_all: AllToAll, runner, *, chunked_prefill: bool) -> PcpStages:
         computed = np.asarray(num_computed_tokens, dtype=np.int64)
         return cls(plan, computed, rank_relayout(plan, computed, pcp_rank),
-                   stage_tokens(plan, computed), all_gather, runner, chunked_prefill)
+                   stage_tokens(plan, computed), all_to_all, runner, chunked_prefill)
 
     def ubatch_slices(self, slice_type) -> list:
         """The plugin's ``UBatchSlice`` per stage: its requests and its relaid rows."""
@@ -233,8 +233,28 @@ class PcpStages:
             "stage_rank_rows": list(self.relayout.stage_row_counts),
             "parent_rank_rows": self.relayout.parent_rows,
             "exchanged_requests": self.relayout.exchanged_requests.tolist(),
-            "exchanged_rows_per_rank": len(self.relayout.send_parent_rows),
+            "rows_received": [self.relayout.inbound.received_rows,
+                              self.relayout.outbound.received_rows],
+            "rows_sent": [len(self.relayout.inbound.send_rows),
+                          len(self.relayout.outbound.send_rows)],
         }
+
+
+def group_all_to_all(device_group) -> AllToAll:
+    """The relayout's all-to-all on a process group: ``torch.distributed.all_to_all_single``
+    with unequal split sizes, as vLLM-Ascend's MoE token dispatch calls it
+    (vllm_ascend/ops/fused_moe/comm_utils.py at v0.19.1rc1)."""
+
+    def all_to_all(rows, send_counts, recv_counts):
+        import torch.distributed as dist  # lazy: the engine's torch
+
+        received = rows.new_empty((int(sum(recv_counts)), *rows.shape[1:]))
+        dist.all_to_all_single(received, rows.contiguous(),
+                               output_split_sizes=list(recv_counts),
+                               input_split_sizes=list(send_counts), group=device_group)
+        return received
+
+    return all_to_all
 
 
 def _host(value) -> np.ndarray:

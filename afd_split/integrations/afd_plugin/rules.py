@@ -84,8 +84,9 @@ def token_balanced_unsupported_reasons(vllm_config, afd_config, num_ubatches: in
         native_dbo=parallel.enable_dbo,
     ))
     if pcp_enabled(parallel.prefill_context_parallel_size):
-        # The plugin's own slicer and stage-PCP rebuild cut the stages (pcp_seam), never
-        # afd_split's adapter, so the adapter's start-up check does not apply.
+        # PCP stages are built by afd_split.adapters.ascend_pcp with the plugin's own
+        # stage-PCP rebuild (pcp_seam), not the adapter's PCP builder hook, so the
+        # adapter's start-up check does not apply.
         return reasons + pcp_unsupported_reasons(vllm_config, pcp_unavailable)
     check_ascend_pcp_startup(pcp_size=parallel.prefill_context_parallel_size,
                              pcp_stage_builder=None)

@@ -27,7 +27,7 @@ from afd_split.integrations.engine_step import (
 )
 from afd_split.integrations.expert_load import NATURAL, ExpertLoadRecorder
 from afd_split.integrations.worker_evidence import EvidenceWriter
-from afd_split.pcp_relayout import AllGather
+from afd_split.pcp_relayout import AllToAll
 from afd_split.plan import SplitPlan
 
 if TYPE_CHECKING:
@@ -62,8 +62,8 @@ class HookSession:
     steps_planned: int = field(default=0)
     expert_load: ExpertLoadRecorder | None = None
     """Routed counts of the steps this session plans (evidence on, MoE model)."""
-    pcp_all_gather: AllGather | None = None
-    """The PCP group's all-gather (dim 0) that moves relaid stage rows (PCP > 1)."""
+    pcp_all_to_all: AllToAll | None = None
+    """The PCP group's all-to-all that moves relaid stage rows (PCP > 1)."""
     chunked_prefill: bool = False
     """``scheduler_config.enable_chunked_prefill``: decides a PCP stage's ``attn_state``."""
 
@@ -72,7 +72,7 @@ class HookSession:
                          groups: Sequence[Any], splitter: Splitter,
                          alignment: EngineAlignment = NO_SP_NO_PCP,
                          num_layers: int | None = None, routing: str = NATURAL,
-                         pcp_all_gather: AllGather | None = None,
+                         pcp_all_to_all: AllToAll | None = None,
                          chunked_prefill: bool = False) -> HookSession:
         """Evidence on when ``AFD_EVIDENCE_DIR`` is set (with expert load when the model's
         ``num_layers`` is given); agreement when ``AFD_SPLIT_DEBUG_AGREE=1``."""
@@ -89,7 +89,7 @@ class HookSession:
             check_agreement=agreement_enabled(environ),
             alignment=alignment,
             expert_load=recorder,
-            pcp_all_gather=pcp_all_gather,
+            pcp_all_to_all=pcp_all_to_all,
             chunked_prefill=chunked_prefill,
         )
 

@@ -22,9 +22,10 @@ hardware reads) and on the fields the kernels read (device ``query_start_loc``
 and ``seq_lens``). What the CPU model runs is built from those kernel fields,
 so a slicing bug in the adapter reaches the outputs and the gates' checker.
 
-Where the adapters cannot serve: a plan with ``pcp_size > 1`` (the vLLM
-adapter refuses PCP; the Ascend adapter needs the engine's PCP stage builder,
-which the CPU emulation lacks) is split by ``afd_split.split_metadata``.
+A plan with ``pcp_size > 1`` goes through the hook's PCP glue instead
+(``pcp.PcpEmulation``): every emulated rank's v0.19.1rc1 metadata built per
+relaid stage by ``afd_split.adapters.ascend_pcp``, whose computed tokens, block
+table rows and positions the kernels read.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from collections import namedtuple
 import numpy as np
 import torch
 
-from afd_split import BatchMetadata, SplitPlan, split_metadata
+from afd_split import BatchMetadata, SplitPlan
 from afd_split.adapters.ascend import ASCEND_LAYOUTS
 from afd_split.adapters.standins import attn_state_enum, standin_class
 from afd_split.adapters.vllm import VLLM_LAYOUTS, split_common_metadata
@@ -46,6 +47,7 @@ from afd_split.integrations.afd_plugin.stages import (
 )
 from afd_split.integrations.engine_step import StepRanks, check_engine_step
 from afd_split.requests import RequestFields
+from pytest_afd.backends.cpu.pcp import PcpEmulation, pcp_enabled
 
 VLLM_ENGINE_LAYOUT = "vllm"
 ASCEND_ENGINE_LAYOUT = "ascend"
@@ -157,15 +159,21 @@ def kernel_metadata(stage, stage_positions, ubatch, block_size: int, *,
 
 
 def split_engine_metadata(plan: SplitPlan, metadata: BatchMetadata, *,
-                          layout_name: str = VLLM_ENGINE_LAYOUT) -> list[BatchMetadata]:
+                          layout_name: str = VLLM_ENGINE_LAYOUT,
+                          pcp_emulation: PcpEmulation | None = None) -> list[BatchMetadata]:
     """The ubatches the CPU kernels run for ``plan``, split by the engine glue and checked.
 
     Raises what the adapter raises (``UnsupportedSplitError``, ``ValueError``,
     ``SplitInvariantError``) and ``SplitInvariantError`` when the read-back
-    host copies or kernel fields break the split. PCP plans: ``split_metadata``.
+    host copies or kernel fields break the split. PCP plans: the PCP glue on every
+    emulated rank (``pcp_emulation``, made here when not given).
     """
-    if plan.constraints.pcp_size > 1:
-        return split_metadata(plan, metadata)
+    if pcp_enabled(plan):
+        emulation = pcp_emulation or PcpEmulation(plan, metadata)
+        kernels = emulation.kernel_metadata(metadata, chunked_prefill=CHUNKED_PREFILL)
+        check_engine_step(plan, RequestFields.of(metadata),
+                          [RequestFields.of(part) for part in kernels])
+        return kernels
     common, positions = engine_common(metadata, layout_name)
     pairs = adapter_split(plan, common, positions, metadata.block_size, layout_name)
     parent = RequestFields.of(metadata)

@@ -23,7 +23,7 @@ from afd_split import BatchMetadata, SplitPlan, gather_ubatch_rows, merge_output
 from pytest_afd.backends.cpu.engine_glue import VLLM_ENGINE_LAYOUT, split_engine_metadata
 from pytest_afd.backends.cpu.kv_cache import PagedKVCache
 from pytest_afd.backends.cpu.model import DeepseekV32Model, row_positions
-from pytest_afd.backends.cpu.pcp import pcp_rows_for, stage_input_rows
+from pytest_afd.backends.cpu.pcp import PcpEmulation, pcp_enabled
 
 # Token id of padding rows (any valid id: their outputs are dropped).
 PAD_TOKEN_ID = 0
@@ -112,7 +112,8 @@ class Executor:
                 f"metadata block_size={metadata.block_size} but the KV cache uses "
                 f"{self.kv_cache.block_size}"
             )
-        stages = self._stages(ids, metadata, plan)
+        pcp = PcpEmulation(plan, metadata) if pcp_enabled(plan) else None
+        stages = self._stages(ids, metadata, plan, pcp)
         config = self.model.config
         load = np.zeros((len(config.moe_layer_indices), config.n_routed_experts), dtype=np.int64)
         padding_routed = 0
@@ -131,8 +132,8 @@ class Executor:
                     load[moe_index] += np.bincount(real_ids.numpy(), minlength=config.n_routed_experts)
                     padding_routed += int((~stage.real_mask).sum())
             if layer_hidden is not None:
-                layer_hidden.append(self._merge(plan, stages))
-        hidden = self._merge(plan, stages)
+                layer_hidden.append(self._merge(plan, stages, pcp))
+        hidden = self._merge(plan, stages, pcp)
         last_rows = torch.from_numpy(np.asarray(metadata.query_start_loc[1:]) - 1)
         logits = self.model.final(hidden[last_rows])
         return ExecOutput(
@@ -162,8 +163,8 @@ class Executor:
         stage.hidden = stage.hidden + (routed + shared)
         return topk_ids
 
-    def _stages(self, ids: torch.Tensor, metadata: BatchMetadata, plan: SplitPlan | None
-                ) -> list[_Stage]:
+    def _stages(self, ids: torch.Tensor, metadata: BatchMetadata, plan: SplitPlan | None,
+                pcp: PcpEmulation | None) -> list[_Stage]:
         if plan is None:
             rows = torch.arange(len(ids))
             return [_Stage(metadata, None, self.model.embed(ids),
@@ -176,15 +177,16 @@ class Executor:
         for observer in self.split_observers:
             observer.before_split(plan, metadata)
         # The engine glue: vLLM-layout metadata through the vLLM adapter and the hook's checks.
-        parts = split_engine_metadata(plan, metadata, layout_name=VLLM_ENGINE_LAYOUT)
+        # Under PCP the hook's PCP glue on every emulated rank (pcp.PcpEmulation).
+        parts = split_engine_metadata(plan, metadata, layout_name=VLLM_ENGINE_LAYOUT,
+                                      pcp_emulation=pcp)
         for observer in self.split_observers:
             observer.after_split(plan, metadata, parts)
-        pcp_rows = pcp_rows_for(plan, metadata)  # None without PCP
+        pcp_ids = None if pcp is None else pcp.stage_inputs(ids, PAD_TOKEN_ID)
         stages = []
         for index, (ubatch, part) in enumerate(zip(plan.ubatches, parts, strict=True)):
-            ub_ids = gather_ubatch_rows(plan, index, ids, pad_value=PAD_TOKEN_ID)
-            if pcp_rows is not None:
-                ub_ids = stage_input_rows(pcp_rows, plan, index, ub_ids, PAD_TOKEN_ID)
+            ub_ids = (gather_ubatch_rows(plan, index, ids, pad_value=PAD_TOKEN_ID)
+                      if pcp_ids is None else pcp_ids[index])
             real_rows = np.asarray(ubatch.real_row_indices)
             rows = torch.from_numpy(real_rows.astype(np.int64))
             real_mask = torch.zeros(ubatch.num_rows, dtype=torch.bool)
@@ -194,7 +196,10 @@ class Executor:
         return stages
 
     @staticmethod
-    def _merge(plan: SplitPlan | None, stages: list[_Stage]) -> torch.Tensor:
+    def _merge(plan: SplitPlan | None, stages: list[_Stage],
+               pcp: PcpEmulation | None) -> torch.Tensor:
         if plan is None:
             return stages[0].hidden
+        if pcp is not None:  # back through every rank's rows, as the engine restores them
+            return pcp.merged([stage.hidden for stage in stages])
         return merge_outputs(plan, [stage.hidden for stage in stages])

@@ -1,44 +1,156 @@
-"""The CPU backend's PCP emulation: every split stage's rows go through afd_split's stage-PCP code.
+"""The CPU backend's PCP emulation: every rank of a split step, through the engine's PCP glue.
 
-One process stands for the ``pcp_size`` ranks: each stage's input rows are
-taken rank by rank from the stage's own zigzag, all-gathered and restored
-with the stage's restore index (``afd_split.pcp_rows``), exactly the layout
-vLLM-Ascend's PCP helper gives that stage scheduled alone. The rows enter
-through ``gather_ubatch_rows`` (the non-PCP path's gather) and come back to the
-plan's row layout, so a fault in either changes the outputs.
+One process stands for the ``pcp_size`` ranks, and the split runs the code the
+AFD-plugin hook runs on each Attention rank under PCP:
+
+* rows (``afd_split.pcp_relayout``): every rank's rows of the whole batch (one
+  zigzag per whole request, as the runner lays them out) move to each stage's own
+  zigzag (``relay_all_ranks``; the all-gather is the ranks' contributions
+  concatenated), each stage's rows are all-gathered and put back in padded
+  request order with the stage's restore index, which is what the CPU model runs;
+  its outputs go the opposite way (``restore_all_ranks``, then the whole batch's
+  restore index and unpad mask, as the runner's final PCP restore);
+* metadata (``afd_split.adapters.ascend_pcp.pcp_stage_metadata``): every rank's
+  vLLM-Ascend v0.19.1rc1 metadata of the batch, filled as the runner fills it
+  under PCP, is built per stage for the relaid rows; the ubatch the CPU kernels
+  read takes its computed tokens, block table rows and positions (all ranks'
+  relaid positions, restored) from there.
+
+So a wrong map, position or computed count in the glue changes the logits the
+gates compare. The slots the plugin's stage rebuild regenerates on hardware come
+from the plan's split here (the CPU has no PCP helper).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
+from afd_split import BatchMetadata, SplitInvariantError, split_metadata
+from afd_split.adapters.ascend import ASCEND_LAYOUTS
+from afd_split.adapters.ascend_pcp import PCP_LAYOUT_TAG, pcp_stage_metadata
+from afd_split.adapters.standins import attn_state_enum, standin_class
 from afd_split.constraints import MIN_PCP_FOR_ZIGZAG
-from afd_split.pcp_rows import gathered_stage_rows
-from afd_split.pcp_stage import StageRows, stage_rows
+from afd_split.pcp_relayout import rank_relayout, relay_all_ranks, restore_all_ranks
+from afd_split.pcp_rows import rank_rows
+from afd_split.pcp_stage import stage_rows, stage_tokens, zigzag_layout
+
+PCP_ENGINE_LAYOUT = next(layout for layout in ASCEND_LAYOUTS if layout.version == PCP_LAYOUT_TAG)
+"""vLLM-Ascend v0.19.1rc1: the one pinned layout with PCP on model runner v1."""
 
 
-def pcp_rows_for(plan, metadata) -> StageRows | None:
-    """The plan's per-stage PCP rows (None when the plan has no PCP)."""
-    if plan.constraints.pcp_size < MIN_PCP_FOR_ZIGZAG:
-        return None
-    return stage_rows(plan, metadata.num_computed_tokens, plan.constraints.pcp_size)
+def pcp_enabled(plan) -> bool:
+    return plan is not None and plan.constraints.pcp_size >= MIN_PCP_FOR_ZIGZAG
 
 
-def stage_input_rows(rows: StageRows, plan, index: int, planner_rows, pad_value):
-    """Stage ``index``'s input rows through the emulated ranks' all-gather and restore.
+class PcpEmulation:
+    """One PCP split step on every rank: the layouts and each rank's relayout."""
 
-    ``planner_rows`` are the ubatch's rows as ``gather_ubatch_rows`` lays them out;
-    its real tokens (``real_row_indices``) go rank by rank through the stage's
-    zigzag, the all-gather and the restore index, and the restored real tokens
-    (the stage's unpad mask) back to the plan's real rows. A leading one-token
-    piece, which the helper copies on every rank as a decode, keeps its first
-    copy as the real one.
-    """
-    import torch
+    def __init__(self, plan, metadata: BatchMetadata) -> None:
+        self.plan = plan
+        self.pcp = plan.constraints.pcp_size
+        self.computed = np.asarray(metadata.num_computed_tokens, dtype=np.int64)
+        self.parent = zigzag_layout(np.asarray(plan.token_counts, dtype=np.int64), self.pcp)
+        self.stages = stage_rows(plan, self.computed, self.pcp).stages
+        self.relayouts = [rank_relayout(plan, self.computed, rank) for rank in range(self.pcp)]
 
-    real_rows = torch.from_numpy(np.array(plan.ubatches[index].real_row_indices, dtype=np.int64))
-    layout = rows.stages[index]
-    gathered = gathered_stage_rows(layout, planner_rows[real_rows], pad_value)
-    out = torch.full_like(planner_rows, pad_value)
-    out[real_rows] = gathered[torch.from_numpy(layout.unpad_mask)]
-    return out
+    def _gathered(self, per_rank_rows, index: int):
+        """Stage ``index``'s real rows in logical order from every rank's rows of the stage:
+        the PCP all-gather, the stage's restore index, its unpad mask."""
+        layout = self.stages[index]
+        gathered = torch.cat(list(per_rank_rows))
+        return gathered[torch.from_numpy(layout.allgather_restore_idx)][
+            torch.from_numpy(layout.unpad_mask)]
+
+    def stage_inputs(self, logical_rows, pad_value) -> list:
+        """Each ubatch's planner rows (``gather_ubatch_rows`` layout) of ``logical_rows`` [T, ...],
+        as the stage's ranks hold them after the relayout and its all-gather."""
+        parent = [rank_rows(self.parent, rank, logical_rows, pad_value)
+                  for rank in range(self.pcp)]
+        relaid = relay_all_ranks(self.relayouts, parent)
+        inputs = []
+        for index, ubatch in enumerate(self.plan.ubatches):
+            real = torch.from_numpy(np.array(ubatch.real_row_indices, dtype=np.int64))
+            out = logical_rows.new_full((ubatch.num_rows, *logical_rows.shape[1:]), pad_value)
+            rows = self.relayouts[0].stage_row_slices[index]
+            out[real] = self._gathered([stage[rows] for stage in relaid], index)
+            inputs.append(out)
+        return inputs
+
+    def merged(self, stage_outputs: list):
+        """The logical rows [T, ...] from each ubatch's output rows, back through every rank's
+        relaid rows, the restore to the parent's rows and the whole batch's restore."""
+        per_rank = []
+        for rank in range(self.pcp):
+            per_rank.append(torch.cat([
+                rank_rows(layout, rank, output[torch.from_numpy(np.array(
+                    ubatch.real_row_indices, dtype=np.int64))])
+                for layout, ubatch, output in zip(self.stages, self.plan.ubatches,
+                                                  stage_outputs, strict=True)]))
+        parent = restore_all_ranks(self.relayouts, per_rank)
+        gathered = torch.cat(parent)[torch.from_numpy(self.parent.allgather_restore_idx)]
+        return gathered[torch.from_numpy(self.parent.unpad_mask)]
+
+    def engine_common(self, metadata: BatchMetadata, rank: int):
+        """Rank ``rank``'s v0.19.1rc1 metadata of the whole batch, as the runner fills it under
+        PCP: its rows per request, their positions, computed tokens plus rows as seq_lens."""
+        rows = self.parent.rank_tokens
+        qsl = np.concatenate([[0], np.cumsum(rows)]).astype(np.int32)
+        seq_lens = (self.computed + rows).astype(np.int32)
+        positions = self.computed[np.repeat(np.arange(len(rows)), rows)] + (
+            self.parent.padded_offsets[rank]
+            - np.repeat(np.cumsum(self.parent.padded_tokens) - self.parent.padded_tokens, rows))
+        decodes = int(rows[:self.parent.num_decode_reqs].sum())
+        positions[:decodes] = self.computed[:decodes]
+        states = attn_state_enum(PCP_ENGINE_LAYOUT)
+        return standin_class(PCP_ENGINE_LAYOUT)(
+            query_start_loc=torch.from_numpy(qsl.copy()),
+            query_start_loc_cpu=torch.from_numpy(qsl.copy()),
+            seq_lens=torch.from_numpy(seq_lens.copy()),
+            _seq_lens_cpu=torch.from_numpy(seq_lens.copy()),
+            seq_lens_cpu=torch.from_numpy(seq_lens.copy()),
+            num_computed_tokens_cpu=torch.from_numpy(self.computed.astype(np.int32)),
+            num_reqs=len(rows), num_actual_tokens=int(rows.sum()),
+            max_query_len=int(np.max(self.plan.token_counts)), max_seq_len=int(seq_lens.max()),
+            block_table_tensor=torch.tensor(np.asarray(metadata.block_table), dtype=torch.int32),
+            slot_mapping=torch.tensor(np.asarray(metadata.slot_mapping), dtype=torch.int64),
+            num_input_tokens=int(rows.sum()), positions=torch.from_numpy(positions),
+            attn_state=states.ChunkedPrefill if self.computed.any() else states.PrefillNoCache,
+        )
+
+    def kernel_metadata(self, metadata: BatchMetadata, *, chunked_prefill: bool) -> list:
+        """The ubatches the CPU kernels run: the plan's split, with computed tokens, block
+        table rows and positions taken from every rank's stage metadata built by the glue
+        (``pcp_stage_metadata``), which must agree across ranks."""
+        per_rank = []
+        for rank, relayout in enumerate(self.relayouts):
+            positions = torch.from_numpy(relayout.stage_positions)
+            per_rank.append(pcp_stage_metadata(self.plan, self.engine_common(metadata, rank),
+                                               self.computed, relayout, positions,
+                                               chunked_prefill=chunked_prefill))
+        parts = split_metadata(self.plan, metadata)
+        kernels = []
+        for index, (part, stage) in enumerate(zip(parts, stage_tokens(self.plan, self.computed),
+                                                  strict=True)):
+            built = [stages[index] for stages in per_rank]
+            computed = _agreed([b._seq_lens_cpu.numpy().astype(np.int64)
+                                - np.diff(b.query_start_loc_cpu.numpy().astype(np.int64))
+                                for b in built], "computed tokens", index)
+            table = _agreed([b.block_table_tensor.numpy() for b in built], "block table", index)
+            positions = self._gathered([b.positions for b in built], index)
+            query = np.diff(np.asarray(part.query_start_loc))
+            kernels.append(BatchMetadata(
+                query_start_loc=part.query_start_loc, seq_lens=computed + query,
+                num_computed_tokens=computed, slot_mapping=part.slot_mapping,
+                block_table=table.astype(np.int64),
+                positions=positions.numpy()[:stage.num_tokens], block_size=metadata.block_size))
+        return kernels
+
+
+def _agreed(values: list, name: str, index: int) -> np.ndarray:
+    first = values[0]
+    for rank, value in enumerate(values[1:], start=1):
+        if not np.array_equal(value, first):
+            raise SplitInvariantError(f"stage {index}: PCP rank {rank}'s {name} {value.tolist()} "
+                                      f"differs from rank 0's {first.tolist()}")
+    return first

@@ -47,10 +47,12 @@ class WorkerEvidence:
 
     @property
     def leader_records(self) -> list[dict[str, Any]]:
-        """One record per step per DP replica (TP rank 0, PCP rank 0), in DP-rank order."""
+        """One record per step per DP replica (TP rank 0, PCP rank 0), in DP-rank order, its
+        per-step expert load joined over the replica's PCP ranks (``join_pcp_ranks``)."""
         leaders = [r for r in self.records
                    if r["ranks"]["tp_rank"] == 0 and r["ranks"]["pcp_rank"] == 0]
-        return sorted(leaders, key=lambda r: (r["ranks"]["dp_rank"], r["step"]))
+        return join_pcp_ranks(sorted(leaders, key=lambda r: (r["ranks"]["dp_rank"], r["step"])),
+                              self.expert_load_records)
 
     @property
     def expert_load_records(self) -> list[dict[str, Any]]:
@@ -165,6 +167,57 @@ def join_expert_load(steps: list[dict[str, Any]], loads: Sequence[Mapping[str, A
             "plan_to_last_dispatch_s": load["plan_to_flush_s"],
         })
     return unmatched
+
+
+PER_STEP_LOAD_FIELDS = ("expert_load", "expert_load_per_rank", "expert_load_per_stage_tokens")
+"""A step's routed counts; under PCP each PCP rank routes its own rows of every stage."""
+
+
+def _summed(values: Sequence) -> Any:
+    """Element-wise sum of equally shaped nested lists of ints."""
+    if isinstance(values[0], list):
+        return [_summed(list(column)) for column in zip(*values, strict=True)]
+    return sum(int(value) for value in values)
+
+
+def join_pcp_ranks(leaders: Sequence[Mapping[str, Any]],
+                   loaded: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each leader's per-step expert load summed over its DP replica's PCP ranks.
+
+    ``loaded`` are the TP-rank-0 records of every PCP rank. A step joins when every
+    PCP rank the replica's files show has its counts for that step
+    (``expert_load_pcp_ranks`` lists them; the dispatch time is the latest); otherwise
+    its counts are absent with the missing ranks named, never one rank's rows shown
+    as the step's.
+    """
+    by_step: dict[tuple[int, int], list[Mapping[str, Any]]] = {}
+    replica_ranks: dict[int, set[int]] = {}
+    for record in loaded:
+        dp_rank, pcp_rank = record["ranks"]["dp_rank"], record["ranks"]["pcp_rank"]
+        replica_ranks.setdefault(dp_rank, set()).add(pcp_rank)
+        by_step.setdefault((dp_rank, record["step"]), []).append(record)
+    joined = []
+    for leader in leaders:
+        step = dict(leader)
+        dp_rank = step["ranks"]["dp_rank"]
+        ranks = replica_ranks.get(dp_rank, {0})
+        if len(ranks) > 1 and isinstance(step.get("expert_load"), list):
+            rows = [r for r in by_step[dp_rank, step["step"]]
+                    if isinstance(r.get("expert_load"), list)]
+            have = sorted(r["ranks"]["pcp_rank"] for r in rows)
+            if have == sorted(ranks):
+                step.update({name: _summed([r[name] for r in rows]) for name in
+                             PER_STEP_LOAD_FIELDS})
+                step["plan_to_last_dispatch_s"] = max(r["plan_to_last_dispatch_s"] for r in rows)
+            else:
+                for name in (*PER_STEP_LOAD_FIELDS[1:], "plan_to_last_dispatch_s"):
+                    step.pop(name, None)
+                step["expert_load"] = {"value": None, "absent_reason": (
+                    f"PCP ranks {sorted(ranks - set(have))} have no expert load for step "
+                    f"{step['step']} of DP replica {dp_rank}")}
+            step["expert_load_pcp_ranks"] = have
+        joined.append(step)
+    return joined
 
 
 def summed_expert_load(records: Sequence[Mapping[str, Any]]) -> list[list[int]] | None:

@@ -53,7 +53,7 @@ from pytest_afd.backends.cpu.engine_glue import ASCEND_ENGINE_LAYOUT, split_engi
 from pytest_afd.backends.cpu.executor import PAD_TOKEN_ID
 from pytest_afd.backends.cpu.kv_cache import PagedKVCache
 from pytest_afd.backends.cpu.model import DeepseekV32Model, build_model, row_positions
-from pytest_afd.backends.cpu.pcp import pcp_rows_for, stage_input_rows
+from pytest_afd.backends.cpu.pcp import PcpEmulation, pcp_enabled
 from pytest_afd.backends.cpu.weights import load_pretrained
 
 COMMAND_FORWARD = "forward"
@@ -254,24 +254,22 @@ class AttentionRole(_Role):
         first_moe = next((layer.index for layer in layers if layer.is_moe), len(layers))
         if any(not layer.is_moe for layer in layers[first_moe:]):
             raise ValueError("the AFD runtime stages MoE layers only after all dense layers")
-        pcp_rows = pcp_rows_for(plan, metadata)  # None without PCP
+        pcp = PcpEmulation(plan, metadata) if pcp_enabled(plan) else None
 
-        def stage_rows_of(u, rows, pad_value=0):
-            # Under PCP each stage's rows go through its own zigzag, all-gather and restore.
-            gathered = gather_ubatch_rows(plan, u, rows, pad_value=pad_value)
-            return gathered if pcp_rows is None else stage_input_rows(pcp_rows, plan, u,
-                                                                      gathered, pad_value)
+        def stage_rows_of(rows, pad_value=0):
+            # Under PCP every rank's rows move to each stage's own zigzag (the hook's relayout).
+            if pcp is not None:
+                return pcp.stage_inputs(rows, pad_value)
+            return [gather_ubatch_rows(plan, u, rows, pad_value=pad_value)
+                    for u in range(len(plan.ubatches))]
 
         if stage_dense_layers:
             # Padding rows embed the executor's pad token: padding routes to experts
             # too, and the expert GEMM shapes must match for bit-identical rows.
             with timeline.span(EMBED):
-                states = [
-                    model.embed(stage_rows_of(u, ids, pad_value=PAD_TOKEN_ID))
-                    for u in range(len(plan.ubatches))
-                ]
+                states = [model.embed(rows) for rows in stage_rows_of(ids, PAD_TOKEN_ID)]
             hidden, expert_load = self._staged_layers(
-                layers, states, metadata, plan, kv_cache, timeline, step
+                layers, states, metadata, plan, kv_cache, timeline, step, pcp
             )
         else:
             with timeline.span(EMBED):
@@ -281,9 +279,9 @@ class AttentionRole(_Role):
                     hidden = layer.attention(hidden, metadata, kv_cache)
                 with timeline.span(DENSE_MLP, layer.index):
                     hidden = hidden + layer.mlp(layer.ffn_input(hidden))
-            states = [stage_rows_of(u, hidden) for u in range(len(plan.ubatches))]
+            states = stage_rows_of(hidden)
             hidden, expert_load = self._staged_layers(
-                layers[first_moe:], states, metadata, plan, kv_cache, timeline, step
+                layers[first_moe:], states, metadata, plan, kv_cache, timeline, step, pcp
             )
         for ffn_index in range(self.topology.num_ffn):
             connector.send_end(
@@ -309,12 +307,15 @@ class AttentionRole(_Role):
             "agreed_fingerprints": agreed,
         }
 
-    def _staged_layers(self, staged_layers, states, metadata, plan, kv_cache, timeline, step):
+    def _staged_layers(self, staged_layers, states, metadata, plan, kv_cache, timeline, step,
+                       pcp=None):
         """Layers run per ubatch; returns merged real rows and per-MoE-layer expert load."""
         topology = self.topology
         num_ubatches = len(plan.ubatches)
-        # The engine glue: Ascend-layout metadata through the hook's seam and checks.
-        ubatch_metadata = split_engine_metadata(plan, metadata, layout_name=ASCEND_ENGINE_LAYOUT)
+        # The engine glue: Ascend-layout metadata through the hook's seam and checks (under
+        # PCP the hook's PCP glue on every emulated rank).
+        ubatch_metadata = split_engine_metadata(plan, metadata, layout_name=ASCEND_ENGINE_LAYOUT,
+                                                pcp_emulation=pcp)
         # The request-level check on exactly the ubatches this rank runs (what the gates'
         # split observer checks in-process, out of its reach here).
         check_engine_step(plan, RequestFields.of(metadata),
@@ -374,6 +375,8 @@ class AttentionRole(_Role):
                 expert_load.append(layer_load.tolist())
         for u in range(num_ubatches):
             states[u] = self._combine(states[u], pending[u], timeline)
+        if pcp is not None:  # back through every rank's rows, as the engine restores them
+            return pcp.merged(states), expert_load
         return merge_outputs(plan, states), expert_load
 
     def _combine(self, state, pending, timeline) -> torch.Tensor:
