@@ -253,7 +253,9 @@ def stage_metadata(stage: PcpStageTokens, pcp_size: int, pcp_rank: int, *,
     context = np.concatenate([computed[:decodes] + scheduled[:decodes], computed[decodes:]])
     prefill_rank_tokens = layout.rank_tokens[decodes:]
     chunk = prefill_rank_tokens // ZIGZAG_CHUNKS_PER_RANK
-    q_offset = (np.cumsum(layout.rank_tokens) - layout.rank_tokens)[decodes:]
+    # The helper indexes the prefill rows from the first prefill request: its loop skips
+    # the leading decodes without advancing the q / kv offsets.
+    q_offset = np.cumsum(prefill_rank_tokens) - prefill_rank_tokens
     kv_offset = q_offset * pcp_size
     head_id = pcp_rank
     tail_id = ZIGZAG_CHUNKS_PER_RANK * pcp_size - 1 - pcp_rank

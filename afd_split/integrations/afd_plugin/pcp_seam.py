@@ -55,7 +55,7 @@ from afd_split.errors import UnsupportedSplitError
 from afd_split.integrations.afd_plugin.pinned import normalize_header
 from afd_split.integrations.engine_step import plan_engine_step
 from afd_split.pcp_relayout import AllToAll, RankRelayout, rank_relayout
-from afd_split.pcp_stage import DECODE_THRESHOLD, PcpStageTokens, stage_tokens
+from afd_split.pcp_stage import PcpStageTokens, num_decode_requests, stage_tokens
 from afd_split.plan import SplitPlan
 
 PCP_STAGE_RULE = (
@@ -280,8 +280,7 @@ def check_rebuilt_stages(pcp: PcpStages) -> None:
                     "prefill_context_parallel_metadata unset)")
             pieces = stage.num_scheduled_tokens
             counts = _host(metadata.query_lens_pcp_full_cpu)[:len(pieces)]
-            decodes = int(np.argmax(pieces > DECODE_THRESHOLD)) if (
-                pieces > DECODE_THRESHOLD).any() else len(pieces)
+            decodes = num_decode_requests(pieces)
             context = stage.num_computed_tokens.copy()
             context[:decodes] += pieces[:decodes]
             built_context = _host(metadata.num_computed_tokens_of_pcp_dcp).reshape(
