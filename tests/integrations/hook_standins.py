@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from afd_split.integrations.afd_plugin.patches import PluginSeams
-from afd_split.integrations.afd_plugin.pcp_seam import STAGE_PCP_REBUILD_HEADER
+from afd_split.integrations.afd_plugin.pcp_drift import STAGE_PCP_REBUILD_HEADER
 from afd_split.integrations.afd_plugin.pinned import (
     DISPATCH,
     FORWARD,

@@ -282,7 +282,7 @@ def test_installed_afd_plugin_matches_a_pinned_variant():  # pragma: no cover - 
             (p.name, p.kind, p.default) for p in inspect.signature(patched).parameters.values()]
     # The facts the PCP path relies on, read from the installed bodies.
     from afd_split.integrations.afd_plugin.forward_patch import forward_drift
-    from afd_split.integrations.afd_plugin.pcp_seam import pcp_seam_unavailable
+    from afd_split.integrations.afd_plugin.pcp_drift import pcp_seam_unavailable
     from afd_split.integrations.afd_plugin.pinned import FORWARD_MODULE
 
     forward = vars(importlib.import_module(FORWARD_MODULE))["run_async_moe_ubatch_afd_forward"]

@@ -268,7 +268,7 @@ def test_an_unaligned_parent_fails_closed_before_any_agreement(tmp_path):
 
 
 def test_the_stage_pcp_rebuild_is_drift_checked(standin_plugin):
-    from afd_split.integrations.afd_plugin.pcp_seam import (
+    from afd_split.integrations.afd_plugin.pcp_drift import (
         STAGE_BUILD_METHOD,
         pcp_seam_unavailable,
         stage_pcp_rebuild_drift_in,

@@ -126,6 +126,8 @@ def test_expert_load_adds_every_pcp_rank_once_per_tp_group(tmp_path):
     assert [r["ranks"]["pcp_rank"] for r in evidence.leader_records] == [0]  # one step line
     outputs = with_worker_evidence(RunOutputs(requests=[]), evidence)
     assert outputs.expert_load == [[11, 22], [33, 44]]
+    assert outputs.steps[0]["expert_load"] == [[11, 22], [33, 44]]  # the step's: both PCP ranks'
+    assert outputs.steps[0]["expert_load_pcp_ranks"] == [0, 1]
 
 
 def test_an_incomplete_last_line_is_reported_and_no_partial_steps_are_used(tmp_path):

@@ -23,16 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from afd_split.errors import UnsupportedSplitError
+from afd_split.integrations.afd_plugin.pcp_drift import pcp_seam_unavailable
 from afd_split.integrations.afd_plugin.pcp_seam import (
-    PCP_STAGE_RULE,
-    PcpStages,
-    check_pcp_alignment,
     check_rebuilt_stages,
-    global_scheduled_counts,
     pcp_enabled,
-    pcp_seam_unavailable,
-    plan_pcp_step,
+    plan_pcp_runner_stages,
 )
 from afd_split.integrations.afd_plugin.pinned import (
     PLANNER,
@@ -52,7 +47,6 @@ from afd_split.integrations.afd_plugin.stages import (
     HookSession,
     PlannedUBatchSlices,
     plan_stages,
-    record_step,
 )
 from afd_split.state import preserved_state
 
@@ -210,7 +204,8 @@ def plan_runner_stages(runner, num_scheduled_tokens_np: np.ndarray, seams: Plugi
     session = runner_session(runner, new_session)
     computed = runner.input_batch.num_computed_tokens_cpu_tensor[:num_reqs].numpy()
     if pcp_enabled(session.alignment.pcp_size):
-        return plan_pcp_runner_stages(runner, session, num_reqs, computed, seams)
+        return plan_pcp_runner_stages(runner, session, num_reqs, computed,
+                                      seams.slice_type, seams.forward_module)
     return plan_stages(
         session,
         num_scheduled_tokens_np,
@@ -219,35 +214,6 @@ def plan_runner_stages(runner, num_scheduled_tokens_np: np.ndarray, seams: Plugi
         slice_type=seams.slice_type,
         num_input_tokens=num_tokens_padded,
     )
-
-
-def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, computed: np.ndarray,
-                           seams: PluginSeams) -> PlannedUBatchSlices | None:
-    """Token-balanced stages on the GLOBAL counts (``query_lens_pcp_full``; the rank-local
-    ``num_scheduled_tokens_np`` is never planned on), each laid out as its own zigzag on
-    this rank (``pcp_seam.PcpStages``)."""
-    check_pcp_alignment(session.alignment)  # before any agreement collective
-    if session.pcp_all_to_all is None:
-        raise UnsupportedSplitError("PCP stages need the PCP group's all-to-all; the hook "
-                                    "session has none")
-    plan = plan_pcp_step(global_scheduled_counts(runner.pcp_manager, num_reqs), computed,
-                         session.alignment)
-    pcp = None
-    if plan.is_split:
-        from afd_split.integrations.afd_plugin.forward_patch import ensure_forward_patched
-
-        ensure_forward_patched(seams.forward_module)  # relaid rows never reach upstream slicing
-        pcp = PcpStages.for_rank(plan, computed, session.ranks.pcp_rank,
-                                 session.pcp_all_to_all, runner,
-                                 chunked_prefill=session.chunked_prefill)
-    record_step(session, plan, alignment=session.alignment.describe(),
-                pcp_stage_rule=PCP_STAGE_RULE,
-                **({} if pcp is None else {"pcp_relayout": pcp.evidence()}))
-    if pcp is None:
-        return None
-    return PlannedUBatchSlices(
-        pcp.ubatch_slices(seams.slice_type), plan=plan,
-        block_size=runner.cache_config.block_size, session=session, pcp=pcp)
 
 
 def build_token_balanced_stages(runner, full_metadata, num_tokens: int,

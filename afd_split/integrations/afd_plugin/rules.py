@@ -11,7 +11,8 @@ from __future__ import annotations
 from afd_split.adapters.ascend import check_ascend_pcp_startup
 from afd_split.engine_alignment import EngineAlignment
 from afd_split.errors import UnsupportedSplitError
-from afd_split.integrations.afd_plugin.pcp_seam import PCP_SEAM_BRANCH, pcp_enabled
+from afd_split.integrations.afd_plugin.pcp_drift import PCP_SEAM_BRANCH
+from afd_split.integrations.afd_plugin.pcp_seam import pcp_enabled
 from afd_split.integrations.afd_plugin.stages import TOKEN_BALANCED_SPLIT
 from afd_split.pcp_stage import check_pcp_stage_support
 from afd_split.support import SplitSupportConfig, unsupported_reasons

@@ -207,8 +207,10 @@ def join_pcp_ranks(leaders: Sequence[Mapping[str, Any]],
             have = sorted(r["ranks"]["pcp_rank"] for r in rows)
             if have == sorted(ranks):
                 step.update({name: _summed([r[name] for r in rows]) for name in
-                             PER_STEP_LOAD_FIELDS})
-                step["plan_to_last_dispatch_s"] = max(r["plan_to_last_dispatch_s"] for r in rows)
+                             PER_STEP_LOAD_FIELDS if all(name in r for r in rows)})
+                if all("plan_to_last_dispatch_s" in r for r in rows):
+                    step["plan_to_last_dispatch_s"] = max(r["plan_to_last_dispatch_s"]
+                                                          for r in rows)
             else:
                 for name in (*PER_STEP_LOAD_FIELDS[1:], "plan_to_last_dispatch_s"):
                     step.pop(name, None)
