@@ -31,10 +31,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from afd_split.constraints import ZIGZAG_CHUNKS_PER_RANK, round_up
+from afd_split.constraints import ZIGZAG_CHUNKS_PER_RANK
 from afd_split.pcp_stage import (
     PAD_TOKEN,
     num_decode_requests,
+    rank_rows_per_request,
     stage_tokens,
     zigzag_layout,
 )
@@ -103,14 +104,6 @@ def _row_of_token(sources: np.ndarray, num_tokens: int) -> np.ndarray:
     rows = np.full(num_tokens, NO_SOURCE, dtype=np.int64)
     held = np.flatnonzero(sources != PAD_TOKEN)[::-1]
     rows[sources[held]] = held
-    return rows
-
-
-def _rank_rows(counts: np.ndarray, num_decodes: int, pcp: int) -> np.ndarray:
-    """Rows every rank holds per request (or piece): padded / pcp, a decode's own tokens."""
-    rows = np.array([round_up(int(n), ZIGZAG_CHUNKS_PER_RANK * pcp) // pcp for n in counts],
-                    dtype=np.int64)
-    rows[:num_decodes] = counts[:num_decodes]
     return rows
 
 
@@ -219,12 +212,13 @@ def rank_relayout(plan: SplitPlan, num_computed_tokens, pcp_rank: int) -> RankRe
     counts = np.asarray(plan.token_counts, dtype=np.int64)
     computed = np.asarray(num_computed_tokens, dtype=np.int64)
     num_decodes = num_decode_requests(counts)
-    parent_rows = _rank_rows(counts, num_decodes, pcp)
+    parent_rows = rank_rows_per_request(counts, pcp, num_decodes)
     parent_starts = np.cumsum(parent_rows) - parent_rows
     pieces = _pieces(plan, computed)
     stage_rows = np.concatenate([
-        _rank_rows(pieces.tokens[pieces.stage == s], int(pieces.decode[pieces.stage == s].sum()),
-                   pcp) for s in range(len(plan.ubatches))])
+        rank_rows_per_request(pieces.tokens[pieces.stage == s], pcp,
+                              int(pieces.decode[pieces.stage == s].sum()))
+        for s in range(len(plan.ubatches))])
     stage_starts = np.cumsum(stage_rows) - stage_rows
     same = (pieces.tokens == counts[pieces.request]) & (
         pieces.decode == (pieces.request < num_decodes))

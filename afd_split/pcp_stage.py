@@ -108,6 +108,18 @@ def num_decode_requests(num_scheduled_tokens: np.ndarray) -> int:
     return int(is_prefill.argmax()) if is_prefill.any() else len(num_scheduled_tokens)
 
 
+def rank_rows_per_request(num_scheduled_tokens, pcp_size: int,
+                          num_decode_reqs: int | None = None) -> np.ndarray:
+    """Rows every PCP rank holds of each request: its tokens padded to 2 * pcp, over pcp;
+    a leading decode's own tokens (copied onto every rank)."""
+    counts = np.asarray(num_scheduled_tokens, dtype=np.int64)
+    decodes = num_decode_requests(counts) if num_decode_reqs is None else num_decode_reqs
+    chunks = ZIGZAG_CHUNKS_PER_RANK * pcp_size
+    rows = -(-counts // chunks) * ZIGZAG_CHUNKS_PER_RANK
+    rows[:decodes] = counts[:decodes]
+    return rows
+
+
 def _segment_arange(lengths: np.ndarray) -> np.ndarray:
     """[2, 3] -> [0, 1, 0, 1, 2]."""
     total = int(lengths.sum())

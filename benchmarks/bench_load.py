@@ -10,7 +10,9 @@ attempt's load, so a loaded run is flagged, never passed off as a clean one.
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import time
 
 MAX_LOAD = 2.0
@@ -54,3 +56,25 @@ def load_note(report: dict) -> str:
         return f"load {load:.2f} ok"
     return (f"load {load:.2f} > {report['max_load']:g} ({len(report['load_attempts'])} "
             "attempts): NOT a clean run")
+
+
+def add_load_arguments(parser) -> None:
+    """``--max-load`` and ``--repeats``, as every benchmark with the load rule takes them."""
+    parser.add_argument("--max-load", type=float, default=MAX_LOAD,
+                        help="1-minute load average above which the run is repeated / flagged")
+    parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
+                        help="extra attempts while the load is above --max-load")
+
+
+def emit_report(report: dict, line: str, *, output: str | None, as_json: bool) -> None:
+    """The JSON report to ``output`` (when given) and stdout (``as_json``), and the one-line
+    summary on stdout (stderr with ``as_json``, so stdout stays one JSON document)."""
+    text = json.dumps(report, indent=2)
+    if output:
+        with open(output, "w") as handle:
+            handle.write(text + "\n")
+    if as_json:
+        print(text)
+        print(line, file=sys.stderr)
+    else:
+        print(line)

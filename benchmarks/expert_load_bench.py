@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
-import sys
 import time
 
 import numpy as np
 import torch
+from bench_load import emit_report
 
 from afd_split.integrations.engine_step import StepRanks
 from afd_split.integrations.expert_load import NATURAL, ExpertLoadRecorder
@@ -114,20 +113,12 @@ def main(argv=None) -> int:
                         "experts": NUM_EXPERTS, "top_k": TOP_K, "stages": 2},
               "rounds": args.rounds, "passes": PASSES, "load_before": load_before,
               **measure(args.rounds), "load_after": os.getloadavg()}
-    text = json.dumps(report, indent=2)
-    if args.output:
-        with open(args.output, "w") as handle:
-            handle.write(text + "\n")
     big = report["figures"][str(TARGET_TOKENS)]
     line = (f"expert_load @ {TARGET_TOKENS} tokens/step: count {big['count_ms']['median']:.2f} ms, "
             f"flush {big['flush_ms']['median']:.2f} ms, line {big['line_bytes']} B; "
             + ", ".join(f"{t['figure']} {'met' if t['met'] else 'NOT met'}"
                         for t in report["targets"]))
-    if args.json:
-        print(text)
-        print(line, file=sys.stderr)
-    else:
-        print(line)
+    emit_report(report, line, output=args.output, as_json=args.json)
     return 0
 
 

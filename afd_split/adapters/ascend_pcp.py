@@ -33,7 +33,7 @@ from afd_split.adapters.layout import FieldRule
 from afd_split.adapters.slicing import host_numpy
 from afd_split.errors import UnsupportedSplitError
 from afd_split.pcp_relayout import RankRelayout
-from afd_split.pcp_stage import PcpStageTokens, num_decode_requests, stage_tokens
+from afd_split.pcp_stage import PcpStageTokens, rank_rows_per_request, stage_tokens
 from afd_split.plan_types import SplitPlan
 from afd_split.request_checks import check_split_arrays
 
@@ -44,7 +44,6 @@ REBUILT_BY_STAGE_PCP = ("slot_mapping", "prefill_context_parallel_metadata")
 """Set to None here; the plugin's per-stage PCP rebuild writes them (then checked)."""
 
 
-
 @dataclass(frozen=True)
 class PcpStageRows:
     """One stage's requests as this PCP rank holds them."""
@@ -52,7 +51,6 @@ class PcpStageRows:
     tokens: PcpStageTokens
     rank_rows: np.ndarray  # per piece: rows on every rank (padded / pcp; a decode: its tokens)
     row_slice: slice  # the stage's rows in the relaid concatenation
-    decodes: int
 
     @property
     def query_start_loc(self) -> np.ndarray:
@@ -66,17 +64,13 @@ class PcpStageRows:
 
 def stage_rows_of(plan: SplitPlan, num_computed_tokens, relayout: RankRelayout) -> list:
     """Each stage's pieces and their rows on the relayout's rank."""
-    pcp = relayout.pcp_size
     stages = []
     for stage, rows in zip(stage_tokens(plan, num_computed_tokens), relayout.stage_row_slices,
                            strict=True):
-        pieces = stage.num_scheduled_tokens
-        decodes = num_decode_requests(pieces)
-        rank_rows = -(-pieces // (2 * pcp)) * 2
-        rank_rows[:decodes] = pieces[:decodes]
+        rank_rows = rank_rows_per_request(stage.num_scheduled_tokens, relayout.pcp_size)
         if int(rank_rows.sum()) != rows.stop - rows.start:
             raise AssertionError("relayout rows disagree with the stage's pieces")  # unreachable
-        stages.append(PcpStageRows(stage, rank_rows, rows, decodes))
+        stages.append(PcpStageRows(stage, rank_rows, rows))
     return stages
 
 

@@ -2,6 +2,8 @@
 the relayout of the rows (``afd_split.pcp_relayout``) and the relaid stage metadata
 (``afd_split.adapters.ascend_pcp``), so their faults reach the logits."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +11,7 @@ from cpu_runner import Runner, make_prompts
 
 from afd_split import SplitConstraints, gather_ubatch_rows, pcp_relayout, pcp_stage
 from pytest_afd.backends.cpu.pcp import PcpEmulation
+from pytest_afd.faults import PCP_ROW_FAULTS, get_fault
 
 LENGTHS = [150, 37, 260]
 
@@ -90,34 +93,27 @@ def test_the_kernels_read_the_glues_positions_and_computed_tokens():
         assert np.array_equal(kernel.block_table, part.block_table)
 
 
+def _position_off_by_one(relayout):
+    positions = relayout.stage_positions.copy()
+    positions[len(positions) // 2] += 1
+    return replace(relayout, stage_positions=positions)
+
+
 def test_a_wrong_relaid_position_is_caught_by_the_outputs(reduced_model, prompts, unsplit,
                                                           monkeypatch):
-    """Fault injection in the glue: one relaid row's position off by one on every rank."""
+    """Fault injection in the glue, on every rank: one relaid row's position off by one."""
     honest = pcp_relayout.rank_relayout
-
-    def off_by_one(plan, computed, rank):
-        relayout = honest(plan, computed, rank)
-        positions = relayout.stage_positions.copy()
-        positions[len(positions) // 2] += 1
-        return relayout.__class__(**{**vars(relayout), "stage_positions": positions})
-
-    monkeypatch.setattr("pytest_afd.backends.cpu.pcp.rank_relayout", off_by_one)
+    monkeypatch.setattr("pytest_afd.backends.cpu.pcp.rank_relayout",
+                        lambda plan, computed, rank: _position_off_by_one(
+                            honest(plan, computed, rank)))
     out, _ = Runner(reduced_model).whole(prompts, "token_balanced", SplitConstraints(pcp_size=2))
     assert not torch.allclose(out.last_logits, unsplit.last_logits, atol=1e-3)
 
 
-def test_a_wrong_relayout_map_is_caught_by_the_outputs(reduced_model, prompts, unsplit,
-                                                       monkeypatch):
-    """Fault injection in the glue: the inbound map sends one real row's data elsewhere."""
-    honest = pcp_relayout.rank_relayout
-
-    def swapped(plan, computed, rank):
-        relayout = honest(plan, computed, rank)
-        sources = relayout.stage_sources.copy()
-        real = np.flatnonzero(sources >= 0)
-        sources[real[[0, -1]]] = sources[real[[-1, 0]]]
-        return relayout.__class__(**{**vars(relayout), "stage_sources": sources})
-
-    monkeypatch.setattr("pytest_afd.backends.cpu.pcp.rank_relayout", swapped)
-    out, _ = Runner(reduced_model).whole(prompts, "token_balanced", SplitConstraints(pcp_size=2))
+@pytest.mark.parametrize("name", PCP_ROW_FAULTS)
+def test_the_seeded_relayout_faults_are_caught_by_the_outputs(reduced_model, prompts, unsplit,
+                                                              name):
+    with get_fault(name).applied():
+        out, _ = Runner(reduced_model).whole(prompts, "token_balanced",
+                                             SplitConstraints(pcp_size=2))
     assert not torch.allclose(out.last_logits, unsplit.last_logits, atol=1e-3)
