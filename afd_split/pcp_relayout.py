@@ -264,15 +264,26 @@ def rank_relayout(plan: SplitPlan, num_computed_tokens, pcp_rank: int) -> RankRe
 
 
 def _pool(rows, received, sources: np.ndarray):
-    """``[rows ; received]`` indexed by ``sources`` (zeros at ``NO_SOURCE``)."""
+    """Rows of ``[rows ; received]`` picked by ``sources`` (zeros at ``NO_SOURCE``), written
+    into one fresh tensor: no concatenated copy of the local rows is made."""
+    local = np.flatnonzero((sources >= 0) & (sources < len(rows)))
+    remote = np.flatnonzero(sources >= len(rows))
     if isinstance(rows, np.ndarray):
-        pool = np.concatenate([rows, received, np.zeros_like(rows[:1])])
-        return pool[np.where(sources == NO_SOURCE, len(pool) - 1, sources)]
+        out = np.zeros((len(sources), *rows.shape[1:]), dtype=rows.dtype)
+        out[local] = rows[sources[local]]
+        out[remote] = received[sources[remote] - len(rows)]
+        return out
     import torch  # lazy: numpy callers never pay for it
 
-    pool = torch.cat([rows, received, rows.new_zeros((1, *rows.shape[1:]))])
-    take = torch.from_numpy(np.where(sources == NO_SOURCE, len(pool) - 1, sources))
-    return pool.index_select(0, take.to(rows.device))
+    def index(array: np.ndarray):
+        return torch.from_numpy(array).to(rows.device)
+
+    out = rows.new_zeros((len(sources), *rows.shape[1:]))
+    out.index_copy_(0, index(local), rows.index_select(0, index(sources[local])))
+    if len(remote):
+        out.index_copy_(0, index(remote),
+                        received.index_select(0, index(sources[remote] - len(rows))))
+    return out
 
 
 def _rows(rows, index: np.ndarray):
