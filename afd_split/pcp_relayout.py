@@ -198,6 +198,89 @@ def _stage_positions(pieces: _Pieces, rows: np.ndarray, pcp: int, rank: int) -> 
     return pieces.computed[owner] + offset
 
 
+@dataclass(frozen=True)
+class _Layouts:
+    """What every rank's maps share: both layouts' rows, the block copies, and the
+    differing items' rows on every rank (``*_have``: [pcp, rows] tokens)."""
+
+    pcp: int
+    pieces: _Pieces
+    stage_rows: np.ndarray
+    stage_row_counts: tuple[int, ...]
+    block_stage_sources: np.ndarray
+    block_parent_sources: np.ndarray
+    differ: np.ndarray
+    sub_tokens: int
+    parent_have: np.ndarray
+    parent_full_rows: np.ndarray
+    stage_have: np.ndarray
+    stage_full_rows: np.ndarray
+
+
+def _layouts(plan: SplitPlan, num_computed_tokens) -> _Layouts:
+    pcp = plan.constraints.pcp_size
+    counts = np.asarray(plan.token_counts, dtype=np.int64)
+    computed = np.asarray(num_computed_tokens, dtype=np.int64)
+    num_decodes = num_decode_requests(counts)
+    parent_rows = rank_rows_per_request(counts, pcp, num_decodes)
+    parent_starts = np.cumsum(parent_rows) - parent_rows
+    pieces = _pieces(plan, computed)
+    stages = range(len(plan.ubatches))
+    stage_rows = np.concatenate([
+        rank_rows_per_request(pieces.tokens[pieces.stage == s], pcp,
+                              int(pieces.decode[pieces.stage == s].sum())) for s in stages])
+    stage_starts = np.cumsum(stage_rows) - stage_rows
+    same = (pieces.tokens == counts[pieces.request]) & (
+        pieces.decode == (pieces.request < num_decodes))
+    # Block copies, both ways (the same rows on every rank).
+    stage_sources = np.full(int(stage_rows.sum()), NO_SOURCE, dtype=np.int64)
+    parent_sources = np.full(int(parent_rows.sum()), NO_SOURCE, dtype=np.int64)
+    same_stage = _block_rows(stage_starts[same], stage_rows[same])
+    same_parent = _block_rows(parent_starts[pieces.request[same]], stage_rows[same])
+    stage_sources[same_stage] = same_parent
+    parent_sources[same_parent] = same_stage
+    # The differing requests, token by token in their own token space.
+    differ = np.unique(pieces.request[~same])
+    sub_counts = counts[differ]
+    sub_starts = np.cumsum(sub_counts) - sub_counts
+    piece_index = np.flatnonzero(~same)
+    piece_sub_start = sub_starts[np.searchsorted(differ, pieces.request[piece_index])] + (
+        pieces.token_offset[piece_index])
+    stage_have = np.concatenate([
+        _sub_sources(pieces.tokens[chosen], int(pieces.decode[chosen].sum()), pcp,
+                     piece_sub_start[np.isin(piece_index, chosen)])
+        for chosen in (piece_index[pieces.stage[piece_index] == s] for s in stages)], axis=1)
+    return _Layouts(
+        pcp=pcp, pieces=pieces, stage_rows=stage_rows,
+        stage_row_counts=tuple(int(stage_rows[pieces.stage == s].sum()) for s in stages),
+        block_stage_sources=stage_sources, block_parent_sources=parent_sources, differ=differ,
+        sub_tokens=int(sub_counts.sum()),
+        parent_have=_sub_sources(sub_counts, int((differ < num_decodes).sum()), pcp, sub_starts),
+        parent_full_rows=_block_rows(parent_starts[differ], parent_rows[differ]),
+        stage_have=stage_have,
+        stage_full_rows=_block_rows(stage_starts[piece_index], stage_rows[piece_index]),
+    )
+
+
+def _for_rank(layouts: _Layouts, rank: int) -> RankRelayout:
+    stage_sources = layouts.block_stage_sources.copy()
+    parent_sources = layouts.block_parent_sources.copy()
+    inbound, inbound_sources = _exchange(layouts.stage_have, layouts.parent_have,
+                                         layouts.parent_full_rows, rank, layouts.sub_tokens,
+                                         len(parent_sources))
+    stage_sources[layouts.stage_full_rows] = inbound_sources
+    outbound, outbound_sources = _exchange(layouts.parent_have, layouts.stage_have,
+                                           layouts.stage_full_rows, rank, layouts.sub_tokens,
+                                           len(stage_sources))
+    parent_sources[layouts.parent_full_rows] = outbound_sources
+    return RankRelayout(
+        pcp_size=layouts.pcp, pcp_rank=rank, parent_rows=len(parent_sources),
+        stage_row_counts=layouts.stage_row_counts, inbound=inbound, stage_sources=stage_sources,
+        stage_positions=_stage_positions(layouts.pieces, layouts.stage_rows, layouts.pcp, rank),
+        outbound=outbound, parent_sources=parent_sources, exchanged_requests=layouts.differ,
+    )
+
+
 def rank_relayout(plan: SplitPlan, num_computed_tokens, pcp_rank: int) -> RankRelayout:
     """Rank ``pcp_rank``'s maps between the parent's whole-request zigzag and ``plan``'s
     per-stage zigzags (``plan.constraints.pcp_size`` ranks, global counts).
@@ -209,58 +292,13 @@ def rank_relayout(plan: SplitPlan, num_computed_tokens, pcp_rank: int) -> RankRe
     pcp = plan.constraints.pcp_size
     if not 0 <= pcp_rank < pcp:
         raise ValueError(f"pcp_rank={pcp_rank} is outside the {pcp} PCP ranks of the plan")
-    counts = np.asarray(plan.token_counts, dtype=np.int64)
-    computed = np.asarray(num_computed_tokens, dtype=np.int64)
-    num_decodes = num_decode_requests(counts)
-    parent_rows = rank_rows_per_request(counts, pcp, num_decodes)
-    parent_starts = np.cumsum(parent_rows) - parent_rows
-    pieces = _pieces(plan, computed)
-    stage_rows = np.concatenate([
-        rank_rows_per_request(pieces.tokens[pieces.stage == s], pcp,
-                              int(pieces.decode[pieces.stage == s].sum()))
-        for s in range(len(plan.ubatches))])
-    stage_starts = np.cumsum(stage_rows) - stage_rows
-    same = (pieces.tokens == counts[pieces.request]) & (
-        pieces.decode == (pieces.request < num_decodes))
+    return _for_rank(_layouts(plan, num_computed_tokens), pcp_rank)
 
-    # Block copies, both ways.
-    stage_sources = np.full(int(stage_rows.sum()), NO_SOURCE, dtype=np.int64)
-    parent_sources = np.full(int(parent_rows.sum()), NO_SOURCE, dtype=np.int64)
-    same_stage = _block_rows(stage_starts[same], stage_rows[same])
-    same_parent = _block_rows(parent_starts[pieces.request[same]], stage_rows[same])
-    stage_sources[same_stage] = same_parent
-    parent_sources[same_parent] = same_stage
 
-    # Token-level maps of the differing requests, in their own token space.
-    differ = np.unique(pieces.request[~same])
-    sub_counts = counts[differ]
-    sub_starts = np.cumsum(sub_counts) - sub_counts
-    sub_tokens = int(sub_counts.sum())
-    parent_have = _sub_sources(sub_counts, int((differ < num_decodes).sum()), pcp, sub_starts)
-    parent_full_rows = _block_rows(parent_starts[differ], parent_rows[differ])
-    piece_index = np.flatnonzero(~same)
-    piece_sub_start = sub_starts[np.searchsorted(differ, pieces.request[piece_index])] + (
-        pieces.token_offset[piece_index])
-    stage_have = np.concatenate([
-        _sub_sources(pieces.tokens[chosen], int(pieces.decode[chosen].sum()), pcp,
-                     piece_sub_start[np.isin(piece_index, chosen)])
-        for chosen in (piece_index[pieces.stage[piece_index] == s]
-                       for s in range(len(plan.ubatches)))], axis=1)
-    stage_full_rows = _block_rows(stage_starts[piece_index], stage_rows[piece_index])
-    inbound, inbound_sources = _exchange(stage_have, parent_have, parent_full_rows, pcp_rank,
-                                         sub_tokens, len(parent_sources))
-    stage_sources[stage_full_rows] = inbound_sources
-    outbound, outbound_sources = _exchange(parent_have, stage_have, stage_full_rows, pcp_rank,
-                                           sub_tokens, len(stage_sources))
-    parent_sources[parent_full_rows] = outbound_sources
-    return RankRelayout(
-        pcp_size=pcp, pcp_rank=pcp_rank, parent_rows=len(parent_sources),
-        stage_row_counts=tuple(int(stage_rows[pieces.stage == s].sum())
-                               for s in range(len(plan.ubatches))),
-        inbound=inbound, stage_sources=stage_sources,
-        stage_positions=_stage_positions(pieces, stage_rows, pcp, pcp_rank),
-        outbound=outbound, parent_sources=parent_sources, exchanged_requests=differ,
-    )
+def all_rank_relayouts(plan: SplitPlan, num_computed_tokens) -> list[RankRelayout]:
+    """``rank_relayout`` of every rank, the shared layouts built once (the CPU emulation)."""
+    layouts = _layouts(plan, num_computed_tokens)
+    return [_for_rank(layouts, rank) for rank in range(layouts.pcp)]
 
 
 def _pool(rows, received, sources: np.ndarray):

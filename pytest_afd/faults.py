@@ -234,7 +234,7 @@ def _merge_order_swapped(merge: Callable) -> Callable:
 # ---- faults in the PCP relayout (the hook's rows under PCP) --------------------
 
 PCP_EMULATION_MODULE = "pytest_afd.backends.cpu.pcp"
-"""Binds ``rank_relayout``: the CPU backend's every PCP split goes through it."""
+"""Binds ``all_rank_relayouts``: the CPU backend's every PCP split goes through it."""
 
 
 def _relayout_fault(edit: Callable) -> Callable[[], contextlib.AbstractContextManager[None]]:
@@ -243,12 +243,12 @@ def _relayout_fault(edit: Callable) -> Callable[[], contextlib.AbstractContextMa
     @contextlib.contextmanager
     def install() -> Iterator[None]:
         module = importlib.import_module(PCP_EMULATION_MODULE)
-        original = module.rank_relayout
+        original = module.all_rank_relayouts
 
-        def faulty(plan, computed, rank):
-            return edit(original(plan, computed, rank))
+        def faulty(plan, computed):
+            return [edit(relayout) for relayout in original(plan, computed)]
 
-        with _patched(module, "rank_relayout", faulty):
+        with _patched(module, "all_rank_relayouts", faulty):
             yield
 
     return install

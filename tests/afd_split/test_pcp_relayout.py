@@ -14,6 +14,7 @@ import torch
 from afd_split import SplitConstraints, plan_split
 from afd_split.pcp_relayout import (
     NO_SOURCE,
+    all_rank_relayouts,
     rank_relayout,
     relay_all_ranks,
     relay_rows,
@@ -158,3 +159,14 @@ def test_bad_inputs_name_the_rank_and_rows():
     parent = np.zeros((relayout.parent_rows, 1))
     with pytest.raises(ValueError, match="the all-to-all returned 0 rows"):
         relay_rows(relayout, parent, lambda rows, send, recv: rows[:0])
+
+
+def test_all_ranks_at_once_equal_each_rank_alone():
+    for plan, computed in _random_cases(seed=11, count=40):
+        for together, rank in zip(all_rank_relayouts(plan, computed),
+                                  range(plan.constraints.pcp_size), strict=True):
+            alone = rank_relayout(plan, computed, rank)
+            for name in ("stage_sources", "parent_sources", "stage_positions"):
+                assert np.array_equal(getattr(together, name), getattr(alone, name))
+            assert together.inbound.send_counts == alone.inbound.send_counts
+            assert together.outbound.recv_counts == alone.outbound.recv_counts

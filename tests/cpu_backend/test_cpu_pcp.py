@@ -102,10 +102,10 @@ def _position_off_by_one(relayout):
 def test_a_wrong_relaid_position_is_caught_by_the_outputs(reduced_model, prompts, unsplit,
                                                           monkeypatch):
     """Fault injection in the glue, on every rank: one relaid row's position off by one."""
-    honest = pcp_relayout.rank_relayout
-    monkeypatch.setattr("pytest_afd.backends.cpu.pcp.rank_relayout",
-                        lambda plan, computed, rank: _position_off_by_one(
-                            honest(plan, computed, rank)))
+    honest = pcp_relayout.all_rank_relayouts
+    monkeypatch.setattr("pytest_afd.backends.cpu.pcp.all_rank_relayouts",
+                        lambda plan, computed: [_position_off_by_one(relayout)
+                                                for relayout in honest(plan, computed)])
     out, _ = Runner(reduced_model).whole(prompts, "token_balanced", SplitConstraints(pcp_size=2))
     assert not torch.allclose(out.last_logits, unsplit.last_logits, atol=1e-3)
 

@@ -38,7 +38,8 @@ def test_registry_has_every_required_class():
 
 def _bindings():
     return ({m: (m.split_engine_metadata, m.gather_ubatch_rows, m.merge_outputs)
-             for m in (executor, roles)}, executor.Executor.execute, pcp_emulation.rank_relayout)
+             for m in (executor, roles)}, executor.Executor.execute,
+            pcp_emulation.all_rank_relayouts)
 
 
 @pytest.mark.parametrize("name", sorted(set(faults.FAULTS) - set(faults.GLUE_FAULTS)))
@@ -56,9 +57,9 @@ def test_pcp_row_faults_move_relaid_rows(name):
     """Direct call: under the fault every rank's relayout moves other rows than the real one."""
     plan = plan_split([40, 150, 70], policy="token_balanced", num_computed_tokens=[0, 16, 0],
                       constraints=afd_split.SplitConstraints(pcp_size=2))
-    clean = [pcp_emulation.rank_relayout(plan, [0, 16, 0], rank) for rank in range(2)]
+    clean = pcp_emulation.all_rank_relayouts(plan, [0, 16, 0])
     with faults.get_fault(name).applied():
-        faulty = [pcp_emulation.rank_relayout(plan, [0, 16, 0], rank) for rank in range(2)]
+        faulty = pcp_emulation.all_rank_relayouts(plan, [0, 16, 0])
     for a, b in zip(clean, faulty, strict=True):
         assert not (np.array_equal(a.stage_sources, b.stage_sources)
                     and np.array_equal(a.parent_sources, b.parent_sources))

@@ -31,7 +31,7 @@ from afd_split.adapters.ascend import ASCEND_LAYOUTS
 from afd_split.adapters.ascend_pcp import PCP_LAYOUT_TAG, pcp_stage_metadata
 from afd_split.adapters.standins import attn_state_enum, standin_class
 from afd_split.constraints import MIN_PCP_FOR_ZIGZAG
-from afd_split.pcp_relayout import rank_relayout, relay_all_ranks, restore_all_ranks
+from afd_split.pcp_relayout import all_rank_relayouts, relay_all_ranks, restore_all_ranks
 from afd_split.pcp_rows import rank_rows
 from afd_split.pcp_stage import stage_rows, stage_tokens, zigzag_layout
 
@@ -52,7 +52,7 @@ class PcpEmulation:
         self.computed = np.asarray(metadata.num_computed_tokens, dtype=np.int64)
         self.parent = zigzag_layout(np.asarray(plan.token_counts, dtype=np.int64), self.pcp)
         self.stages = stage_rows(plan, self.computed, self.pcp).stages
-        self.relayouts = [rank_relayout(plan, self.computed, rank) for rank in range(self.pcp)]
+        self.relayouts = all_rank_relayouts(plan, self.computed)
 
     def _gathered(self, per_rank_rows, index: int):
         """Stage ``index``'s real rows in logical order from every rank's rows of the stage:
