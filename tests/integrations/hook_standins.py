@@ -193,8 +193,9 @@ def standin_forward_source(branch: str, header_overrides: dict[str, str] | None 
     the pinned header doing what upstream does at 2e4378f / 2f4f462, on layers called as
     ``layer(positions, hidden_states, residual)``: the layers before
     ``config.first_k_dense_replace`` on the whole batch (returning when no MoE layer
-    follows), then every MoE layer on each stage's rows (``UBatchSlice.token_slice``),
-    stage by stage, and the stages' rows concatenated."""
+    follows), then every MoE layer on each stage's rows (``UBatchSlice.token_slice``; a
+    missing residual stays None, ``_slice_optional_first_dim``), stage by stage, and the
+    stages' rows concatenated."""
     header = normalize_header((header_overrides or {}).get(
         FORWARD, variant_for_branch(FORWARD, branch).header))
     body = _body(header, [
@@ -207,7 +208,8 @@ def standin_forward_source(branch: str, header_overrides: dict[str, str] | None 
         "    return hidden_states, residual",
         "ubatch_slices = async_moe_ubatch_metadata['ubatch_slices']",
         "hidden = [hidden_states[ubatch_slice.token_slice] for ubatch_slice in ubatch_slices]",
-        "rest = [residual[ubatch_slice.token_slice] for ubatch_slice in ubatch_slices]",
+        "rest = [None if residual is None else residual[ubatch_slice.token_slice] "
+        "for ubatch_slice in ubatch_slices]",
         "where = [positions[ubatch_slice.token_slice] for ubatch_slice in ubatch_slices]",
         "for layer in islice(model.layers, max(model.start_layer, first_moe_layer), "
         "model.end_layer):",

@@ -46,7 +46,7 @@ class RowLayer:
 
     def __call__(self, positions, hidden_states, residual):
         out = hidden_states * (1 + 0.125 * self.index) + positions.to(hidden_states.dtype)[:, None]
-        return out, residual + hidden_states
+        return out, hidden_states if residual is None else residual + hidden_states
 
 
 def _model(start=0, end=NUM_LAYERS):
@@ -108,6 +108,40 @@ def test_relaid_stages_give_every_token_the_unsplit_rows(standin_plugin, schedul
         if padding_rows:  # the engine's padding rows come back as the dense layers left them
             assert torch.equal(split[0][-padding_rows:],
                                _model().layers[1](*_dense_pad(padding_rows))[0])
+
+
+def test_a_rank_of_moe_layers_only_without_residual_keeps_every_row(standin_plugin):
+    """A pipeline rank whose layers are all MoE gets no residual; the engine's padding rows
+    come back as zeros in the residual the stages made."""
+    seams = standin_plugin(RELEASE)
+    original = seams.forward_module.run_async_moe_ubatch_afd_forward
+    install_forward(seams.forward_module)
+    patched = seams.forward_module.run_async_moe_ubatch_afd_forward
+    scheduled, computed, pcp = [700], [128], 2
+    plan = plan_split(scheduled, policy="token_balanced",
+                      constraints=SplitConstraints(pcp_size=pcp, align=2 * pcp),
+                      num_computed_tokens=computed)
+    group = ThreadGroup(pcp)
+
+    def rank_main(rank):
+        pcp_stages = PcpStages.for_rank(plan, computed, rank, group.all_to_all_for(rank), None,
+                                        chunked_prefill=False)
+        slices = PlannedUBatchSlices(pcp_stages.ubatch_slices(StandInUBatchSlice), plan=plan,
+                                     block_size=16, session=None, pcp=pcp_stages)
+        hidden, _, positions, sources = _parent_rows(scheduled, computed, pcp, rank, 2)
+        moe_only = _model(start=FIRST_MOE_LAYER)
+        split = patched(moe_only, hidden, None, positions, None, {"ubatch_slices": slices})
+        whole = [StandInUBatchSlice(slice(0, 1), slice(0, hidden.shape[0]))]
+        unsplit = original(moe_only, hidden, None, positions, None, {"ubatch_slices": whole},
+                           None)
+        return split, unsplit, sources
+
+    for split, unsplit, sources in group.run(rank_main):
+        real = torch.from_numpy(np.flatnonzero(sources >= 0))
+        assert split[1].shape == split[0].shape == unsplit[0].shape
+        assert torch.equal(split[0][real], unsplit[0][real])
+        assert torch.equal(split[1][real], unsplit[1][real])
+        assert not split[1][-2:].any()  # padding rows: zeros, no residual came in
 
 
 def _dense_pad(rows):

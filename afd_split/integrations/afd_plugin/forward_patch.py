@@ -99,8 +99,9 @@ def run_relaid(original: Callable, model, hidden_states, residual, positions, af
                        staged, None)
     move_out = functools.partial(restore_rows, pcp.relayout, all_to_all=pcp.all_to_all)
     restored = _moved_pair(move_out, *outputs)
-    return (_with_padding_rows(restored[0], hidden_states, rows),
-            _with_padding_rows(restored[1], residual, rows))
+    total = hidden_states.shape[0]
+    return (_with_padding_rows(restored[0], hidden_states, total, rows),
+            _with_padding_rows(restored[1], residual, total, rows))
 
 
 def _moved_pair(move: Callable, hidden_states, residual):
@@ -117,13 +118,16 @@ def _moved_pair(move: Callable, hidden_states, residual):
     return joined[..., :width], joined[..., width:]
 
 
-def _with_padding_rows(parent_rows, like, rows: int):
-    """``parent_rows`` followed by ``like``'s rows past ``rows`` (the engine's padding rows)."""
-    if parent_rows is None or like is None or like.shape[0] == rows:
+def _with_padding_rows(parent_rows, padding_source, total_rows: int, rows: int):
+    """``parent_rows`` followed by the engine's padding rows past ``rows``: those of
+    ``padding_source`` (the dense layers' output), zeros where it has none."""
+    if parent_rows is None or total_rows == rows:
         return parent_rows
     import torch
 
-    return torch.cat([parent_rows, like[rows:]])
+    tail = (padding_source[rows:] if padding_source is not None
+            else parent_rows.new_zeros((total_rows - rows, *parent_rows.shape[1:])))
+    return torch.cat([parent_rows, tail])
 
 
 def make_forward_patch(original: Callable) -> Callable:

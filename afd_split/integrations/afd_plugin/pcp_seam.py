@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from afd_split.adapters.slicing import host_numpy
 from afd_split.constraints import MIN_PCP_FOR_ZIGZAG, SplitPolicy
 from afd_split.engine_alignment import EngineAlignment
 from afd_split.errors import UnsupportedSplitError
@@ -65,6 +66,7 @@ PCP_STAGE_RULE = (
     "differs move by one PCP all-to-all each way (afd_split.pcp_relayout)"
 )
 """Recorded in every PCP step's evidence line (``pcp_stage_rule``)."""
+
 
 def global_scheduled_counts(pcp_manager, num_reqs: int) -> np.ndarray:
     """The step's global per-request scheduled tokens (``query_lens_pcp_full``): identical on
@@ -254,10 +256,6 @@ def group_all_to_all(device_group) -> AllToAll:
     return all_to_all
 
 
-def _host(value) -> np.ndarray:
-    return np.asarray(value.numpy() if hasattr(value, "numpy") else value)
-
-
 def check_rebuilt_stages(pcp: PcpStages) -> None:
     """Host checks of what the plugin's stage rebuild wrote into every built stage, before any
     stage runs: slots and PCP metadata for the stage's own rows, counts and context.
@@ -276,11 +274,11 @@ def check_rebuilt_stages(pcp: PcpStages) -> None:
                     f"stage {index}: the per-stage PCP rebuild did not run (slot_mapping or "
                     "prefill_context_parallel_metadata unset)")
             pieces = stage.num_scheduled_tokens
-            counts = _host(metadata.query_lens_pcp_full_cpu)[:len(pieces)]
+            counts = host_numpy(metadata.query_lens_pcp_full_cpu)[:len(pieces)]
             decodes = num_decode_requests(pieces)
             context = stage.num_computed_tokens.copy()
             context[:decodes] += pieces[:decodes]
-            built_context = _host(metadata.num_computed_tokens_of_pcp_dcp).reshape(
+            built_context = host_numpy(metadata.num_computed_tokens_of_pcp_dcp).reshape(
                 len(pieces), -1).sum(axis=1)
             problems = [
                 f"{name} {got} != {want}" for name, got, want in (
