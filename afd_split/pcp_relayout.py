@@ -31,10 +31,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from afd_split.constraints import ZIGZAG_CHUNKS_PER_RANK
 from afd_split.pcp_stage import (
     PAD_TOKEN,
+    block_ranges,
     num_decode_requests,
+    rank_positions,
     rank_rows_per_request,
     stage_tokens,
     zigzag_layout,
@@ -105,12 +106,6 @@ def _row_of_token(sources: np.ndarray, num_tokens: int) -> np.ndarray:
     held = np.flatnonzero(sources != PAD_TOKEN)[::-1]
     rows[sources[held]] = held
     return rows
-
-
-def _block_rows(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """[start, start + length) of every block, concatenated."""
-    total = int(lengths.sum())
-    return np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(total)
 
 
 @dataclass(frozen=True)
@@ -185,19 +180,6 @@ def _exchange(want: np.ndarray, have: np.ndarray, have_full_rows: np.ndarray, ra
     return exchange, sources
 
 
-def _stage_positions(pieces: _Pieces, rows: np.ndarray, pcp: int, rank: int) -> np.ndarray:
-    """Positions of one rank's stage rows (the engine's rule: computed tokens plus the
-    row's offset in its padded piece; a decode's own token index)."""
-    owner = np.repeat(np.arange(len(rows)), rows)
-    within = np.arange(int(rows.sum())) - np.repeat(np.cumsum(rows) - rows, rows)
-    chunk = (rows // ZIGZAG_CHUNKS_PER_RANK)[owner]
-    is_head = within < chunk
-    offset = np.where(is_head, rank * chunk + within,
-                      (ZIGZAG_CHUNKS_PER_RANK * pcp - 1 - rank) * chunk + within - chunk)
-    offset = np.where(pieces.decode[owner], within, offset)
-    return pieces.computed[owner] + offset
-
-
 @dataclass(frozen=True)
 class _Layouts:
     """What every rank's maps share: both layouts' rows, the block copies, and the
@@ -235,8 +217,8 @@ def _layouts(plan: SplitPlan, num_computed_tokens) -> _Layouts:
     # Block copies, both ways (the same rows on every rank).
     stage_sources = np.full(int(stage_rows.sum()), NO_SOURCE, dtype=np.int64)
     parent_sources = np.full(int(parent_rows.sum()), NO_SOURCE, dtype=np.int64)
-    same_stage = _block_rows(stage_starts[same], stage_rows[same])
-    same_parent = _block_rows(parent_starts[pieces.request[same]], stage_rows[same])
+    same_stage = block_ranges(stage_starts[same], stage_rows[same])
+    same_parent = block_ranges(parent_starts[pieces.request[same]], stage_rows[same])
     stage_sources[same_stage] = same_parent
     parent_sources[same_parent] = same_stage
     # The differing requests, token by token in their own token space.
@@ -256,9 +238,9 @@ def _layouts(plan: SplitPlan, num_computed_tokens) -> _Layouts:
         block_stage_sources=stage_sources, block_parent_sources=parent_sources, differ=differ,
         sub_tokens=int(sub_counts.sum()),
         parent_have=_sub_sources(sub_counts, int((differ < num_decodes).sum()), pcp, sub_starts),
-        parent_full_rows=_block_rows(parent_starts[differ], parent_rows[differ]),
+        parent_full_rows=block_ranges(parent_starts[differ], parent_rows[differ]),
         stage_have=stage_have,
-        stage_full_rows=_block_rows(stage_starts[piece_index], stage_rows[piece_index]),
+        stage_full_rows=block_ranges(stage_starts[piece_index], stage_rows[piece_index]),
     )
 
 
@@ -276,7 +258,8 @@ def _for_rank(layouts: _Layouts, rank: int) -> RankRelayout:
     return RankRelayout(
         pcp_size=layouts.pcp, pcp_rank=rank, parent_rows=len(parent_sources),
         stage_row_counts=layouts.stage_row_counts, inbound=inbound, stage_sources=stage_sources,
-        stage_positions=_stage_positions(layouts.pieces, layouts.stage_rows, layouts.pcp, rank),
+        stage_positions=rank_positions(layouts.stage_rows, layouts.pieces.computed,
+                                       layouts.pieces.decode, layouts.pcp, rank),
         outbound=outbound, parent_sources=parent_sources, exchanged_requests=layouts.differ,
     )
 

@@ -249,7 +249,24 @@ KV_INDEX_NAMES = (
 )
 
 
-def _ranges(starts, lengths) -> np.ndarray:
+def rank_positions(rank_rows, num_computed_tokens, decode, pcp_size: int,
+                   pcp_rank: int) -> np.ndarray:
+    """Positions of rank ``pcp_rank``'s rows of a batch laid out request after request with
+    ``rank_rows`` rows each: the engine's PCP rule (``update_tokens_for_pcp``), computed
+    tokens plus the row's offset in its padded request (head chunk ``rank``, tail chunk
+    ``2 * pcp - 1 - rank``); a decode (``decode`` mask) its own token index."""
+    rows = np.asarray(rank_rows, dtype=np.int64)
+    owner = np.repeat(np.arange(len(rows)), rows)
+    within = _segment_arange(rows)
+    chunk = (rows // ZIGZAG_CHUNKS_PER_RANK)[owner]
+    offset = np.where(within < chunk, pcp_rank * chunk + within,
+                      (ZIGZAG_CHUNKS_PER_RANK * pcp_size - 1 - pcp_rank) * chunk + within - chunk)
+    offset = np.where(np.asarray(decode)[owner], within, offset)
+    return np.asarray(num_computed_tokens, dtype=np.int64)[owner] + offset
+
+
+def block_ranges(starts, lengths) -> np.ndarray:
+    """``[start, start + length)`` of every block, concatenated."""
     starts = np.asarray(starts, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
     return np.repeat(starts, lengths) + _segment_arange(lengths)
@@ -273,16 +290,16 @@ def stage_metadata(stage: PcpStageTokens, pcp_size: int, pcp_rank: int, *,
     tail_id = ZIGZAG_CHUNKS_PER_RANK * pcp_size - 1 - pcp_rank
     tail_proj = chunk * (tail_id + 1)
     tail_proj_offset = np.cumsum(tail_proj) - tail_proj
-    q_head = _ranges(q_offset, chunk)
-    q_tail = _ranges(q_offset + chunk, chunk)
+    q_head = block_ranges(q_offset, chunk)
+    q_tail = block_ranges(q_offset + chunk, chunk)
     kv_idx = {
-        "kv_with_q_head_nomask_idx_tensor": _ranges(kv_offset, chunk * head_id),
-        "kv_with_q_head_mask_idx_tensor": _ranges(kv_offset + chunk * head_id, chunk),
-        "kv_with_q_tail_nomask_idx_tensor": _ranges(kv_offset, chunk * tail_id),
-        "kv_with_q_tail_mask_idx_tensor": _ranges(kv_offset + chunk * tail_id, chunk),
-        "kv_tail_proj_idx_tensor": _ranges(kv_offset, tail_proj),
-        "kv_with_q_head_attn_idx_in_tail_tensor": _ranges(tail_proj_offset, chunk * (head_id + 1)),
-        "kv_with_q_tail_attn_idx_in_tail_tensor": _ranges(tail_proj_offset, tail_proj),
+        "kv_with_q_head_nomask_idx_tensor": block_ranges(kv_offset, chunk * head_id),
+        "kv_with_q_head_mask_idx_tensor": block_ranges(kv_offset + chunk * head_id, chunk),
+        "kv_with_q_tail_nomask_idx_tensor": block_ranges(kv_offset, chunk * tail_id),
+        "kv_with_q_tail_mask_idx_tensor": block_ranges(kv_offset + chunk * tail_id, chunk),
+        "kv_tail_proj_idx_tensor": block_ranges(kv_offset, tail_proj),
+        "kv_with_q_head_attn_idx_in_tail_tensor": block_ranges(tail_proj_offset, chunk * (head_id + 1)),
+        "kv_with_q_tail_attn_idx_in_tail_tensor": block_ranges(tail_proj_offset, tail_proj),
     }
     padded_total = int(layout.padded_tokens.sum())
     return PcpStageMetadata(

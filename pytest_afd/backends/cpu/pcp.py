@@ -33,7 +33,7 @@ from afd_split.adapters.standins import attn_state_enum, standin_class
 from afd_split.constraints import MIN_PCP_FOR_ZIGZAG
 from afd_split.pcp_relayout import all_rank_relayouts, relay_all_ranks, restore_all_ranks
 from afd_split.pcp_rows import rank_rows
-from afd_split.pcp_stage import stage_rows, stage_tokens, zigzag_layout
+from afd_split.pcp_stage import rank_positions, stage_rows, stage_tokens, zigzag_layout
 
 PCP_ENGINE_LAYOUT = next(layout for layout in ASCEND_LAYOUTS if layout.version == PCP_LAYOUT_TAG)
 """vLLM-Ascend v0.19.1rc1: the one pinned layout with PCP on model runner v1."""
@@ -97,11 +97,9 @@ class PcpEmulation:
         rows = self.parent.rank_tokens
         qsl = np.concatenate([[0], np.cumsum(rows)]).astype(np.int32)
         seq_lens = (self.computed + rows).astype(np.int32)
-        positions = self.computed[np.repeat(np.arange(len(rows)), rows)] + (
-            self.parent.padded_offsets[rank]
-            - np.repeat(np.cumsum(self.parent.padded_tokens) - self.parent.padded_tokens, rows))
-        decodes = int(rows[:self.parent.num_decode_reqs].sum())
-        positions[:decodes] = self.computed[:decodes]
+        positions = rank_positions(rows, self.computed,
+                                   np.arange(len(rows)) < self.parent.num_decode_reqs,
+                                   self.pcp, rank)
         states = attn_state_enum(PCP_ENGINE_LAYOUT)
         return standin_class(PCP_ENGINE_LAYOUT)(
             query_start_loc=torch.from_numpy(qsl.copy()),
