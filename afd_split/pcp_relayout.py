@@ -142,37 +142,58 @@ def _sub_sources(counts: np.ndarray, num_decodes: int, pcp: int,
     return np.where(layout.rank_sources == PAD_TOKEN, PAD_TOKEN, layout.rank_sources + shift)
 
 
-def _exchange(want: np.ndarray, have: np.ndarray, have_full_rows: np.ndarray, rank: int,
-              num_tokens: int, num_local_rows: int) -> tuple[Exchange, np.ndarray]:
-    """(``rank``'s all-to-all, and its ``want`` rows' sources in ``[local rows ; received]``).
+@dataclass(frozen=True)
+class _Direction:
+    """One move (into the stages, or back) on every rank at once: which row of ``want``
+    (every rank's [pcp, rows] tokens of the differing items in the target layout) is held
+    locally, and which comes from which rank's which ``have`` row (the source layout)."""
 
-    ``want`` / ``have`` are every rank's [pcp, rows] tokens of the differing items in
-    the target and source layouts; ``have_full_rows`` maps a ``have`` row to the
-    rank's full row. A wanted token the rank does not hold comes from the first rank
-    that does (rank 0's copy of a decode); every receiver takes its blocks in source
-    rank order, each block in the receiver's own row order.
-    """
+    real: np.ndarray
+    tokens: np.ndarray
+    from_rank: np.ndarray
+    remote: np.ndarray
+    owner_row: np.ndarray  # per token: its row in the first rank that holds it
+    have_full_rows: np.ndarray  # a have row's full row on its rank
+
+    def source_rows(self, tokens: np.ndarray) -> np.ndarray:
+        """The full row of the rank that holds each of ``tokens``."""
+        return self.have_full_rows[self.owner_row[tokens]]
+
+
+def _direction(want: np.ndarray, have: np.ndarray, have_full_rows: np.ndarray,
+               num_tokens: int) -> _Direction:
+    """A wanted token a rank does not hold comes from the first rank that does (rank 0's
+    copy of a decode, which every rank holds on the same row: decodes lead every rank's
+    rows)."""
     pcp, width = have.shape
     flat = have.reshape(-1)
     first = _row_of_token(flat, num_tokens)
     owner, owner_row = first // width, first % width
-    # A decode is held by every rank, on the same row (decodes lead every rank's rows).
     shared = np.bincount(flat[flat != PAD_TOKEN], minlength=num_tokens) > 1
     real = want != PAD_TOKEN
     tokens = np.where(real, want, 0)
     from_rank = owner[tokens]
     remote = real & (from_rank != np.arange(pcp)[:, None]) & ~shared[tokens]
+    return _Direction(real, tokens, from_rank, remote, owner_row, have_full_rows)
+
+
+def _exchange(direction: _Direction, rank: int,
+              num_local_rows: int) -> tuple[Exchange, np.ndarray]:
+    """(``rank``'s all-to-all, and its wanted rows' sources in ``[local rows ; received]``):
+    every receiver takes its blocks in source rank order, each block in the receiver's own
+    row order."""
+    pcp, width = direction.real.shape
     # Sent by ``rank``: receiver after receiver, each in the receiver's row order.
-    sent = np.flatnonzero((remote & (from_rank == rank)).reshape(-1))
-    send_counts = np.bincount(sent // want.shape[1], minlength=pcp)
-    send_rows = have_full_rows[owner_row[tokens.reshape(-1)[sent]]]
+    sent = np.flatnonzero((direction.remote & (direction.from_rank == rank)).reshape(-1))
+    send_counts = np.bincount(sent // width, minlength=pcp)
+    send_rows = direction.source_rows(direction.tokens.reshape(-1)[sent])
     # Received by ``rank``: sender after sender, each in this rank's row order.
-    mine, mine_remote, mine_from = tokens[rank], remote[rank], from_rank[rank]
+    mine_remote, mine_from = direction.remote[rank], direction.from_rank[rank]
     incoming = np.flatnonzero(mine_remote)
     order = incoming[np.argsort(mine_from[incoming], kind="stable")]
-    sources = np.full(want.shape[1], NO_SOURCE, dtype=np.int64)
-    held = real[rank] & ~mine_remote
-    sources[held] = have_full_rows[owner_row[mine[held]]]
+    sources = np.full(width, NO_SOURCE, dtype=np.int64)
+    held = direction.real[rank] & ~mine_remote
+    sources[held] = direction.source_rows(direction.tokens[rank][held])
     sources[order] = num_local_rows + np.arange(len(order))
     recv_counts = np.bincount(mine_from[incoming], minlength=pcp)
     exchange = Exchange(send_rows.astype(np.int64), tuple(int(n) for n in send_counts),
@@ -192,11 +213,10 @@ class _Layouts:
     block_stage_sources: np.ndarray
     block_parent_sources: np.ndarray
     differ: np.ndarray
-    sub_tokens: int
-    parent_have: np.ndarray
     parent_full_rows: np.ndarray
-    stage_have: np.ndarray
     stage_full_rows: np.ndarray
+    inbound: _Direction
+    outbound: _Direction
 
 
 def _layouts(plan: SplitPlan, num_computed_tokens) -> _Layouts:
@@ -232,28 +252,26 @@ def _layouts(plan: SplitPlan, num_computed_tokens) -> _Layouts:
         _sub_sources(pieces.tokens[chosen], int(pieces.decode[chosen].sum()), pcp,
                      piece_sub_start[np.isin(piece_index, chosen)])
         for chosen in (piece_index[pieces.stage[piece_index] == s] for s in stages)], axis=1)
+    parent_have = _sub_sources(sub_counts, int((differ < num_decodes).sum()), pcp, sub_starts)
+    parent_full_rows = block_ranges(parent_starts[differ], parent_rows[differ])
+    stage_full_rows = block_ranges(stage_starts[piece_index], stage_rows[piece_index])
+    sub_tokens = int(sub_counts.sum())
     return _Layouts(
         pcp=pcp, pieces=pieces, stage_rows=stage_rows,
         stage_row_counts=tuple(int(stage_rows[pieces.stage == s].sum()) for s in stages),
         block_stage_sources=stage_sources, block_parent_sources=parent_sources, differ=differ,
-        sub_tokens=int(sub_counts.sum()),
-        parent_have=_sub_sources(sub_counts, int((differ < num_decodes).sum()), pcp, sub_starts),
-        parent_full_rows=block_ranges(parent_starts[differ], parent_rows[differ]),
-        stage_have=stage_have,
-        stage_full_rows=block_ranges(stage_starts[piece_index], stage_rows[piece_index]),
+        parent_full_rows=parent_full_rows, stage_full_rows=stage_full_rows,
+        inbound=_direction(stage_have, parent_have, parent_full_rows, sub_tokens),
+        outbound=_direction(parent_have, stage_have, stage_full_rows, sub_tokens),
     )
 
 
 def _for_rank(layouts: _Layouts, rank: int) -> RankRelayout:
     stage_sources = layouts.block_stage_sources.copy()
     parent_sources = layouts.block_parent_sources.copy()
-    inbound, inbound_sources = _exchange(layouts.stage_have, layouts.parent_have,
-                                         layouts.parent_full_rows, rank, layouts.sub_tokens,
-                                         len(parent_sources))
+    inbound, inbound_sources = _exchange(layouts.inbound, rank, len(parent_sources))
     stage_sources[layouts.stage_full_rows] = inbound_sources
-    outbound, outbound_sources = _exchange(layouts.parent_have, layouts.stage_have,
-                                           layouts.stage_full_rows, rank, layouts.sub_tokens,
-                                           len(stage_sources))
+    outbound, outbound_sources = _exchange(layouts.outbound, rank, len(stage_sources))
     parent_sources[layouts.parent_full_rows] = outbound_sources
     return RankRelayout(
         pcp_size=layouts.pcp, pcp_rank=rank, parent_rows=len(parent_sources),
