@@ -66,6 +66,13 @@ def _parent_rows(scheduled, computed, pcp, rank, padding_rows=0):
     return hidden, hidden * 0.5, positions, sources
 
 
+def _planned(plan, computed, rank, all_to_all) -> PlannedUBatchSlices:
+    """What the planner patch hands the pipeline for ``rank``: the relaid slices and the step."""
+    pcp_stages = PcpStages.for_rank(plan, computed, rank, all_to_all, None, chunked_prefill=False)
+    return PlannedUBatchSlices(pcp_stages.ubatch_slices(StandInUBatchSlice), plan=plan,
+                               block_size=16, session=None, pcp=pcp_stages)
+
+
 def _unsplit(original, hidden, residual, positions):
     whole = [StandInUBatchSlice(slice(0, 1), slice(0, hidden.shape[0]))]
     return original(_model(), hidden, residual, positions, None, {"ubatch_slices": whole}, None)
@@ -90,10 +97,7 @@ def test_relaid_stages_give_every_token_the_unsplit_rows(standin_plugin, schedul
     group = ThreadGroup(pcp)
 
     def rank_main(rank):
-        pcp_stages = PcpStages.for_rank(plan, computed, rank, group.all_to_all_for(rank), None,
-                                        chunked_prefill=False)
-        slices = PlannedUBatchSlices(pcp_stages.ubatch_slices(StandInUBatchSlice), plan=plan,
-                                     block_size=16, session=None, pcp=pcp_stages)
+        slices = _planned(plan, computed, rank, group.all_to_all_for(rank))
         hidden, residual, positions, sources = _parent_rows(scheduled, computed, pcp, rank,
                                                             padding_rows)
         split = patched(_model(), hidden, residual, positions, None,
@@ -124,10 +128,7 @@ def test_a_rank_of_moe_layers_only_without_residual_keeps_every_row(standin_plug
     group = ThreadGroup(pcp)
 
     def rank_main(rank):
-        pcp_stages = PcpStages.for_rank(plan, computed, rank, group.all_to_all_for(rank), None,
-                                        chunked_prefill=False)
-        slices = PlannedUBatchSlices(pcp_stages.ubatch_slices(StandInUBatchSlice), plan=plan,
-                                     block_size=16, session=None, pcp=pcp_stages)
+        slices = _planned(plan, computed, rank, group.all_to_all_for(rank))
         hidden, _, positions, sources = _parent_rows(scheduled, computed, pcp, rank, 2)
         moe_only = _model(start=FIRST_MOE_LAYER)
         split = patched(moe_only, hidden, None, positions, None, {"ubatch_slices": slices})
