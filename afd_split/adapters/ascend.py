@@ -150,22 +150,31 @@ def _one_token_each(context) -> bool:
     return bool((np.diff(context.query_start_loc) == 1).all())
 
 
-def _attn_state(chunked_prefill: bool):
-    """The ubatch's state by the model runner's ``_build_attn_state`` rule, on its own pieces.
+def attn_state_rule(states, *, has_context: bool, one_token_each: bool, chunked_prefill: bool):
+    """A ubatch's state by the model runner's ``_build_attn_state`` rule, on its own pieces.
 
     Upstream's order: no cached context anywhere -> PrefillNoCache; else every
     request scheduling one token -> DecodeOnly; else ChunkedPrefill with chunked
     prefill on, PrefillCacheHit without. (Its speculative-decoding branches never
     apply: the hook refuses speculative decoding at start-up.)
     """
+    if not has_context:
+        return states.PrefillNoCache
+    if one_token_each:
+        return states.DecodeOnly
+    return states.ChunkedPrefill if chunked_prefill else states.PrefillCacheHit
+
+
+def _attn_state(chunked_prefill: bool):
+    """``attn_state_rule`` as a recompute rule (the one-token test only when tokens == reqs)."""
 
     def recompute(context):
-        states = type(context.common.attn_state)
-        if not context.num_computed_tokens.any():
-            return states.PrefillNoCache
-        if context.ubatch.num_real_tokens == context.num_reqs and _one_token_each(context):
-            return states.DecodeOnly
-        return states.ChunkedPrefill if chunked_prefill else states.PrefillCacheHit
+        return attn_state_rule(
+            type(context.common.attn_state),
+            has_context=bool(context.num_computed_tokens.any()),
+            one_token_each=(context.ubatch.num_real_tokens == context.num_reqs
+                            and _one_token_each(context)),
+            chunked_prefill=chunked_prefill)
 
     return recompute
 

@@ -27,7 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from afd_split.adapters.ascend import ASCEND_FIELD_RULES, PREFILL_STATES, ascend_field_program
+from afd_split.adapters.ascend import (
+    ASCEND_FIELD_RULES,
+    PREFILL_STATES,
+    ascend_field_program,
+    attn_state_rule,
+)
 from afd_split.adapters.common import field_is_set, reject_unsupported_fields, replaced
 from afd_split.adapters.layout import FieldRule
 from afd_split.adapters.slicing import host_numpy
@@ -95,15 +100,6 @@ def _pcp_layout(common):
     return program.layout
 
 
-def _attn_state(states, stage: PcpStageTokens, chunked_prefill: bool):
-    """``_build_attn_state`` on the stage's own pieces (global tokens, their computed tokens)."""
-    if not stage.num_computed_tokens.any():
-        return states.PrefillNoCache
-    if (stage.num_scheduled_tokens == 1).all():
-        return states.DecodeOnly
-    return states.ChunkedPrefill if chunked_prefill else states.PrefillCacheHit
-
-
 def _like(array: np.ndarray, like):
     """``array`` as a tensor of ``like``'s dtype on ``like``'s device (None stays None)."""
     if like is None:
@@ -134,7 +130,10 @@ def _recomputed(common, stage: PcpStageRows, chunked_prefill: bool) -> dict:
         "max_seq_len": int(seq_lens.max()),
         "causal": common.causal,
         "actual_seq_lengths_q": [],
-        "attn_state": _attn_state(type(common.attn_state), stage.tokens, chunked_prefill),
+        "attn_state": attn_state_rule(  # on the pieces' global tokens and computed tokens
+            type(common.attn_state), has_context=bool(computed.any()),
+            one_token_each=bool((stage.tokens.num_scheduled_tokens == 1).all()),
+            chunked_prefill=chunked_prefill),
         "prefill_context_parallel_metadata": None,  # rebuilt by the plugin's stage rebuild
     }
 
