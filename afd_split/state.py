@@ -3,22 +3,46 @@
 The split path swaps per-stage attributes into the forward context and the
 PCP / SP helpers; a failure halfway must not leak one stage's metadata into
 the next step. Bindings are restored (object identity kept); attributes that
-did not exist before are deleted again.
+did not exist before are deleted again. Buffers the caller does not own but a
+build writes through (an engine builder's persistent slot buffer) are named as
+``BufferContents`` targets: their contents are copied back in place, so every
+view of them, the parent batch's included, reads what it read before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 _ABSENT = object()
 """Marks an attribute that did not exist when the snapshot was taken."""
 
 
+@dataclass(frozen=True, eq=False)
+class BufferContents:
+    """A ``preserved_state`` target: a tensor whose contents (not binding) are restored.
+
+    Any object with ``clone()`` and ``copy_(other)`` (a torch tensor) works; the
+    snapshot is one clone, the restore one in-place copy, so views stay views.
+    """
+
+    buffer: Any
+
+
+_CONTENTS = "<contents>"
+"""The ``name`` slot of a ``BufferContents`` snapshot entry."""
+
+
 def _snapshot(targets) -> list[tuple[object, str, object]]:
-    """(object, name, value-or-_ABSENT) for every named attribute of every target."""
+    """(object, name, value-or-_ABSENT) for every named attribute of every target, and
+    (buffer, _CONTENTS, copy) for every ``BufferContents`` target."""
     saved = []
     for target in targets:
+        if isinstance(target, BufferContents):
+            saved.append((target.buffer, _CONTENTS, target.buffer.clone()))
+            continue
         try:
             obj, names = target
         except (TypeError, ValueError):
@@ -32,8 +56,10 @@ def _snapshot(targets) -> list[tuple[object, str, object]]:
 
 
 @contextmanager
-def preserved_state(*targets: tuple[object, Iterable[str] | str]) -> Iterator[None]:
-    """Restore the named attributes of each ``(object, names)`` target on exit.
+def preserved_state(*targets: tuple[object, Iterable[str] | str] | BufferContents,
+                    ) -> Iterator[None]:
+    """Restore the named attributes of each ``(object, names)`` target, and the contents
+    of each ``BufferContents`` target, on exit.
 
     Runs on success and on exception (the exception propagates). Restores in
     reverse order so a name listed twice ends at its first snapshot.
@@ -43,7 +69,9 @@ def preserved_state(*targets: tuple[object, Iterable[str] | str]) -> Iterator[No
         yield
     finally:
         for obj, name, value in reversed(saved):
-            if value is _ABSENT:
+            if name is _CONTENTS:
+                obj.copy_(value)
+            elif value is _ABSENT:
                 if hasattr(obj, name):
                     delattr(obj, name)
             else:

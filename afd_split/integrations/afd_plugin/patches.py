@@ -23,6 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from afd_split.integrations.afd_plugin.builder_state import (
+    builder_state_targets,
+    metadata_builders,
+    own_stage_views,
+    stage_written_buffers,
+)
 from afd_split.integrations.afd_plugin.pcp_drift import pcp_seam_unavailable
 from afd_split.integrations.afd_plugin.pcp_seam import (
     check_rebuilt_stages,
@@ -65,7 +71,8 @@ PATCH_MARKER = "__afd_split_patch__"
 RUNNER_STATE_KEPT_ACROSS_STAGE_BUILD = ("long_seq_metadata", "input_batch")
 """Runner state the full-batch build sets for the full-batch forward and the stage build
 overwrites (``input_batch``: swapped per stage under PCP, ``pcp_seam``); ``preserved_state``
-restores it so the stages never leak into the parent."""
+restores it so the stages never leak into the parent. The builders' bindings and the
+buffers a stage build writes through are restored with it (``builder_state``)."""
 
 
 
@@ -238,10 +245,14 @@ def build_token_balanced_stages(runner, full_metadata, num_tokens: int,
     if stage_slices is None:
         return full_metadata
     stage_args, stage_kwargs = stage_arguments(stage_slices)
-    with preserved_state((runner, RUNNER_STATE_KEPT_ACROSS_STAGE_BUILD)):
+    builders = metadata_builders(runner)
+    buffers = stage_written_buffers(builders, getattr(runner, "pcp_manager", None))
+    with preserved_state((runner, RUNNER_STATE_KEPT_ACROSS_STAGE_BUILD),
+                         *builder_state_targets(builders, buffers)):
         stage_attn_metadata, _ = runner._build_attention_metadata_with_ubatches(
             *stage_args, **stage_kwargs
         )
+        own_stage_views(stage_attn_metadata, buffers)  # before the buffers are restored
     if stage_slices.pcp is not None:
         check_rebuilt_stages(stage_slices.pcp)
     runner._afd_pending_metadata = runner._build_afd_metadata(stage_slices, num_tokens)

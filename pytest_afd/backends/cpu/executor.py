@@ -81,6 +81,14 @@ class _Stage:
     hidden: torch.Tensor
     positions: torch.Tensor
     real_mask: torch.Tensor
+    dense_metadata: BatchMetadata | None = None
+    """Under PCP, the dense layers' metadata: the full batch's slots (``PcpEmulation``)."""
+
+    def attention_metadata(self, layer) -> BatchMetadata:
+        """The dense layers run on the full batch's metadata, the MoE layers on the stage's."""
+        if self.dense_metadata is None or layer.is_moe:
+            return self.metadata
+        return self.dense_metadata
 
 
 class Executor:
@@ -122,7 +130,8 @@ class Executor:
         for layer in self.model.layers:
             for ubatch, stage in enumerate(stages):
                 with timer.span(ATTENTION, layer.index, ubatch):
-                    stage.hidden = layer.attention(stage.hidden, stage.metadata, self.kv_cache,
+                    stage.hidden = layer.attention(stage.hidden, stage.attention_metadata(layer),
+                                                   self.kv_cache,
                                                    real_rows=stage.real_rows)
             for ubatch, stage in enumerate(stages):
                 topk_ids = self._ffn(layer, stage, timer, ubatch)
@@ -192,7 +201,8 @@ class Executor:
             real_mask = torch.zeros(ubatch.num_rows, dtype=torch.bool)
             real_mask[rows] = True
             stages.append(_Stage(part, real_rows, self.model.embed(ub_ids),
-                                 row_positions(part, rows, ubatch.num_rows), real_mask))
+                                 row_positions(part, rows, ubatch.num_rows), real_mask,
+                                 None if pcp is None else pcp.dense_kernels[index]))
         return stages
 
     @staticmethod

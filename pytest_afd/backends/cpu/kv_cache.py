@@ -58,7 +58,10 @@ class PagedKVCache:
 
     def write(self, layer: int, slots: torch.Tensor, latent: torch.Tensor, rope_key: torch.Tensor,
               index_key: torch.Tensor) -> None:
-        self._layers[layer][slots] = torch.cat([latent, rope_key, index_key], dim=-1)
+        # A slot of -1 (PAD_SLOT_ID) is never written, as the NPU cache write skips it.
+        written = slots >= 0
+        self._layers[layer][slots[written]] = torch.cat([latent, rope_key, index_key],
+                                                        dim=-1)[written]
 
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(latent, roped key, indexer key) of the given slots."""

@@ -17,11 +17,16 @@ AFD-plugin hook runs on each Attention rank under PCP:
   relaid positions, restored) from there.
 
 So a wrong map, position or computed count in the glue changes the logits the
-gates compare. The slots the plugin's stage rebuild regenerates on hardware come
+gates compare. Every rank also builds the full batch and the stages through the
+pinned builders' persistent buffers (``pcp_builders``); the dense layers write
+their KV with the full batch's slots read back after the stage builds
+(``dense_kernels``), so a stage build that leaks into the full batch changes them. The slots the plugin's stage rebuild regenerates on hardware come
 from the plan's split here (the CPU has no PCP helper).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import torch
@@ -34,6 +39,12 @@ from afd_split.constraints import MIN_PCP_FOR_ZIGZAG
 from afd_split.pcp_relayout import all_rank_relayouts, relay_all_ranks, restore_all_ranks
 from afd_split.pcp_rows import rank_rows
 from afd_split.pcp_stage import rank_positions, stage_rows, stage_tokens, zigzag_layout
+from pytest_afd.backends.cpu.pcp_builders import (
+    SFA_CP,
+    RankPcpState,
+    build_rank,
+    logical_slots,
+)
 
 PCP_ENGINE_LAYOUT = next(layout for layout in ASCEND_LAYOUTS if layout.version == PCP_LAYOUT_TAG)
 """vLLM-Ascend v0.19.1rc1: the one pinned layout with PCP on model runner v1."""
@@ -46,8 +57,14 @@ def pcp_enabled(plan) -> bool:
 class PcpEmulation:
     """One PCP split step on every rank: the layouts and each rank's relayout."""
 
-    def __init__(self, plan, metadata: BatchMetadata) -> None:
+    def __init__(self, plan, metadata: BatchMetadata, builder_kind: str = SFA_CP) -> None:
         self.plan = plan
+        self.builder_kind = builder_kind
+        self.rank_builds: list = []
+        """Every rank's full-batch and stage builds (``pcp_builders.RankBuild``)."""
+        self.dense_kernels: list = []
+        """Per ubatch, its kernel metadata with the full batch's slots read back after the
+        stage builds: what the dense layers write KV with (the full batch's metadata)."""
         self.pcp = plan.constraints.pcp_size
         self.computed = np.asarray(metadata.num_computed_tokens, dtype=np.int64)
         self.parent = zigzag_layout(np.asarray(plan.token_counts, dtype=np.int64), self.pcp)
@@ -120,16 +137,22 @@ class PcpEmulation:
         """The ubatches the CPU kernels run: the plan's split, with computed tokens, block
         table rows and positions taken from every rank's stage metadata built by the glue
         (``pcp_stage_metadata``), which must agree across ranks."""
-        per_rank = []
+        per_rank, self.rank_builds = [], []
+        stages = stage_tokens(self.plan, self.computed)
+        slots = np.asarray(metadata.slot_mapping, dtype=np.int64)
         for rank, relayout in enumerate(self.relayouts):
             positions = torch.from_numpy(relayout.stage_positions)
-            per_rank.append(pcp_stage_metadata(self.plan, self.engine_common(metadata, rank),
-                                               self.computed, relayout, positions,
-                                               chunked_prefill=chunked_prefill))
+            common = self.engine_common(metadata, rank)
+            per_rank.append(pcp_stage_metadata(self.plan, common, self.computed, relayout,
+                                               positions, chunked_prefill=chunked_prefill))
+            state = RankPcpState.make(self.builder_kind, self.pcp, self.plan.num_tokens)
+            self.rank_builds.append(build_rank(state, common, slots, self.computed,
+                                               per_rank[-1], list(stages), self.pcp, rank))
+        full_slots = _agreed([logical_slots(self.parent, build.full_slots)
+                              for build in self.rank_builds], "full-batch slots", -1)
         parts = split_metadata(self.plan, metadata)
-        kernels = []
-        for index, (part, stage) in enumerate(zip(parts, stage_tokens(self.plan, self.computed),
-                                                  strict=True)):
+        kernels, self.dense_kernels = [], []
+        for index, (part, stage) in enumerate(zip(parts, stages, strict=True)):
             built = [stages[index] for stages in per_rank]
             computed = _agreed([b._seq_lens_cpu.numpy().astype(np.int64)
                                 - np.diff(b.query_start_loc_cpu.numpy().astype(np.int64))
@@ -142,6 +165,9 @@ class PcpEmulation:
                 num_computed_tokens=computed, slot_mapping=part.slot_mapping,
                 block_table=table.astype(np.int64),
                 positions=positions.numpy()[:stage.num_tokens], block_size=metadata.block_size))
+            self.dense_kernels.append(dataclasses.replace(
+                kernels[-1], slot_mapping=full_slots[stage.token_start:
+                                                     stage.token_start + stage.num_tokens]))
         return kernels
 
 

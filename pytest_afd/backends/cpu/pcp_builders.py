@@ -1,0 +1,166 @@
+"""The CPU PCP emulation's full-batch and stage builds, through upstream's builder buffers.
+
+On every emulated rank, as the AFD runner does on hardware (afd-plugin
+release/v0.19.1rc1 2f4f462 ``_build_attention_metadata_with_ubatches``; vllm-ascend
+v0.19.1rc1 da421af ``NPUModelRunner._build_attention_metadata``): the full batch is
+built with builder 0 of a two-builder attention group, its slots the PCP manager's
+padded-slot buffer (``PaddedSlotBuffer``); then the stage build re-pads the full
+batch's slots, pads each stage's slots in the same buffer (the plugin's stage
+rebuild, which clones them) and builds stage ``i`` with builder ``i or 0``, inside
+the same guard the hook uses (``builder_state``: builder bindings and buffer
+contents preserved, stage views owned). The dense layers' KV is then written with
+the full batch's slots read back from its built metadata after the stage builds
+(``RankBuild.full_slots``), so a stage build that reaches them changes the logits.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from afd_split.adapters.standin_builders import (
+    PaddedSlotBuffer,
+    StandInAttentionGroup,
+    StandInMlaCpBuilder,
+    StandInSfaCpBuilder,
+)
+from afd_split.integrations.afd_plugin.builder_state import (
+    builder_state_targets,
+    own_stage_views,
+    stage_written_buffers,
+)
+from afd_split.pcp_stage import PcpStageTokens, stage_metadata, zigzag_layout
+from afd_split.state import preserved_state
+
+SFA_CP = "sfa_cp"
+"""DeepSeek V3.2's builder (``AscendSFACPMetadataBuilder``): the CPU model's."""
+MLA_CP = "mla_cp"
+"""``AscendMlaCPMetadataBuilder`` (DeepSeek V3 without the indexer)."""
+BUILDER_KINDS = (SFA_CP, MLA_CP)
+NUM_METADATA_BUILDERS = 2
+"""The plugin's ``_ensure_two_metadata_builders``: one per async-MoE stage."""
+MAX_NUM_SEQS = 32
+"""The recipe's Attention ``--max-num-seqs``; sizes the SFA-CP slot buffer."""
+
+
+def _builder(kind: str, pcp: int, max_tokens: int):
+    if kind == SFA_CP:
+        return StandInSfaCpBuilder(max_num_batched_tokens=max_tokens, max_num_seqs=MAX_NUM_SEQS,
+                                   pcp_size=pcp)
+    if kind == MLA_CP:
+        return StandInMlaCpBuilder(pcp_size=pcp)
+    raise ValueError(f"builder kind {kind!r}; expected one of {BUILDER_KINDS}")
+
+
+@dataclass
+class RankPcpState:
+    """One emulated rank's PCP manager buffer and attention group (persist across builds)."""
+
+    pcp_manager: object
+    group: StandInAttentionGroup
+
+    @classmethod
+    def make(cls, kind: str, pcp: int, max_tokens: int) -> RankPcpState:
+        """``max_tokens``: the batch's global tokens (``max_num_batched_tokens``); the padded
+        buffer has ``max_tokens * pcp + 2 * pcp * MAX_NUM_SEQS`` entries (``full_indices``)."""
+        manager = type("PcpManagerBuffers", (), {})()
+        manager.pad_buffer = PaddedSlotBuffer(max_tokens * pcp + 2 * pcp * MAX_NUM_SEQS)
+        manager.pcp_padded_slot_mapping_list = [manager.pad_buffer.buffer]
+        builders = [_builder(kind, pcp, max_tokens) for _ in range(NUM_METADATA_BUILDERS)]
+        return cls(manager, StandInAttentionGroup(builders))
+
+
+@dataclass
+class RankBuild:
+    """What one rank's full-batch and stage builds left: the full batch's metadata (read
+    after the stage builds), its values before them, and each stage's metadata."""
+
+    full: object
+    before: dict
+    stages: list = field(default_factory=list)
+
+    @property
+    def full_slots(self) -> np.ndarray:
+        return self.full.slot_mapping.numpy()
+
+
+def full_batch_fields(metadata) -> dict:
+    """Copies of the full batch's slot mapping, positions and PCP metadata (compared
+    bit for bit before and after the stage builds)."""
+    pcp = metadata.prefill_context_parallel_metadata
+    return {
+        "slot_mapping": metadata.slot_mapping.clone(),
+        "positions": metadata.positions.clone(),
+        "pcp": {name: np.array(value, copy=True) for name, value in vars(pcp).items()},
+    }
+
+
+def changed_fields(before: dict, metadata) -> list[str]:
+    """Names of the full batch's fields that differ from ``before`` (empty: bit-identical)."""
+    now = full_batch_fields(metadata)
+    changed = [name for name in ("slot_mapping", "positions")
+               if before[name].shape != now[name].shape or not torch.equal(before[name],
+                                                                           now[name])]
+    changed += [f"pcp.{name}" for name, value in before["pcp"].items()
+                if not np.array_equal(value, now["pcp"][name])]
+    return changed
+
+
+def _pcp_metadata(scheduled, computed, pcp: int, rank: int, request_start: int = 0,
+                  token_start: int = 0):
+    tokens = PcpStageTokens(0, request_start, token_start, np.asarray(scheduled, dtype=np.int64),
+                            np.asarray(computed, dtype=np.int64))
+    return stage_metadata(tokens, pcp, rank)
+
+
+def build_rank(state: RankPcpState, common, slots: np.ndarray, computed: np.ndarray,
+               stage_commons: list, stages: list, pcp: int, rank: int) -> RankBuild:
+    """The full batch, then the stages, on one rank (``stages``: ``PcpStageTokens``)."""
+    whole = _whole_counts(stages)
+    layout = zigzag_layout(whole, pcp)
+    pad = state.pcp_manager.pad_buffer
+
+    def full_common():
+        full = copy.copy(common)
+        full.prefill_context_parallel_metadata = _pcp_metadata(whole, computed, pcp, rank)
+        full.slot_mapping = pad.padded(layout.rows_per_rank, layout.rows_per_rank, pcp,
+                                       layout.unpad_mask, slots)
+        return full
+
+    built = RankBuild(state.group.get_metadata_builder(0).build(0, full_common()), {})
+    built.before = full_batch_fields(built.full)
+    builders = state.group.metadata_builders
+    buffers = stage_written_buffers(builders, state.pcp_manager)
+    with preserved_state(*builder_state_targets(builders, buffers)):
+        full_common()  # the stage build's own _get_block_table_and_slot_mapping(0)
+        for index, (stage_common, stage) in enumerate(zip(stage_commons, stages, strict=True)):
+            stage_layout = zigzag_layout(stage.num_scheduled_tokens, pcp)
+            stage_cm = copy.copy(stage_common)
+            stage_cm.prefill_context_parallel_metadata = _pcp_metadata(
+                stage.num_scheduled_tokens, stage.num_computed_tokens, pcp, rank,
+                stage.request_start, stage.token_start)
+            stage_slots = slots[stage.token_start:stage.token_start + stage.num_tokens]
+            stage_cm.slot_mapping = pad.padded(stage_layout.rows_per_rank,
+                                               stage_layout.rows_per_rank, pcp,
+                                               stage_layout.unpad_mask, stage_slots).clone()
+            built.stages.append(state.group.get_metadata_builder(index or 0).build(0, stage_cm))
+        own_stage_views(built.stages, buffers)
+    return built
+
+
+def _whole_counts(stages: list) -> np.ndarray:
+    """The global per-request counts from the stage pieces (a cut request's pieces summed)."""
+    counts: dict[int, int] = {}
+    for stage in stages:
+        for offset, tokens in enumerate(stage.num_scheduled_tokens):
+            request = stage.request_start + offset
+            counts[request] = counts.get(request, 0) + int(tokens)
+    return np.array([counts[r] for r in sorted(counts)], dtype=np.int64)
+
+
+def logical_slots(layout, padded_slots: np.ndarray) -> np.ndarray:
+    """The real tokens' slots in logical order from a padded all-gather slot array."""
+    return np.asarray(padded_slots)[:int(layout.padded_tokens.sum())][layout.unpad_mask]
