@@ -34,7 +34,8 @@ PYTEST_TESTS_FAILED = 1
 DEFAULT_GATES_DIR = "suites/gates"
 # Gate 1's glue checks and fault-injection module first (their cases fail within
 # seconds under a glue or split fault), then gate 5, the only gate that sees the leaks.
-FIRST_MODULES = ("test_gate_1_glue_checks.py", "test_gate_1_fault_injection.py",
+FIRST_MODULES = ("test_gate_1_glue_checks.py", "test_gate_1_full_batch_kept.py",
+                 "test_gate_1_fault_injection.py",
                  "test_gate_5_soak.py")
 DEFAULT_TIMEOUT_S = 1800.0
 OUTPUT_TAIL_CHARS = 2000

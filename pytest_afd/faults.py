@@ -279,7 +279,7 @@ NON_PCP_ROW_FAULTS = ("merge_order_swapped", "rows_shifted_in_gather")
 
 def fault_reaches(name: str, pcp_size: int) -> bool:
     """Whether fault ``name`` is on the split path of a topology with ``pcp_size``."""
-    if name in PCP_ROW_FAULTS:
+    if name in PCP_ROW_FAULTS or name in glue_faults.PCP_BUILDER_FAULTS:
         return pcp_size > 1
     if name in NON_PCP_ROW_FAULTS:
         return pcp_size <= 1
@@ -359,6 +359,12 @@ FAULTS: Mapping[str, Fault] = {
               None, install=glue_faults.fingerprint_without_cut),
         Fault("step_record_padding_as_real", "step_record reports padding rows as real tokens",
               None, install=glue_faults.padding_reported_as_real),
+        Fault("stage_build_shares_builder_slot_buffer",
+              "stage build writes through the shared builder slot buffer (full batch's slots)",
+              None, install=glue_faults.stage_build_shares_builder_slot_buffer),
+        Fault("pcp_padded_slot_buffer_reused",
+              "PCPManager padded-slot buffer reused by the stage rebuild (full batch's slots)",
+              None, install=glue_faults.pcp_padded_slot_buffer_reused),
     )
 }  # fmt: skip
 

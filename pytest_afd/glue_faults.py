@@ -265,3 +265,33 @@ def padding_reported_as_real() -> contextlib.AbstractContextManager[None]:
         return faulty
 
     return _patched_in((BACKEND_MODULE,), "step_record", make)
+
+
+# ---- PCP builder buffers (the full batch's views) ----------------------------
+
+BUILDER_STATE_MODULE = "afd_split.integrations.afd_plugin.builder_state"
+
+
+def _buffers_left_out(name: str) -> contextlib.AbstractContextManager[None]:
+    """``builder_state.<name>`` finds no buffer: the stage build writes through it unguarded."""
+    module = importlib.import_module(BUILDER_STATE_MODULE)
+    return patched(module, name, lambda *_args: [])
+
+
+def stage_build_shares_builder_slot_buffer() -> contextlib.AbstractContextManager[None]:
+    """Stage 0 is built with the full batch's builder and its slot buffer is neither
+    restored nor owned by the stage: the full batch's slots become stage 0's padded slots
+    (the bug afd-plugin's ``get_metadata_builder(ubid or 0)`` and SFA-CP's
+    ``slot_mapping_buf`` make)."""
+    return _buffers_left_out("builder_owned_buffers")
+
+
+def pcp_padded_slot_buffer_reused() -> contextlib.AbstractContextManager[None]:
+    """The stage rebuild's ``get_padded_slot_mapping`` leaves the PCP manager's padded-slot
+    buffer, which the full batch's MLA-CP / attention-CP slots view, holding the last
+    stage's slots (``restore_pcp_manager_state`` does not restore it)."""
+    return _buffers_left_out("manager_owned_buffers")
+
+
+PCP_BUILDER_FAULTS = ("stage_build_shares_builder_slot_buffer", "pcp_padded_slot_buffer_reused")
+"""Faults on the PCP stage build's builder-owned buffers (reach PCP topologies only)."""

@@ -102,7 +102,10 @@ class StandInMlaCpBuilder:
         self.num_decode_tokens = num_decode_tokens(common)
         self.slot_mapping = common.slot_mapping[:self.num_actual_tokens]
         decodes = self.num_decode_tokens
-        self.slot_mapping[:decodes] = self.slot_mapping[:decodes * self.pcp_size:self.pcp_size]
+        # Upstream assigns the strided view directly; CPU torch refuses overlapping copies,
+        # so the source is cloned first (same values written into the same buffer).
+        self.slot_mapping[:decodes] = self.slot_mapping[
+            :decodes * self.pcp_size:self.pcp_size].clone()
         self.slot_mapping[decodes:decodes * self.pcp_size].fill_(-1)
         return StandInCpMetadata(
             slot_mapping=self.slot_mapping, positions=common.positions,

@@ -53,6 +53,7 @@ def test_the_glue_faults_are_registered():
         "adapter_tail_host_computed_plus_one", "adapter_check_reads_plan",
         "engine_check_unchecked", "request_check_tail_plus_one", "fingerprint_without_cut",
         "step_record_padding_as_real",
+        "stage_build_shares_builder_slot_buffer", "pcp_padded_slot_buffer_reused",
     }  # fmt: skip
     assert len(MANY[0]) > LIST_CHECK_MAX_REQUESTS
 

@@ -98,7 +98,10 @@ def standin_source(branch: str, header_overrides: dict[str, str] | None = None) 
         # from query_lens_pcp_full.cpu[:num_reqs][request_slice] and its token range from
         # the sums before request_slice.start / .stop, re-runs the manager's helpers with
         # self.input_batch, pads the slots of input_batch.block_table[gid].slot_mapping.gpu
-        # of that range, stores clones of what it built, and restores the manager.
+        # of that range, stores clones of what it built, and restores the manager. It first
+        # pads the full batch's slots again (_get_block_table_and_slot_mapping(0)) and builds
+        # stage ubid with attn_group.get_metadata_builder(ubid or 0): stage 0 shares builder
+        # 0 with the full batch (vllm-ascend da421af NPUModelRunner._build_attention_metadata).
         build = (
             "def _build_attention_metadata_with_ubatches(self, *args, **kwargs):\n"
             "    CALLS.append(('stage_build', kwargs['ubatch_slices']))\n"
@@ -134,10 +137,16 @@ def standin_source(branch: str, header_overrides: dict[str, str] | None = None) 
             "            STAGE_REBUILDS.append((ubid, common_attn_metadata))\n"
             "        finally:\n"
             "            self.pcp_manager.restore(state)\n\n"
+            "    groups = getattr(self, 'attn_groups', None)\n"
+            "    if groups:  # _get_block_table_and_slot_mapping(0): the full batch padded again\n"
+            "        self.full_batch_slots()\n"
             "    ubatch_common_metadata = split_attn_metadata(ubatch_slices, self.common, 0)\n"
+            "    built = []\n"
             "    for ubid, ubatch_cm in enumerate(ubatch_common_metadata):\n"
             "        _build_stage_local_pcp_metadata(ubatch_cm, ubatch_slices[ubid], ubid, 0, 0)\n"
-            "    return list(ubatch_common_metadata), None\n"
+            "        built.append(ubatch_cm if not groups else\n"
+            "                     groups[0][0].get_metadata_builder(ubid or 0).build(0, ubatch_cm))\n"
+            "    return built, None\n"
         )
         replace = (
             "def _replace_attention_metadata_ubatch_slices(args, kwargs, ubatch_slices):\n"
@@ -149,6 +158,9 @@ def standin_source(branch: str, header_overrides: dict[str, str] | None = None) 
         "class NPUModelRunner:\n"
         "    def _build_attention_metadata(self, *args, **kwargs):\n"
         "        CALLS.append(('full_build', kwargs.get('num_tokens')))\n"
+        "        if getattr(self, 'attn_groups', None):  # builder 0, as vllm-ascend does\n"
+        "            return self.attn_groups[0][0].get_metadata_builder(0).build(\n"
+        "                0, self.full_batch_common())\n"
         "        return 'full-metadata'\n\n"
         "class AFDNPUAttentionModelRunner(NPUModelRunner):\n"
         "    use_cp = False\n\n"

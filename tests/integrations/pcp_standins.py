@@ -9,7 +9,9 @@ batch's unpad mask as manager state; ``generate_pcp_metadata`` takes
 counts from ``query_lens_pcp_full``, and the context lengths from
 ``input_batch.num_computed_tokens_cpu`` read from index 0 (decodes add their
 scheduled token); ``get_padded_slot_mapping`` places the given slots at the
-unpad mask in a -1 buffer of ``num_tokens_padded * pcp`` entries. The helper
+unpad mask of the persistent per-group buffer ``pcp_padded_slot_mapping_list[gid]``
+(``initialize_slot_mapping``; not restored by the plugin's snapshot) and returns a
+view of its first ``num_tokens_padded * pcp`` entries. The helper
 maths is the independent reference ``tests/afd_split/pcp_helper_reference.py``;
 the plugin's ``snapshot_pcp_manager_state`` / ``restore_pcp_manager_state``
 (afd-plugin release/v0.19.1rc1 ``pcp_debug.py``) are ``snapshot`` / ``restore``.
@@ -22,10 +24,13 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from afd_split.adapters.standin_builders import PaddedSlotBuffer
 from tests.adapters.pcp_runner_model import rank_positions
 from tests.afd_split.pcp_helper_reference import helper_layout, helper_metadata
 
 MAX_NUM_REQS = 32
+MAX_NUM_TOKENS = 8192
+"""``max_num_batched_tokens`` of the stand-in runner (the cases stay below it)."""
 
 
 class CpuGpuBuffer:
@@ -45,6 +50,10 @@ class StandInPcpManager:
         self.query_lens_pcp_full = CpuGpuBuffer(MAX_NUM_REQS)
         self.num_reqs = 0
         self.unpad_mask: list[bool] = []
+        # initialize_slot_mapping: one persistent int32 buffer per KV-cache group, sized
+        # like full_indices (max tokens * pcp + 2 * pcp * max_num_reqs).
+        self.padded_slots = [PaddedSlotBuffer(MAX_NUM_TOKENS * pcp + 2 * pcp * MAX_NUM_REQS)]
+        self.pcp_padded_slot_mapping_list = [slots.buffer for slots in self.padded_slots]
 
     def init_batch_info(self, num_scheduled_tokens, num_reqs: int) -> None:
         self.num_reqs = num_reqs
@@ -74,10 +83,9 @@ class StandInPcpManager:
 
     def get_padded_slot_mapping(self, num_tokens, num_tokens_padded, slot_mapping,
                                 kv_cache_group_id):
-        padded = torch.full((num_tokens_padded * self.pcp,), -1, dtype=slot_mapping.dtype)
-        mask = torch.tensor(self.unpad_mask[:num_tokens * self.pcp], dtype=torch.bool)
-        padded[:num_tokens * self.pcp][mask] = slot_mapping
-        return padded
+        """A view of the group's persistent padded-slot buffer (``PaddedSlotBuffer``)."""
+        return self.padded_slots[kv_cache_group_id].padded(
+            num_tokens, num_tokens_padded, self.pcp, self.unpad_mask, slot_mapping)
 
     def snapshot(self) -> dict:
         return {"num_reqs": self.num_reqs, "unpad_mask": list(self.unpad_mask),

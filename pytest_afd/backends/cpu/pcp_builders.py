@@ -164,3 +164,22 @@ def _whole_counts(stages: list) -> np.ndarray:
 def logical_slots(layout, padded_slots: np.ndarray) -> np.ndarray:
     """The real tokens' slots in logical order from a padded all-gather slot array."""
     return np.asarray(padded_slots)[:int(layout.padded_tokens.sum())][layout.unpad_mask]
+
+
+def full_batch_problems(emulation, metadata) -> list[str]:
+    """After ``emulation.kernel_metadata`` ran: every rank's full batch compared with its
+    values before the stage builds, and (SFA-CP) its real tokens' slots with the batch's
+    own slots (``metadata.slot_mapping``, an independent reference). Empty: kept."""
+    problems = []
+    if not emulation.rank_builds:
+        return ["no rank built the full batch"]
+    for rank, build in enumerate(emulation.rank_builds):
+        problems += [f"rank {rank}: the full batch's {name} changed across the stage builds"
+                     for name in changed_fields(build.before, build.full)]
+        if emulation.builder_kind == SFA_CP:
+            lost = np.flatnonzero(logical_slots(emulation.parent, build.full_slots)
+                                  != np.asarray(metadata.slot_mapping))
+            if len(lost):
+                problems.append(f"rank {rank}: {len(lost)} real tokens of the full batch lost "
+                                f"their slot (first at token {int(lost[0])})")
+    return problems
