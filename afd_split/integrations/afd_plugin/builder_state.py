@@ -44,6 +44,9 @@ STAGE_WRITTEN_BUILDER_BUFFERS = ("slot_mapping_buf", "actual_seq_lengths_query",
 PCP_PADDED_SLOT_BUFFERS = "pcp_padded_slot_mapping_list"
 """``PCPManager``'s per-KV-cache-group padded-slot buffers (``get_padded_slot_mapping``)."""
 
+PCP_STAGE_COUNTS = "query_lens_pcp_full"
+"""``PCPManager.query_lens_pcp_full`` (a ``CpuGpuBuffer``): the global counts per request."""
+
 VIEW_SEARCH_DEPTH = 3
 """How deep ``own_stage_views`` follows a metadata object's attributes (e.g.
 ``metadata.sfa_cp_metadata``; the pinned builders nest one level)."""
@@ -73,11 +76,16 @@ def builder_owned_buffers(builders: Iterable) -> list:
 
 
 def manager_owned_buffers(pcp_manager) -> list:
-    """``PCPManager``'s padded-slot buffers (none without a PCP manager)."""
+    """``PCPManager``'s padded-slot buffers and ``query_lens_pcp_full`` (whose ``.cpu`` the
+    full batch's ``query_lens_pcp_full_cpu`` views and ``pcp_seam`` swaps per stage); none
+    without a PCP manager. ``pcp_allgather_restore_idx`` and the unpad mask are restored
+    in place by the plugin's own ``restore_pcp_manager_state`` after every stage."""
     if pcp_manager is None:
         return []
-    return [buffer for buffer in getattr(pcp_manager, PCP_PADDED_SLOT_BUFFERS, None) or ()
-            if _is_tensor(buffer)]
+    buffers = list(getattr(pcp_manager, PCP_PADDED_SLOT_BUFFERS, None) or ())
+    counts = getattr(pcp_manager, PCP_STAGE_COUNTS, None)
+    buffers += [getattr(counts, side, None) for side in ("cpu", "gpu")]
+    return [buffer for buffer in buffers if _is_tensor(buffer)]
 
 
 def stage_written_buffers(builders: Iterable, pcp_manager) -> list:
