@@ -145,7 +145,8 @@ class PcpEmulation:
             common = self.engine_common(metadata, rank)
             per_rank.append(pcp_stage_metadata(self.plan, common, self.computed, relayout,
                                                positions, chunked_prefill=chunked_prefill))
-            state = RankPcpState.make(self.builder_kind, self.pcp, self.plan.num_tokens)
+            state = RankPcpState.make(self.builder_kind, self.pcp, self.plan.num_tokens,
+                                      len(self.plan.token_counts))
             self.rank_builds.append(build_rank(state, common, slots, self.computed,
                                                per_rank[-1], list(stages), self.pcp, rank))
         full_slots = _agreed([logical_slots(self.parent, build.full_slots)

@@ -46,9 +46,9 @@ MAX_NUM_SEQS = 32
 """The recipe's Attention ``--max-num-seqs``; sizes the SFA-CP slot buffer."""
 
 
-def _builder(kind: str, pcp: int, max_tokens: int):
+def _builder(kind: str, pcp: int, max_tokens: int, max_seqs: int):
     if kind == SFA_CP:
-        return StandInSfaCpBuilder(max_num_batched_tokens=max_tokens, max_num_seqs=MAX_NUM_SEQS,
+        return StandInSfaCpBuilder(max_num_batched_tokens=max_tokens, max_num_seqs=max_seqs,
                                    pcp_size=pcp)
     if kind == MLA_CP:
         return StandInMlaCpBuilder(pcp_size=pcp)
@@ -63,13 +63,16 @@ class RankPcpState:
     group: StandInAttentionGroup
 
     @classmethod
-    def make(cls, kind: str, pcp: int, max_tokens: int) -> RankPcpState:
-        """``max_tokens``: the batch's global tokens (``max_num_batched_tokens``); the padded
-        buffer has ``max_tokens * pcp + 2 * pcp * MAX_NUM_SEQS`` entries (``full_indices``)."""
+    def make(cls, kind: str, pcp: int, max_tokens: int, num_reqs: int = 0) -> RankPcpState:
+        """``max_tokens``: the batch's global tokens (``max_num_batched_tokens``), ``max_num_seqs``
+        the recipe's or the batch's requests if more; the padded buffer has
+        ``max_tokens * pcp + 2 * pcp * max_num_seqs`` entries (``full_indices``)."""
+        max_seqs = max(MAX_NUM_SEQS, num_reqs)
         manager = type("PcpManagerBuffers", (), {})()
-        manager.pad_buffer = PaddedSlotBuffer(max_tokens * pcp + 2 * pcp * MAX_NUM_SEQS)
+        manager.pad_buffer = PaddedSlotBuffer(max_tokens * pcp + 2 * pcp * max_seqs)
         manager.pcp_padded_slot_mapping_list = [manager.pad_buffer.buffer]
-        builders = [_builder(kind, pcp, max_tokens) for _ in range(NUM_METADATA_BUILDERS)]
+        builders = [_builder(kind, pcp, max_tokens, max_seqs)
+                    for _ in range(NUM_METADATA_BUILDERS)]
         return cls(manager, StandInAttentionGroup(builders))
 
 
