@@ -16,7 +16,7 @@ from afd_split.metadata import BatchMetadata, split_metadata, validate_split
 from afd_split.plan import SplitPlan, UBatch, plan_split
 from afd_split.requests import RequestFields, split_request_fields, validate_split_requests
 from afd_split.rows import gather_ubatch_rows, merge_outputs
-from afd_split.state import BufferContents, preserved_state
+from afd_split.state import AllBindings, BufferContents, preserved_state
 from afd_split.support import (
     SplitSupportConfig,
     prepare_split_runtime,
@@ -25,6 +25,7 @@ from afd_split.support import (
 )
 
 __all__ = [
+    "AllBindings",
     "BatchMetadata",
     "BufferContents",
     "RequestFields",

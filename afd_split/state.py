@@ -31,8 +31,18 @@ class BufferContents:
     buffer: Any
 
 
+@dataclass(frozen=True, eq=False)
+class AllBindings:
+    """A ``preserved_state`` target: every instance attribute of ``owner`` (``vars``),
+    restored as a whole; attributes added inside the block are deleted again."""
+
+    owner: Any
+
+
 _CONTENTS = "<contents>"
 """The ``name`` slot of a ``BufferContents`` snapshot entry."""
+_ALL = "<all bindings>"
+"""The ``name`` slot of an ``AllBindings`` snapshot entry."""
 
 
 def _snapshot(targets) -> list[tuple[object, str, object]]:
@@ -42,6 +52,9 @@ def _snapshot(targets) -> list[tuple[object, str, object]]:
     for target in targets:
         if isinstance(target, BufferContents):
             saved.append((target.buffer, _CONTENTS, target.buffer.clone()))
+            continue
+        if isinstance(target, AllBindings):
+            saved.append((target.owner, _ALL, dict(vars(target.owner))))
             continue
         try:
             obj, names = target
@@ -56,10 +69,10 @@ def _snapshot(targets) -> list[tuple[object, str, object]]:
 
 
 @contextmanager
-def preserved_state(*targets: tuple[object, Iterable[str] | str] | BufferContents,
+def preserved_state(*targets: tuple[object, Iterable[str] | str] | BufferContents | AllBindings,
                     ) -> Iterator[None]:
-    """Restore the named attributes of each ``(object, names)`` target, and the contents
-    of each ``BufferContents`` target, on exit.
+    """Restore the named attributes of each ``(object, names)`` target, every attribute of
+    each ``AllBindings`` target, and the contents of each ``BufferContents`` target, on exit.
 
     Runs on success and on exception (the exception propagates). Restores in
     reverse order so a name listed twice ends at its first snapshot.
@@ -71,6 +84,9 @@ def preserved_state(*targets: tuple[object, Iterable[str] | str] | BufferContent
         for obj, name, value in reversed(saved):
             if name is _CONTENTS:
                 obj.copy_(value)
+            elif name is _ALL:
+                vars(obj).clear()
+                vars(obj).update(value)
             elif value is _ABSENT:
                 if hasattr(obj, name):
                     delattr(obj, name)

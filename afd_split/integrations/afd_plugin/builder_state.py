@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from afd_split.state import BufferContents
+from afd_split.state import AllBindings, BufferContents
 
 STAGE_WRITTEN_BUILDER_BUFFERS = ("slot_mapping_buf", "actual_seq_lengths_query",
                                  "actual_seq_lengths_key")
@@ -96,7 +96,7 @@ def stage_written_buffers(builders: Iterable, pcp_manager) -> list:
 def builder_state_targets(builders: Iterable, buffers: Iterable) -> list:
     """``preserved_state`` targets: each builder's attribute bindings and each buffer's
     contents."""
-    return ([(builder, tuple(vars(builder))) for builder in builders]
+    return ([AllBindings(builder) for builder in builders]
             + [BufferContents(buffer) for buffer in buffers])
 
 
