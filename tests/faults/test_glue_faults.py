@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from afd_split import (
     BatchMetadata,
@@ -184,3 +185,20 @@ def test_the_glue_faults_are_restored(layout):
             pass
     validate_split(plan, metadata, split_engine_metadata(plan, metadata, layout_name=layout))
     assert ENGINE_LAYOUTS[layout].fields
+
+
+@pytest.mark.parametrize("name", ["stage_build_shares_builder_slot_buffer",
+                                  "pcp_padded_slot_buffer_reused"])
+def test_the_builder_buffer_faults_reach_pcp_only_and_leave_the_guard_restored(name):
+    from afd_split.integrations.afd_plugin import builder_state
+
+    runner_manager = type("Manager", (), {})()
+    runner_manager.pcp_padded_slot_mapping_list = [torch.zeros(4, dtype=torch.int32)]
+    builder = type("Builder", (), {})()
+    builder.slot_mapping_buf = torch.zeros(4, dtype=torch.int32)
+    clean = builder_state.stage_written_buffers([builder], runner_manager)
+    with faults.get_fault(name).applied():
+        faulty = builder_state.stage_written_buffers([builder], runner_manager)
+    assert len(faulty) == len(clean) - 1  # one buffer left unguarded
+    assert len(builder_state.stage_written_buffers([builder], runner_manager)) == len(clean)
+    assert faults.fault_reaches(name, 2) and not faults.fault_reaches(name, 1)
