@@ -15,18 +15,11 @@ only: it runs on every topology of the CPU backend, at PCP 2 and 8.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from gate_lib import CPU_BACKEND
 
-from afd_split import BatchMetadata
-from afd_split.engine_alignment import EngineAlignment
-from afd_split.integrations.afd_plugin.pcp_seam import plan_pcp_step
-from afd_split.pcp_stage import stage_tokens
-from pytest_afd.backends.cpu.pcp import PcpEmulation
-from pytest_afd.backends.cpu.pcp_builders import BUILDER_KINDS, full_batch_problems
+from pytest_afd.pcp_full_batch import builder_kinds, full_batch_problems, head_piece
 
-BLOCK_SIZE = 128
 CASES = {
     "1000x2": ([1000, 1000], [0, 256], (8,)),
     "five": ([700, 300, 1500, 400, 96], [128, 2048, 512, 0, 1664], (8,)),
@@ -37,10 +30,6 @@ CASES = {
 multiple of 2 * pcp."""
 
 
-def _batch(scheduled, computed) -> BatchMetadata:
-    return BatchMetadata.from_requests(list(scheduled), list(computed), block_size=BLOCK_SIZE)
-
-
 @pytest.fixture
 def cpu_backend_only(afd_options):
     if afd_options.backend != CPU_BACKEND:
@@ -48,18 +37,12 @@ def cpu_backend_only(afd_options):
 
 
 @pytest.mark.gate
-@pytest.mark.parametrize("kind", BUILDER_KINDS)
+@pytest.mark.parametrize("kind", builder_kinds())
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_gate_1_stage_builds_keep_the_full_batch(cpu_backend_only, case, kind):
     scheduled, computed, pcps = CASES[case]
     for pcp in pcps:
-        plan = plan_pcp_step(np.asarray(scheduled), np.asarray(computed),
-                             EngineAlignment(tp_size=1, sequence_parallel=False, pcp_size=pcp))
-        head = stage_tokens(plan, computed)[0].num_scheduled_tokens[-1]
-        assert plan.boundary_request is not None and head % (2 * pcp), (case, pcp, head)
-        metadata = _batch(scheduled, computed)
-        emulation = PcpEmulation(plan, metadata, kind)
-        emulation.kernel_metadata(metadata, chunked_prefill=True)
-        assert len(emulation.rank_builds) == pcp
-        problems = full_batch_problems(emulation, metadata)
+        cut, head = head_piece(scheduled, computed, pcp)
+        assert cut is not None and head % (2 * pcp), (case, pcp, head)
+        problems = full_batch_problems(scheduled, computed, pcp, kind)
         assert problems == [], f"{case} at PCP {pcp} ({kind}): " + "; ".join(problems)
