@@ -132,3 +132,58 @@ def test_gate_1_agreement_fingerprint_identifies_the_cut():
     assert not np.array_equal(fingerprint_words(one), fingerprint_words(other)), (
         f"cuts at {one.split_token} and {other.split_token} share one fingerprint"
     )
+
+
+# The read-back check of the adapters' field-by-field path (``checked_results``: it reads
+# each produced ubatch's host copies back from its new field values and request-level
+# checks them). The compiled per-step path checks through ``checked_produced`` directly,
+# so the backend's runs never reach ``checked_results``: these cases run it on the
+# glue's engine-layout parents, clean and with a wrong host copy injected.
+READBACK_BATCHES = {
+    "lists_path": ((40, 150, 70), (0, 96, 0)),
+    "bytes_path": (MANY_LENGTHS, (0,) * 20 + (32,) + (0,) * 20),
+}
+READBACK_BLOCK_SIZE = 16
+READBACK_CHECK = "checked_results"
+
+
+def _field_by_field_split(layout_name: str, tokens, computed):
+    from afd_split.adapters.ascend import split_ascend_common_metadata
+    from afd_split.adapters.vllm import split_common_metadata
+    from afd_split.metadata import BatchMetadata
+    from pytest_afd.backends.cpu.engine_glue import (
+        CHUNKED_PREFILL,
+        VLLM_ENGINE_LAYOUT,
+        engine_common,
+    )
+
+    metadata = BatchMetadata.from_requests(list(tokens), list(computed),
+                                           block_size=READBACK_BLOCK_SIZE)
+    plan = plan_engine_step(list(tokens), policy=SPLIT_POLICY, constraints=SplitConstraints(),
+                            num_computed_tokens=list(computed))
+    assert plan.is_split and plan.boundary_request is not None, "the case needs a cut request"
+    common, positions = engine_common(metadata, layout_name)
+    if layout_name == VLLM_ENGINE_LAYOUT:
+        return plan, split_common_metadata(plan, common, positions, READBACK_BLOCK_SIZE,
+                                           compiled=False)
+    return plan, split_ascend_common_metadata(plan, common, positions, READBACK_BLOCK_SIZE,
+                                              chunked_prefill=CHUNKED_PREFILL, compiled=False)
+
+
+@pytest.mark.gate
+@pytest.mark.parametrize("layout_name", ("vllm", "ascend"))
+@pytest.mark.parametrize("batch", sorted(READBACK_BATCHES))
+def test_gate_1_the_read_back_check_rejects_a_wrong_host_copy(layout_name, batch):
+    from pytest_afd.backends.cpu.engine_glue import ENGINE_LAYOUTS
+
+    assert layout_name in ENGINE_LAYOUTS, sorted(ENGINE_LAYOUTS)  # the glue's layouts
+    tokens, computed = READBACK_BATCHES[batch]
+    assert (len(tokens) > LIST_CHECK_MAX_REQUESTS) == (batch == "bytes_path")
+    plan, pairs = _field_by_field_split(layout_name, tokens, computed)
+    assert len(pairs) == len(plan.ubatches)
+    with get_fault("adapter_tail_host_computed_plus_one").applied(), \
+            pytest.raises(SplitInvariantError) as raised:
+        _field_by_field_split(layout_name, tokens, computed)
+    assert any(entry.name == READBACK_CHECK for entry in raised.traceback), (
+        f"the read-back check ({READBACK_CHECK}) let a tail host copy one too high through"
+    )
