@@ -1,9 +1,11 @@
 """Which dispatched rows of a PCP rank hold a real token, for the expert-load counts.
 
-Under PCP each rank dispatches its own rows of a stage: the stage's zigzag layout
-(``pcp_relayout``), where every request piece is padded to 2·pcp rows in all
-(pad rows: ``NO_SOURCE`` in ``RankRelayout.stage_sources``) and every leading
-decode is held on every rank (vLLM-Ascend's unpad mask keeps rank 0's copy). A
+Under PCP each rank dispatches its own rows of a stage: the stage's own zigzag
+layout of its pieces (``pcp_stage.zigzag_layout``, what ``pcp_relayout`` lays the
+stage out as), where every request piece is padded to 2·pcp rows in all (pad
+rows: ``PAD_TOKEN``; ``RankRelayout.stage_sources`` cannot tell them, since a
+request copied whole brings its parent pad rows along) and every leading decode
+is held on every rank (vLLM-Ascend's unpad mask keeps rank 0's copy). A
 real token is counted once over the PCP group: on its one row, and a decode on
 rank 0. Unsplit PCP steps dispatch the parent's own zigzag rows.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from afd_split.integrations.expert_load import StageRows
-from afd_split.pcp_relayout import NO_SOURCE, RankRelayout
+from afd_split.pcp_relayout import RankRelayout
 from afd_split.pcp_stage import PAD_TOKEN, num_decode_requests, stage_tokens, zigzag_layout
 from afd_split.plan import SplitPlan
 
@@ -38,11 +40,15 @@ def _decode_rows(num_scheduled_tokens: np.ndarray) -> int:
 def pcp_stage_rows(plan: SplitPlan, num_computed_tokens, relayout: RankRelayout) -> tuple:
     """``StageRows`` of each relaid stage on ``relayout``'s rank."""
     computed = np.asarray(num_computed_tokens, dtype=np.int64)
-    return tuple(
-        _rows(relayout.stage_sources[rows] != NO_SOURCE,
-              _decode_rows(stage.num_scheduled_tokens), relayout.pcp_rank)
-        for stage, rows in zip(stage_tokens(plan, computed), relayout.stage_row_slices,
-                               strict=True))
+    out = []
+    for stage, rows in zip(stage_tokens(plan, computed), relayout.stage_row_slices, strict=True):
+        layout = zigzag_layout(stage.num_scheduled_tokens, relayout.pcp_size)
+        held = layout.rank_sources[relayout.pcp_rank] != PAD_TOKEN
+        if len(held) != rows.stop - rows.start:
+            raise ValueError(f"stage {stage.index}: its zigzag has {len(held)} rows on rank "
+                             f"{relayout.pcp_rank}, the relayout {rows.stop - rows.start}")
+        out.append(_rows(held, _decode_rows(stage.num_scheduled_tokens), relayout.pcp_rank))
+    return tuple(out)
 
 
 def pcp_parent_rows(plan: SplitPlan, pcp_rank: int) -> tuple:
