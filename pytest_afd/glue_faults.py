@@ -193,6 +193,20 @@ def check_reads_plan() -> contextlib.AbstractContextManager[None]:
                     _patched_in(modules, "checked_produced", make_produced))
 
 
+def readback_unchecked() -> contextlib.AbstractContextManager[None]:
+    """``checked_results`` (the adapters' field-by-field path: it reads each produced
+    ubatch's host copies back and checks them) hands its results back unchecked."""
+
+    def make(_original):
+        def faulty(plan, common, positions, block_size, program, parent, per_ubatch, results,
+                   check):
+            return results
+
+        return faulty
+
+    return _patched_in((ADAPTER_VLLM_MODULE, ADAPTER_ASCEND_MODULE), "checked_results", make)
+
+
 # ---- checks --------------------------------------------------------------------
 
 

@@ -34,6 +34,8 @@ from gate_lib import (
 )
 
 from afd_split import SplitConstraints, SplitInvariantError
+from afd_split.adapters.ascend import ASCEND_LAYOUTS
+from afd_split.adapters.vllm import VLLM_LAYOUTS
 from afd_split.agree import fingerprint_words
 from afd_split.integrations.engine_step import plan_engine_step
 from afd_split.request_checks import LIST_CHECK_MAX_REQUESTS
@@ -131,4 +133,85 @@ def test_gate_1_agreement_fingerprint_identifies_the_cut():
     assert np.array_equal(one.token_counts, other.token_counts)
     assert not np.array_equal(fingerprint_words(one), fingerprint_words(other)), (
         f"cuts at {one.split_token} and {other.split_token} share one fingerprint"
+    )
+
+
+# The read-back check of the adapters' field-by-field path (``checked_results``: it reads
+# each produced ubatch's host copies back from its new field values and request-level
+# checks them). The compiled per-step path checks through ``checked_produced`` directly,
+# so the backend's runs never reach ``checked_results``: these cases run it on the
+# engine-layout parents (the pinned stand-in classes of vLLM 0.19.1 and vLLM-Ascend
+# v0.26.0rc, the CPU engine glue's layouts), clean and with a wrong host copy injected.
+READBACK_BATCHES = {
+    "lists_path": ((40, 150, 70), (0, 96, 0)),
+    "bytes_path": (MANY_LENGTHS, (0,) * 20 + (32,) + (0,) * 20),
+}
+READBACK_BLOCK_SIZE = 16
+READBACK_CHECK = "checked_results"
+
+
+def _engine_parent(layout, metadata):
+    """(engine-layout parent, positions) of ``metadata`` on the pinned stand-in class of
+    ``layout``, filled as the model runner fills it (the gate's own build)."""
+    import torch
+
+    from afd_split.adapters.standins import attn_state_enum, standin_class
+
+    def device(array, dtype=torch.int32):
+        return torch.tensor(np.asarray(array), dtype=dtype)
+
+    qsl, seq_lens, computed = (metadata.query_start_loc, metadata.seq_lens,
+                               metadata.num_computed_tokens)
+    positions = device(metadata.positions, torch.int64)
+    values = {
+        "query_start_loc": device(qsl), "query_start_loc_cpu": device(qsl),
+        "seq_lens": device(seq_lens), "num_reqs": metadata.num_reqs,
+        "num_actual_tokens": metadata.num_tokens, "max_query_len": metadata.max_query_len,
+        "max_seq_len": metadata.max_seq_len, "block_table_tensor": device(metadata.block_table),
+        "slot_mapping": device(metadata.slot_mapping, torch.int64),
+        "is_prefilling": torch.ones(metadata.num_reqs, dtype=torch.bool),
+        "_seq_lens_cpu": device(seq_lens), "_num_computed_tokens_cpu": device(computed),
+    }
+    if layout in ASCEND_LAYOUTS:
+        states = attn_state_enum(layout)
+        values.update(
+            seq_lens_cpu=device(seq_lens), num_computed_tokens_cpu=device(computed),
+            positions=positions, positions_cpu=positions.clone(),
+            actual_seq_lengths_q=qsl[1:].tolist(), num_input_tokens=metadata.num_tokens,
+            attn_state=states.ChunkedPrefill if computed.any() else states.PrefillNoCache)
+    return standin_class(layout)(**values), positions
+
+
+def _field_by_field_split(layout, tokens, computed):
+    from afd_split.adapters.ascend import split_ascend_common_metadata
+    from afd_split.adapters.vllm import split_common_metadata
+    from afd_split.metadata import BatchMetadata
+
+    metadata = BatchMetadata.from_requests(list(tokens), list(computed),
+                                           block_size=READBACK_BLOCK_SIZE)
+    plan = plan_engine_step(list(tokens), policy=SPLIT_POLICY, constraints=SplitConstraints(),
+                            num_computed_tokens=list(computed))
+    assert plan.is_split and plan.boundary_request is not None, "the case needs a cut request"
+    common, positions = _engine_parent(layout, metadata)
+    if layout in ASCEND_LAYOUTS:
+        return plan, split_ascend_common_metadata(plan, common, positions, READBACK_BLOCK_SIZE,
+                                                  chunked_prefill=True, compiled=False)
+    return plan, split_common_metadata(plan, common, positions, READBACK_BLOCK_SIZE,
+                                       compiled=False)
+
+
+@pytest.mark.gate
+@pytest.mark.parametrize("layout", (VLLM_LAYOUTS[0], ASCEND_LAYOUTS[-1]),
+                         ids=lambda layout: layout.version)
+@pytest.mark.parametrize("batch", sorted(READBACK_BATCHES))
+def test_gate_1_the_read_back_check_rejects_a_wrong_host_copy(layout, batch):
+    tokens, computed = READBACK_BATCHES[batch]
+    assert (len(tokens) > LIST_CHECK_MAX_REQUESTS) == (batch == "bytes_path")
+    plan, pairs = _field_by_field_split(layout, tokens, computed)
+    assert len(pairs) == len(plan.ubatches)
+    with get_fault("adapter_tail_host_computed_plus_one").applied(), \
+            pytest.raises(SplitInvariantError) as raised:
+        _field_by_field_split(layout, tokens, computed)
+    assert any(entry.name == READBACK_CHECK for entry in raised.traceback), (
+        f"the read-back check ({READBACK_CHECK}) let a tail host copy one too high through"
     )

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -55,6 +60,7 @@ def test_the_glue_faults_are_registered():
         "engine_check_unchecked", "request_check_tail_plus_one", "fingerprint_without_cut",
         "step_record_padding_as_real",
         "stage_build_shares_builder_slot_buffer", "pcp_padded_slot_buffer_reused",
+        "adapter_readback_unchecked",
     }  # fmt: skip
     assert len(MANY[0]) > LIST_CHECK_MAX_REQUESTS
 
@@ -202,3 +208,52 @@ def test_the_builder_buffer_faults_reach_pcp_only_and_leave_the_guard_restored(n
     assert len(faulty) == len(clean) - 1  # one buffer left unguarded
     assert len(builder_state.stage_written_buffers([builder], runner_manager)) == len(clean)
     assert faults.fault_reaches(name, 2) and not faults.fault_reaches(name, 1)
+GATES_DIR = Path(__file__).resolve().parents[2] / "suites" / "gates"
+READBACK_GATE = "test_gate_1_glue_checks.py::test_gate_1_the_read_back_check_rejects_a_wrong_host_copy"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_readback_unchecked_lets_a_wrong_host_copy_through_the_field_by_field_path(layout):
+    """The fault is live: with it, the field-by-field adapters (``compiled=False``) hand back
+    a tail host copy one too high that ``checked_results`` rejects without it."""
+    from afd_split.adapters.ascend import split_ascend_common_metadata
+    from afd_split.adapters.vllm import split_common_metadata
+
+    plan, metadata = _batch(*SMALL)
+
+    def split():
+        common, positions = engine_common(metadata, layout)
+        if layout == VLLM_ENGINE_LAYOUT:
+            return split_common_metadata(plan, common, positions, BLOCK, compiled=False)
+        return split_ascend_common_metadata(plan, common, positions, BLOCK,
+                                            chunked_prefill=engine_glue.CHUNKED_PREFILL,
+                                            compiled=False)
+
+    with faults.get_fault("adapter_tail_host_computed_plus_one").applied():
+        with pytest.raises(SplitInvariantError) as raised:
+            split()
+        assert any(entry.name == "checked_results" for entry in raised.traceback)
+        with faults.get_fault("adapter_readback_unchecked").applied():
+            tail = split()[1][0]
+    boundary = plan.boundary_request
+    expected = metadata.num_computed_tokens[boundary] + plan.ubatches[0].num_real_tokens \
+        - metadata.query_start_loc[boundary]
+    assert int(tail._num_computed_tokens_cpu[0]) == expected + 1
+
+
+def test_readback_unchecked_fails_the_gate_that_runs_checked_results(tmp_path):
+    """Injected as ``fault-check`` injects it (``$PYTEST_AFD_FAULT`` in a ``pytest -m gate``
+    run), the read-back gate case fails; the same run without the fault passes."""
+    def gate(fault: str | None) -> subprocess.CompletedProcess:
+        env = {key: value for key, value in os.environ.items() if key != faults.FAULT_ENV}
+        if fault is not None:
+            env[faults.FAULT_ENV] = fault
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-m", "gate", "-q", "-p", "no:cacheprovider",
+             "--afd-results-dir", str(tmp_path / (fault or "clean")),
+             str(GATES_DIR / READBACK_GATE)],
+            capture_output=True, text=True, env=env, timeout=300, check=False)
+
+    clean, faulty = gate(None), gate("adapter_readback_unchecked")
+    assert clean.returncode == 0 and "4 passed" in clean.stdout, clean.stdout[-1500:]
+    assert faulty.returncode == 1 and "4 failed" in faulty.stdout, faulty.stdout[-1500:]

@@ -21,3 +21,8 @@ def standin_plugin(tmp_path):
     yield build
     for name in loaded:
         sys.modules.pop(name, None)
+
+
+def pytest_configure(config):
+    """``slow`` is registered by the afd plugin; the optional real-vLLM run uses ``-p no:afd``."""
+    config.addinivalue_line("markers", "slow: long-running; deselected by default")

@@ -52,9 +52,11 @@ RUNNER_IMPORTS = (
 )
 
 
-def write_tree(root: Path, branch: str = "main", *, with_torch_npu: bool) -> Path:
-    """The stand-in packages under ``root`` (torch_npu only when ``with_torch_npu``)."""
-    validation, runner = standin_source(branch)
+def write_tree(root: Path, branch: str = "main", *, with_torch_npu: bool,
+               header_overrides: dict[str, str] | None = None) -> Path:
+    """The stand-in packages under ``root`` (torch_npu only when ``with_torch_npu``; a seam
+    key in ``header_overrides`` gets that header instead of the pinned one: a drifted plugin)."""
+    validation, runner = standin_source(branch, header_overrides)
     files = {
         "afd_plugin/__init__.py": "def register_afd():\n"
                                   "    import afd_plugin.compat.patches.forward_context  # noqa\n",
@@ -65,12 +67,12 @@ def write_tree(root: Path, branch: str = "main", *, with_torch_npu: bool) -> Pat
         "afd_plugin/compat/npu/feature_validation.py": validation,
         "afd_plugin/connectors/__init__.py": "",
         "afd_plugin/connectors/npu/__init__.py": "",
-        "afd_plugin/connectors/npu/async_cam.py": standin_connector_source(branch),
+        "afd_plugin/connectors/npu/async_cam.py": standin_connector_source(branch, header_overrides),
         "afd_plugin/model_executor/__init__.py": "",
         "afd_plugin/model_executor/models/__init__.py": "",
         "afd_plugin/model_executor/models/npu/__init__.py": "",
         "afd_plugin/model_executor/models/npu/deepseek_v2_async_cam_forward.py":
-            standin_forward_source(branch),
+            standin_forward_source(branch, header_overrides),
         "afd_plugin/v1/__init__.py": "",
         "afd_plugin/v1/worker/__init__.py": "",
         "afd_plugin/v1/worker/npu/__init__.py": "",

@@ -172,10 +172,18 @@ def test_counting_makes_no_host_read_and_the_step_one_copy():
     assert len(lines) == 1 and counter.host_copies == 1 and counter.scalar_reads == 0
 
 
-def test_routing_label_marks_either_forced_switch_synthetic():
+def test_routing_label_follows_the_switch_of_the_dispatched_path():
+    """Gate on Attention (the async-MoE path the seam counts): only the Attention gate's
+    AFD_FORCE_BALANCED_TOPK_IDS rewrites the ids; enable_force_load_balance acts in the W8A8
+    FusedMoE expert selection, which that path does not run (afd-plugin 2e4378f/2f4f462)."""
     assert routing_label(force_balanced_env=False, force_load_balance_config=False) == NATURAL
     assert routing_label(force_balanced_env=True, force_load_balance_config=False) == FORCED_BALANCED
-    assert routing_label(force_balanced_env=False, force_load_balance_config=True) == FORCED_BALANCED
+    assert routing_label(force_balanced_env=False, force_load_balance_config=True) == NATURAL
+    assert routing_label(force_balanced_env=True, force_load_balance_config=True) == FORCED_BALANCED
+    assert routing_label(force_balanced_env=False, force_load_balance_config=True,
+                         gate_on_attention=False) == FORCED_BALANCED
+    assert routing_label(force_balanced_env=True, force_load_balance_config=False,
+                         gate_on_attention=False) == NATURAL
 
 
 @pytest.fixture

@@ -68,15 +68,19 @@ def engine_session(runner) -> HookSession:
 
 
 def engine_routing(vllm_config) -> str:
-    """How this deployment routes experts: forced-balanced when afd_plugin's Attention-side
-    switch (``AFD_FORCE_BALANCED_TOPK_IDS``) or the W8A8 ``enable_force_load_balance``
-    rewrites the router's ids (both read as afd_plugin reads them)."""
+    """How the ids the dispatch seam counts are routed: forced-balanced only when the switch
+    of the dispatched path is on. Token-balanced runs with the gate on Attention (the
+    validator requires it), where afd_plugin's ``AFD_FORCE_BALANCED_TOPK_IDS`` rewrites the
+    ids and ``enable_force_load_balance`` (FFN-side W8A8 expert selection) does not
+    (``expert_load.routing_label``)."""
     from afd_plugin.envs import force_balanced_topk_ids_enabled
 
     additional = vllm_config.additional_config or {}
+    afd = additional.get("afd") or {}
     return routing_label(
         force_balanced_env=force_balanced_topk_ids_enabled(),
         force_load_balance_config=bool(additional.get("enable_force_load_balance", False)),
+        gate_on_attention=bool(afd.get("compute_gate_on_attention", True)),
     )
 
 

@@ -14,7 +14,9 @@ already loaded, and puts a ``sys.meta_path`` finder in front that patches the
 others right after they first execute, in whichever process loads them (the
 worker, after vLLM-Ascend and afd_plugin have set up). The validation module,
 the runner module and the connector module (the expert-load dispatch seam) are
-patched independently: an FFN worker may load only the first.
+patched independently: an FFN worker may load only the first. A module whose seam
+drifted is left unpatched and its import finishes (``drift_guard``): the drift is
+logged once and token_balanced refused naming the seam.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from __future__ import annotations
 import importlib.abc
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
 from afd_split.integrations.afd_plugin.dispatch_patch import install_dispatch
+from afd_split.integrations.afd_plugin.drift_guard import DriftLog, guarded
 from afd_split.integrations.afd_plugin.forward_patch import install_forward
 from afd_split.integrations.afd_plugin.patches import (
     install_runner,
@@ -37,7 +41,9 @@ from afd_split.integrations.afd_plugin.patches import (
 from afd_split.integrations.afd_plugin.pinned import (
     EXTRA_INFO_MODULE,
     FORWARD_MODULE,
+    PLANNER,
     RUNNER_MODULE,
+    SLICER,
     VALIDATION_MODULE,
 )
 from afd_split.integrations.afd_plugin.stages import HookSession
@@ -67,8 +73,9 @@ class PatchingLoader(importlib.abc.Loader):
 class SeamImportHook(importlib.abc.MetaPathFinder):
     """Finds a seam module with the finders behind it and wraps its loader."""
 
-    def __init__(self, patches: Mapping[str, ModulePatch]) -> None:
+    def __init__(self, patches: Mapping[str, ModulePatch], drift: DriftLog) -> None:
         self.patches = dict(patches)
+        self.drift = drift
 
     def find_spec(self, fullname, path, target=None):
         patch = self.patches.get(fullname)
@@ -88,20 +95,30 @@ class SeamImportHook(importlib.abc.MetaPathFinder):
         return spec
 
 
-def seam_patches(new_session: Callable[[Any], HookSession]) -> dict[str, ModulePatch]:
-    """Module name -> what to patch in it once loaded."""
+def seam_patches(new_session: Callable[[Any], HookSession],
+                 drift: DriftLog | None = None) -> dict[str, ModulePatch]:
+    """Module name -> what to patch in it once loaded (a drifted module is left unpatched
+    and noted in ``drift``, which the validator and planner read when they run)."""
+    drift = DriftLog() if drift is None else drift
 
     def patch_runner(module: ModuleType) -> str:
-        return install_runner(seams_of(module), new_session=new_session)
+        return install_runner(replace(seams_of(module), drifted=drift.reasons),
+                              new_session=new_session)
 
-    def patch_validation(module: ModuleType) -> bool:
+    def pcp_unavailable() -> str | None:
         # PCP is judged from the runner module loaded when the validator runs: this
         # module may load first (the Attention worker imports it before the runner).
-        return install_validator(module, plugin_request_split,
-                                 lambda: runner_pcp_unavailable(sys.modules.get(RUNNER_MODULE)))
+        # A drifted runner module is refused through ``drift.reasons`` instead.
+        if PLANNER in drift.drifted or SLICER in drift.drifted:
+            return None
+        return runner_pcp_unavailable(sys.modules.get(RUNNER_MODULE))
 
-    return {VALIDATION_MODULE: patch_validation, RUNNER_MODULE: patch_runner,
-            EXTRA_INFO_MODULE: install_dispatch, FORWARD_MODULE: install_forward}
+    def patch_validation(module: ModuleType) -> bool:
+        return install_validator(module, plugin_request_split, pcp_unavailable, drift.reasons)
+
+    patches = {VALIDATION_MODULE: patch_validation, RUNNER_MODULE: patch_runner,
+               EXTRA_INFO_MODULE: install_dispatch, FORWARD_MODULE: install_forward}
+    return {name: guarded(patch, drift) for name, patch in patches.items()}
 
 
 def install_deferred(new_session: Callable[[Any], HookSession]) -> SeamImportHook:
@@ -109,7 +126,8 @@ def install_deferred(new_session: Callable[[Any], HookSession]) -> SeamImportHoo
     process: a second registration reuses it)."""
     hook = next((f for f in sys.meta_path if isinstance(f, SeamImportHook)), None)
     if hook is None:
-        hook = SeamImportHook(seam_patches(new_session))
+        drift = DriftLog()
+        hook = SeamImportHook(seam_patches(new_session, drift), drift)
         sys.meta_path.insert(0, hook)
     for name, patch in hook.patches.items():
         module = sys.modules.get(name)

@@ -191,7 +191,8 @@ def install_forward(forward_module: ModuleType) -> bool:
         from afd_split.integrations.afd_plugin.patches import PluginDriftError
 
         raise PluginDriftError(f"afd_plugin {FORWARD_NAME} drifted: {drift}; re-pin it "
-                               "(AGENTS.md) before token_balanced can run under PCP")
+                               "(AGENTS.md) before token_balanced can run under PCP",
+                               seam=FORWARD)
     setattr(forward_module, FORWARD_NAME, make_forward_patch(forward))
     return True
 

@@ -77,7 +77,12 @@ buffers a stage build writes through are restored with it (``builder_state``).""
 
 
 class PluginDriftError(RuntimeError):
-    """The installed afd_plugin's seam no longer reads as any pinned variant."""
+    """The installed afd_plugin's seam no longer reads as any pinned variant (``seam``: its
+    ``pinned`` key, so the import hook can leave the module unpatched and name it)."""
+
+    def __init__(self, message: str, *, seam: str | None = None) -> None:
+        super().__init__(message)
+        self.seam = seam
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,9 @@ class PluginSeams:
     slice_type: type
     forward_module: ModuleType | None = None
     """The async-MoE pipeline's module (PCP stages); None: imported at the first PCP step."""
+    drifted: Callable[[], tuple[str, ...]] | None = None
+    """Why token_balanced is refused after a seam drifted (``drift_guard.DriftLog.reasons``,
+    read when a step is planned); None: no import hook watches the seams."""
 
 
 def resolve_seams() -> PluginSeams:
@@ -133,8 +141,14 @@ def no_pcp_seam() -> str:
     return NO_PCP_SEAM
 
 
+def no_drift_seen() -> tuple[str, ...]:
+    """A validator's drift answer where no import hook watches the seams."""
+    return ()
+
+
 def make_validator_patch(original: Callable, request_split: Callable[[], str],
-                         pcp_unavailable: Callable[[], str | None] = no_pcp_seam) -> Callable:
+                         pcp_unavailable: Callable[[], str | None] = no_pcp_seam,
+                         drifted: Callable[[], tuple[str, ...]] = no_drift_seen) -> Callable:
     # Upstream source: afd-plugin main 2e4378f / release/v0.19.1rc1 2f4f462,
     # compat/npu/feature_validation.py _fail_if_unsupported_npu_async_moe_ubatching_features.
     # Patch reason: the validator accepts only async_moe_split="request" and
@@ -147,13 +161,14 @@ def make_validator_patch(original: Callable, request_split: Callable[[], str],
     # plugin's request value, read at call time (the connector module loads with the worker);
     # ``pcp_unavailable()`` why PCP cannot run here (None: the release seam is there), also
     # read at call time: with deferred registration the validation module is patched
-    # before the runner module loads.
+    # before the runner module loads. ``drifted()`` names the seams the import hook left
+    # unpatched (drift_guard): token_balanced is refused naming them.
     def _fail_if_unsupported_npu_async_moe_ubatching_features(vllm_config: VllmConfig, afd_config: AFDConfig, *, num_ubatches: int, split: str) -> None:
         # ### PATCH START: afd_split token_balanced value
         if split == TOKEN_BALANCED_SPLIT:
             original(vllm_config, afd_config, num_ubatches=num_ubatches, split=request_split())
-            reasons = token_balanced_unsupported_reasons(vllm_config, afd_config, num_ubatches,
-                                                         pcp_unavailable())
+            reasons = [*drifted(), *token_balanced_unsupported_reasons(
+                vllm_config, afd_config, num_ubatches, pcp_unavailable())]
             if reasons:
                 raise RuntimeError(
                     f"async_moe_split={split!r} is unsupported here: " + "; ".join(reasons)
@@ -236,6 +251,10 @@ def build_token_balanced_stages(runner, full_metadata, num_tokens: int,
     part the branches do differently). Returns ``full_metadata``; the stage
     metadata goes to the runner's AFD attributes.
     """
+    drift_reasons = seams.drifted() if seams.drifted is not None else ()
+    if drift_reasons:  # the validator's own module may be the drifted one: refuse here too
+        raise PluginDriftError(f"async_moe_split={TOKEN_BALANCED_SPLIT!r} is refused: "
+                               + "; ".join(drift_reasons))
     runner._afd_async_moe_ubatch_metadata = None
     runner._afd_pending_metadata = runner._build_afd_metadata(None, num_tokens)
     if num_scheduled_tokens_np is None:
@@ -353,7 +372,7 @@ def installed_branch(key: str, function: Callable) -> str:
     raise PluginDriftError(
         f"afd_plugin seam {variants[0].module}.{variants[0].qualname} drifted: installed "
         f"header {header!r} matches no pinned variant ({pinned}); re-pin it (AGENTS.md) before "
-        f"async_moe_split={TOKEN_BALANCED_SPLIT!r} can run"
+        f"async_moe_split={TOKEN_BALANCED_SPLIT!r} can run", seam=key,
     )
 
 
@@ -363,7 +382,8 @@ SLICER_NAME = "split_attn_metadata"
 
 
 def install_validator(validation_module: ModuleType, request_split: Callable[[], str],
-                      pcp_unavailable: Callable[[], str | None] = no_pcp_seam) -> bool:
+                      pcp_unavailable: Callable[[], str | None] = no_pcp_seam,
+                      drifted: Callable[[], tuple[str, ...]] = no_drift_seen) -> bool:
     """Patch the validator seam of a loaded validation module (drift-checked, idempotent);
     True when it was patched now."""
     validator = vars(validation_module)[VALIDATOR_NAME]
@@ -371,7 +391,7 @@ def install_validator(validation_module: ModuleType, request_split: Callable[[],
         return False
     installed_branch(VALIDATOR, validator)
     setattr(validation_module, VALIDATOR_NAME,
-            make_validator_patch(validator, request_split, pcp_unavailable))
+            make_validator_patch(validator, request_split, pcp_unavailable, drifted))
     return True
 
 

@@ -317,7 +317,11 @@ def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, computed
         pcp = PcpStages.for_rank(plan, computed, session.ranks.pcp_rank,
                                  session.pcp_all_to_all, runner,
                                  chunked_prefill=session.chunked_prefill)
+    from afd_split.integrations.afd_plugin.load_rows import pcp_parent_rows, pcp_stage_rows
+
     record_step(session, plan, alignment=session.alignment.describe(),
+                stage_rows=(pcp_parent_rows(plan, session.ranks.pcp_rank) if pcp is None
+                            else pcp_stage_rows(plan, computed, pcp.relayout)),
                 pcp_stage_rule=PCP_STAGE_RULE,
                 **({} if pcp is None else {"pcp_relayout": pcp.evidence()}))
     if pcp is None:

@@ -25,7 +25,7 @@ from afd_split.integrations.engine_step import (
     plan_engine_step,
     step_record,
 )
-from afd_split.integrations.expert_load import NATURAL, ExpertLoadRecorder
+from afd_split.integrations.expert_load import NATURAL, ExpertLoadRecorder, StageRows
 from afd_split.integrations.worker_evidence import EvidenceWriter
 from afd_split.pcp_relayout import AllToAll
 from afd_split.plan import SplitPlan
@@ -137,8 +137,23 @@ def ubatch_slices_for(plan: SplitPlan, slice_type) -> list:
     return slices
 
 
-def record_step(session: HookSession, plan: SplitPlan, **facts) -> None:
-    """Agreement (debug mode) and the step's evidence line, before anything is built."""
+def planned_stage_rows(plan: SplitPlan, num_input_tokens: int | None = None) -> tuple:
+    """Each stage's rows as the pipeline slices them from the parent (``ubatch_slices_for``):
+    its real tokens, then padding (the SP parent's padding on the last stage). Unsplit: the
+    whole parent, ``num_input_tokens`` rows when the engine padded it."""
+    if not plan.is_split:
+        real = int(sum(ubatch.num_real_tokens for ubatch in plan.ubatches))
+        rows = real if num_input_tokens is None else max(int(num_input_tokens), real)
+        return (StageRows.leading(real, rows),)
+    return tuple(StageRows.leading(ubatch.num_real_tokens, ubatch.num_rows)
+                 for ubatch in plan.ubatches)
+
+
+def record_step(session: HookSession, plan: SplitPlan, *,
+                stage_rows: tuple | None = None, **facts) -> None:
+    """Agreement (debug mode) and the step's evidence line, before anything is built;
+    ``stage_rows`` (``expert_load.StageRows`` per stage on this rank) lets the expert-load
+    recorder count real rows only."""
     if session.check_agreement:
         agree_across_groups(plan, session.groups, device=session.agreement_device)
     step = session.steps_planned
@@ -147,7 +162,8 @@ def record_step(session: HookSession, plan: SplitPlan, **facts) -> None:
         session.writer.append(step_record(plan, step=step, ranks=session.ranks, pid=os.getpid(),
                                           **facts))
     if session.expert_load is not None:
-        session.expert_load.begin_step(step, len(plan.ubatches) if plan.is_split else 1)
+        session.expert_load.begin_step(step, len(plan.ubatches) if plan.is_split else 1,
+                                       stage_rows)
 
 
 def plan_stages(session: HookSession, num_scheduled_tokens, *, num_computed_tokens,
@@ -162,7 +178,8 @@ def plan_stages(session: HookSession, num_scheduled_tokens, *, num_computed_toke
     plan = plan_engine_step(num_scheduled_tokens, policy=SplitPolicy.TOKEN_BALANCED,
                             constraints=session.alignment.constraints(num_input_tokens),
                             num_computed_tokens=num_computed_tokens)
-    record_step(session, plan, alignment=session.alignment.describe())
+    record_step(session, plan, stage_rows=planned_stage_rows(plan, num_input_tokens),
+                alignment=session.alignment.describe())
     if not plan.is_split:
         return None
     return PlannedUBatchSlices(ubatch_slices_for(plan, slice_type), plan=plan,

@@ -166,10 +166,18 @@ def join_expert_load(steps: list[dict[str, Any]], loads: Sequence[Mapping[str, A
             "expert_load_routing": load["routing"],
             "plan_to_last_dispatch_s": load["plan_to_flush_s"],
         })
+        # Real rows only (the hook's StageRows); padding rows and PCP decode copies that
+        # reached the dispatch are reported apart, as the CPU backend's padding_routed_rows.
+        step.update({f"expert_load_{name}": load[name] for name in ROW_COUNT_FIELDS
+                     if name in load})
     return unmatched
 
 
-PER_STEP_LOAD_FIELDS = ("expert_load", "expert_load_per_rank", "expert_load_per_stage_tokens")
+ROW_COUNT_FIELDS = ("padding_routed_rows", "replicated_routed_rows")
+"""Dispatched rows the expert-load line did not count (summed over stages and layers)."""
+
+PER_STEP_LOAD_FIELDS = ("expert_load", "expert_load_per_rank", "expert_load_per_stage_tokens",
+                        *(f"expert_load_{name}" for name in ROW_COUNT_FIELDS))
 """A step's routed counts; under PCP each PCP rank routes its own rows of every stage."""
 
 

@@ -1,0 +1,68 @@
+"""A drifted seam never breaks the plugin: it is left unpatched and token_balanced refused.
+
+vLLM calls general plugins first in every process, so the import hook (``deferred``)
+patches afd_plugin's seam modules inside the plugin's own imports. A seam whose
+installed header (or pipeline body) matches no pinned variant must not turn that
+import into an error: every vLLM start would fail, also for users who never ask
+for ``token_balanced`` (a container that upgraded afd-plugin, a developer with
+this harness installed next to vLLM). ``guarded`` therefore catches
+``PluginDriftError`` from a module's patch, leaves that module exactly as the
+plugin built it, logs one error naming the seam, the installed header and the
+pinned commits, and records the drift in the hook's ``DriftLog``. The patched
+validator and planner read the log when ``token_balanced`` is asked for and
+refuse it naming the drifted seam; ``request`` and ``none`` run as the plugin
+alone (drifted modules are the plugin's own, patched ones delegate).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from afd_split.integrations.afd_plugin.patches import PluginDriftError
+from afd_split.integrations.afd_plugin.stages import TOKEN_BALANCED_SPLIT
+
+logger = logging.getLogger(__name__)
+
+UNKNOWN_SEAM = "unknown"
+
+
+@dataclass
+class DriftLog:
+    """The seams found drifted in this process (seam key -> the drift message)."""
+
+    drifted: dict[str, str] = field(default_factory=dict)
+
+    def record(self, error: PluginDriftError, module_name: str) -> bool:
+        """Note one drift; True (and one logged error) the first time this seam drifts."""
+        seam = error.seam or UNKNOWN_SEAM
+        if seam in self.drifted:
+            return False
+        self.drifted[seam] = str(error)
+        logger.error("afd_split: afd_plugin seam %r drifted; %s left unpatched (the plugin runs "
+                     "as installed, async_moe_split=%r is refused): %s",
+                     seam, module_name, TOKEN_BALANCED_SPLIT, error)
+        return True
+
+    def reasons(self) -> tuple[str, ...]:
+        """One refusal reason per drifted seam, naming it (empty: nothing drifted)."""
+        return tuple(f"afd_plugin seam {seam!r} drifted from the pinned headers and was left "
+                     f"unpatched ({message})" for seam, message in self.drifted.items())
+
+
+def guarded(patch: Callable[[ModuleType], Any], log: DriftLog) -> Callable[[ModuleType], Any]:
+    """``patch`` that leaves a drifted module unpatched and records the drift instead of
+    raising out of the plugin's import."""
+
+    def patch_or_record(module: ModuleType) -> Any:
+        try:
+            return patch(module)
+        except PluginDriftError as error:
+            log.record(error, module.__name__)
+            return None
+
+    return patch_or_record
+
