@@ -14,7 +14,8 @@ already loaded, and puts a ``sys.meta_path`` finder in front that patches the
 others right after they first execute, in whichever process loads them (the
 worker, after vLLM-Ascend and afd_plugin have set up). The validation module,
 the runner module and the connector module (the expert-load dispatch seam) are
-patched independently: an FFN worker may load only the first.
+patched independently: an FFN worker may load only the first. The runner module's
+metadata router also gets the evidence-only recorder (``evidence_only``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from types import ModuleType
 from typing import Any
 
 from afd_split.integrations.afd_plugin.dispatch_patch import install_dispatch
+from afd_split.integrations.afd_plugin.evidence_only import install_evidence_only
 from afd_split.integrations.afd_plugin.forward_patch import install_forward
 from afd_split.integrations.afd_plugin.patches import (
     install_runner,
@@ -92,6 +94,8 @@ def seam_patches(new_session: Callable[[Any], HookSession]) -> dict[str, ModuleP
     """Module name -> what to patch in it once loaded."""
 
     def patch_runner(module: ModuleType) -> str:
+        # Evidence-only mode first: it never raises, so a drifted planner seam cannot skip it.
+        install_evidence_only(module, new_session, plugin_request_split)
         return install_runner(seams_of(module), new_session=new_session)
 
     def patch_validation(module: ModuleType) -> bool:
