@@ -27,6 +27,7 @@ from afd_split.integrations.worker_evidence import (
     EVIDENCE_FORMAT,
     FILE_SUFFIX,
     RECORD_KIND,
+    UNRECORDED_KIND,
     EvidenceSettings,
 )
 from pytest_afd.backends.base import PromptRequest, RunOutputs, RunSettings
@@ -93,6 +94,10 @@ def _parse_line(raw: bytes, where: str, problems: list[str]) -> dict[str, Any] |
     if record.get("kind") == CAP_MARKER_KIND:
         problems.append(f"{where}: the writer hit its {record.get('max_bytes')}-byte cap; steps "
                         f"from {record.get('first_dropped_step')} on are missing")
+        return None
+    if record.get("kind") == UNRECORDED_KIND:
+        problems.append(f"{where}: step {record.get('step')} was not recorded by the "
+                        f"evidence-only hook: {record.get('reason')}")
         return None
     required = EXPERT_LOAD_FIELDS_REQUIRED if record.get("kind") == EXPERT_LOAD_KIND \
         else STEP_FIELDS_REQUIRED
