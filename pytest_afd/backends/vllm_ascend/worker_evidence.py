@@ -174,6 +174,11 @@ def join_expert_load(steps: list[dict[str, Any]], loads: Sequence[Mapping[str, A
     return unmatched
 
 
+NO_STEP_LINES = ("no Attention rank appended a step line during this case (the servers "
+                 "need AFD_EVIDENCE_DIR set to the harness's directory and afd_split in "
+                 "VLLM_PLUGINS on Attention; docs/ascend.md)")
+
+
 PER_STEP_LOAD_FIELDS = ("expert_load", "expert_load_per_rank", "expert_load_per_stage_tokens")
 """A step's routed counts; under PCP each PCP rank routes its own rows of every stage."""
 
@@ -261,8 +266,11 @@ def with_worker_evidence(outputs: RunOutputs, evidence: WorkerEvidence,
     leaders = evidence.leader_records
     if routing is not None:
         evidence.problems.extend(routing_problems(evidence.records, routing))
-    if evidence.problems or not leaders:
-        return outputs
+    if evidence.problems:
+        return replace(outputs, steps_absent_reason="the Attention ranks' evidence lines of "
+                       "this case are unusable: " + "; ".join(evidence.problems))
+    if not leaders:
+        return replace(outputs, steps_absent_reason=NO_STEP_LINES)
     load = summed_expert_load(evidence.expert_load_records)
     return replace(outputs, steps=[dict(record) for record in leaders],
                    expert_load=load if load is not None else outputs.expert_load)
