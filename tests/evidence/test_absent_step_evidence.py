@@ -12,11 +12,10 @@ from __future__ import annotations
 import pytest
 
 from pytest_afd import results
-from pytest_afd.backends.base import PromptRequest, RequestOutput, RunOutputs, RunSettings
+from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
 from pytest_afd.backends.vllm_ascend.worker_evidence import (
     NO_STEP_LINES,
     WorkerEvidence,
-    WorkerEvidenceBackend,
     with_worker_evidence,
 )
 from pytest_afd.manifest import collect_manifest
@@ -73,18 +72,3 @@ def test_recorded_steps_are_still_counted():
     doc = _result(_over_http(steps=[step], steps_absent_reason=STEPS_NOT_OVER_HTTP))
     assert doc["evidence"]["steps"] == [step]
     assert doc["evidence"]["tokens"]["per_ubatch_real_tokens"] == [64]
-
-
-def test_the_http_backend_says_why_it_has_no_steps(tmp_path):
-    """The CPU server over HTTP, without AFD_EVIDENCE_DIR: the run names the variable."""
-    from pytest_afd.serving.http_backend import HttpBackend, cpu_server_launcher
-
-    backend = HttpBackend("vllm-ascend", frozenset(), cpu_server_launcher(
-        log_dir=tmp_path, topology=None, model_name="reduced", seed=0))
-    try:
-        outputs = backend.run([PromptRequest("r0", tuple(range(1, 33)))], RunSettings())
-    finally:
-        backend.close()
-    assert outputs.steps == [] and outputs.steps_absent_reason == STEPS_NOT_OVER_HTTP
-    assert "AFD_EVIDENCE_DIR" in _result(outputs)["evidence"]["steps"]["absent_reason"]
-    assert WorkerEvidenceBackend.wrap_from_env(backend, {}) is backend
