@@ -72,3 +72,21 @@ def test_recorded_steps_are_still_counted():
     doc = _result(_over_http(steps=[step], steps_absent_reason=STEPS_NOT_OVER_HTTP))
     assert doc["evidence"]["steps"] == [step]
     assert doc["evidence"]["tokens"]["per_ubatch_real_tokens"] == [64]
+
+
+def test_gate_counts_read_from_steps_are_absent_without_steps(monkeypatch):
+    """Gates 1 and 3 record split forwards and final pieces from the run's steps: without
+    steps they are absent with the reason, not 0 forwards and no pieces."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "suites" / "gates"))
+    from gate_evidence import NO_STEP_EVIDENCE, shape_unverified, step_derived
+
+    bare = _over_http(steps_absent_reason=STEPS_NOT_OVER_HTTP)
+    for value in (0, [], {}):
+        recorded = step_derived(bare, value)
+        assert results.is_absent(recorded)
+        assert NO_STEP_EVIDENCE in recorded["absent_reason"]
+        assert STEPS_NOT_OVER_HTTP in recorded["absent_reason"]
+    stepped = _over_http(steps=[{"policy": "none"}])
+    assert step_derived(stepped, 0) == 0 and shape_unverified(stepped) is None
