@@ -90,3 +90,17 @@ def test_gate_counts_read_from_steps_are_absent_without_steps(monkeypatch):
         assert STEPS_NOT_OVER_HTTP in recorded["absent_reason"]
     stepped = _over_http(steps=[{"policy": "none"}])
     assert step_derived(stepped, 0) == 0 and shape_unverified(stepped) is None
+
+
+def test_the_report_renders_a_case_with_absent_step_evidence(tmp_path):
+    from pytest_afd import report
+
+    step = {"policy": "token_balanced", "split_token": 32, "imbalance": 0.0,
+            "ubatches": [{"num_real_tokens": 32, "num_padded_tokens": 0}] * 2}
+    for case, outputs in (("absent", _over_http(steps_absent_reason=STEPS_NOT_OVER_HTTP)),
+                          ("recorded", _over_http(steps=[step]))):
+        doc = {**_result(outputs), "case_id": f"evidence::{case}"}
+        results.write_result(results.result_path(tmp_path, doc["case_id"]), doc)
+    text = report.render(tmp_path).read_text()
+    assert "64 / 64 / 0" in text  # the recorded case's tokens
+    assert "64 / 0 / 0" not in text  # the absent one is never shown as zero scheduled
