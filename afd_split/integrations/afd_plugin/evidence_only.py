@@ -118,9 +118,10 @@ def record_plugin_step(runner, session: HookSession, values: Mapping[str, Any], 
     step = session.steps_planned
     session.steps_planned += 1
     num_rows = values.get("num_tokens_padded")
+    num_rows = None if num_rows is None else int(num_rows)
     try:
         policy, stages, reason = plugin_stages(runner, split, request_split)
-        plan = observed_plan(values["num_scheduled_tokens_np"].tolist(), stages, policy=policy,
+        plan = observed_plan(values["num_scheduled_tokens_np"], stages, policy=policy,
                              num_input_rows=num_rows, unsplit_reason=reason)
     except ValueError as error:
         session.writer.append({"kind": UNRECORDED_KIND, "format": EVIDENCE_FORMAT, "step": step,
