@@ -242,6 +242,9 @@ def per_rank_load(per_expert: Sequence[Sequence[int]], num_ep_ranks: int) -> lis
     return loads
 
 
+NO_STEPS_REPORTED = "the backend reported no per-step split evidence for this run"
+
+
 def token_evidence(
     steps: Sequence[Mapping[str, Any]], logical_prompt_tokens: int
 ) -> dict[str, Any]:
@@ -284,9 +287,11 @@ def evidence_from_outputs(
     logical = sum(r.num_prompt_tokens for r in outputs.requests)
     hits = sum(r.num_cached_tokens for r in outputs.requests)
     steps = [dict(step) for step in outputs.steps]
+    # No steps is absent step evidence with its reason, never zero scheduled tokens.
+    no_steps = None if steps else absent(outputs.steps_absent_reason or NO_STEPS_REPORTED)
     return {
-        "steps": steps,
-        "tokens": token_evidence(steps, logical),
+        "steps": no_steps or steps,
+        "tokens": no_steps or token_evidence(steps, logical),
         "prefix_cache": {
             "requested_hit_ratio": requested_hit_ratio
             if requested_hit_ratio is not None

@@ -126,7 +126,9 @@ def mean_step_time(run: RunOutputs) -> float:
 def step_metrics(runs: Sequence[RunOutputs]) -> dict[str, Any]:
     """``step_time_s`` and ``forward_steps``, absent when the backend reports no steps."""
     if not all(run.steps for run in runs):
-        missing = afd_result_docs.absent(NO_STEP_EVIDENCE)
+        reason = next((run.steps_absent_reason for run in runs
+                       if not run.steps and run.steps_absent_reason), NO_STEP_EVIDENCE)
+        missing = afd_result_docs.absent(reason)
         return {"step_time_s": missing, "forward_steps": missing}
     return {
         "step_time_s": afd_result_docs.measurement([mean_step_time(run) for run in runs], "s"),

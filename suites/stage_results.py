@@ -90,7 +90,8 @@ class StageResults:
         )
         if not runs[-1].steps:
             # Empty steps would read as zero scheduled tokens: say they are unknown.
-            evidence["steps"] = evidence["tokens"] = afd_result_docs.absent(NO_STEP_EVIDENCE)
+            evidence["steps"] = evidence["tokens"] = afd_result_docs.absent(
+                runs[-1].steps_absent_reason or NO_STEP_EVIDENCE)
         evidence["prefix_cache"]["phase"] = case.phase
         evidence["prefix_cache"]["designed_hit_ratio"] = case.workload.designed_hit_ratio
         if instrumented is not None:

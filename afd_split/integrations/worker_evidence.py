@@ -49,6 +49,10 @@ longer runs (the cap marker says where evidence stopped)."""
 RECORD_KIND = "afd_step"
 """``kind`` of a step record line."""
 
+UNRECORDED_KIND = "afd_step_unrecorded"
+"""``kind`` of the line an evidence-only hook writes for a step it could not describe
+(``reason`` says why): the case's step evidence is then absent, naming it."""
+
 CAP_MARKER_KIND = "afd_evidence_cap_reached"
 """``kind`` of the one line written when the cap stops the writer."""
 

@@ -128,6 +128,9 @@ class RunOutputs:
     # One entry per forward step: the split plan's evidence (policy, realized
     # per-ubatch real/padded tokens, imbalance) plus scheduling facts.
     steps: list[dict[str, Any]] = field(default_factory=list)
+    # Why ``steps`` is empty (recorded as the result's absent step evidence, never as
+    # zero scheduled tokens); None: the backend gave no reason (a generic one is used).
+    steps_absent_reason: str | None = None
     # Per layer: routed tokens per expert (list of lists), natural or forced.
     expert_load: list[list[int]] = field(default_factory=list)
     # Instrumented runs only: per-layer/per-ubatch timings.

@@ -131,6 +131,11 @@ def cpu_server_launcher(*, log_dir: Path, topology: str | None, model_name: str,
     return launch
 
 
+STEPS_NOT_OVER_HTTP = ("per-step split evidence does not cross the HTTP API: set "
+                       "AFD_EVIDENCE_DIR on the deployment's servers and on the harness "
+                       "(one shared directory) to collect the servers' step lines")
+
+
 class HttpBackend:
     """Backend protocol over HTTP; no logits, steps or expert load cross the wire.
 
@@ -201,7 +206,8 @@ class HttpBackend:
             ))
         if outputs and all(output.error is None for output in outputs):
             self.completed_runs += 1
-        return RunOutputs(requests=outputs, wall_time_s=time.perf_counter() - started)
+        return RunOutputs(requests=outputs, wall_time_s=time.perf_counter() - started,
+                          steps_absent_reason=STEPS_NOT_OVER_HTTP)
 
     def num_logprobs(self, settings: RunSettings) -> int | None:
         """Top-k logprobs to ask for: when outputs are wanted and the backend declares them."""

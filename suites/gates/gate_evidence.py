@@ -140,8 +140,18 @@ NO_STEP_EVIDENCE = (
 
 
 def shape_unverified(outputs: RunOutputs) -> str | None:
-    """:data:`NO_STEP_EVIDENCE` when the run carries no step evidence, else None."""
-    return None if outputs.steps else NO_STEP_EVIDENCE
+    """:data:`NO_STEP_EVIDENCE` (and the backend's reason) when the run carries no step
+    evidence, else None."""
+    if outputs.steps:
+        return None
+    reason = outputs.steps_absent_reason
+    return NO_STEP_EVIDENCE if reason is None else f"{NO_STEP_EVIDENCE} ({reason})"
+
+
+def step_derived(outputs: RunOutputs, value: Any) -> Any:
+    """``value`` read from the run's steps, or the absent record with the reason when the
+    run has none (a count of 0 or an empty list would claim the shape was seen)."""
+    return value if outputs.steps else results.absent(shape_unverified(outputs))
 
 
 def split_steps(outputs: RunOutputs, prompt_lengths: Sequence[int]) -> list[SplitStep]:

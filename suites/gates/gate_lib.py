@@ -25,6 +25,7 @@ from gate_evidence import (
     record_reference_case,
     shape_unverified,
     split_steps,
+    step_derived,
 )
 from gate_setup import (
     BACKEND_ATTENTION_BUILDERS,
@@ -100,5 +101,6 @@ __all__ = [
     "shape_unverified",
     "split_steps",
     "stacked_logits",
+    "step_derived",
     "support_config_for",
 ]

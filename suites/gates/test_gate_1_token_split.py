@@ -34,6 +34,7 @@ from gate_lib import (
     run_measured,
     shape_unverified,
     split_steps,
+    step_derived,
 )
 from step_evidence_checks import agreement_problems, steps_count_problems
 
@@ -206,8 +207,8 @@ def test_gate_1_token_balanced_matches_unsplit(
             "case": workload.name,
             "reference": gate_references.describe(stored) if gate_references.checking
             else "same prompts, schedule and cached prefix with split_policy=none",
-            "split_forwards": len(steps),
-            "split_shapes": [step.__dict__ for step in steps],
+            "split_forwards": step_derived(candidate, len(steps)),
+            "split_shapes": step_derived(candidate, [step.__dict__ for step in steps]),
             "shape_problem": shape_problem,
             "shape_unverified": unverified,
             "step_count_problems": count_problems,

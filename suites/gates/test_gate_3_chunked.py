@@ -24,6 +24,7 @@ from gate_lib import (
     record_reference_case,
     run_measured,
     shape_unverified,
+    step_derived,
 )
 
 PROMPT_LENGTHS = (100, 30, 69)
@@ -93,10 +94,10 @@ def test_gate_3_chunked_matches_unchunked(
             "case": f"chunk_size={settings.chunk_size}",
             "reference": gate_references.describe(stored) if gate_references.checking
             else "same prompts unchunked (chunk_size=None), unsplit direct forward",
-            "forwards": len(chunked.steps),
-            "reference_forwards": len(unchunked.steps),
-            "final_piece_tokens_of_chunked_requests": tails,
-            "small_tails": small_tails,
+            "forwards": step_derived(chunked, len(chunked.steps)),
+            "reference_forwards": step_derived(unchunked, len(unchunked.steps)),
+            "final_piece_tokens_of_chunked_requests": step_derived(chunked, tails),
+            "small_tails": step_derived(chunked, small_tails),
             "shape_unverified": shape_unverified(chunked),
             "verdict": verdict.to_json(),
         },

@@ -141,6 +141,18 @@ def test_token_balanced_loads_the_afd_split_plugin_where_it_may_run():
     assert {dict(p.env)["VLLM_PLUGINS"] for p in plugin_token.processes} == {"ascend,afd"}
 
 
+@pytest.mark.parametrize("split", ["none", "request"])
+def test_the_controls_load_afd_split_on_attention_in_evidence_only_mode(split):
+    """none / request: the plugin plans itself; afd_split only records on every Attention
+    rank (step lines, expert load), so every policy carries the same evidence."""
+    plan = plan_for("dp3pcp8-ep8", split=split)
+    plugins = {(p.role, dict(p.env)["VLLM_PLUGINS"]) for p in plan.processes}
+    assert plugins == {("attention", "ascend,afd,afd_split"), ("ffn", "ascend,afd")}
+    extra = [p.additional_config()["afd"]["connector_extra_config"] for p in plan.processes]
+    assert {e.get("async_moe_split") for e in extra} == {None if split == "none" else split}
+    assert {e["async_moe_ubatching"] for e in extra} == {split != "none"}
+
+
 def test_single_node_plans_need_no_nic():
     plan = build_launch_plan("dp1pcp8-ep8", LaunchOptions(model=MODEL, devices_per_node=16,
                                                           node_addresses=("127.0.0.1",)))

@@ -140,8 +140,8 @@ def test_an_incomplete_last_line_is_reported_and_no_partial_steps_are_used(tmp_p
     evidence = read_new_records(tmp_path, {}, max_read_bytes=READ_LIMIT)
     assert [r["step"] for r in evidence.records] == [0, 1]
     assert len(evidence.problems) == 1 and "incomplete last line" in evidence.problems[0]
-    bare = RunOutputs(requests=[])
-    assert with_worker_evidence(bare, evidence) is bare  # steps stay absent, with the reason
+    outputs = with_worker_evidence(RunOutputs(requests=[]), evidence)
+    assert outputs.steps == [] and "incomplete last line" in outputs.steps_absent_reason
 
 
 def test_the_cap_stops_the_writer_with_a_marker_and_the_file_stays_bounded(tmp_path):

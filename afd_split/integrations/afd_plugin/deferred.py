@@ -16,7 +16,8 @@ worker, after vLLM-Ascend and afd_plugin have set up). The validation module,
 the runner module and the connector module (the expert-load dispatch seam) are
 patched independently: an FFN worker may load only the first. A module whose seam
 drifted is left unpatched and its import finishes (``drift_guard``): the drift is
-logged once and token_balanced refused naming the seam.
+logged once and token_balanced refused naming the seam. The runner module's
+metadata router also gets the evidence-only recorder (``evidence_only``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 
 from afd_split.integrations.afd_plugin.dispatch_patch import install_dispatch
 from afd_split.integrations.afd_plugin.drift_guard import DriftLog, guarded
+from afd_split.integrations.afd_plugin.evidence_only import install_evidence_only
 from afd_split.integrations.afd_plugin.forward_patch import install_forward
 from afd_split.integrations.afd_plugin.patches import (
     install_runner,
@@ -102,6 +104,8 @@ def seam_patches(new_session: Callable[[Any], HookSession],
     drift = DriftLog() if drift is None else drift
 
     def patch_runner(module: ModuleType) -> str:
+        # Evidence-only mode first: it never raises, so a drifted planner seam cannot skip it.
+        install_evidence_only(module, new_session, plugin_request_split)
         return install_runner(replace(seams_of(module), drifted=drift.reasons),
                               new_session=new_session)
 

@@ -75,6 +75,7 @@ PLANNER = "planner"
 SLICER = "slicer"
 DISPATCH = "dispatch"
 FORWARD = "forward"
+ROUTER = "router"
 CONNECTOR_CLASS = "CAMAsyncAFDConnector"
 
 _VALIDATOR_HEADER = (
@@ -118,6 +119,19 @@ _FORWARD_HEADER = (
     "-> tuple[torch.Tensor, torch.Tensor | None]: ..."
 )
 
+_ROUTER_HEADER_MAIN = (
+    "def _build_attention_metadata(self, num_tokens: int, num_reqs: int, max_query_len: int, "
+    "num_tokens_padded: int | None = None, num_reqs_padded: int | None = None, "
+    "ubatch_slices: UBatchSlices | None = None, logits_indices: torch.Tensor | None = None, "
+    "use_spec_decode: bool = False, for_cudagraph_capture: bool = False, "
+    "num_scheduled_tokens: dict[str, int] | None = None, "
+    "num_scheduled_tokens_np: np.ndarray | None = None, "
+    "cascade_attn_prefix_lens: list[list[int]] | None = None) "
+    "-> tuple[PerLayerAttnMetadata, CommonAttentionMetadata | None]: ..."
+)
+
+_ROUTER_HEADER_RELEASE = "def _build_attention_metadata(self, *args: Any, **kwargs: Any) -> Any: ..."
+
 PINNED_SEAMS: tuple[PinnedSeam, ...] = (
     PinnedSeam(VALIDATOR, VALIDATION_MODULE,
                "_fail_if_unsupported_npu_async_moe_ubatching_features", *MAIN, _VALIDATOR_HEADER),
@@ -147,6 +161,12 @@ PINNED_SEAMS: tuple[PinnedSeam, ...] = (
                _FORWARD_HEADER),
     PinnedSeam(FORWARD, FORWARD_MODULE, "run_async_moe_ubatch_afd_forward",
                *RELEASE_V0_19_1RC1, _FORWARD_HEADER),
+    # The runner's metadata router: every step's attention metadata, async-MoE (the planner
+    # above) or not (split none). The evidence-only hook records after it (evidence_only.py).
+    PinnedSeam(ROUTER, RUNNER_MODULE, f"{RUNNER_CLASS}._build_attention_metadata", *MAIN,
+               _ROUTER_HEADER_MAIN),
+    PinnedSeam(ROUTER, RUNNER_MODULE, f"{RUNNER_CLASS}._build_attention_metadata",
+               *RELEASE_V0_19_1RC1, _ROUTER_HEADER_RELEASE),
 )
 """Every pinned (seam, branch) pair; a seam may have one variant per branch."""
 

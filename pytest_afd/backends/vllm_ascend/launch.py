@@ -42,6 +42,7 @@ from pytest_afd.backends.vllm_ascend.plan import (  # noqa: F401  (re-exported)
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     ENV_ATTACH_SETTINGS,
     ENV_ATTACH_URL,
+    EVIDENCE_ONLY_SPLITS,
     NATIVE_DBO_FLAGS,
     PLUGIN_TOKEN_POLICY,
     POLICY_TO_SPLIT,
@@ -177,8 +178,7 @@ def _environment(topology: Topology, shape: RoleShape, options: LaunchOptions, s
         # vLLM's other dev routes, unauthenticated: on request only (--dev-mode).
         env["VLLM_SERVER_DEV_MODE"] = "1"
     if topology.is_afd:
-        plugins = ["ascend", "afd"] + ([AFD_SPLIT_PLUGIN] if split == "token_balanced" else [])
-        env["VLLM_PLUGINS"] = ",".join(plugins)
+        env["VLLM_PLUGINS"] = ",".join(_general_plugins(split, shape.role))
         env.update(recipe.AFD_ENV)
         env[recipe.AFD_FORCED_ROUTING_ENV] = str(int(options.routing == "forced_balanced"))
         # FlashComm1 (SP) only on Attention, and explicitly off on FFN (connector guide).
@@ -189,6 +189,14 @@ def _environment(topology: Topology, shape: RoleShape, options: LaunchOptions, s
         if shape.sequence_parallel:
             env["VLLM_ASCEND_ENABLE_FLASHCOMM1"] = "1"
     return tuple(sorted(env.items()))
+
+
+def _general_plugins(split: str, role: str) -> list[str]:
+    """``VLLM_PLUGINS`` of an AFD process: afd_split plans token_balanced everywhere, and
+    records the plugin's own none/request steps on Attention (evidence-only mode)."""
+    hooked = split == "token_balanced" or (split in EVIDENCE_ONLY_SPLITS
+                                           and role == ROLE_ATTENTION)
+    return ["ascend", "afd"] + ([AFD_SPLIT_PLUGIN] if hooked else [])
 
 
 def _max_num_seqs(options: LaunchOptions, role: str) -> int:

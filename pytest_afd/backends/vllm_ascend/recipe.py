@@ -119,7 +119,8 @@ DEVIATIONS = MappingProxyType({
     "--trust-remote-code on AFD": "the baseline's flag on every process (one checkpoint loader)",
     "FFN --max-model-len/--gpu-memory-utilization/--block-size/prefix/chunk flags": "the FFN "
         "side gets the Attention values so a deployment has one set of limits",
-    "VLLM_PLUGINS": "ascend,afd named explicitly (plus afd_split for token_balanced) instead "
+    "VLLM_PLUGINS": "ascend,afd named explicitly (plus afd_split: on every process for "
+        "token_balanced, on Attention in evidence-only mode for none/request) instead "
         "of every installed general plugin",
     "VLLM_USE_V1=1": "the V1 engine named explicitly (the CAMP2p scripts do the same)",
     "VLLM_ASCEND_ENABLE_FLASHCOMM1": "set on AFD processes only when Attention uses SP, and "

@@ -27,6 +27,7 @@ from afd_split.integrations.worker_evidence import (
     EVIDENCE_FORMAT,
     FILE_SUFFIX,
     RECORD_KIND,
+    UNRECORDED_KIND,
     EvidenceSettings,
 )
 from pytest_afd.backends.base import PromptRequest, RunOutputs, RunSettings
@@ -93,6 +94,10 @@ def _parse_line(raw: bytes, where: str, problems: list[str]) -> dict[str, Any] |
     if record.get("kind") == CAP_MARKER_KIND:
         problems.append(f"{where}: the writer hit its {record.get('max_bytes')}-byte cap; steps "
                         f"from {record.get('first_dropped_step')} on are missing")
+        return None
+    if record.get("kind") == UNRECORDED_KIND:
+        problems.append(f"{where}: step {record.get('step')} was not recorded by the "
+                        f"evidence-only hook: {record.get('reason')}")
         return None
     required = EXPERT_LOAD_FIELDS_REQUIRED if record.get("kind") == EXPERT_LOAD_KIND \
         else STEP_FIELDS_REQUIRED
@@ -171,6 +176,11 @@ def join_expert_load(steps: list[dict[str, Any]], loads: Sequence[Mapping[str, A
         step.update({f"expert_load_{name}": load[name] for name in ROW_COUNT_FIELDS
                      if name in load})
     return unmatched
+
+
+NO_STEP_LINES = ("no Attention rank appended a step line during this case (the servers "
+                 "need AFD_EVIDENCE_DIR set to the harness's directory and afd_split in "
+                 "VLLM_PLUGINS on Attention; docs/ascend.md)")
 
 
 ROW_COUNT_FIELDS = ("padding_routed_rows", "replicated_routed_rows")
@@ -264,8 +274,11 @@ def with_worker_evidence(outputs: RunOutputs, evidence: WorkerEvidence,
     leaders = evidence.leader_records
     if routing is not None:
         evidence.problems.extend(routing_problems(evidence.records, routing))
-    if evidence.problems or not leaders:
-        return outputs
+    if evidence.problems:
+        return replace(outputs, steps_absent_reason="the Attention ranks' evidence lines of "
+                       "this case are unusable: " + "; ".join(evidence.problems))
+    if not leaders:
+        return replace(outputs, steps_absent_reason=NO_STEP_LINES)
     load = summed_expert_load(evidence.expert_load_records)
     return replace(outputs, steps=[dict(record) for record in leaders],
                    expert_load=load if load is not None else outputs.expert_load)
