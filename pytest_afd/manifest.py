@@ -233,6 +233,8 @@ def collect_manifest(
     overriding version strings) fill the matching manifest fields.
     """
     description = dict(backend_description or {})
+    # A deployment that says it is the harness's own CPU server (attach mode) is emulated.
+    emulated = emulated or bool(description.get("emulated"))
     software = collect_software(environ)
     software.update(description.get("software", {}))
     topo = topology.to_json(devices_per_node)
@@ -261,13 +263,18 @@ def collect_manifest(
             "tokenizer": _reported(description, "model", "tokenizer", "tokenizer"),
             "quantization": _reported(description, "model", "quantization", "quantization config"),
             "num_layers": _reported(description, "model", "num_layers", "layer count"),
+            "execution_mode": _reported(description, "model", "execution_mode", "execution mode"),
         },
         "hardware": {
             "device_type": description.get("device_type", default_device)
             or absent("the backend did not report the device type"),
             "device_count": topology.devices_needed,
-            "node_count": topology.nodes_needed(devices_per_node),
-            "devices_per_node": devices_per_node,
+            # The deployment's plan (or launch) says how many; else the option's value.
+            "node_count": description.get("node_count", topology.nodes_needed(
+                description.get("devices_per_node", devices_per_node))),
+            "devices_per_node": description.get("devices_per_node", devices_per_node),
+            "devices_per_node_source": "deployment" if "devices_per_node" in description
+            else "--afd-devices-per-node",
             "fabric": description.get("fabric")
             or absent(
                 "emulated on CPU: no NPU fabric"
@@ -287,6 +294,27 @@ def collect_manifest(
     }
     manifest["digest"] = manifest_digest(manifest)
     return manifest
+
+
+STAND_IN_REASON = ("emulated: ran on the pytest-afd CPU server standing in for the deployment "
+                   "(it reports device {device!r} at /afd/describe)")
+
+
+def as_stand_in(manifest: Mapping[str, Any], device: str, emulation: Mapping[str, Any]) -> dict[str, Any]:
+    """``manifest`` relabelled for a case served by the harness's own server (device ``device``).
+
+    The server reports what it is; a result measured on it must never read as
+    hardware, whatever the session's backend name says.
+    """
+    doc = {key: value for key, value in manifest.items() if key != "digest"}
+    hardware = dict(doc["hardware"])
+    if not hardware.get("emulated"):
+        hardware.update(emulated=True, device_type=f"{device} (pytest-afd server standing in)",
+                        fabric=absent("emulated on CPU: no NPU fabric"))
+        doc["hardware"] = hardware
+        doc["topology"] = {**doc["topology"], "cpu_emulation": dict(emulation)}
+    doc["digest"] = manifest_digest(doc)
+    return doc
 
 
 # ---- what one case really ran: manifest["run"] ------------------------------------
