@@ -245,11 +245,11 @@ class HttpBackend:
         except (ClientError, ValueError, KeyError, TypeError):
             return None
 
-    def retain_deployments(self, keys: Any) -> None:
+    def release_deployments(self, keys: Any) -> None:
         """Let a launcher that keeps several deployments stop those no later case needs."""
-        retain = getattr(self._launcher, "retain", None)
-        if retain is not None:
-            retain(keys)
+        release = getattr(self._launcher, "release", None)
+        if release is not None:
+            release(keys)
 
     def close(self) -> None:
         if self._session is not None:

@@ -215,7 +215,7 @@ class AttachedSet:
         raise DeploymentMissing(missing_message(wanted, self.deployments, self.source,
                                                 self.topology, self.model))
 
-    def retain(self, keys: Any) -> None:
+    def release(self, keys: Any) -> None:
         """Nothing to stop: these deployments belong to whoever started them."""
 
     def close(self) -> None:
@@ -330,9 +330,9 @@ class DeployPool:
             return f"`{ACTION_DOWN} {url}` exited {completed.returncode}: {completed.stderr.strip()[-300:]}"
         return None
 
-    def retain(self, keys: Any) -> None:
-        """Stop every deployment whose settings key is not in ``keys`` (no later case needs it)."""
-        for key in [key for key in self.up if key not in keys]:
+    def release(self, keys: Any) -> None:
+        """Stop the deployments whose settings key is in ``keys`` (no later case needs them)."""
+        for key in [key for key in self.up if key in keys]:
             self._down(self.up.pop(key).base_url)
 
     def close(self) -> None:
