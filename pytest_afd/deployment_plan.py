@@ -157,8 +157,15 @@ def _stop_session(error: BaseException) -> None:
     pytest.exit(f"pytest-afd: deployment error: {error}", returncode=EXIT_DEPLOYMENT_ERROR)
 
 
+def _deploying(config: pytest.Config) -> bool:
+    """Deployment errors are outcomes only in a session on the hardware backend."""
+    return afd_session(config).options.backend == HARDWARE_BACKEND
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    if not _deploying(item.config):
+        return (yield)
     try:
         return (yield)
     except _deployment_errors() as error:
@@ -169,6 +176,8 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     from pytest_afd.backends.vllm_ascend.deployments import DeploymentMissing
 
+    if not _deploying(item.config):
+        return (yield)
     backend = afd_session(item.config).backend_instance
     requested = getattr(backend, "requested", None)
     before = len(requested) if requested is not None else 0

@@ -211,8 +211,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     state = afd_session(session.config)
     state.close()
-    if session.config.option.collectonly:  # --co runs nothing: the last summary stays
-        return
+    if session.config.option.collectonly or session.config.getoption(deployment_plan.DEST):
+        return  # --co and --afd-list-deployments run nothing: the last summary stays
     if is_worker(session.config):
         session.config.workeroutput[WORKEROUTPUT_KEY] = {
             "results": state.written,
