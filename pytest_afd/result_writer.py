@@ -61,6 +61,9 @@ def recover_lost_results(state: AfdSession) -> None:
         state.written.append({**entry, "recovered": True})
 
 
+CPU_BACKEND = "cpu"
+
+
 def stand_in_labels(fields: dict[str, Any], device: str | None) -> dict[str, Any]:
     """Label a case emulated everywhere when the harness's own server ran it (``device``).
 
@@ -69,13 +72,16 @@ def stand_in_labels(fields: dict[str, Any], device: str | None) -> dict[str, Any
     emulated (absent with the reason on real devices).
     """
     manifest = fields["manifest"]
-    topology = parse_topology(manifest["topology"]["canonical"])
     if device is not None:
-        manifest = as_stand_in(manifest, device, topology.cpu_emulation().to_json())
+        emulation = parse_topology(manifest["topology"]["canonical"]).cpu_emulation().to_json()
+        manifest = as_stand_in(manifest, device, emulation)
+        fields = {**fields, "manifest": manifest}
+    if manifest["hardware"]["emulated"] and fields.get("backend") != CPU_BACKEND:
+        # A hardware backend's case on the harness's own server (said here or by the server).
         labels = dict(fields.get("labels") or {})
-        labels.update(comparability="exploratory",
-                      comparability_reason=STAND_IN_REASON.format(device=device))
-        fields = {**fields, "manifest": manifest, "labels": labels}
+        labels.update(comparability="exploratory", comparability_reason=STAND_IN_REASON.format(
+            device=device or manifest["hardware"]["device_type"]))
+        fields = {**fields, "labels": labels}
     gate = (fields.get("evidence") or {}).get("gate")
     if isinstance(gate, dict) and "cpu_emulation" in gate and not manifest["hardware"]["emulated"]:
         gate = {**gate, "cpu_emulation": absent("runs on real devices, not emulated")}

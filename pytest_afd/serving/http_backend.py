@@ -251,6 +251,14 @@ class HttpBackend:
         if release is not None:
             release(keys)
 
+    def stand_in_description(self) -> dict[str, Any] | None:
+        """The harness's own server's backend description (``/afd/describe``), else None."""
+        try:
+            described = self.server_description()["backend"]
+        except (ClientError, ValueError, KeyError, TypeError):
+            return None
+        return described if isinstance(described, dict) else None
+
     def close(self) -> None:
         if self._session is not None:
             self._session.close()
