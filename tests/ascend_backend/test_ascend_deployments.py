@@ -269,3 +269,37 @@ def test_list_deployments_for_stage_a_runs_nothing(tmp_path, no_deployment):
     assert all(item["nodes"] == 2 and "--devices-per-node" in item["afd_launch_plan"] for item in reduced)
     assert '"deployments"' in completed.stdout
     assert not (tmp_path / "summary.json").exists(), "nothing ran, nothing summarized"
+
+
+# -- labels: emulated everywhere -----------------------------------------------------------------
+def _manifest(emulated: bool, backend_name: str = "vllm-ascend") -> dict:
+    from pytest_afd.manifest import collect_manifest
+    from pytest_afd.topology import parse_topology
+
+    return collect_manifest(topology=parse_topology(TOPOLOGY), backend_name=backend_name,
+                            backend_description={"devices_per_node": 16, "node_count": 2},
+                            model_name="reduced", protocol={}, emulated=emulated)
+
+
+def test_manifest_takes_nodes_and_devices_from_the_deployment_not_the_default():
+    hardware = _manifest(False)["hardware"]
+    assert (hardware["node_count"], hardware["devices_per_node"]) == (2, 16)
+    assert hardware["devices_per_node_source"] == "deployment"
+
+
+def test_a_stand_in_case_is_labelled_emulated_everywhere():
+    from pytest_afd.result_writer import stand_in_labels
+
+    fields = {"manifest": _manifest(False), "backend": "vllm-ascend", "labels": None,
+              "evidence": {"gate": {"cpu_emulation": {"pcp_size": 8}}}}
+    labelled = stand_in_labels(fields, "cpu")
+    hardware = labelled["manifest"]["hardware"]
+    assert hardware["emulated"] is True and hardware["device_type"].startswith("cpu")
+    assert labelled["manifest"]["topology"]["cpu_emulation"]["pcp_size"] >= 1
+    assert labelled["labels"]["comparability"] == "exploratory"
+    assert "standing in" in labelled["labels"]["comparability_reason"]
+    assert labelled["evidence"]["gate"]["cpu_emulation"] == {"pcp_size": 8}
+    # On real devices the gate's CPU-emulation evidence is absent with the reason, never a claim.
+    real = stand_in_labels(fields, None)
+    assert real["evidence"]["gate"]["cpu_emulation"]["absent_reason"].startswith("runs on real")
+    assert "labels" not in real or real["labels"] is None

@@ -34,7 +34,14 @@ from pytest_afd.backends.vllm_ascend.deployments import (
     require_reachable,
     settings_from,
 )
-from pytest_afd.backends.vllm_ascend.listing import plan_document, plan_facts, read_plan
+from pytest_afd.backends.vllm_ascend.listing import (
+    EXECUTION_EAGER,
+    checkpoint_facts,
+    model_path_for,
+    plan_document,
+    plan_facts,
+    read_plan,
+)
 from pytest_afd.backends.vllm_ascend.plan import ENV_ATTACH_SETTINGS, ENV_ATTACH_URL
 from pytest_afd.serving.client import ClientError, CompletionsClient
 from pytest_afd.serving.http_backend import server_side_settings
@@ -197,8 +204,12 @@ def _deploy_pool(topology: Topology, model_name: str, environ: Mapping[str, str]
                       served_name=lambda url: served_model_name(url, environ),
                       timeout_s=deploy_timeout(environ),
                       work_dir=plan_work_dir(results_dir) / f"{topology.canonical}-{model_name}")
+    path = model_path_for(model_name, environ)
+    # Every plan runs eager (validate_plan requires --enforce-eager); the checkpoint's own
+    # config.json gives layers and quantization when its path is readable here.
     description = {"mode": "deploy", "deploy_command": command[0],
-                   "devices_per_node": devices, "node_count": topology.nodes_needed(devices)}
+                   "devices_per_node": devices, "node_count": topology.nodes_needed(devices),
+                   "model": {"execution_mode": EXECUTION_EAGER, **checkpoint_facts(path)}}
     return pool, description
 
 

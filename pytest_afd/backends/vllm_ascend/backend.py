@@ -56,6 +56,7 @@ from pytest_afd.backends.vllm_ascend.launch import (
     LaunchPlanError,
     build_launch_plan,
 )
+from pytest_afd.backends.vllm_ascend.listing import checkpoint_facts
 from pytest_afd.backends.vllm_ascend.worker_evidence import WorkerEvidenceBackend
 from pytest_afd.serving.http_backend import (
     HttpBackend,
@@ -131,20 +132,6 @@ def devices_per_node(environ: Mapping[str, str], smi_text: str = "") -> int:
         raise BackendUnavailable(f"`{NPU_SMI} info -l` reported no device count: "
                                  f"{smi_text.strip()[:300]!r}")
     return count
-
-
-def checkpoint_facts(path: str) -> dict[str, Any]:
-    """Manifest facts from the checkpoint's ``config.json`` (layer count, quantization)."""
-    config_file = Path(path) / "config.json"
-    if not config_file.is_file():
-        return {}
-    config = json.loads(config_file.read_text())
-    facts: dict[str, Any] = {"tokenizer": path}
-    if "num_hidden_layers" in config:
-        facts["num_layers"] = config["num_hidden_layers"]
-    if "quantization_config" in config:
-        facts["quantization"] = config["quantization_config"]
-    return facts
 
 
 def model_path(model_name: str, environ: Mapping[str, str]) -> str:

@@ -116,6 +116,20 @@ def plan_facts(plan: Mapping[str, Any]) -> dict[str, Any]:
     return facts
 
 
+def checkpoint_facts(path: str) -> dict[str, Any]:
+    """Manifest facts from the checkpoint's ``config.json`` (layer count, quantization)."""
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        return {}
+    config = json.loads(config_file.read_text())
+    facts: dict[str, Any] = {"tokenizer": path}
+    if "num_hidden_layers" in config:
+        facts["num_layers"] = config["num_hidden_layers"]
+    if "quantization_config" in config:
+        facts["quantization"] = config["quantization_config"]
+    return facts
+
+
 def read_plan(path_text: str, source: str) -> dict[str, Any]:
     try:
         plan = json.loads(Path(path_text).read_text())
