@@ -40,8 +40,8 @@ class HardwareLedger:
 
     backend_name: str
     require_hardware: bool
-    # The session's backend if it has been created (never creates it).
-    current_backend: Callable[[], Any]
+    # The backends created so far: the session's (if any) and a suite's others (never creates one).
+    current_backends: Callable[[], list[Any]]
     on_hardware: list[str] = field(default_factory=list)
     on_stand_in: list[str] = field(default_factory=list)
     allow_emulated: bool = False
@@ -57,8 +57,8 @@ class HardwareLedger:
         return self.backend_name in HARDWARE_BACKENDS
 
     def _completed_runs(self) -> int:
-        # Through any wrapper (worker evidence): the HTTP backend's own count.
-        return getattr(self.current_backend(), "completed_runs", 0) or 0
+        # Through any wrapper (worker evidence): each HTTP backend's own count.
+        return sum(getattr(backend, "completed_runs", 0) or 0 for backend in self.current_backends())
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
@@ -70,10 +70,10 @@ class HardwareLedger:
                 self._count(item.nodeid)
 
     def _count(self, nodeid: str) -> None:
-        backend = self.current_backend()
         if self.stand_in_device is None and not self.on_hardware:
-            ask = getattr(backend, "stand_in_device", None)
-            self.stand_in_device = ask() if ask is not None else None
+            for backend in self.current_backends():
+                ask = getattr(backend, "stand_in_device", None)
+                self.stand_in_device = self.stand_in_device or (ask() if ask is not None else None)
         (self.on_stand_in if self.stand_in_device is not None else self.on_hardware).append(nodeid)
 
     @property

@@ -81,7 +81,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
     reference_phase.reference_phase(config)  # a bad value is a UsageError now, not per test
     ledger = hardware.HardwareLedger(state.options.backend, state.options.require_hardware,
-                                     lambda: state.backend_instance,
+                                     lambda: [state.backend_instance, *state.other_backends],
                                      allow_emulated=state.options.allow_emulated,
                                      phase=reference_phase.reference_phase(config),
                                      golden_dir=state.options.golden_dir)

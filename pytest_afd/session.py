@@ -42,6 +42,9 @@ class AfdSession:
     # The controller's claim on the results dir while the session runs (shared_results).
     lease: SessionLease | None = None
 
+    # Backends a suite made for another model or topology (stage pools): the hardware
+    # ledger counts their runs too.
+    other_backends: list[Backend] = field(default_factory=list)
     # The device a pytest-afd server standing in for the deployment reported (None: none did).
     stand_in: str | None = None
 
