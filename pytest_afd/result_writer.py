@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pytest_afd import outcomes
-from pytest_afd.manifest import STAND_IN_REASON, absent, as_stand_in
+from pytest_afd.manifest import absent
 from pytest_afd.results import (
     CASE_KINDS,
     ResultValidationError,
@@ -20,6 +20,7 @@ from pytest_afd.results import (
 from pytest_afd.results_dir import results_written_since
 from pytest_afd.session import AfdSession, write_error
 from pytest_afd.shared_results import write_claimed_result
+from pytest_afd.stand_in import STAND_IN_REASON, as_stand_in
 from pytest_afd.topology import parse_topology
 
 

@@ -19,7 +19,7 @@ from pytest_afd.backends.base import (
     RunOutputs,
     RunSettings,
 )
-from pytest_afd.manifest import with_served_facts
+from pytest_afd.stand_in import with_served_facts
 from pytest_afd.stats import summarize
 from pytest_afd.workloads import Workload
 

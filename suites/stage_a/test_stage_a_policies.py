@@ -27,7 +27,8 @@ from stage_a_analysis import (
 )
 
 from pytest_afd.backends.base import CAP_AFD, CAP_INSTRUMENTATION
-from pytest_afd.manifest import absent, with_served_facts
+from pytest_afd.manifest import absent
+from pytest_afd.stand_in import with_served_facts
 
 pytestmark = pytest.mark.stage_a
 
