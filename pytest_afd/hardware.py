@@ -7,18 +7,21 @@ counts the test cases whose call completed at least one backend run on
 hardware (a run on the harness's own CPU HTTP server standing in for a
 deployment is counted apart), reports the count in the terminal summary and in
 ``summary.json``, and with ``--afd-require-hardware`` turns zero into a failed
-session.
+session (``--afd-allow-emulated``: stand-in cases meet the requirement, still
+counted apart). A ``--afd-reference-phase record`` session writes the cases it
+measured next to the references; the ``check`` phase fails, naming them, when
+it measured fewer.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
-
-from pytest_afd.serving.http_backend import HttpBackend
 
 # Backends whose results are claims about real devices.
 HARDWARE_BACKENDS = ("vllm-ascend",)
@@ -26,6 +29,9 @@ SUMMARY_KEY = "hardware"
 PLUGIN_NAME = "afd-hardware-ledger"
 # pytest-xdist: a worker's counts travel to the controller under this workeroutput key.
 WORKEROUTPUT_KEY = "afd_hardware"
+RECORDED_CASES_FILE = "record-phase-cases.json"
+PHASE_RECORD = "record"
+PHASE_CHECK = "check"
 
 
 @dataclass(eq=False)  # identity-hashed: registered as a pytest plugin
@@ -34,20 +40,25 @@ class HardwareLedger:
 
     backend_name: str
     require_hardware: bool
-    # The session's backend if it has been created (never creates it).
-    current_backend: Callable[[], Any]
+    # The backends created so far: the session's (if any) and a suite's others (never creates one).
+    current_backends: Callable[[], list[Any]]
     on_hardware: list[str] = field(default_factory=list)
     on_stand_in: list[str] = field(default_factory=list)
+    allow_emulated: bool = False
+    phase: str = "live"
+    golden_dir: Path | None = None
     stand_in_device: str | None = None
     failed_session: bool = False
+    # Check phase: cases the record phase measured that this session did not.
+    missing_from_record: list[str] = field(default_factory=list)
 
     @property
     def applies(self) -> bool:
         return self.backend_name in HARDWARE_BACKENDS
 
     def _completed_runs(self) -> int:
-        backend = self.current_backend()
-        return backend.completed_runs if isinstance(backend, HttpBackend) else 0
+        # Through any wrapper (worker evidence): each HTTP backend's own count.
+        return sum(getattr(backend, "completed_runs", 0) or 0 for backend in self.current_backends())
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
@@ -59,10 +70,34 @@ class HardwareLedger:
                 self._count(item.nodeid)
 
     def _count(self, nodeid: str) -> None:
-        backend = self.current_backend()
         if self.stand_in_device is None and not self.on_hardware:
-            self.stand_in_device = backend.stand_in_device()
+            for backend in self.current_backends():
+                ask = getattr(backend, "stand_in_device", None)
+                self.stand_in_device = self.stand_in_device or (ask() if ask is not None else None)
         (self.on_stand_in if self.stand_in_device is not None else self.on_hardware).append(nodeid)
+
+    @property
+    def measured(self) -> list[str]:
+        return sorted(set(self.on_hardware) | set(self.on_stand_in))
+
+    @property
+    def requirement_met(self) -> bool:
+        return bool(self.on_hardware) or (self.allow_emulated and bool(self.on_stand_in))
+
+    def _recorded_path(self) -> Path | None:
+        return None if self.golden_dir is None else Path(self.golden_dir) / RECORDED_CASES_FILE
+
+    def _compare_phases(self) -> None:
+        """Record: write the measured cases. Check: name those the record phase had and this lacks."""
+        path = self._recorded_path()
+        if path is None:
+            return
+        if self.phase == PHASE_RECORD:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"measured_cases": self.measured}, indent=2) + "\n")
+        elif self.phase == PHASE_CHECK and path.is_file():
+            recorded = json.loads(path.read_text())["measured_cases"]
+            self.missing_from_record = sorted(set(recorded) - set(self.measured))
 
     def summary(self) -> dict[str, Any] | None:
         """The ``summary.json`` entry (None for an emulated backend such as ``cpu``)."""
@@ -74,8 +109,11 @@ class HardwareLedger:
             "cases_on_stand_in": len(self.on_stand_in),
             "stand_in_device": self.stand_in_device,
             "require_hardware": self.require_hardware,
-            "fails_session": self.require_hardware and not self.on_hardware,
+            "allow_emulated": self.allow_emulated,
+            "fails_session": self.failed_session,
             "measured_cases": sorted(self.on_hardware),
+            "stand_in_cases": sorted(self.on_stand_in),
+            "missing_from_record_phase": self.missing_from_record,
         }
 
     def line(self) -> str:
@@ -83,10 +121,15 @@ class HardwareLedger:
         if self.on_stand_in:
             text += (f"; {len(self.on_stand_in)} ran on a pytest-afd server standing in for the "
                      f"deployment (device {self.stand_in_device})")
-        if self.failed_session:
+        if self.require_hardware and not self.requirement_met:
             text += "; --afd-require-hardware: failing the session"
+        if self.missing_from_record:
+            text += (f"; the check phase measured {len(self.missing_from_record)} case(s) fewer "
+                     f"than the record phase recorded ({self._recorded_path()}): "
+                     f"{', '.join(self.missing_from_record)}; failing the session")
         return text
 
+    @pytest.hookimpl(tryfirst=True)  # before the plugin writes summary.json
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         config = session.config
         if hasattr(config, "workerinput"):  # an xdist worker: the controller decides
@@ -94,7 +137,12 @@ class HardwareLedger:
                 "on_hardware": self.on_hardware, "on_stand_in": self.on_stand_in,
                 "stand_in_device": self.stand_in_device}
             return
-        if self.applies and self.require_hardware and not self.on_hardware:
+        listing_only = session.config.getoption("afd_list_deployments", False)
+        if not self.applies or listing_only or session.config.getoption("collectonly") or session.exitstatus not in (
+                pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED, pytest.ExitCode.NO_TESTS_COLLECTED):
+            return  # an interrupted or stopped session has said why already
+        self._compare_phases()
+        if (self.require_hardware and not self.requirement_met) or self.missing_from_record:
             self.failed_session = True
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -33,3 +33,15 @@ def pytest_afd_manifest(config, manifest):
 @pytest.hookspec
 def pytest_afd_result_written(config, path, result):
     """Called after a validated result JSON was written atomically to ``path``."""
+
+
+@pytest.hookspec(firstresult=True)
+def pytest_afd_deployment_settings(config, item):
+    """The deployments ``item`` runs: a list of ``{"settings": RunSettings, "npu_topology":
+    str | None, "model": str | None}`` (None: the session's), or None when it declares none.
+
+    ``--afd-list-deployments`` lists them; under ``AFD_ASCEND_DEPLOY_COMMAND`` the
+    cases are ordered and deployments stopped by them; a run of undeclared
+    server-side settings fails the case. The stage suites implement it from their
+    ``afd_deployments`` marker (docs/plugin.md "Deployments").
+    """

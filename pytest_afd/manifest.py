@@ -233,6 +233,8 @@ def collect_manifest(
     overriding version strings) fill the matching manifest fields.
     """
     description = dict(backend_description or {})
+    # A deployment that says it is the harness's own CPU server (attach mode) is emulated.
+    emulated = emulated or bool(description.get("emulated"))
     software = collect_software(environ)
     software.update(description.get("software", {}))
     topo = topology.to_json(devices_per_node)
@@ -261,13 +263,18 @@ def collect_manifest(
             "tokenizer": _reported(description, "model", "tokenizer", "tokenizer"),
             "quantization": _reported(description, "model", "quantization", "quantization config"),
             "num_layers": _reported(description, "model", "num_layers", "layer count"),
+            "execution_mode": _reported(description, "model", "execution_mode", "execution mode"),
         },
         "hardware": {
             "device_type": description.get("device_type", default_device)
             or absent("the backend did not report the device type"),
             "device_count": topology.devices_needed,
-            "node_count": topology.nodes_needed(devices_per_node),
-            "devices_per_node": devices_per_node,
+            # The deployment's plan (or launch) says how many; else the option's value.
+            "node_count": description.get("node_count", topology.nodes_needed(
+                description.get("devices_per_node", devices_per_node))),
+            "devices_per_node": description.get("devices_per_node", devices_per_node),
+            "devices_per_node_source": "deployment" if "devices_per_node" in description
+            else "--afd-devices-per-node",
             "fabric": description.get("fabric")
             or absent(
                 "emulated on CPU: no NPU fabric"

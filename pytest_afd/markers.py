@@ -21,9 +21,12 @@ MARKERS = MappingProxyType(
         "slow": "slow test, deselected by the default run (select with -m slow)",
         "npu": "needs N local Ascend NPUs (of that SoC); skipped with the reason otherwise",
         "multi_node": "needs N nodes (AFD_NUM_NODES); skipped with the reason otherwise",
+        "afd_deployments": "the server-side settings (deployments) the test runs, as override "
+        "dicts or functions of a context (--afd-list-deployments; docs/plugin.md)",
     }
 )
 # Registered as "name(signature): help" so `pytest --markers` shows the arguments.
 MARKER_SIGNATURES = MappingProxyType(
-    {"npu": "npu(devices=N, soc=None)", "multi_node": "multi_node(nodes=N)"}
+    {"npu": "npu(devices=N, soc=None)", "multi_node": "multi_node(nodes=N)",
+     "afd_deployments": "afd_deployments(*overrides)"}
 )

@@ -216,6 +216,16 @@ OPTION_SPECS = (
         env="AFD_REQUIRE_HARDWARE",
     ),
     OptionSpec(
+        "--afd-allow-emulated",
+        "afd_allow_emulated",
+        "with --afd-require-hardware: cases run on a pytest-afd CPU server standing in for the "
+        "deployment satisfy the requirement (CPU rehearsals); they are still counted and "
+        "labelled emulated, never as hardware",
+        False,
+        kind="bool",
+        env="AFD_ALLOW_EMULATED",
+    ),
+    OptionSpec(
         "--afd-devices-per-node",
         "afd_devices_per_node",
         f"NPUs per node for node counts and the rank layout, 1 to {MAX_DEVICES_PER_NODE}",

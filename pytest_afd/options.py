@@ -72,6 +72,8 @@ class AfdOptions:
     stage_scale: float = FULL_SCALE
     aliases: Mapping[str, str] = field(default_factory=dict)
     peer_timeout_s: int | None = None  # None: the AFD runtime's default
+    # --afd-require-hardware is met by cases on a stand-in CPU server (labelled emulated).
+    allow_emulated: bool = False
 
     def run_settings(self, **overrides: Any) -> RunSettings:
         """RunSettings defaults from the options (routing, profile, split constraints), then overrides."""
@@ -253,4 +255,5 @@ def resolve_options(config: pytest.Config) -> AfdOptions:
         aliases=aliases,
         topology=topology,
         peer_timeout_s=values["afd_peer_timeout_s"],
+        allow_emulated=values["afd_allow_emulated"],
     )

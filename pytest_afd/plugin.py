@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from afd_split.integrations.worker_evidence import EvidenceSettings
-from pytest_afd import early_setup, hardware, hookspecs, outcomes, reference_phase
+from pytest_afd import deployment_plan, early_setup, hardware, hookspecs, outcomes, reference_phase
 from pytest_afd.backends.base import Backend, BackendUnavailable
 from pytest_afd.golden import RECORD_PHASE_COMMAND, UPDATE_GOLDEN_COMMAND, GoldenStore
 from pytest_afd.hardware_markers import hardware_skip_reason
@@ -52,7 +52,9 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    reference_phase.add_option(add_options(parser), parser)
+    group = add_options(parser)
+    reference_phase.add_option(group, parser)
+    deployment_plan.add_option(group)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -79,8 +81,12 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc)) from None
     reference_phase.reference_phase(config)  # a bad value is a UsageError now, not per test
     ledger = hardware.HardwareLedger(state.options.backend, state.options.require_hardware,
-                                     lambda: state.backend_instance)
+                                     lambda: [state.backend_instance, *state.other_backends],
+                                     allow_emulated=state.options.allow_emulated,
+                                     phase=reference_phase.reference_phase(config),
+                                     golden_dir=state.options.golden_dir)
     config.pluginmanager.register(ledger, hardware.PLUGIN_NAME)
+    config.pluginmanager.register(deployment_plan, deployment_plan.PLUGIN_NAME)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -205,8 +211,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     state = afd_session(session.config)
     state.close()
-    if session.config.option.collectonly:  # --co runs nothing: the last summary stays
-        return
+    if session.config.option.collectonly or session.config.getoption(deployment_plan.DEST):
+        return  # --co and --afd-list-deployments run nothing: the last summary stays
     if is_worker(session.config):
         session.config.workeroutput[WORKEROUTPUT_KEY] = {
             "results": state.written,

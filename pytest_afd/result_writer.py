@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from pytest_afd import outcomes
+from pytest_afd.manifest import absent
 from pytest_afd.results import (
     CASE_KINDS,
     ResultValidationError,
@@ -19,6 +20,8 @@ from pytest_afd.results import (
 from pytest_afd.results_dir import results_written_since
 from pytest_afd.session import AfdSession, write_error
 from pytest_afd.shared_results import write_claimed_result
+from pytest_afd.stand_in import STAND_IN_REASON, as_stand_in
+from pytest_afd.topology import parse_topology
 
 
 def case_kind(item: pytest.Item) -> str:
@@ -59,6 +62,34 @@ def recover_lost_results(state: AfdSession) -> None:
         state.written.append({**entry, "recovered": True})
 
 
+CPU_BACKEND = "cpu"
+
+
+def stand_in_labels(fields: dict[str, Any], device: str | None) -> dict[str, Any]:
+    """Label a case emulated everywhere when the harness's own server ran it (``device``).
+
+    The manifest says emulated, the result is exploratory with the reason, and a
+    gate's ``cpu_emulation`` evidence is present exactly when the manifest says
+    emulated (absent with the reason on real devices).
+    """
+    manifest = fields["manifest"]
+    if device is not None:
+        emulation = parse_topology(manifest["topology"]["canonical"]).cpu_emulation().to_json()
+        manifest = as_stand_in(manifest, device, emulation)
+        fields = {**fields, "manifest": manifest}
+    if manifest["hardware"]["emulated"] and fields.get("backend") != CPU_BACKEND:
+        # A hardware backend's case on the harness's own server (said here or by the server).
+        labels = dict(fields.get("labels") or {})
+        labels.update(comparability="exploratory", comparability_reason=STAND_IN_REASON.format(
+            device=device or manifest["hardware"]["device_type"]))
+        fields = {**fields, "labels": labels}
+    gate = (fields.get("evidence") or {}).get("gate")
+    if isinstance(gate, dict) and "cpu_emulation" in gate and not manifest["hardware"]["emulated"]:
+        gate = {**gate, "cpu_emulation": absent("runs on real devices, not emulated")}
+        fields = {**fields, "evidence": {**fields["evidence"], "gate": gate}}
+    return fields
+
+
 @dataclass
 class ResultWriter:
     """The ``afd_results`` fixture: one validated, atomically written result JSON per case."""
@@ -87,7 +118,7 @@ class ResultWriter:
         }
         if "manifest" not in kwargs:
             defaults["manifest"] = self.state.manifest()
-        return build_result(**{**defaults, **kwargs})
+        return build_result(**stand_in_labels({**defaults, **kwargs}, self.state.stand_in_device()))
 
     def write(self, doc: dict[str, Any]) -> Path:
         """Validate and write ``doc``; an invalid result fails the test with the validation error."""

@@ -42,9 +42,25 @@ class AfdSession:
     # The controller's claim on the results dir while the session runs (shared_results).
     lease: SessionLease | None = None
 
+    # Backends a suite made for another model or topology (stage pools): the hardware
+    # ledger counts their runs too.
+    other_backends: list[Backend] = field(default_factory=list)
+    # The device a pytest-afd server standing in for the deployment reported (None: none did).
+    stand_in: str | None = None
+
     @property
     def emulated(self) -> bool:
         return self.options.backend == "cpu"
+
+    def stand_in_device(self) -> str | None:
+        """``cpu`` when the session's deployment is the harness's own server (it says so).
+
+        Asked of the backend (never created here); a positive answer is kept.
+        """
+        if self.stand_in is None and self.backend_instance is not None:
+            ask = getattr(self.backend_instance, "stand_in_device", None)
+            self.stand_in = ask() if ask is not None else None
+        return self.stand_in
 
     def backend(self) -> Backend:
         """Create the backend once per process; re-raise BackendUnavailable on every call."""

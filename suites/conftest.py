@@ -36,7 +36,7 @@ from stage_cases import (
     missing_capabilities,
     required_capabilities,
 )
-from stage_runner import StageRunner
+from stage_runner import StageRunner, stage_settings
 from stage_sizes import (
     StageSizes,
     power_of_two_at_most,
@@ -45,6 +45,7 @@ from stage_sizes import (
 from pytest_afd import progress as afd_progress
 from pytest_afd.options import parse_scale
 from pytest_afd.session import afd_session
+from pytest_afd.topology import parse_topology
 
 STAGE_KINDS = ("stage_a", "stage_b", "stage_c", "stage_d", "stage_e", "stage_f")
 
@@ -94,6 +95,36 @@ def stage_helpers() -> SimpleNamespace:
         power_of_two_at_most=power_of_two_at_most,
         required_capabilities=required_capabilities,
     )
+
+
+# --- the deployments a stage test needs (--afd-list-deployments, deploy-command order) -----
+DEPLOYMENTS_MARKER = "afd_deployments"
+
+
+@pytest.hookimpl
+def pytest_afd_deployment_settings(config: pytest.Config, item: pytest.Item) -> list | None:
+    """The ``afd_deployments`` marker's settings at the stage scale (None: no marker).
+
+    Each marker argument is a dict of :func:`stage_settings` overrides (plus
+    optional ``model`` and ``npu_topology``), or a function of a context
+    (``sizes``, ``topology``, ``options``, ``item``) returning a list of them.
+    """
+    marker = item.get_closest_marker(DEPLOYMENTS_MARKER)
+    if marker is None:
+        return None
+    options = afd_session(config).options
+    sizes = StageSizes(options.stage_scale)
+    context = SimpleNamespace(sizes=sizes, topology=options.topology, options=options, item=item)
+    entries = []
+    for argument in marker.args:
+        for overrides in argument(context) if callable(argument) else [argument]:
+            fields = dict(overrides)
+            model = fields.pop("model", None)
+            spec = fields.pop("npu_topology", None)
+            topology = options.topology if spec is None else parse_topology(spec, options.aliases)
+            entries.append({"settings": stage_settings(options, sizes, topology, **fields),
+                            "npu_topology": topology.canonical, "model": model})
+    return entries
 
 
 # --- the report at the end of a stage run --------------------------------------------------

@@ -71,6 +71,7 @@ class BackendPool:
                 pytest.skip(
                     f"backend {self.options.backend!r} for model {model!r} on {topology}: {exc}"
                 )
+            afd_session(self.config).other_backends.append(backend)  # the ledger counts its runs
             self._made[key] = BackendHandle(
                 backend, self._manifest(backend, topology, model), topology, model
             )
@@ -93,5 +94,8 @@ class BackendPool:
 
     def close(self) -> None:
         made, self._made = self._made, {}
+        others = afd_session(self.config).other_backends
+        others[:] = [backend for backend in others
+                     if all(backend is not handle.backend for handle in made.values())]
         for handle in made.values():
             handle.backend.close()

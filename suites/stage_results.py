@@ -19,6 +19,7 @@ from pytest_afd.backends.base import (
     RunOutputs,
     RunSettings,
 )
+from pytest_afd.stand_in import with_served_facts
 from pytest_afd.stats import summarize
 from pytest_afd.workloads import Workload
 
@@ -62,7 +63,7 @@ class StageResults:
         doc = self.writer.build(
             case_suffix=name,
             settings=settings_doc,
-            manifest=self.handle.manifest,
+            manifest=with_served_facts(self.handle.manifest, self.handle.backend),
             workload=self.workload_doc(workload),
             metrics=metrics,
             evidence={**evidence_doc, **evidence},
@@ -109,7 +110,7 @@ class StageResults:
         return self.writer.build(
             case_suffix=case.name,
             settings=settings_doc,
-            manifest=self._handle(case).manifest,
+            manifest=with_served_facts(self._handle(case).manifest, self._handle(case).backend),
             workload=self.workload_doc(case.workload),
             protocol=protocol,
             host=None if samples is None else afd_host.host_json(samples),

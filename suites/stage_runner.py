@@ -41,6 +41,25 @@ from pytest_afd.topology import Topology
 from pytest_afd.workloads import Workload, make_workload
 
 
+def stage_settings(options: Any, sizes: StageSizes, topology: Topology, **overrides: Any) -> RunSettings:
+    """Session settings (routing, the topology's split constraints) at the stage scale.
+
+    Measured runs are never instrumented and return no logits (headline
+    numbers must not pay for either). One function for the runner and for the
+    deployments a stage test declares (``afd_deployments``), so they agree.
+    """
+    scaled = {
+        "block_size": sizes.block_size,
+        "max_num_batched_tokens": sizes.max_batched_tokens,
+        "max_num_seqs": LOGICAL_NUM_REQUESTS,
+        "return_logits": False,
+        "instrument": False,
+    }
+    emulation = topology.cpu_emulation()
+    constraints = {"split_align": emulation.split_align, "pcp_size": emulation.pcp_size}
+    return options.run_settings(**{**scaled, **constraints, **overrides})
+
+
 class StageRunner(StageResults):
     """Build stage workloads and settings at the stage scale; measure cases; write results."""
 
@@ -103,21 +122,8 @@ class StageRunner(StageResults):
         return make_workload(distribution, **fields)
 
     def settings(self, **overrides: Any) -> RunSettings:
-        """Session settings (routing, topology's split constraints) at the stage scale.
-
-        Measured runs are never instrumented and return no logits (headline
-        numbers must not pay for either).
-        """
-        scaled = {
-            "block_size": self.sizes.block_size,
-            "max_num_batched_tokens": self.sizes.max_batched_tokens,
-            "max_num_seqs": LOGICAL_NUM_REQUESTS,
-            "return_logits": False,
-            "instrument": False,
-        }
-        emulation = self.topology.cpu_emulation()
-        constraints = {"split_align": emulation.split_align, "pcp_size": emulation.pcp_size}
-        return self.options.run_settings(**{**scaled, **constraints, **overrides})
+        """:func:`stage_settings` on this runner's topology."""
+        return stage_settings(self.options, self.sizes, self.topology, **overrides)
 
     def require(self, settings: RunSettings, handle: BackendHandle | None = None) -> None:
         """Skip (with the reason) when the backend cannot run ``settings``."""

@@ -158,6 +158,9 @@ class HttpBackend:
         self._session: ServerSession | None = None
         self._session_settings: RunSettings | None = None
         self.launches = 0
+        # Server-side settings each run asked for, in order (the plugin checks them against
+        # what the case declared it needs: docs/plugin.md "Deployments").
+        self.requested: list[RunSettings] = []
         # Runs in which every request came back without error (the no-false-green count).
         self.completed_runs = 0
 
@@ -170,6 +173,7 @@ class HttpBackend:
     def session_for(self, settings: RunSettings) -> ServerSession:
         """The running session for these settings, (re)starting servers when they differ."""
         wanted = server_side_settings(settings, self._server_fields)
+        self.requested.append(wanted)
         if self._session is not None and self._session_settings == wanted:
             reason = self._session.exit_reason()
             if reason is None:
@@ -247,7 +251,24 @@ class HttpBackend:
         except (ClientError, ValueError, KeyError, TypeError):
             return None
 
+    def release_deployments(self, keys: Any) -> None:
+        """Let a launcher that keeps several deployments stop those no later case needs."""
+        release = getattr(self._launcher, "release", None)
+        if release is not None:
+            release(keys)
+
+    def stand_in_description(self) -> dict[str, Any] | None:
+        """The harness's own server's backend description (``/afd/describe``), else None."""
+        try:
+            described = self.server_description()["backend"]
+        except (ClientError, ValueError, KeyError, TypeError):
+            return None
+        return described if isinstance(described, dict) else None
+
     def close(self) -> None:
         if self._session is not None:
             self._session.close()
             self._session = None
+        close_launcher = getattr(self._launcher, "close", None)
+        if close_launcher is not None:  # deployments a deploy command started: stopped here
+            close_launcher()

@@ -28,6 +28,7 @@ from stage_a_analysis import (
 
 from pytest_afd.backends.base import CAP_AFD, CAP_INSTRUMENTATION
 from pytest_afd.manifest import absent
+from pytest_afd.stand_in import with_served_facts
 
 pytestmark = pytest.mark.stage_a
 
@@ -76,6 +77,12 @@ def _matrix_cases(stage_runner, size: float, workloads=WORKLOADS, policies=POLIC
                 )
             )
     return cases
+
+
+def _layer_count(manifest) -> int | None:
+    """The manifest's layer count, None when absent (a deployment not up yet reports none)."""
+    value = manifest["model"]["num_layers"]
+    return value if isinstance(value, int) else None
 
 
 def _overlap_source(runner) -> str:
@@ -151,6 +158,7 @@ def _check_matrix(runner, measured, workloads, policies, repetitions) -> None:
             )
 
 
+@pytest.mark.afd_deployments(*({"split_policy": policy} for policy in POLICIES))
 @pytest.mark.parametrize(
     "size",
     [
@@ -175,6 +183,7 @@ def test_stage_a_policy_matrix(stage_runner, afd_options, pytestconfig, size):
 
 
 @pytest.mark.slow
+@pytest.mark.afd_deployments(*({"split_policy": policy, "model": FULL_MODEL} for policy in POLICIES))
 def test_stage_a_full_model_confirmation(stage_runner, afd_options, pytestconfig):
     """The winning and control policies again, on the full-depth model."""
     if afd_options.model == FULL_MODEL:
@@ -188,8 +197,10 @@ def test_stage_a_full_model_confirmation(stage_runner, afd_options, pytestconfig
     for item in measured.values():
         item.result["evidence"]["stage_a"]["reduced_model_winner"] = winner
     full.write(measured)
-    layers = {item.result["manifest"]["model"]["num_layers"] for item in measured.values()}
-    assert layers != {stage_runner.handle.manifest["model"]["num_layers"]}, (
+    layers = {_layer_count(item.result["manifest"]) for item in measured.values()}
+    assert None not in layers, f"a full-model result reports no layer count: {layers}"
+    session = with_served_facts(stage_runner.handle.manifest, stage_runner.backend)
+    assert _layer_count(session) not in layers, (
         f"the full-model results embed the session model's layer count {layers}"
     )
     _check_matrix(full, measured, FULL_MODEL_WORKLOADS, policies, afd_options.repeats)

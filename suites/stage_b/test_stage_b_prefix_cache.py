@@ -46,6 +46,9 @@ def _cases(stage_runner, workloads, notes):
     return cases
 
 
+@pytest.mark.afd_deployments(
+    *({"split_policy": policy, "prefix_caching": True} for policy in (SWEEP_POLICY, CONTROL_POLICY))
+)
 def test_stage_b_hit_ratio_sweep(stage_runner):
     workloads, notes = realizable_ratios(
         lambda ratio: stage_runner.workload(DISTRIBUTION, requested_hit_ratio=ratio),

@@ -24,6 +24,7 @@ POLICIES = ("request_boundary", "token_balanced")
 STATISTICS = ("mean", "p50", "p90", "p99", "std", "cv", "min", "max", "total")
 
 
+@pytest.mark.afd_deployments(*({"split_policy": policy} for policy in POLICIES))
 def test_stage_c_distribution_matrix(stage_runner):
     workloads = {
         (name, order): stage_runner.workload(name, order=order)

@@ -62,6 +62,16 @@ def _sweep_cases(stage_runner, workload, candidates, cached_tokens=None, phase="
     return cases, omitted
 
 
+def _deployments(context):
+    """Every candidate chunk size, cold (sweep) and steady (follow-ups); unused ones never deploy."""
+    return [
+        {"split_policy": POLICY, "chunk_size": size, "prefix_caching": steady}
+        for steady in (False, True)
+        for size in scaled_candidates(context.sizes.tokens)
+    ]
+
+
+@pytest.mark.afd_deployments.with_args(_deployments)
 def test_stage_d_chunk_sweep_then_best_two(stage_runner):
     candidates = scaled_candidates(stage_runner.sizes.tokens)
     workload = stage_runner.workload(SWEEP_WORKLOAD)

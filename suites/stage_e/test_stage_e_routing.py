@@ -27,6 +27,12 @@ POLICY = "token_balanced"
 SIZE = 0.5
 
 
+def _deployments(context):
+    depth = context.item.callspec.params["depth"]
+    return [{"split_policy": POLICY, "routing": routing, "model": depth} for routing in ROUTINGS]
+
+
+@pytest.mark.afd_deployments.with_args(_deployments)
 @pytest.mark.parametrize("depth", DEPTHS)
 def test_stage_e_depth_x_routing(stage_runner, depth):
     runner = stage_runner.on(model_name=depth)

@@ -39,6 +39,17 @@ def _next_tokens(run) -> dict[str, int]:
     return {request.request_id: request.next_token for request in run.requests}
 
 
+def _deployments(context):
+    if not context.topology.is_afd:
+        return []
+    return [
+        {"split_policy": AFD_POLICY, "routing": "natural", "model": MODEL},
+        {"split_policy": PP_POLICY, "routing": "natural", "model": MODEL,
+         "npu_topology": pp_layout_for(context.topology)},
+    ]
+
+
+@pytest.mark.afd_deployments.with_args(_deployments)
 def test_stage_f_afd_vs_pp(stage_runner):
     if not stage_runner.topology.is_afd:
         pytest.skip(

@@ -129,3 +129,79 @@ def test_runs_once(afd_backend, case):
     assert result.ret == 0
     result.stdout.fnmatch_lines(["*0 cases measured on hardware*; 4 ran on a pytest-afd server*"])
     assert summary_of(pytester)["hardware"]["cases_on_stand_in"] == 4
+
+
+STAND_IN_CONFTEST = '''
+from pytest_afd.backends.base import RunOutputs
+from pytest_afd.serving.http_backend import HttpBackend
+
+
+class StandInBackend(HttpBackend):
+    """Counts as the harness's own CPU server standing in (it says device cpu)."""
+
+    def __init__(self):
+        super().__init__("vllm-ascend", frozenset(), launcher=None)
+
+    def run(self, prompts, settings):
+        self.completed_runs += 1
+        return RunOutputs(requests=[])
+
+    def stand_in_device(self):
+        return "cpu"
+
+    def describe(self):
+        return {}
+
+    def close(self):
+        pass
+
+
+def pytest_afd_create_backend(config, name, topology, model_name, seed, results_dir):
+    return StandInBackend()
+'''
+PHASE_CASES = '''
+import os
+import pytest
+
+@pytest.mark.parametrize("case", ["a", "b", "c", "d"])
+def test_prefill(afd_backend, case):
+    if case in os.environ.get("SKIP_CASES", ""):
+        pytest.skip("the deployment could not run it")
+    afd_backend.run([], None)
+'''
+
+
+def test_check_phase_that_measures_fewer_cases_fails_naming_them(pytester, no_deployment,
+                                                                 monkeypatch):
+    """The record phase writes what it measured; a check phase missing two of them fails once."""
+    pytester.makeconftest(STAND_IN_CONFTEST)
+    pytester.makepyfile(PHASE_CASES)
+    common = ("--afd-backend", "vllm-ascend", "--afd-golden-dir", "refs", "-p", "no:cacheprovider")
+    recorded = pytester.runpytest(*common, "--afd-reference-phase", "record")
+    assert recorded.ret == 0
+    assert json.loads((pytester.path / "refs" / "record-phase-cases.json").read_text())[
+        "measured_cases"] == [f"test_check_phase_that_measures_fewer_cases_fails_naming_them.py::"
+                              f"test_prefill[{case}]" for case in "abcd"]
+    monkeypatch.setenv("SKIP_CASES", "bd")
+    checked = pytester.runpytest(*common, "--afd-reference-phase", "check")
+    checked.assert_outcomes(passed=2, skipped=2)
+    assert checked.ret == pytest.ExitCode.TESTS_FAILED
+    line = next(text for text in checked.stdout.lines if "fewer than the record phase" in text)
+    assert "the check phase measured 2 case(s) fewer" in line
+    assert "::test_prefill[b], " in line and line.endswith("::test_prefill[d]; failing the session")
+    assert summary_of(pytester)["hardware"]["missing_from_record_phase"][0].endswith("[b]")
+
+
+def test_emulated_cases_meet_require_hardware_only_when_allowed(pytester, no_deployment):
+    """Stand-in cases are never hardware: --afd-require-hardware fails unless --afd-allow-emulated."""
+    pytester.makeconftest(STAND_IN_CONFTEST)
+    pytester.makepyfile(PHASE_CASES)
+    common = ("--afd-backend", "vllm-ascend", "--afd-require-hardware", "-p", "no:cacheprovider")
+    strict = pytester.runpytest(*common)
+    strict.assert_outcomes(passed=4)
+    assert strict.ret == pytest.ExitCode.TESTS_FAILED
+    rehearsal = pytester.runpytest(*common, "--afd-allow-emulated")
+    assert rehearsal.ret == 0
+    hardware = summary_of(pytester)["hardware"]
+    assert hardware["cases_measured_on_hardware"] == 0 and hardware["cases_on_stand_in"] == 4
+    assert hardware["allow_emulated"] is True and hardware["fails_session"] is False

@@ -13,7 +13,6 @@ the wrong configuration.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import os
@@ -36,6 +35,17 @@ from pytest_afd.backends.base import (
     CapabilityMissing,
     RunSettings,
 )
+from pytest_afd.backends.vllm_ascend.attach import (  # noqa: F401  (re-exported)
+    ENV_SERVED_MODEL_NAME,
+    attach_or_deploy,
+    declared_settings,
+    served_model_name,
+)
+from pytest_afd.backends.vllm_ascend.deployments import (
+    ENV_DEPLOY_COMMAND,
+    ENV_DEPLOYMENTS,
+    LAUNCH_FIELDS,
+)
 from pytest_afd.backends.vllm_ascend.launch import (
     API_KEY_ENV,
     ENV_ATTACH_SETTINGS,
@@ -46,14 +56,12 @@ from pytest_afd.backends.vllm_ascend.launch import (
     LaunchPlanError,
     build_launch_plan,
 )
+from pytest_afd.backends.vllm_ascend.listing import checkpoint_facts
 from pytest_afd.backends.vllm_ascend.worker_evidence import WorkerEvidenceBackend
-from pytest_afd.serving.client import ClientError, CompletionsClient
 from pytest_afd.serving.http_backend import (
-    AttachedServer,
     HttpBackend,
     Launcher,
     ManagedSession,
-    server_side_settings,
 )
 from pytest_afd.serving.lifecycle import LOOPBACK_HOST, ServerGroup, ServerSpec
 from pytest_afd.topology import Topology
@@ -61,8 +69,6 @@ from pytest_afd.topology import Topology
 BACKEND_NAME = "vllm-ascend"
 ENV_SERVER_URL = ENV_ATTACH_URL
 ENV_SERVER_SETTINGS = ENV_ATTACH_SETTINGS
-ENV_SERVED_MODEL_NAME = "AFD_ASCEND_SERVED_MODEL_NAME"
-MODELS_PATH = "/v1/models"  # OpenAI-compatible model listing (vLLM and the CPU server)
 ENV_MODEL_PATH = "AFD_ASCEND_MODEL_PATH"  # may contain "{model}" (the --afd-model name)
 ENV_DEVICES_PER_NODE = "AFD_DEVICES_PER_NODE"
 ENV_STARTUP_TIMEOUT = "AFD_ASCEND_STARTUP_TIMEOUT_S"
@@ -74,11 +80,6 @@ NPU_SMI_TIMEOUT_S = 30
 _NPU_COUNT_LINE = re.compile(r"Total Count\s*:\s*(\d+)")
 _NPU_PRODUCT_LINE = re.compile(r"Product Name\s*:\s*(\S.*?)\s*$", re.M)
 REQUIRED_MODULES = ("vllm", "vllm_ascend", "torch_npu")
-# RunSettings fields that change a ``vllm serve`` command line. split_align and
-# pcp_size are the CPU emulation's view of the topology: on NPUs the topology
-# itself fixes them, so they never trigger a relaunch or an attach mismatch.
-LAUNCH_FIELDS = ("split_policy", "chunk_size", "prefix_caching", "routing", "quantization",
-                 "max_num_batched_tokens", "max_num_seqs", "block_size")
 BASE_CAPABILITIES = frozenset({CAP_SPLIT, CAP_PREFIX_CACHE, CAP_CHUNKED_PREFILL, CAP_W8A8,
                                CAP_FORCED_ROUTING, CAP_TOPK_LOGPROBS})
 HINT = (f"run the plan printed by `afd-launch-plan` with the cluster job system and set "
@@ -131,20 +132,6 @@ def devices_per_node(environ: Mapping[str, str], smi_text: str = "") -> int:
         raise BackendUnavailable(f"`{NPU_SMI} info -l` reported no device count: "
                                  f"{smi_text.strip()[:300]!r}")
     return count
-
-
-def checkpoint_facts(path: str) -> dict[str, Any]:
-    """Manifest facts from the checkpoint's ``config.json`` (layer count, quantization)."""
-    config_file = Path(path) / "config.json"
-    if not config_file.is_file():
-        return {}
-    config = json.loads(config_file.read_text())
-    facts: dict[str, Any] = {"tokenizer": path}
-    if "num_hidden_layers" in config:
-        facts["num_layers"] = config["num_hidden_layers"]
-    if "quantization_config" in config:
-        facts["quantization"] = config["quantization_config"]
-    return facts
 
 
 def model_path(model_name: str, environ: Mapping[str, str]) -> str:
@@ -205,70 +192,18 @@ def local_launcher(topology: Topology, *, model: str, devices: int, log_dir: Pat
     return launch
 
 
-def attach_launcher(base_url: str, served_model_name: str, declared: RunSettings) -> Launcher:
-    def attach(settings: RunSettings) -> AttachedServer:
-        if settings != declared:
-            differences = {item.name: (getattr(declared, item.name), getattr(settings, item.name))
-                           for item in dataclasses.fields(RunSettings)
-                           if getattr(declared, item.name) != getattr(settings, item.name)}
-            raise CapabilityMissing(
-                f"the attached deployment at {base_url} was started with other settings "
-                f"(field: (deployment, this case)) {differences}; relaunch it for this case")
-        return AttachedServer(base_url=base_url, model=served_model_name)
-
-    return attach
-
-
-def served_model_name(base_url: str, environ: Mapping[str, str]) -> str:
-    """``$AFD_ASCEND_SERVED_MODEL_NAME``, else the one model the deployment lists at ``/v1/models``.
-
-    A deployment started with another ``--served-model-name`` than the recipe's
-    would answer every request with HTTP 400; asking it first avoids that, and
-    when it cannot say (unreachable, none or several models) the error names
-    the variable to set.
-    """
-    given = environ.get(ENV_SERVED_MODEL_NAME, "").strip()
-    if given:
-        return given
-    where = f"{base_url}{MODELS_PATH}"
-    try:
-        listing = CompletionsClient(base_url, model="").get_json(MODELS_PATH)
-        served = [str(entry["id"]) for entry in listing["data"]]
-    except (ClientError, ValueError, KeyError, TypeError) as error:
-        raise BackendUnavailable(
-            f"{ENV_SERVER_URL}={base_url}: cannot read the served model name from {where} "
-            f"({type(error).__name__}: {error}); set {ENV_SERVED_MODEL_NAME}") from None
-    if len(served) != 1:
-        raise BackendUnavailable(
-            f"{ENV_SERVER_URL}={base_url}: {where} lists {len(served)} models {served}, not one; "
-            f"set {ENV_SERVED_MODEL_NAME} to the one to test")
-    return served[0]
-
-
-def declared_settings(environ: Mapping[str, str]) -> RunSettings:
-    text = environ.get(ENV_SERVER_SETTINGS)
-    if not text:
-        raise BackendUnavailable(f"{ENV_SERVER_URL} is set but {ENV_SERVER_SETTINGS} is not: "
-                                 "say which RunSettings the deployment was started with (JSON)")
-    return server_side_settings(RunSettings(**json.loads(text)), LAUNCH_FIELDS)
-
-
 def create_backend(*, topology: Topology, model_name: str, seed: int, results_dir: str | Path,
                    environ: Mapping[str, str] | None = None) -> HttpBackend | WorkerEvidenceBackend:
     environ = os.environ if environ is None else environ
     describe: dict[str, Any] = {"model": {"name": model_name}, "seed": seed,
                                 "topology": topology.canonical}
-    url = environ.get(ENV_SERVER_URL)
     api_key = None
-    if url:
+    if environ.get(ENV_SERVER_URL) or environ.get(ENV_DEPLOYMENTS) or environ.get(ENV_DEPLOY_COMMAND):
         # A cluster deployment's API key, from the variable its plan reads (never logged).
         api_key = environ.get(API_KEY_ENV) or None
-        describe["mode"] = "attach"
-        describe["server_url"] = url
-        settings = declared_settings(environ)
-        served = served_model_name(url, environ)
-        describe["served_model_name"] = served
-        launcher = attach_launcher(url, served, settings)
+        launcher, facts = attach_or_deploy(topology, model_name, environ, results_dir)
+        describe.update(facts)
+        describe["model"] = {"name": model_name, **facts.get("model", {})}
     else:
         missing = missing_requirements(environ)
         if missing:
@@ -285,7 +220,8 @@ def create_backend(*, topology: Topology, model_name: str, seed: int, results_di
                 f"{BACKEND_NAME}: {topology.canonical} needs {nodes} nodes of {devices} NPUs and "
                 f"this backend launches single-node plans only; {HINT}")
         path = model_path(model_name, environ)
-        describe.update(mode="launch", model_path=path, devices_per_node=devices)
+        describe.update(mode="launch", model_path=path, devices_per_node=devices,
+                        node_count=nodes)
         describe["model"].update(checkpoint_facts(path))
         timeout = float(environ.get(ENV_STARTUP_TIMEOUT, DEFAULT_STARTUP_TIMEOUT_S))
         overrides = {"vllm_executable": environ[ENV_VLLM_EXECUTABLE]} if environ.get(ENV_VLLM_EXECUTABLE) else {}

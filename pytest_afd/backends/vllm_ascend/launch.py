@@ -349,6 +349,8 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quantization", choices=("w8a8", "none"), default="w8a8")
     parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
     parser.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
+    parser.add_argument("--block-size", type=int, default=LaunchOptions.block_size,
+                        help="KV block size (default %(default)s)")
     parser.add_argument("--max-num-seqs", type=int, default=None,
                         help="Attention/baseline (default: the recipe's 32 / 8; FFN keeps 2)")
     for role in (ROLE_ATTENTION, ROLE_FFN, ROLE_BASELINE):
@@ -376,6 +378,7 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
         prefix_caching=args.prefix_caching, routing=args.routing, quantization=args.quantization,
         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, extra_args=extra, stack=args.stack,
+        block_size=args.block_size,
         socket_ifname=args.socket_ifname,
         api_key_env=None if args.no_api_key else args.api_key_env, dev_mode=args.dev_mode,
     )

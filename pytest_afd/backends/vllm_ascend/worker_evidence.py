@@ -329,3 +329,9 @@ class WorkerEvidenceBackend:
 
     def close(self) -> None:
         self._inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        """Everything else (run counts, stand-in device, deployments) is the inner backend's."""
+        if name.startswith("__") or name == "_inner":
+            raise AttributeError(name)
+        return getattr(self._inner, name)

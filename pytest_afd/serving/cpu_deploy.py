@@ -1,0 +1,129 @@
+"""A deploy command that starts the harness's own CPU server: ``AFD_ASCEND_DEPLOY_COMMAND`` on CPU.
+
+It speaks the deploy-command protocol (docs/ascend.md "Deploy through your job
+system") the way an ``sbatch`` wrapper would, so CI rehearses the nightly's
+redeployments without NPUs::
+
+    python -m pytest_afd.serving.cpu_deploy up SETTINGS_JSON PLAN_JSON   # prints http://127.0.0.1:PORT
+    python -m pytest_afd.serving.cpu_deploy down URL
+
+``up`` starts ``python -m pytest_afd.serving.server --backend cpu`` for the
+plan's topology and model with the settings, in its own session (it outlives
+this command, as a batch job outlives ``sbatch``), waits for its port file and
+prints the URL; the harness then waits for ``/health``. ``down`` stops the
+process group recorded for that URL. State (pid, log) lives in
+``$AFD_CPU_DEPLOY_DIR`` (default: ``afd-cpu-deployments`` under the system
+temp dir). The server answers ``/afd/describe`` with device ``cpu``, so every
+case it serves is labelled emulated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import urlsplit
+
+ENV_STATE_DIR = "AFD_CPU_DEPLOY_DIR"
+ENV_THREADS = "AFD_CPU_DEPLOY_THREADS"
+ENV_BATCH_WINDOW = "AFD_CPU_DEPLOY_BATCH_WINDOW_S"
+# A case's requests leave the client as one burst; on a loaded two-core host their
+# arrivals can spread past the server's 20 ms default and split one run into
+# several server batches, each planned apart. Half a second keeps a burst together
+# far more often; it does not make the join of server steps to client requests
+# exact (see docs/serving.md).
+DEFAULT_BATCH_WINDOW_S = "0.5"
+PORT_WAIT_S = 300.0
+POLL_S = 0.1
+STOP_WAIT_S = 15.0
+EXIT_USAGE = 2
+USAGE = ("usage: python -m pytest_afd.serving.cpu_deploy up SETTINGS_JSON PLAN_JSON\n"
+         "       python -m pytest_afd.serving.cpu_deploy down URL\n")
+
+
+def state_dir() -> Path:
+    directory = Path(os.environ.get(ENV_STATE_DIR) or Path(tempfile.gettempdir()) / "afd-cpu-deployments")
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def up(settings_file: Path, plan_file: Path) -> str:
+    """Start one CPU server for the plan's topology/model with these settings; return its URL."""
+    settings = json.loads(Path(settings_file).read_text())
+    plan = json.loads(Path(plan_file).read_text())
+    directory = Path(tempfile.mkdtemp(prefix="deployment-", dir=state_dir()))
+    port_file = directory / "port"
+    threads = os.environ.get(ENV_THREADS, "1")
+    argv = [sys.executable, "-m", "pytest_afd.serving.server", "--backend", "cpu",
+            "--topology", plan["npu_topology"], "--model-name", plan["model"],
+            "--results-dir", str(directory), "--port", "0", "--port-file", str(port_file),
+            "--settings-json", json.dumps(settings),
+            "--batch-window-s", os.environ.get(ENV_BATCH_WINDOW, DEFAULT_BATCH_WINDOW_S)]
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    with open(directory / "server.log", "wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + PORT_WAIT_S
+    while not (port_file.is_file() and port_file.read_text().strip().isdigit()):
+        if process.poll() is not None or time.monotonic() > deadline:
+            tail = (directory / "server.log").read_text(errors="replace")[-800:]
+            _stop(process.pid)
+            raise RuntimeError(f"the CPU server did not start (exit {process.poll()}): {tail}")
+        time.sleep(POLL_S)
+    port = int(port_file.read_text().strip())
+    (state_dir() / f"{port}.json").write_text(json.dumps({"pid": process.pid,
+                                                          "dir": str(directory)}))
+    return f"http://127.0.0.1:{port}"
+
+
+def _stop(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + STOP_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(POLL_S)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def down(url: str) -> None:
+    port = urlsplit(url).port
+    record = state_dir() / f"{port}.json"
+    if not record.is_file():
+        raise RuntimeError(f"no CPU deployment recorded for {url} in {state_dir()}")
+    _stop(int(json.loads(record.read_text())["pid"]))
+    record.unlink()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if len(args) == 3 and args[0] == "up":  # noqa: PLR2004 (action + two files)
+            print(up(Path(args[1]), Path(args[2])), flush=True)
+        elif len(args) == 2 and args[0] == "down":  # noqa: PLR2004 (action + URL)
+            down(args[1])
+        else:
+            sys.stderr.write(USAGE)
+            return EXIT_USAGE
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        sys.stderr.write(f"cpu_deploy: {error}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,305 @@
+"""Deployments: the file of them, the deploy command, the listing, and errors that never read green.
+
+CPU servers (``python -m pytest_afd.serving.server``) stand in for the
+deployments; every test runs real HTTP. The slow end-to-end runs (Stage A from
+the listing, stages A-F and the gate phases through the deploy command) are in
+``test_ascend_deployments_e2e.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_afd.backends.base import RunSettings
+from pytest_afd.backends.vllm_ascend.deployments import (
+    LAUNCH_FIELDS,
+    DeploymentConfigError,
+    load_deployments,
+    parse_deployments,
+)
+from pytest_afd.serving.http_backend import cpu_server_spec, server_side_settings
+from pytest_afd.serving.lifecycle import ManagedServer
+
+pytest_plugins = ["pytester"]
+
+REPO = Path(__file__).resolve().parents[2]
+TOPOLOGY = "dp3pcp8-ep8"
+DEPLOYMENT_VARIABLES = ("AFD_ASCEND_SERVER_URL", "AFD_ASCEND_SERVER_SETTINGS", "AFD_ASCEND_DEPLOYMENTS",
+                        "AFD_ASCEND_DEPLOY_COMMAND", "AFD_BACKEND", "AFD_REQUIRE_HARDWARE",
+                        "AFD_REFERENCE_PHASE", "AFD_EVIDENCE_DIR", "AFD_ALLOW_EMULATED",
+                        "AFD_ASCEND_SERVED_MODEL_NAME", "AFD_DEVICES_PER_NODE")
+SMALL = {"block_size": 16, "max_num_batched_tokens": 512, "max_num_seqs": 8}
+CPU_DEPLOY = f"{sys.executable} -m pytest_afd.serving.cpu_deploy"
+CASES = """
+import pytest
+from pytest_afd.backends.base import PromptRequest, RunSettings
+
+SMALL = dict(block_size=16, max_num_batched_tokens=512, max_num_seqs=8, return_logits=False)
+PROMPTS = [PromptRequest("r0", tuple(range(1, 40)))]
+
+
+def run(backend, policy):
+    outputs = backend.run(PROMPTS, RunSettings(split_policy=policy, **SMALL))
+    assert outputs.requests[0].error is None, outputs.requests[0].error
+    return outputs
+"""
+
+
+@pytest.fixture
+def no_deployment(monkeypatch):
+    for name in DEPLOYMENT_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def settings(policy: str) -> RunSettings:
+    return server_side_settings(RunSettings(split_policy=policy, **SMALL), LAUNCH_FIELDS)
+
+
+def start_cpu_server(tmp_path: Path, name: str, policy: str) -> ManagedServer:
+    spec = cpu_server_spec(RunSettings(split_policy=policy, **SMALL), name=name, log_dir=tmp_path,
+                           topology=TOPOLOGY, model_name="reduced", seed=0)
+    return ManagedServer(spec, tmp_path).start()
+
+
+def entry(url: str, policy: str, **extra) -> dict:
+    return {"url": url, "settings": {"split_policy": policy, **SMALL}, **extra}
+
+
+# -- the file ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("text", "message"), [
+    ("{not json", "not JSON"),
+    ("[]", "non-empty JSON list"),
+    ('[{"url": "http://h:1"}]', "entry 0: expected an object with 'url' and 'settings'"),
+    ('[{"url": "ftp://h", "settings": {}}]', "entry 0: url 'ftp://h' is not http"),
+    ('[{"url": "http://h:1", "settings": {"split": "none"}}]', "unknown RunSettings fields ['split']"),
+    ('[{"url": "http://h:1", "settings": {"split_policy": "both"}}]', "split_policy='both'"),
+    ('[{"url": "http://h:1", "settings": {}, "nodes": 2}]', "unknown keys ['nodes']"),
+])
+def test_bad_deployments_file_names_the_variable_file_and_entry(tmp_path, text, message):
+    path = tmp_path / "deployments.json"
+    path.write_text(text)
+    with pytest.raises(DeploymentConfigError) as raised:
+        load_deployments(str(path))
+    assert f"$AFD_ASCEND_DEPLOYMENTS={path}" in str(raised.value)
+    assert message in str(raised.value)
+
+
+def test_unreadable_deployments_file_is_named(tmp_path):
+    with pytest.raises(DeploymentConfigError, match=r"AFD_ASCEND_DEPLOYMENTS=.*missing.json: cannot read"):
+        load_deployments(str(tmp_path / "missing.json"))
+
+
+def test_entry_settings_keep_only_launch_fields():
+    item = entry("http://h:1", "none")
+    item["settings"].update(split_align=8, return_logits=True)
+    [deployment] = parse_deployments(json.dumps([item]), "src")
+    assert deployment.settings == settings("none")
+
+
+# -- attach to several ---------------------------------------------------------------------------
+def test_each_case_goes_to_its_deployment_and_a_missing_one_skips(pytester, tmp_path, no_deployment):
+    """Two CPU servers, three policies: two cases measured on the right server, one skipped by name.
+
+    The plan file an entry names gives the manifest its nodes and devices per node
+    (2 x 16, not the default 8 per node) and the server says it is a CPU stand-in.
+    """
+    plan = tmp_path / "plan.json"
+    subprocess.run([sys.executable, "-m", "pytest_afd.backends.vllm_ascend.launch", "--npu-topology",
+                    TOPOLOGY, "--model", "/models/ds", "--devices-per-node", "16", "--node-address",
+                    "10.0.0.1", "--node-address", "10.0.0.2", "--nic-name", "eth0", "--json"],
+                   check=True, stdout=plan.open("w"), cwd=REPO)
+    with start_cpu_server(tmp_path, "none", "none") as none, \
+            start_cpu_server(tmp_path, "balanced", "token_balanced") as balanced:
+        listing = tmp_path / "deployments.json"
+        listing.write_text(json.dumps([entry(none.base_url, "none", plan=str(plan)),
+                                       entry(balanced.base_url, "token_balanced", plan=str(plan))]))
+        no_deployment.setenv("AFD_ASCEND_DEPLOYMENTS", str(listing))
+        pytester.makepyfile(CASES + """
+def test_none(afd_backend):
+    run(afd_backend, "none")
+    assert afd_backend._session.base_url == "NONE_URL"
+
+def test_balanced(afd_backend):
+    run(afd_backend, "token_balanced")
+    assert afd_backend._session.base_url == "BALANCED_URL"
+
+def test_request_boundary(afd_backend):
+    run(afd_backend, "request_boundary")
+
+def test_manifest(afd_manifest):
+    hardware = afd_manifest["hardware"]
+    assert (hardware["node_count"], hardware["devices_per_node"]) == (2, 16)
+    assert hardware["emulated"] is True and hardware["device_type"].startswith("cpu")
+    assert afd_manifest["model"]["num_layers"] >= 1
+    assert afd_manifest["model"]["execution_mode"].startswith("eager")
+""".replace("NONE_URL", none.base_url).replace("BALANCED_URL", balanced.base_url))
+        result = pytester.runpytest("--afd-backend", "vllm-ascend", "--npu-topology", TOPOLOGY,
+                                    "-p", "no:cacheprovider", "-rs")
+        assert none.poll() is None and balanced.poll() is None, "attach mode never stops deployments"
+    result.assert_outcomes(passed=3, skipped=1)
+    result.stdout.fnmatch_lines([
+        "*no deployment for this case: no deployment in $AFD_ASCEND_DEPLOYMENTS=*serves "
+        f"{TOPOLOGY} model 'reduced' with settings*\"split_policy\": \"request_boundary\"*"
+        "differs in (deployment, case) {'split_policy': (*, 'request_boundary')}*"])
+    assert "Traceback" not in result.stdout.str()
+    result.stdout.fnmatch_lines(["*0 cases measured on hardware*; 2 ran on a pytest-afd server*"])
+
+
+def test_dead_deployment_is_one_session_error_naming_it(pytester, no_deployment):
+    no_deployment.setenv("AFD_ASCEND_SERVER_URL", "http://127.0.0.1:9")  # discard port: refused
+    no_deployment.setenv("AFD_ASCEND_SERVER_SETTINGS", json.dumps({"split_policy": "none"}))
+    pytester.makepyfile("""
+def test_pure():
+    pass
+
+def test_one(afd_backend):
+    pass
+
+def test_two(afd_backend):
+    pass
+""")
+    result = pytester.runpytest("--afd-backend", "vllm-ascend", "-p", "no:cacheprovider")
+    assert result.ret == 7  # deployment_plan.EXIT_DEPLOYMENT_ERROR
+    output = result.stdout.str() + result.stderr.str()
+    assert output.count("deployment http://127.0.0.1:9 ($AFD_ASCEND_SERVER_URL=") == 1, output
+    assert "ConnectionRefusedError" in output
+    assert "skipped" not in output.splitlines()[-1]
+
+
+# -- deploy through a command --------------------------------------------------------------------
+DECLARING_CONFTEST = """
+import pytest
+from pytest_afd.backends.base import RunSettings
+
+SMALL = dict(block_size=16, max_num_batched_tokens=512, max_num_seqs=8)
+
+
+def pytest_afd_deployment_settings(config, item):
+    marker = item.get_closest_marker("afd_deployments")
+    if marker is None:
+        return None
+    return [{"settings": RunSettings(split_policy=policy, **SMALL)} for policy in marker.args]
+"""
+
+
+def test_deploy_command_deploys_each_configuration_once_and_stops_it(pytester, tmp_path,
+                                                                     no_deployment):
+    """Cases ordered by configuration; each deployed once; all stopped by ``down``."""
+    state = tmp_path / "state"
+    no_deployment.setenv("AFD_ASCEND_DEPLOY_COMMAND", CPU_DEPLOY)
+    no_deployment.setenv("AFD_CPU_DEPLOY_DIR", str(state))
+    no_deployment.setenv("AFD_DEVICES_PER_NODE", "16")
+    pytester.makeconftest(DECLARING_CONFTEST)
+    pytester.makepyfile(CASES + """
+@pytest.mark.afd_deployments("none")
+def test_a_none(afd_backend):
+    run(afd_backend, "none")
+
+@pytest.mark.afd_deployments("token_balanced")
+def test_b_balanced(afd_backend):
+    run(afd_backend, "token_balanced")
+
+@pytest.mark.afd_deployments("none")
+def test_c_none_again(afd_backend):
+    run(afd_backend, "none")
+
+@pytest.mark.afd_deployments("none")
+def test_d_undeclared_run_fails(afd_backend):
+    run(afd_backend, "request_boundary")
+""")
+    result = pytester.runpytest("--afd-backend", "vllm-ascend", "--npu-topology", TOPOLOGY,
+                                "-p", "no:cacheprovider", "-v")
+    result.assert_outcomes(passed=3, failed=1)
+    # Same configuration together: a, c, d (none) before b (token_balanced).
+    result.stdout.fnmatch_lines(["*test_a_none PASSED*", "*test_c_none_again PASSED*",
+                                 "*test_d_undeclared_run_fails FAILED*", "*test_b_balanced PASSED*"])
+    result.stdout.fnmatch_lines(["*ran server-side settings it does not declare*request_boundary*"])
+    work = pytester.path / "afd-results" / "deployments" / f"{TOPOLOGY}-reduced"
+    settings_files = sorted(work.glob("deployment-*-settings.json"))
+    deployed = [json.loads(path.read_text())["split_policy"] for path in settings_files]
+    # none, request_boundary (undeclared, on demand), token_balanced: each once.
+    assert sorted(deployed) == ["none", "request_boundary", "token_balanced"], deployed
+    plan = json.loads((work / "deployment-0-plan.json").read_text())
+    assert plan["nodes"] == 2 and plan["afd_launch_plan"][:3] == ["afd-launch-plan", "--npu-topology",
+                                                                   TOPOLOGY]
+    assert not list(state.glob("*.json")), "every deployment was stopped with `down`"
+
+
+def test_deploy_command_that_never_prints_a_url_stops_the_session(pytester, tmp_path, no_deployment):
+    script = tmp_path / "deploy.sh"
+    script.write_text("#!/bin/sh\necho 'quota exceeded' >&2\nexit 3\n")
+    script.chmod(0o755)
+    no_deployment.setenv("AFD_ASCEND_DEPLOY_COMMAND", str(script))
+    no_deployment.setenv("AFD_DEVICES_PER_NODE", "16")
+    pytester.makepyfile(CASES + """
+def test_one(afd_backend):
+    run(afd_backend, "none")
+
+def test_two(afd_backend):
+    run(afd_backend, "none")
+""")
+    result = pytester.runpytest("--afd-backend", "vllm-ascend", "-p", "no:cacheprovider")
+    assert result.ret == 7
+    output = result.stdout.str()
+    assert output.count("exited 3 without printing a URL") == 1 and "quota exceeded" in output
+
+
+# -- the listing ---------------------------------------------------------------------------------
+def test_list_deployments_for_stage_a_runs_nothing(tmp_path, no_deployment):
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "stage_a", "suites/stage_a",
+         "--afd-backend", "vllm-ascend", "--npu-topology", TOPOLOGY, "--afd-devices-per-node", "16",
+         "--afd-stage-scale", "1/64", "--afd-list-deployments", "--afd-results-dir", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
+    document = json.loads((tmp_path / "deployments.json").read_text())
+    reduced = [item for item in document["deployments"] if item["model"] == "reduced"]
+    assert sorted(item["settings"]["split_policy"] for item in reduced) == [
+        "none", "request_boundary", "token_balanced"]
+    matrix = "suites/stage_a/test_stage_a_policies.py::test_stage_a_policy_matrix[smallest]"
+    assert all(matrix in item["cases"] for item in reduced)
+    assert all(item["nodes"] == 2 and "--devices-per-node" in item["afd_launch_plan"] for item in reduced)
+    assert '"deployments"' in completed.stdout
+    assert not (tmp_path / "summary.json").exists(), "nothing ran, nothing summarized"
+
+
+# -- labels: emulated everywhere -----------------------------------------------------------------
+def _manifest(emulated: bool, backend_name: str = "vllm-ascend") -> dict:
+    from pytest_afd.manifest import collect_manifest
+    from pytest_afd.topology import parse_topology
+
+    return collect_manifest(topology=parse_topology(TOPOLOGY), backend_name=backend_name,
+                            backend_description={"devices_per_node": 16, "node_count": 2},
+                            model_name="reduced", protocol={}, emulated=emulated)
+
+
+def test_manifest_takes_nodes_and_devices_from_the_deployment_not_the_default():
+    hardware = _manifest(False)["hardware"]
+    assert (hardware["node_count"], hardware["devices_per_node"]) == (2, 16)
+    assert hardware["devices_per_node_source"] == "deployment"
+
+
+def test_a_stand_in_case_is_labelled_emulated_everywhere():
+    from pytest_afd.result_writer import stand_in_labels
+
+    fields = {"manifest": _manifest(False), "backend": "vllm-ascend", "labels": None,
+              "evidence": {"gate": {"cpu_emulation": {"pcp_size": 8}}}}
+    labelled = stand_in_labels(fields, "cpu")
+    hardware = labelled["manifest"]["hardware"]
+    assert hardware["emulated"] is True and hardware["device_type"].startswith("cpu")
+    assert labelled["manifest"]["topology"]["cpu_emulation"]["pcp_size"] >= 1
+    assert labelled["labels"]["comparability"] == "exploratory"
+    assert "standing in" in labelled["labels"]["comparability_reason"]
+    assert labelled["evidence"]["gate"]["cpu_emulation"] == {"pcp_size": 8}
+    # On real devices the gate's CPU-emulation evidence is absent with the reason, never a claim.
+    real = stand_in_labels(fields, None)
+    assert real["evidence"]["gate"]["cpu_emulation"]["absent_reason"].startswith("runs on real")
+    assert "labels" not in real or real["labels"] is None
