@@ -10,10 +10,10 @@ import pytest
 
 pytest.importorskip("msprof_analyze", reason="msprof-analyze not installed (extra [profile])")
 
-import make_fixtures  # noqa: E402
+import make_fixtures
 
-from afd_split.ranges import parse_range, range_name  # noqa: E402
-from pytest_afd.profiling import ascend, components, kernels, msprof  # noqa: E402
+from afd_split.ranges import parse_range, range_name
+from pytest_afd.profiling import ascend, components, kernels, msprof
 
 DATA = Path(make_fixtures.DATA_DIR)
 ROLE_DIRS = {"attention": DATA / "attention", "ffn": DATA / "ffn"}
