@@ -146,3 +146,25 @@ def test_missing_msprof_analyze_is_a_clear_error(monkeypatch):
 def test_a_directory_without_ranks_is_named(tmp_path):
     with pytest.raises(msprof.ProfilingUnavailable, match=str(tmp_path)):
         msprof.run_cluster_analysis(tmp_path, tmp_path / "out")
+
+
+def validate_def(name, value):
+    """Validate ``value`` against ``$defs/<name>`` of schemas/result.schema.json."""
+    import json
+
+    import jsonschema
+
+    schema = json.loads((Path(__file__).parents[2] / "schemas" / "result.schema.json").read_text())
+    wrapper = {"$schema": schema["$schema"], "$defs": schema["$defs"], "$ref": f"#/$defs/{name}"}
+    jsonschema.validate(value, wrapper)
+
+
+def test_profile_matches_the_schema(profile):
+    import json
+
+    import jsonschema
+
+    validate_def("profile", json.loads(json.dumps(profile)))
+    broken = {**profile, "per_layer": [{**profile["per_layer"][0], "component": "mystery"}]}
+    with pytest.raises(jsonschema.ValidationError):
+        validate_def("profile", broken)
