@@ -147,3 +147,12 @@ def plan_devices(plan) -> dict[str, list[int]]:
         ids = [int(x) for x in visible.split(",") if x.strip()] or list(process.devices)
         devices.setdefault(process.role, []).extend(ids)
     return devices
+
+
+def layout_devices(topology, devices_per_node: int) -> dict[str, list[int]]:
+    """Role -> device ids on node 0 of ``topology``'s rank layout (launch mode: one node)."""
+    devices: dict[str, list[int]] = {}
+    for info in topology.rank_layout(devices_per_node):
+        if info.node == 0:
+            devices.setdefault(info.role, []).append(info.device)
+    return devices

@@ -176,3 +176,11 @@ def test_profiled_backend_samples_measured_runs_only(tmp_path, monkeypatch):
     sampler = device_metrics.Sampler({"attention": [0]}, interval_s=3600.0)
     backend = ProfiledBackend(TraceWritingBackend({}), {}, environ={}, sampler=sampler)
     assert backend.run(PROMPTS, RunSettings()).device_metrics["num_samples"] == 2
+
+
+def test_layout_devices_split_by_role():
+    from pytest_afd.topology import parse_topology
+
+    devices = device_metrics.layout_devices(parse_topology("dp2-ep2"), 16)
+    assert set(devices) == {"attention", "ffn"}
+    assert not set(devices["attention"]) & set(devices["ffn"])
