@@ -99,8 +99,12 @@ DISTINCTIVE_TYPES: Mapping[str, str] = {
     "MatmulReduceScatter": COLLECTIVES,
 }
 
+# CPU torch.profiler traces: a stage range's own time (torch ops run synchronously in it).
+RANGE_TYPE = "AfdRange"
+
 # Compute that belongs to whichever stage launched it.
 GENERIC_TYPES = frozenset({
+    RANGE_TYPE,
     "MatMul", "MatMulV2", "MatMulV3", "BatchMatMul", "BatchMatMulV2", "QuantBatchMatmulV3",
     "WeightQuantBatchMatmulV2", "QuantMatmul", "RmsNorm", "AddRmsNorm", "DynamicQuant",
     "AscendQuantV2", "AscendDequant", "Cast", "Add", "Adds", "Mul", "Muls", "Sub", "RealDiv",

@@ -56,11 +56,13 @@ def overlap_fraction(attention: Sequence[Interval], ffn: Sequence[Interval]) -> 
 
 
 def step_trace(busy: Sequence[Interval], communication: Sequence[Interval],
-               window: Interval) -> dict[str, float]:
+               window: Interval, blocked: Sequence[Interval] = ()) -> dict[str, float]:
     """Computing / Communication(Not Overlapped) / Overlapped / Free of one rank's step.
 
     The msprof-analyze definitions (its ``RangeCaculator.compute_pipeline_overlap``),
     for traces torch_npu did not already reduce (CPU ``torch.profiler`` traces).
+    ``blocked`` (waiting on the peer) is neither computing nor free: the caller
+    counts it as bubble.
     """
     calculator, time_range = _calculator()
     from msprof_analyze.cluster_analyse.common_func.time_range_calculator import (
@@ -75,7 +77,7 @@ def step_trace(busy: Sequence[Interval], communication: Sequence[Interval],
     computing = sum(r.end_ts - r.start_ts for r in compute)
     communication_s = sum(r.end_ts - r.start_ts for r in comm)
     not_overlapped = sum(r.end_ts - r.start_ts for r in pure)
-    covered = union_length([(r.start_ts, r.end_ts) for r in compute + comm])
+    covered = union_length([(r.start_ts, r.end_ts) for r in compute + comm] + list(blocked))
     free = max(0.0, (window[1] - window[0]) - covered)
     return {
         "computing_s": computing,
