@@ -114,3 +114,15 @@ def test_ranges_parse_as_the_hook_writes_them(traced_step):
     names = {stage for stage, *_ in _trace_durations(path)}
     assert {"attention", "dispatch", "wait", "combine"} <= names
     assert parse_range("afd|attention|L3|U1").ubatch == 1
+
+
+def test_profile_summary_reads_a_cpu_runs_traces(traced_step, tmp_path):
+    import json
+
+    from pytest_afd.__main__ import main
+
+    root, _, _ = traced_step
+    assert main(["profile-summary", str(root), "--output", str(tmp_path)]) == 0
+    profile = json.loads((tmp_path / "profile.json").read_text())
+    assert profile["source"] == "torch_trace"
+    assert (tmp_path / "plots" / "profile_layers.png").is_file()
