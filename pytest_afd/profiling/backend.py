@@ -22,7 +22,7 @@ from typing import Any
 
 from pytest_afd.backends.base import CAP_INSTRUMENTATION, PromptRequest, RunOutputs, RunSettings
 from pytest_afd.manifest import absent
-from pytest_afd.profiling import ascend, device_metrics, schedule
+from pytest_afd.profiling import ascend, device_metrics, evidence, schedule
 from pytest_afd.profiling.msprof import ProfilingUnavailable
 
 ASCEND_PT_SUFFIX = "_ascend_pt"
@@ -79,6 +79,11 @@ class ProfiledBackend:
         new = {role: sorted(rank_dir_names(path) - before[role])
                for role, path in self.trace_dirs.items()}
         outputs.profile = self._analyse(new, outputs, wall, _case_key(prompts, settings))
+        if outputs.profile is not None:
+            problem = evidence.attach_to_steps(outputs.steps, outputs.profile)
+            outputs.profile["steps_attached"] = problem is None
+            if problem:
+                outputs.profile["steps_attached_reason"] = problem
         return outputs
 
     def _measured(self, prompts: Sequence[PromptRequest], settings: RunSettings) -> RunOutputs:

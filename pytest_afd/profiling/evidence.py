@@ -154,10 +154,49 @@ def per_step(roles: Mapping[str, RoleData]) -> list[dict[str, Any]]:
             record.update(critical_path_s=seconds, critical_role=role_name, critical_rank=rank_id)
         else:
             record.update(critical_path_s=absent("no step trace for this step"))
+        if ffn is not None:
+            record["straggler_s"] = _step_straggler(ffn, step)
         comm = {role.role: _comm_overlap(role, step) for role in roles.values()}
         record["communication_overlap_fraction"] = comm
         records.append(record)
     return records
+
+
+def _step_straggler(ffn: RoleData, step: str) -> float:
+    """Sum over MoE layers of max - mean routed-expert seconds across FFN ranks in ``step``."""
+    by_layer: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    for rank in ffn.ranks:
+        for item in rank.items:
+            if (item.step == step and item.component == ROUTED_MOE and item.tag is not None
+                    and item.tag.layer >= 0):
+                by_layer[item.tag.layer][rank.rank] += item.duration_s
+    total = 0.0
+    for per_rank in by_layer.values():
+        values = [per_rank.get(rank.rank, 0.0) for rank in ffn.ranks]
+        total += max(values) - fmean(values)
+    return total
+
+
+# Per-step fields Stage A (top level) and Stage E (``profile.critical_path_s``) read.
+STEP_FIELDS = ("overlap_fraction", "straggler_s", "exposed_bubble_s")
+
+
+def attach_to_steps(steps: list[dict[str, Any]], profile: Mapping[str, Any]) -> str | None:
+    """Copy each profiled step's figures onto the run's step records, in order.
+
+    Only when the profile captured exactly the run's steps (the computed schedule);
+    returns why nothing was attached otherwise.
+    """
+    per_step = profile.get("per_step", [])
+    if len(per_step) != len(steps):
+        return (f"the profile has {len(per_step)} step(s) and the run {len(steps)}: "
+                "the schedule did not capture exactly this run's steps")
+    for step, record in zip(steps, per_step, strict=True):
+        numeric = {k: record[k] for k in (*STEP_FIELDS, "critical_path_s")
+                   if isinstance(record.get(k), (int, float))}
+        step["profile"] = numeric
+        step.update({k: v for k, v in numeric.items() if k in STEP_FIELDS})
+    return None
 
 
 def _comm_overlap(role: RoleData, step: str) -> float | dict:

@@ -13,7 +13,7 @@ import pytest
 
 from pytest_afd.backends.base import CAP_INSTRUMENTATION, PromptRequest, RunOutputs, RunSettings
 from pytest_afd.backends.vllm_ascend.launch import LaunchOptions, build_launch_plan, main
-from pytest_afd.profiling import device_metrics, schedule
+from pytest_afd.profiling import device_metrics, evidence, schedule
 from pytest_afd.profiling.backend import ProfiledBackend
 
 DATA = Path(__file__).with_name("data")
@@ -81,14 +81,16 @@ class TraceWritingBackend:
     name = "stand-in"
     capabilities = frozenset()
 
-    def __init__(self, trace_dirs):
+    def __init__(self, trace_dirs, num_steps=2):
         self.trace_dirs = trace_dirs
+        self.num_steps = num_steps
 
     def run(self, prompts, settings):
         if settings.instrument:
             for role, target in self.trace_dirs.items():
                 shutil.copytree(DATA / role, target, dirs_exist_ok=True)
         return RunOutputs(requests=[], expert_load=[[3, 5, 1, 9], [4, 4, 4, 4]],
+                          steps=[{"step": i} for i in range(self.num_steps)],
                           wall_time_s=2.0 if settings.instrument else 1.0)
 
     def describe(self):
@@ -184,3 +186,31 @@ def test_layout_devices_split_by_role():
     devices = device_metrics.layout_devices(parse_topology("dp2-ep2"), 16)
     assert set(devices) == {"attention", "ffn"}
     assert not set(devices["attention"]) & set(devices["ffn"])
+
+
+def test_profiled_steps_feed_stage_a_and_stage_e(tmp_path):
+    """The fields Stage A (overlap/straggler/bubble) and Stage E (critical path) read."""
+    import copy
+    import sys
+
+    pytest.importorskip("msprof_analyze")
+    suites = Path(__file__).parents[2] / "suites"
+    sys.path[:0] = [str(suites / "stage_a"), str(suites / "stage_e")]
+    try:
+        from stage_a_analysis import afd_overlap
+        from stage_e_heat import STEP_TIME_FIELDS
+    finally:
+        del sys.path[:2]
+    dirs = {role: tmp_path / role for role in schedule.ROLES}
+    backend = ProfiledBackend(TraceWritingBackend(dirs), dirs, environ={})
+    outputs = backend.run(PROMPTS, RunSettings(instrument=True))
+    assert outputs.profile["steps_attached"] is True
+    overlap = afd_overlap(outputs.steps)
+    assert overlap is not None and 0 < overlap["overlap_fraction"] < 1
+    assert overlap["straggler_s"] > 0  # FFN rank 1 is slower on layer 2 in the fixture
+    assert ("profile", "critical_path_s") in STEP_TIME_FIELDS
+    assert all(step["profile"]["critical_path_s"] > 0 for step in outputs.steps)
+    # A run with another step count is not forced onto the profile's steps.
+    steps = [{"step": i} for i in range(3)]
+    problem = evidence.attach_to_steps(steps, copy.deepcopy(outputs.profile))
+    assert "3" in problem and all("profile" not in step for step in steps)
