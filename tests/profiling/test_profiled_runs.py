@@ -115,6 +115,7 @@ def test_profiled_backend_fills_the_fields_from_fixture_traces(tmp_path):
     assert profile["profiler_overhead"]["ratio"] == pytest.approx(2.0)
     assert profile["straggler"]["expert_load_per_rank"] == [[8, 10], [8, 8]]
     assert {c["group"] for c in profile["collectives"]} == {"tp", "ep"}
+    _check_stage_fields(outputs)
     # A second instrumented run with no new traces is named, not analysed twice.
     assert backend.run(PROMPTS, RunSettings(instrument=True)).profile is None
     assert "no new *_ascend_pt" in backend.last_problem
@@ -188,12 +189,11 @@ def test_layout_devices_split_by_role():
     assert not set(devices["attention"]) & set(devices["ffn"])
 
 
-def test_profiled_steps_feed_stage_a_and_stage_e(tmp_path):
+def _check_stage_fields(outputs):
     """The fields Stage A (overlap/straggler/bubble) and Stage E (critical path) read."""
     import copy
     import sys
 
-    pytest.importorskip("msprof_analyze")
     suites = Path(__file__).parents[2] / "suites"
     sys.path[:0] = [str(suites / "stage_a"), str(suites / "stage_e")]
     try:
@@ -201,9 +201,6 @@ def test_profiled_steps_feed_stage_a_and_stage_e(tmp_path):
         from stage_e_heat import STEP_TIME_FIELDS
     finally:
         del sys.path[:2]
-    dirs = {role: tmp_path / role for role in schedule.ROLES}
-    backend = ProfiledBackend(TraceWritingBackend(dirs), dirs, environ={})
-    outputs = backend.run(PROMPTS, RunSettings(instrument=True))
     assert outputs.profile["steps_attached"] is True
     overlap = afd_overlap(outputs.steps)
     assert overlap is not None and 0 < overlap["overlap_fraction"] < 1
