@@ -22,7 +22,7 @@ from typing import Any
 
 from pytest_afd.backends.base import CAP_INSTRUMENTATION, PromptRequest, RunOutputs, RunSettings
 from pytest_afd.manifest import absent
-from pytest_afd.profiling import ascend, device_metrics, evidence, schedule
+from pytest_afd.profiling import ascend, cpu_run, device_metrics, evidence, schedule
 from pytest_afd.profiling.msprof import ProfilingUnavailable
 
 ASCEND_PT_SUFFIX = "_ascend_pt"
@@ -72,11 +72,11 @@ class ProfiledBackend:
     def run(self, prompts: Sequence[PromptRequest], settings: RunSettings) -> RunOutputs:
         if not settings.instrument:
             return self._measured(prompts, settings)
-        before = {role: rank_dir_names(path) for role, path in self.trace_dirs.items()}
+        before = {role: self._found(role, path) for role, path in self.trace_dirs.items()}
         started = time.perf_counter()
         outputs = self._inner.run(prompts, settings)
         wall = outputs.wall_time_s or time.perf_counter() - started
-        new = {role: sorted(rank_dir_names(path) - before[role])
+        new = {role: sorted(self._found(role, path) - before[role])
                for role, path in self.trace_dirs.items()}
         outputs.profile = self._analyse(new, outputs, wall, _case_key(prompts, settings))
         if outputs.profile is not None:
@@ -99,15 +99,24 @@ class ProfiledBackend:
             outputs.device_metrics = samples
         return outputs
 
+    @staticmethod
+    def _found(role: str, path: Path) -> set[str]:
+        if role == schedule.TORCH_KEY:  # CPU servers' kept trace roots (cpu_run)
+            return {p.name for p in path.glob(f"{cpu_run.TRACE_ROOT_PREFIX}*")} if path.is_dir() \
+                else set()
+        return rank_dir_names(path)
+
     def _analyse(self, new: Mapping[str, list[str]], outputs: RunOutputs, wall: float,
                  key: tuple) -> dict[str, Any] | None:
         missing = [role for role, names in new.items() if not names]
         if missing:
-            self.last_problem = (f"no new *_ascend_pt directory under "
+            self.last_problem = (f"no new trace directory (*_ascend_pt, afd-traces-*) under "
                                  f"{', '.join(str(self.trace_dirs[r]) for r in missing)} "
                                  "after the instrumented run (is the plugin profiler on, with "
                                  "this schedule?)")
             return None
+        if schedule.TORCH_KEY in new:
+            return self._analyse_torch(new[schedule.TORCH_KEY], outputs, wall, key)
         staging = {role: self._stage(role, names) for role, names in new.items()}
         try:
             return ascend.analyse(staging,
@@ -116,6 +125,28 @@ class ProfiledBackend:
         except (ProfilingUnavailable, ValueError) as error:
             self.last_problem = str(error)
             return None
+
+    def _analyse_torch(self, names: list[str], outputs: RunOutputs, wall: float,
+                       key: tuple) -> dict[str, Any] | None:
+        """The CPU servers' trace roots of this run, merged (steps are numbered per runtime)."""
+        import shutil
+        import tempfile
+
+        from pytest_afd.profiling import torch_trace
+
+        staged = Path(tempfile.mkdtemp(prefix="afd-torch-", dir=self.scratch))
+        try:
+            for name in names:
+                shutil.copytree(self.trace_dirs[schedule.TORCH_KEY] / name, staged,
+                                dirs_exist_ok=True)
+            num_ffn = len(list((staged / "ffn").glob("rank*"))) if (staged / "ffn").is_dir() else 0
+            return torch_trace.analyse(staged, expert_load_per_rank=_per_rank(outputs, num_ffn),
+                                       overhead=self._overhead(key, wall))
+        except (ValueError, RuntimeError, ImportError) as error:
+            self.last_problem = str(error)
+            return None
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
 
     def _stage(self, role: str, names: list[str]) -> Path:
         """The directory msprof-analyze reads for this run: the new rank dirs only."""

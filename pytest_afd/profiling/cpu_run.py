@@ -18,6 +18,7 @@ from pathlib import Path
 from pytest_afd.backends.base import RunOutputs, RunSettings
 
 ENV_KEEP_TRACES = "AFD_PROFILE_KEEP_TRACES"
+TRACE_ROOT_PREFIX = "afd-traces-"
 
 
 @dataclass
@@ -34,7 +35,7 @@ def start(runtime, settings: RunSettings) -> TraceRun | None:
     keep_root = os.environ.get(ENV_KEEP_TRACES)
     if keep_root:
         Path(keep_root).mkdir(parents=True, exist_ok=True)
-    root = Path(tempfile.mkdtemp(prefix="afd-traces-", dir=keep_root or None))
+    root = Path(tempfile.mkdtemp(prefix=TRACE_ROOT_PREFIX, dir=keep_root or None))
     runtime.trace_dir = str(root)
     return TraceRun(runtime, root, bool(keep_root))
 

@@ -35,8 +35,11 @@ PLUGIN_DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     for role, active in (("attention", 10), ("ffn", 20))
 }
 PLUGIN_REVISION = "afd-plugin main 2e4378f / release/v0.19.1rc1 2f4f462"
-# Attach mode: where the deployment's roles write their traces ("attention=DIR,ffn=DIR").
+# Attach mode: where the deployment's roles write their traces ("attention=DIR,ffn=DIR"),
+# or "torch=DIR": where CPU servers keep their torch.profiler trace roots
+# (AFD_PROFILE_KEEP_TRACES on the server side; the CI rehearsal).
 ENV_TRACE_DIRS = "AFD_PROFILE_TRACE_DIRS"
+TORCH_KEY = "torch"
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
@@ -126,9 +129,12 @@ def parse_trace_dirs(text: str, source: str = ENV_TRACE_DIRS) -> dict[str, Path]
     dirs: dict[str, Path] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         role, sep, path = item.partition("=")
-        if not sep or role.strip() not in ENV_PREFIX or not path.strip():
-            raise ValueError(f"{source}: {item!r} is not ROLE=DIR with ROLE one of {ROLES}")
+        if not sep or role.strip() not in (*ENV_PREFIX, TORCH_KEY) or not path.strip():
+            raise ValueError(f"{source}: {item!r} is not ROLE=DIR with ROLE one of "
+                             f"{(*ROLES, TORCH_KEY)}")
         dirs[role.strip()] = Path(path.strip())
     if not dirs:
         raise ValueError(f"{source}={text!r}: name at least one ROLE=DIR")
+    if TORCH_KEY in dirs and len(dirs) > 1:
+        raise ValueError(f"{source}={text!r}: {TORCH_KEY}=DIR (CPU traces) goes alone")
     return dirs

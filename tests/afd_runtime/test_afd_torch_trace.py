@@ -126,3 +126,31 @@ def test_profile_summary_reads_a_cpu_runs_traces(traced_step, tmp_path):
     profile = json.loads((tmp_path / "profile.json").read_text())
     assert profile["source"] == "torch_trace"
     assert (tmp_path / "plots" / "profile_layers.png").is_file()
+
+
+def test_profiled_backend_reads_cpu_servers_kept_traces(traced_step, tmp_path):
+    """The rehearsal's path: CPU servers keep afd-traces-* roots, the harness analyses them."""
+    import shutil
+
+    from pytest_afd.backends.base import PromptRequest, RunOutputs, RunSettings
+    from pytest_afd.profiling.backend import ProfiledBackend
+    from pytest_afd.profiling.cpu_run import TRACE_ROOT_PREFIX
+
+    root, _, _ = traced_step
+    kept = tmp_path / "kept"
+
+    class Server:
+        name, capabilities = "cpu-server", frozenset()
+
+        def run(self, prompts, settings):
+            if settings.instrument:
+                shutil.copytree(root, kept / f"{TRACE_ROOT_PREFIX}x1")
+            return RunOutputs(requests=[], steps=[{"step": 0}], expert_load=[[1, 2, 3, 4]] * 3)
+
+    backend = ProfiledBackend.wrap_from_env(Server(), {"AFD_PROFILE_TRACE_DIRS": f"torch={kept}"})
+    outputs = backend.run([PromptRequest("r", (1, 2))], RunSettings(instrument=True))
+    assert outputs.profile is not None, backend.last_problem
+    assert outputs.profile["source"] == "torch_trace"
+    assert outputs.profile["steps_attached"] is True
+    assert outputs.steps[0]["profile"]["critical_path_s"] > 0
+    assert outputs.profile["straggler"]["expert_load_per_rank"] == [[3, 7]] * 3
