@@ -282,3 +282,19 @@ def build(roles: Mapping[str, RoleData], *, source: str, analyzer: Mapping[str, 
         "profiler_overhead": dict(overhead) if overhead else absent(
             "no non-instrumented run of the same case to compare with"),
     }
+
+
+def with_overhead(profile: dict[str, Any], instrumented_wall_s: float,
+                  measured_wall_s: Sequence[float]) -> dict[str, Any]:
+    """``profile`` with ``profiler_overhead`` from the case's own runs, unless it has one."""
+    current = profile.get("profiler_overhead")
+    if isinstance(current, Mapping) and "ratio" in current:
+        return profile
+    walls = sorted(w for w in measured_wall_s if w > 0)
+    if not walls or instrumented_wall_s <= 0:
+        return profile
+    median = walls[len(walls) // 2] if len(walls) % 2 else fmean(walls[len(walls) // 2 - 1:
+                                                                      len(walls) // 2 + 1])
+    return {**profile, "profiler_overhead": {
+        "instrumented_wall_s": instrumented_wall_s, "non_instrumented_wall_s": median,
+        "non_instrumented_runs": len(walls), "ratio": instrumented_wall_s / median}}
