@@ -18,7 +18,7 @@ from pytest_afd.report import layout
 from pytest_afd.report.loading import LoadedResult
 from pytest_afd.report.values import is_absent
 
-MAX_PROFILE_PANELS = 6
+MAX_PROFILE_PANELS = 6  # the first six instrumented cases; the JSON has every one
 LAYERS_PLOT = "profile_layers"
 OVERLAP_PLOT = "profile_overlap"
 
@@ -72,6 +72,7 @@ def draw_overlap(panels: Sequence[tuple[str, Mapping[str, Any]]]) -> Figure | No
         twin = axis.twinx()
         twin.plot(steps, bubble, "o-", color="C3", label="exposed bubble (s)")
         twin.set_ylabel("exposed bubble (s)")
+        twin.set_ylim(bottom=0.0)
         axis.set_title(layout.wrap(title, layout.TITLE_WRAP_CHARS), fontsize="small")
     layout.figure_legend(figure, [a for axis in axes for a in (axis, *axis.get_shared_x_axes()
                                                                 .get_siblings(axis))])
