@@ -55,11 +55,13 @@ class ProfiledBackend:
 
     @classmethod
     def wrap_from_env(cls, inner, environ: Mapping[str, str], **kwargs):
-        """``inner`` wrapped when ``AFD_PROFILE_TRACE_DIRS`` is set; bad values fail here."""
+        """``inner`` wrapped when ``AFD_PROFILE_TRACE_DIRS`` is set or a device sampler is
+        given (measured runs sample npu-smi); bad values fail here."""
         text = environ.get(schedule.ENV_TRACE_DIRS)
-        if not text:
+        if not text and kwargs.get("sampler") is None:
             return inner
-        return cls(inner, schedule.parse_trace_dirs(text), environ=environ, **kwargs)
+        dirs = schedule.parse_trace_dirs(text) if text else {}
+        return cls(inner, dirs, environ=environ, **kwargs)
 
     @property
     def name(self) -> str:
@@ -67,11 +69,15 @@ class ProfiledBackend:
 
     @property
     def capabilities(self) -> frozenset[str]:
-        return self._inner.capabilities | {CAP_INSTRUMENTATION}
+        # Instrumentation only where there are traces to read.
+        extra = {CAP_INSTRUMENTATION} if self.trace_dirs else set()
+        return self._inner.capabilities | extra
 
     def run(self, prompts: Sequence[PromptRequest], settings: RunSettings) -> RunOutputs:
         if not settings.instrument:
             return self._measured(prompts, settings)
+        if not self.trace_dirs:
+            return self._inner.run(prompts, settings)
         before = {role: self._found(role, path) for role, path in self.trace_dirs.items()}
         started = time.perf_counter()
         outputs = self._inner.run(prompts, settings)

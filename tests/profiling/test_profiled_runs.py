@@ -177,8 +177,10 @@ def test_profiled_backend_samples_measured_runs_only(tmp_path, monkeypatch):
     _stand_in_smi(tmp_path)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     sampler = device_metrics.Sampler({"attention": [0]}, interval_s=3600.0)
-    backend = ProfiledBackend(TraceWritingBackend({}), {}, environ={}, sampler=sampler)
+    backend = ProfiledBackend.wrap_from_env(TraceWritingBackend({}), {}, sampler=sampler)
+    assert CAP_INSTRUMENTATION not in backend.capabilities  # no traces to read
     assert backend.run(PROMPTS, RunSettings()).device_metrics["num_samples"] == 2
+    assert backend.run(PROMPTS, RunSettings(instrument=True)).device_metrics is None
 
 
 def test_layout_devices_split_by_role():
