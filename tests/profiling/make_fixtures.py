@@ -218,7 +218,7 @@ def rank_files(role: str, rank: int) -> dict[str, str]:
     metadata = {"parallel_group_info": {group: {"group_name": group_name, "group_rank": rank,
                                                 "global_ranks": [0, 1]}}}
     return {
-        f"{root}/profiler_info_{rank}.json": json.dumps({"rank_id": rank, "role": role}),
+        f"{root}/profiler_info_{rank}.json": json.dumps({"rank_id": rank}),
         f"{root}/profiler_metadata.json": json.dumps(metadata, indent=1),
         f"{out}/kernel_details.csv": _csv(KERNEL_HEADER, kernel_rows),
         f"{out}/step_trace_time.csv": _csv(STEP_HEADER, step_rows),
