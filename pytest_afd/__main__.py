@@ -10,6 +10,9 @@
 - ``fault-check [--fault NAME] [--jobs N] [--control]``: runs ``pytest -m gate``
   under each seeded split-path fault and fails unless every run fails
   (docs/gates.md, "Seeded faults").
+- ``profile-summary DIR... [--output DIR]``: profiles taken by hand (ascend_pt role
+  directories or a CPU run's torch traces) -> profile.json and the per-layer and
+  overlap plots (docs/profiling.md).
 
 Each command is one ``_add_<name>`` parser builder plus one entry in ``COMMANDS``.
 """
@@ -208,12 +211,26 @@ def _fault_check(args: argparse.Namespace) -> int:
     return fault_check.main(args)
 
 
+# --- profile-summary (pytest_afd.profiling.summary) -----------------------------------------
+def _add_profile_summary(commands: argparse._SubParsersAction) -> None:
+    from pytest_afd.profiling import summary
+
+    summary.add_parser(commands)
+
+
+def _profile_summary(args: argparse.Namespace) -> int:
+    from pytest_afd.profiling import summary
+
+    return summary.run(args)
+
+
 # --- dispatch --------------------------------------------------------------------------------
 COMMANDS: dict[str, tuple[Callable, Callable[[argparse.Namespace], int]]] = {
     "report": (_add_report, _report),
     "compare": (_add_compare, _compare),
     "trace-imbalance": (_add_trace_imbalance, _trace_imbalance),
     "fault-check": (_add_fault_check, _fault_check),
+    "profile-summary": (_add_profile_summary, _profile_summary),
 }
 
 

@@ -313,5 +313,12 @@ def evidence_from_outputs(
         }
         if outputs.expert_load
         else absent("the backend reported no expert load"),
+        "profile": outputs.profile
+        if outputs.profile
+        else absent("no profiler traces were analysed for this run (instrumented runs with "
+                    "traces only: docs/profiling.md)"),
+        "device_metrics": outputs.device_metrics
+        if outputs.device_metrics
+        else absent("device metrics were not sampled (npu-smi during measured runs only)"),
         **extra,
     }

@@ -19,6 +19,7 @@ from pytest_afd.backends.base import (
     RunOutputs,
     RunSettings,
 )
+from pytest_afd.profiling.evidence import with_overhead
 from pytest_afd.stand_in import with_served_facts
 from pytest_afd.stats import summarize
 from pytest_afd.workloads import Workload
@@ -103,6 +104,11 @@ class StageResults:
             evidence["profiler_overhead"] = (
                 instrumented.wall_time_s / summarize([run.wall_time_s for run in runs]).median
             )
+            # The instrumented run's trace evidence (docs/profiling.md), with its overhead.
+            evidence["profile"] = with_overhead(
+                instrumented.profile, instrumented.wall_time_s, [run.wall_time_s for run in runs]
+            ) if instrumented.profile else afd_result_docs.absent(
+                "the instrumented run left no analysable profiler traces")
         settings_doc = afd_result_docs.settings_json(case.settings)
         settings_doc["prefix_cache"]["phase"] = case.phase
         settings_doc["stage_sizes"] = self.sizes.to_json()

@@ -143,6 +143,11 @@ class RunOutputs:
     peak_memory_absent_reason: str | None = None
     # Host conditions of the run (pytest_afd.host.HostSample), set by host.measured_run.
     host: Any = None
+    # Instrumented runs: the profiler-trace evidence (pytest_afd.profiling, the result's
+    # evidence.profile); None when no trace was analysed.
+    profile: dict[str, Any] | None = None
+    # Measured runs: npu-smi samples (pytest_afd.profiling.device_metrics); None: not sampled.
+    device_metrics: dict[str, Any] | None = None
 
     def by_id(self) -> dict[str, RequestOutput]:
         return {r.request_id: r for r in self.requests}

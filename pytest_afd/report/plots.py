@@ -18,6 +18,7 @@ from matplotlib.ticker import MaxNLocator
 from pytest_afd.report import layout
 from pytest_afd.report.loading import LoadedResult
 from pytest_afd.report.point_plots import draw_hit_ratio, draw_imbalance_vs_step_time
+from pytest_afd.report.profile_plots import draw_result_layers, draw_result_overlap
 from pytest_afd.report.values import (
     FORCED_ROUTING,
     chunk_label,
@@ -342,6 +343,10 @@ PLOTTERS = (
         draw_imbalance_vs_step_time,
     ),
     ("layer_breakdown", "Per-layer time breakdown (instrumented runs)", draw_layer_breakdown),
+    ("profile_layers", "Per-layer components from profiler traces (instrumented runs; "
+     "docs/profiling.md)", draw_result_layers),
+    ("profile_overlap", "Per-step Attention/FFN overlap and exposed bubble from profiler traces",
+     draw_result_overlap),
     ("expert_heat", "Expert heat per layer (tokens / layer mean)", draw_expert_heat),
     ("rank_skew", "EP-rank skew per layer (max / mean routed tokens)", draw_rank_skew),
     ("chunk_sweep", "Chunk-size sweep (invalid sizes marked x)", draw_chunk_sweep),

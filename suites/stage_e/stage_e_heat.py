@@ -39,6 +39,7 @@ def coefficient_of_variation(counts: Sequence[int]) -> float | None:
 
 STEP_TIME_FIELDS = (
     ("afd", "critical_path_s"),  # instrumented CPU AFD runs: the step's critical path
+    ("profile", "critical_path_s"),  # profiled hardware runs (docs/profiling.md)
     ("plan_to_last_dispatch_s",),  # the AFD hook on hardware: planning to the last router
     ("wall_time_s",),  # the CPU backend's whole step
 )

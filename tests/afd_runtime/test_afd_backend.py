@@ -62,6 +62,16 @@ def test_instrumented_afd_steps_carry_overlap_evidence(backend):
         assert 0.0 <= step["overlap_fraction"] <= 1.0
         assert step["exposed_bubble_s"] >= 0.0 and step["straggler_s"] >= 0.0
         assert step["afd"]["instrumented"] is True
+    # The same run's torch.profiler traces, through the evidence code NPU profiles use.
+    pytest.importorskip("msprof_analyze", reason="msprof-analyze not installed (extra [profile])")
+    profile = run.profile
+    assert profile is not None, run.timings.get("profile_problem")
+    assert profile["source"] == "torch_trace"
+    assert len(profile["per_step"]) == len(run.steps)
+    assert {row["component"] for row in profile["per_layer"]} >= {"attention", "routed_moe"}
+    assert 0.0 < profile["roles"]["ffn"]["busy_fraction"] <= 1.0
+    plain = backend.run(_prompts(LENGTHS), _settings(afd_processes=True))
+    assert plain.profile is None
 
 
 def test_prefix_cache_on_the_attention_rank(backend):

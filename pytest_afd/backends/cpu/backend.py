@@ -62,6 +62,7 @@ from pytest_afd.backends.cpu.memory import (
     tensors_bytes,
 )
 from pytest_afd.backends.cpu.model import DeepseekV32Model, num_parameters
+from pytest_afd.profiling import cpu_run
 from pytest_afd.scheduling import PrefixCacheIndex, SchedulerConfig, schedule
 
 BACKEND_NAME = "cpu"
@@ -228,7 +229,9 @@ class CpuBackend:
             state = self._afd_cache_state(block_size)
             executor = AfdExecutor(self._runtime(), quantization=settings.quantization,
                                    routing=settings.routing, instrument=settings.instrument)
+            traces = cpu_run.start(self._runtime(), settings)  # docs/profiling.md
         else:
+            traces = None
             state = self._cache_state(block_size)
             executor = Executor(self._variant(settings.quantization, settings.routing), state.cache,
                                 split_observers=tuple(self._split_observers))
@@ -306,7 +309,7 @@ class CpuBackend:
                 evidence.close()
             # A failed run must not publish blocks it may not have written.
             self._finish(state, token_lists, blocks, settings.prefix_caching and completed)
-        return RunOutputs(
+        return cpu_run.finish(traces, RunOutputs(
             requests=[outputs[i] for i in range(len(prompts))],
             steps=steps,
             expert_load=total_load.tolist(),
@@ -319,7 +322,7 @@ class CpuBackend:
             ) if measure_memory else None,
             peak_memory_absent_reason=AFD_PROCESSES_REASON if settings.afd_processes
             else None if measure_memory else NO_PROC_REASON,
-        )  # fmt: skip
+        ))  # fmt: skip
 
     @contextlib.contextmanager
     def observe_splits(self, observer) -> Iterator[None]:

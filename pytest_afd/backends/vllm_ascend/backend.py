@@ -58,6 +58,8 @@ from pytest_afd.backends.vllm_ascend.launch import (
 )
 from pytest_afd.backends.vllm_ascend.listing import checkpoint_facts
 from pytest_afd.backends.vllm_ascend.worker_evidence import WorkerEvidenceBackend
+from pytest_afd.profiling import device_metrics
+from pytest_afd.profiling.backend import ProfiledBackend
 from pytest_afd.serving.http_backend import (
     HttpBackend,
     Launcher,
@@ -232,4 +234,9 @@ def create_backend(*, topology: Topology, model_name: str, seed: int, results_di
                           describe_extra=describe, server_fields=LAUNCH_FIELDS, api_key=api_key)
     # With AFD_EVIDENCE_DIR set (inherited by launched servers; set on both sides when
     # attaching), each case's steps and expert load come from the Attention ranks' lines.
-    return WorkerEvidenceBackend.wrap_from_env(backend, environ)
+    wrapped = WorkerEvidenceBackend.wrap_from_env(backend, environ)
+    # With AFD_PROFILE_TRACE_DIRS set, instrumented runs come back with their profile
+    # (docs/profiling.md); launch mode samples this node's NPUs during measured runs.
+    sampler = (device_metrics.Sampler.available(device_metrics.layout_devices(topology, devices))
+               if describe.get("mode") == "launch" else None)
+    return ProfiledBackend.wrap_from_env(wrapped, environ, sampler=sampler)

@@ -62,6 +62,7 @@ from pytest_afd.backends.vllm_ascend.plan import (  # noqa: F401  (re-exported)
     has_flag,
 )
 from pytest_afd.model_fit import DEEPSEEK_V3_2, experts_error, heads_error
+from pytest_afd.profiling import cli_launch as profile_cli
 from pytest_afd.topology import (
     DEFAULT_DEVICES_PER_NODE,
     RankInfo,
@@ -366,6 +367,7 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="set VLLM_SERVER_DEV_MODE=1 on the serving role: POST "
                              "/reset_prefix_cache for cold-cache phases (unauthenticated)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    profile_cli.add_arguments(parser)  # --profile: docs/profiling.md
     return parser
 
 
@@ -389,6 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         plan = build_launch_plan(args.npu_topology, options_from_args(args))
+        plan = profile_cli.profiled_plan(plan, args, LaunchPlanError)
     except LaunchPlanError as error:
         parser.exit(2, f"afd-launch-plan: error: {error}\n")
     text = json.dumps(plan.to_json(), indent=2) + "\n" if args.json else plan.format_text()

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from afd_split.ranges import emit_range
+
 # Attention-side span kinds.
 EMBED = "embed"
 ATTENTION = "attention"
@@ -68,7 +70,9 @@ class Timeline:
         start = time.perf_counter()
         cpu_start = time.thread_time()
         try:
-            yield
+            # The same stage, as a profiler range nested inside this span (afd_split.ranges).
+            with emit_range(kind, layer, ubatch):
+                yield
         finally:
             cpu = time.thread_time() - cpu_start
             self.spans.append((kind, layer, ubatch, start, time.perf_counter(), peer, cpu))

@@ -48,6 +48,7 @@ from pytest_afd.backends.cpu.afd.evidence import (
     Timeline,
 )
 from pytest_afd.backends.cpu.afd.procs import RankSpec
+from pytest_afd.backends.cpu.afd.tracing import traced
 from pytest_afd.backends.cpu.config import ModelConfig
 from pytest_afd.backends.cpu.engine_glue import ASCEND_ENGINE_LAYOUT, split_engine_metadata
 from pytest_afd.backends.cpu.executor import PAD_TOKEN_ID
@@ -200,7 +201,7 @@ class AttentionRole(_Role):
                 return self.copy_kv(**body)
         if command != COMMAND_FORWARD:
             raise ValueError(f"unknown command {command!r}")
-        with torch.inference_mode():
+        with torch.inference_mode(), traced(self.spec, body):
             return self.forward(**body)
 
     def copy_kv(self, *, block_size: int, src: np.ndarray, dst: np.ndarray) -> dict:
@@ -405,7 +406,7 @@ class FfnRole(_Role):
             return {}
         if command != COMMAND_FORWARD:
             raise ValueError(f"unknown command {command!r}")
-        with torch.inference_mode():
+        with torch.inference_mode(), traced(self.spec, body):
             return self.serve(**body)
 
     def serve(

@@ -153,6 +153,8 @@ class AfdRuntime:
         self.cpu_affinity = cpu_affinity(world) if pin_cpus else None
         self.rank_nice = rank_nice
         self.step_timeout_s = max(step_timeout_s, peer_timeout_s + STEP_TIMEOUT_MARGIN_S)
+        # Instrumented steps also write torch.profiler traces here (docs/profiling.md).
+        self.trace_dir: str | None = None
         specs = [RankSpec(ROLE_ATTENTION, i, i) for i in range(num_attention)]
         specs += [RankSpec(ROLE_FFN, f, num_attention + f) for f in range(num_ffn)]
         role_kwargs = {
@@ -301,6 +303,7 @@ class AfdRuntime:
                     "metadata": metadata,
                     "plan": plan,
                     "instrument": instrument,
+                    "trace_dir": self.trace_dir if instrument else None,
                     "quantization": quantization,
                     "routing": routing,
                     "logits_rows": rows,
@@ -315,6 +318,7 @@ class AfdRuntime:
                 {
                     "step": step,
                     "instrument": instrument,
+                    "trace_dir": self.trace_dir if instrument else None,
                     "quantization": quantization,
                     "routing": routing,
                     "fault": rank_fault,

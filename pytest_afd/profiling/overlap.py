@@ -1,0 +1,90 @@
+"""Interval arithmetic over profiled work: busy unions, cross-role overlap, idle time.
+
+Unions and the communication/compute split reuse msprof-analyze's
+``RangeCaculator`` (the one its step trace uses); what msprof-analyze has no
+notion of is overlap *between* the AFD roles, computed here with the same
+definition as the CPU AFD runtime (docs/afd-runtime.md): the share of the
+lighter role's busy time during which the other role was busy too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+Interval = tuple[float, float]
+
+
+def _calculator():
+    from msprof_analyze.cluster_analyse.common_func.time_range_calculator import (
+        RangeCaculator,
+        TimeRange,
+    )
+
+    return RangeCaculator, TimeRange
+
+
+def merge(intervals: Iterable[Interval]) -> list[Interval]:
+    """The union of ``intervals`` as sorted disjoint intervals."""
+    calculator, time_range = _calculator()
+    ranges = [calculator.generate_time_range(start, end, time_range) for start, end in intervals]
+    return [(r.start_ts, r.end_ts) for r in calculator.merge_continuous_intervals(ranges)]
+
+
+def union_length(intervals: Iterable[Interval]) -> float:
+    return sum(end - start for start, end in merge(intervals))
+
+
+def intersection_length(a: Iterable[Interval], b: Iterable[Interval]) -> float:
+    first, second = merge(a), merge(b)
+    total, i, j = 0.0, 0, 0
+    while i < len(first) and j < len(second):
+        low, high = max(first[i][0], second[j][0]), min(first[i][1], second[j][1])
+        total += max(0.0, high - low)
+        if first[i][1] < second[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def overlap_fraction(attention: Sequence[Interval], ffn: Sequence[Interval]) -> float | None:
+    """Share of the lighter role's busy time overlapped by the other's; None when one is idle."""
+    smaller = min(union_length(attention), union_length(ffn))
+    if smaller <= 0:
+        return None
+    return intersection_length(attention, ffn) / smaller
+
+
+def step_trace(busy: Sequence[Interval], communication: Sequence[Interval],
+               window: Interval, blocked: Sequence[Interval] = ()) -> dict[str, float]:
+    """Computing / Communication(Not Overlapped) / Overlapped / Free of one rank's step.
+
+    The msprof-analyze definitions (its ``RangeCaculator.compute_pipeline_overlap``),
+    for traces torch_npu did not already reduce (CPU ``torch.profiler`` traces).
+    ``blocked`` (waiting on the peer) is neither computing nor free: the caller
+    counts it as bubble.
+    """
+    calculator, time_range = _calculator()
+    from msprof_analyze.cluster_analyse.common_func.time_range_calculator import (
+        CommunicationTimeRange,
+    )
+
+    compute = calculator.merge_continuous_intervals(
+        [calculator.generate_time_range(s, e, time_range) for s, e in busy])
+    comm = calculator.merge_continuous_intervals(
+        [calculator.generate_time_range(s, e, CommunicationTimeRange) for s, e in communication])
+    pure, _free = calculator.compute_pipeline_overlap(comm, compute)
+    computing = sum(r.end_ts - r.start_ts for r in compute)
+    communication_s = sum(r.end_ts - r.start_ts for r in comm)
+    not_overlapped = sum(r.end_ts - r.start_ts for r in pure)
+    covered = union_length([(r.start_ts, r.end_ts) for r in compute + comm] + list(blocked))
+    free = max(0.0, (window[1] - window[0]) - covered)
+    return {
+        "computing_s": computing,
+        "communication_not_overlapped_s": not_overlapped,
+        "overlapped_s": communication_s - not_overlapped,
+        "communication_s": communication_s,
+        "free_s": free,
+        "stage_s": computing + not_overlapped + free,
+        "bubble_s": 0.0,
+    }

@@ -1,0 +1,45 @@
+"""``python -m pytest_afd profile-summary`` on the ascend_pt fixtures (CPU traces: afd_runtime)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_afd.__main__ import main
+from pytest_afd.profiling import summary
+
+pytest.importorskip("msprof_analyze", reason="msprof-analyze not installed (extra [profile])")
+
+DATA = Path(__file__).with_name("data")
+
+
+def test_summary_of_both_roles_writes_json_and_plots(tmp_path, capsys):
+    out = tmp_path / "summary"
+    assert main(["profile-summary", f"attention={DATA / 'attention'}", str(DATA / "ffn"),
+                 "--output", str(out)]) == 0
+    printed = capsys.readouterr().out.split()
+    profile = json.loads((out / summary.PROFILE_JSON).read_text())
+    assert profile["source"] == "ascend_pt"
+    assert set(profile["roles"]) == {"attention", "ffn"}
+    assert {Path(p).name for p in printed} == {"profile.json", "profile_layers.png",
+                                               "profile_overlap.png"}
+    layers = summary.layer_components(profile)
+    assert len(layers) == 3 and "ffn/routed_moe" in layers[2]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["/no/such/dir"], "is not a directory"),
+    ([str(DATA)], "cannot tell the role"),
+    ([str(DATA / "attention"), f"attention={DATA / 'attention'}"], "a second attention"),
+])
+def test_bad_directories_are_named(argv, message, capsys, tmp_path):
+    assert main(["profile-summary", *argv, "--output", str(tmp_path)]) == 2
+    assert message in capsys.readouterr().out
+
+
+def test_empty_directory_is_not_a_profile(tmp_path, capsys):
+    (tmp_path / "attn").mkdir()
+    assert main(["profile-summary", str(tmp_path / "attn"), "--output", str(tmp_path)]) == 2
+    assert "no *_ascend_pt" in capsys.readouterr().out
