@@ -31,6 +31,7 @@ from pytest_afd.report.values import (
     ttft_of,
 )
 from pytest_afd.results import is_absent
+from pytest_afd.session_noise import UNCALIBRATED_RULE
 from pytest_afd.verdicts import INSIDE_NOISE, noise_mark
 
 DIGEST_SHORT_CHARS = 12  # after the "sha256:" prefix
@@ -230,8 +231,8 @@ def comparison_table(results: Sequence[LoadedResult]) -> list[str]:
             row.append(f"{ratio} ({mark})" if ratio != EMPTY else ratio)
         rows.append(row)
     note = (f"{PROPOSED_POLICY} / {CONTROL_POLICY} is {INSIDE_NOISE} unless the min-max ranges "
-            "of the repetitions do not overlap and the ratio is further from 1 than either "
-            "side's coefficient of variation.")
+            "of the repetitions do not overlap and the ratio lies beyond the between-session "
+            f"noise ({UNCALIBRATED_RULE}).")
     return ["Median prefill tokens/s per policy:", "", *table(header, rows), "",
             *([note, ""] if with_ratio else [])]
 
