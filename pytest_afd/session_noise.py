@@ -19,18 +19,19 @@ from typing import Any
 
 # Uncalibrated per-case rule: the change must exceed this multiple of the larger
 # coefficient of variation of the two sides' repetitions ...
-UNCALIBRATED_CV_MULTIPLE = 4.0
-# ... and this share (a x1.5 move): the A/A sessions above moved cases by x1.5–x2.07
-# at repetition CVs down to 2 %, so no CV multiple alone is safe.
-UNCALIBRATED_MIN_FLOOR = 0.5
+UNCALIBRATED_CV_MULTIPLE = 5.0
+# ... and this share, as a factor either way (x2 or x0.5): the A/A sessions above moved
+# cases by x1.5–x2.07 at repetition CVs down to 2 %, so no CV multiple alone is safe.
+UNCALIBRATED_MIN_FLOOR = 1.0
 # Uncalibrated stage-wide rule: the geometric mean of a stage's per-case ratios must move
 # further than this (the A/A sessions' stage geometric means moved by up to 14 %).
 UNCALIBRATED_STAGE_FLOOR = 0.2
 ONE_MINUTE = 0
 UNCALIBRATED_RULE = (
-    f"no A/A calibration of this host: a case's change must exceed "
-    f"{UNCALIBRATED_CV_MULTIPLE:g}x the larger coefficient of variation and "
-    f"{UNCALIBRATED_MIN_FLOOR:.0%}, with CPU time moving the same way as wall time; a stage-wide "
+    f"no A/A calibration of this host: a case's change must be a factor beyond "
+    f"1 + {UNCALIBRATED_CV_MULTIPLE:g}x the larger coefficient of variation and beyond "
+    f"x{1 + UNCALIBRATED_MIN_FLOOR:g} either way, with CPU time moving the same way as wall "
+    "time; a stage-wide "
     f"change (geometric mean over its cases) must exceed {UNCALIBRATED_STAGE_FLOOR:.0%}, its "
     "95% interval over the cases must exclude 1 and CPU time must agree"
 )
@@ -61,17 +62,23 @@ def ranges_apart(a: Sequence[float], b: Sequence[float]) -> bool:
     return max(a) < min(b) or max(b) < min(a)
 
 
+def outside(ratio: float, limit: float) -> bool:
+    """Whether ``ratio`` is further from 1 than the factor ``1 + limit``, either way
+    (x2 and x0.5 are equally far for ``limit`` 1)."""
+    return ratio > 0 and abs(math.log(ratio)) > math.log1p(limit)
+
+
 def beyond(a: Sequence[float], b: Sequence[float], floor: float | None = None) -> bool:
     """Whether median(b) / median(a) lies beyond the between-session noise.
 
-    Both: the min-max ranges do not overlap, and |ratio - 1| exceeds ``floor``
-    (a calibrated floor) or, without one, :func:`uncalibrated_floor`.
+    Both: the min-max ranges do not overlap, and the ratio is further from 1
+    than ``floor`` (a calibrated floor) or, without one, :func:`uncalibrated_floor`.
     """
     if not a or not b or median(a) <= 0:
         return False
     ratio = median(b) / median(a)
     limit = uncalibrated_floor(a, b) if floor is None else max(floor, cv(a), cv(b))
-    return ranges_apart(a, b) and abs(ratio - 1) > limit
+    return ranges_apart(a, b) and outside(ratio, limit)
 
 
 # --- host conditions -------------------------------------------------------------------------
