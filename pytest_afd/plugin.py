@@ -36,7 +36,7 @@ from pytest_afd.result_writer import ResultWriter, case_kind, recover_lost_resul
 from pytest_afd.results_dir import remove_stale_temp_files
 from pytest_afd.session import AFD_SESSION_KEY, AfdSession, afd_session, is_worker, write_error
 from pytest_afd.shared_results import SessionLease
-from pytest_afd.terminal import write_results_table, write_write_errors
+from pytest_afd.terminal import write_no_case_selected, write_results_table, write_write_errors
 from pytest_afd.topology import RankInfo, Topology
 
 SUMMARY_FILE = "summary.json"
@@ -214,6 +214,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             "write_errors": state.write_errors,
         }
         return
+    if state.selected_no_case:  # `-m gates` (a typo): the last session's summary stays
+        return
     if state.lost_workers:
         recover_lost_results(state)
     ledger = session.config.pluginmanager.get_plugin(hardware.PLUGIN_NAME)
@@ -259,6 +261,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     state = afd_session(config)
     if is_worker(config):
         return
+    if state.selected_no_case and not config.option.collectonly:
+        write_no_case_selected(terminalreporter, state, config, SUMMARY_FILE)
     if state.written or state.golden_updates or state.lost_workers:
         write_results_table(terminalreporter, state, SUMMARY_FILE)
     write_write_errors(terminalreporter, state, EXIT_RESULTS_UNWRITABLE)
