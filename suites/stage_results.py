@@ -131,5 +131,9 @@ class StageResults:
             spec=description["spec"],
             shared_prefix_tokens=workload.shared_prefix_tokens,
             designed_hit_ratio=workload.designed_hit_ratio,
+            # Both distributions: whole prompts (prompt_lengths) and what a warm cache
+            # leaves to compute; hit-ratio twins share the first, differ in this one.
+            uncached_prompt_lengths=afd_result_docs.prompt_length_summary(
+                workload.uncached_lengths),
             source=description["source"],
         )
