@@ -15,9 +15,9 @@ from pytest_afd.backends.base import PromptRequest
 from pytest_afd.workloads.shapes import (
     apportion,
     arrival_times,
+    fitted_prefixes,
     scaled_total,
     shape_lengths,
-    fitted_prefixes,
 )
 from pytest_afd.workloads.spec import (
     DISTRIBUTIONS,
