@@ -19,6 +19,7 @@ from pytest_afd.backends.base import (
     RunOutputs,
     RunSettings,
 )
+from pytest_afd.result_parts import timings_or_absent
 from pytest_afd.stats import summarize
 from pytest_afd.workloads import Workload
 
@@ -94,9 +95,8 @@ class StageResults:
         evidence["prefix_cache"]["phase"] = case.phase
         evidence["prefix_cache"]["designed_hit_ratio"] = case.workload.designed_hit_ratio
         if instrumented is not None:
-            evidence["per_layer_timings"] = instrumented.timings or afd_result_docs.absent(
-                "the instrumented run reported no timings"
-            )
+            evidence["per_layer_timings"] = timings_or_absent(
+                instrumented.timings, "the instrumented run reported no timings")
             evidence["instrumented_steps"] = [dict(step) for step in instrumented.steps]
             evidence["profiler_overhead"] = (
                 instrumented.wall_time_s / summarize([run.wall_time_s for run in runs]).median
