@@ -51,7 +51,8 @@ class AfdSession:
     @property
     def selected_no_case(self) -> bool:
         """Nothing AFD ran or was written: the results directory must stay as it was."""
-        return not (self.written or self.golden_updates or self.lost_workers or self.afd_cases)
+        return not (self.written or self.golden_updates or self.lost_workers or self.afd_cases
+                    or self.write_errors)
 
     @property
     def emulated(self) -> bool:
