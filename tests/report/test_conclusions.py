@@ -130,3 +130,37 @@ def test_the_conservative_rule_ignores_tight_but_session_sized_moves():
     assert not session_noise.beyond([1250, 1377, 1520], [1700, 2448, 2900])
     # A calibrated floor replaces the rule: 20 % measured between sessions here.
     assert session_noise.beyond([100, 101, 102], [130, 131, 132], floor=0.2)
+
+
+STAGE_CASES = {
+    # stage: (node, {tail: (policy, wall)}) — one condition inside the noise, one with a winner
+    "stage_b": ("suites/stage_b/test_stage_b_prefix_cache.py::test_stage_b[x]", {
+        "hit50/steady/none": ("none", 1.0), "hit50/steady/token_balanced": ("token_balanced", 0.9),
+        "hit0/cold/none": ("none", 1.0), "hit0/cold/token_balanced": ("token_balanced", 0.3)}),
+    "stage_e": ("suites/stage_e/test_stage_e_routing.py::test_stage_e[x]", {
+        "full/natural": ("token_balanced", 1.0), "full/forced_balanced": ("token_balanced", 1.1)}),
+    "stage_f": ("suites/stage_f/test_stage_f_pp_comparison.py::test_stage_f_afd_vs_pp", {
+        "afd/dp3pcp8-ep8": ("token_balanced", 1.0), "pp/pp4pcp8": ("none", 3.0)}),
+}
+
+
+@pytest.mark.parametrize("stage", sorted(STAGE_CASES))
+def test_every_stage_conclusion_says_what_its_table_says(tmp_path, stage):
+    node, cases = STAGE_CASES[stage]
+    _write(tmp_path, node, stage, {tail: (policy, None, wall)
+                                   for tail, (policy, wall) in cases.items()})
+    _, conclusion, table = _report(tmp_path)
+    line = conclusion[f"[{stage}](#{stage})"]
+    winners = [row for row in table if row[6] == conclusions.WINNER]
+    for condition, fastest, _, runner, _, ratio, call in table:
+        if fastest in conclusions.REFERENCES:
+            inside = "inside" if call == conclusions.INSIDE else "beyond"
+            assert f"{condition} ({fastest} {ratio} over {runner}, {inside} the noise)" in line
+        if call == conclusions.WINNER:
+            assert f"{condition}: {fastest} {ratio} over {runner}" in line
+    if not winners:
+        assert f"no winner beyond the between-session noise in any of {len(table)}" in line
+    # Stage F's afd/<layout> and pp/<layout> are one condition.
+    parents = {tail.rsplit("/", 1)[0] for tail in cases} if stage != "stage_f" else {"pair"}
+    assert len(table) == len(parents)
+    assert len(winners) == {"stage_b": 1, "stage_e": 0, "stage_f": 1}[stage]
