@@ -73,6 +73,7 @@ WORKLOAD_HEADER = (
     "min",
     "max",
     "arrival",
+    "warm cache: uncached p50 / max",
 )
 PAIR_HEADER = (
     "pair",
@@ -237,6 +238,14 @@ def comparison_table(results: Sequence[LoadedResult]) -> list[str]:
             *([note, ""] if with_ratio else [])]
 
 
+def _uncached_text(workload: Mapping[str, Any]) -> str:
+    """What a warm cache leaves to compute (hit-ratio twins share their prompt lengths)."""
+    uncached = workload.get("uncached_prompt_lengths")
+    if not isinstance(uncached, Mapping) or workload.get("shared_prefix_tokens", 0) == 0:
+        return EMPTY
+    return f"{fmt(uncached['p50'], 5)} / {fmt(uncached['max'], 5)}"
+
+
 def workload_table(results: Sequence[LoadedResult]) -> list[str]:
     """Prompt-length statistics of every dataset the stack ran (Stage C asks for them)."""
     seen: dict[tuple[str, str], Mapping[str, Any]] = {}
@@ -259,6 +268,7 @@ def workload_table(results: Sequence[LoadedResult]) -> list[str]:
                 fmt(total, 8),
                 *(fmt(lengths[k], 5) for k in ("mean", "p50", "p90", "p99", "cv", "min", "max")),
                 arrivals[key],
+                _uncached_text(workload),
             ]
         )
     return table(WORKLOAD_HEADER, rows)
