@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from afd_split.integrations.worker_evidence import EvidenceSettings
-from pytest_afd import early_setup, hardware, hookspecs, outcomes, reference_phase
+from pytest_afd import ab, early_setup, hardware, hookspecs, outcomes, reference_phase
 from pytest_afd.backends.base import Backend, BackendUnavailable
 from pytest_afd.golden import RECORD_PHASE_COMMAND, UPDATE_GOLDEN_COMMAND, GoldenStore
 from pytest_afd.hardware_markers import hardware_skip_reason
@@ -52,7 +52,9 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    reference_phase.add_option(add_options(parser), parser)
+    group = add_options(parser)
+    reference_phase.add_option(group, parser)
+    ab.add_option(group)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -78,6 +80,10 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     reference_phase.reference_phase(config)  # a bad value is a UsageError now, not per test
+    try:  # --afd-ab A B: refused once here, naming the bad field
+        ab.parse(config.getoption("afd_ab", None))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     ledger = hardware.HardwareLedger(state.options.backend, state.options.require_hardware,
                                      lambda: state.backend_instance)
     config.pluginmanager.register(ledger, hardware.PLUGIN_NAME)

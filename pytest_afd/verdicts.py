@@ -116,6 +116,9 @@ def stage_conclusion(docs: Sequence[Mapping[str, Any]]) -> str:
     fastest = conclusions.fastest_text(conclusions.fastest_rows(docs))
     if fastest:
         parts.append(fastest)
+    ab = conclusions.ab_text(docs)
+    if ab:
+        parts.append(ab)
     ratios = policy_ratios(docs)
     if ratios:
         beyond = [r for _, r, mark in ratios if mark == BEYOND_NOISE]

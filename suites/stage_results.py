@@ -28,9 +28,12 @@ class StageResults:
     """Result building and writing for :class:`stage_runner.StageRunner` (a mixin)."""
 
     def write(self, measured: Mapping[str, MeasuredCase]) -> None:
-        """Validate and write each case's result (one per case)."""
+        """Validate and write each case's result (one per case; an A/B alias once)."""
+        written: set[int] = set()
         for item in measured.values():
-            item.path = self.writer.write(item.result)
+            if id(item) not in written:
+                written.add(id(item))
+                item.path = self.writer.write(item.result)
 
     def record_omitted(
         self,
