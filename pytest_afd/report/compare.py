@@ -358,7 +358,10 @@ def render_comparison(
             for metric, *cells in comparison.rows:
                 rows.append([short, comparison.condition, metric, *cells, comparison.notes])
         lines += [f"## {stage}", "", *table(HEADER, rows), ""]
-        figure = _side_figure(members, f"{stage}: A vs B, shared cases", names)
+        stage_call = next((f"; stage-wide tokens/s x{c.geomean:.3g}: {c.call}" for c in stages
+                           if c.stage == stage and c.metric == METRICS[0].name
+                           and c.geomean is not None), "")
+        figure = _side_figure(members, f"{stage}: A vs B, shared cases{stage_call}", names)
         if figure is not None:
             written = layout.save(figure, target / PLOTS_DIR_NAME / f"{slug(stage)}-a_vs_b.png")
             if written is not None:
