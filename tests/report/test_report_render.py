@@ -130,7 +130,7 @@ def test_workload_statistics_are_listed_once_per_dataset(rendered):
     assert cells[1] == f"`{workload.content_hash[:12]}`"
     assert cells[2:5] == ["8", str(stats.total), f"{stats.mean:.5g}"]
     assert cells[8] == f"{stats.cv:.5g}"
-    assert cells[-1] == "all_at_once"
+    assert cells[-2:] == ["all_at_once", "—"]  # arrival; no warm-cache column without a prefix
 
 
 def test_hit_ratio_rank_skew_and_labels(rendered):
