@@ -2,9 +2,10 @@
 
 - ``report RESULTS_DIR [--output DIR] [--all-sessions]``: Markdown + HTML + PNG report
   of the latest session (every session with ``--all-sessions``).
-- ``compare A B [--output DIR] [--calibrate FILE | --calibration FILE]``: every case
+- ``compare A B [--output DIR] [--calibration FILE | --no-calibration]``: every case
   shared by two result selections side by side, with ratio, dispersion, both hosts'
-  conditions and a noise-aware call; ``--calibrate`` stores an A/A pair's deviations.
+  conditions and a call beyond the between-session noise, per case and per stage;
+  ``compare --calibrate RUN RUN [RUN...]`` stores this host's A/A calibration.
 - ``trace-imbalance [--max-batch-requests 8] [--json]``: the best request-boundary
   split imbalance of the shipped Azure traces (the numbers in docs/workloads.md).
 - ``fault-check [--fault NAME] [--jobs N] [--control]``: runs ``pytest -m gate``
@@ -72,11 +73,15 @@ def _add_compare(commands: argparse._SubParsersAction) -> None:
         "compare",
         help="A/B: every shared case of two result selections side by side",
         description="Compare two results directories (or two sessions or stacks of one): "
-        "per shared case, both medians with dispersion, B / A, a bootstrap interval and "
-        "a significance call. Writes compare.md, compare.html and plots.",
+        "per shared case and per stage, B / A with a bootstrap interval and a call made only "
+        "beyond the noise between sessions on this host (a stored A/A calibration, else a "
+        "conservative rule the output states). Prints the verdict and writes compare.md, "
+        "compare.html and plots. 'compare --calibrate RUN RUN [RUN...]' stores the A/A "
+        "calibration of runs of the same code instead.",
     )
-    compare.add_argument("a", help="results directory A (the baseline)")
-    compare.add_argument("b", help="results directory B (may be A, with another session/stack)")
+    compare.add_argument("a", nargs="?", help="results directory A (the baseline)")
+    compare.add_argument("b", nargs="?",
+                         help="results directory B (may be A, with another session/stack)")
     for side in ("a", "b"):
         compare.add_argument(
             f"--{side}-session", default=None, help=f"only session ID of {side.upper()}"
@@ -91,20 +96,50 @@ def _add_compare(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="use every session of each side (default: each side's latest session)",
     )
-    compare.add_argument("--output", default=None, help="output directory (default: B/compare)")
+    compare.add_argument(
+        "--output", default=None,
+        help="output directory (default: ./afd-compare/<A>-vs-<B>, beside neither input)",
+    )
     compare.add_argument(
         "--calibrate",
+        nargs="+",
         default=None,
-        metavar="FILE",
-        help="A and B are the same code (an A/A pair): store every case's B / A deviation "
-        "as a named noise calibration in FILE (its name is the file's stem)",
+        metavar="RUN",
+        help="results directories of runs of the same code (every session is one run): "
+        "store the widest A/A deviation of every pair as this host's calibration "
+        "(at --calibration FILE, else $AFD_CALIBRATION, else "
+        "~/.cache/pytest-afd/calibration-<host>.json)",
     )
     compare.add_argument(
         "--calibration",
         default=None,
         metavar="FILE",
-        help="a calibration written by --calibrate: a change must also beat its A/A deviation",
+        help="the A/A calibration to use or write (default: this host's, when it exists)",
     )
+    compare.add_argument(
+        "--no-calibration", action="store_true",
+        help="ignore this host's stored calibration: use the conservative rule",
+    )
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pytest_afd.report.noise import default_calibration_path
+    from pytest_afd.report.stage_calls import calibrate_runs
+
+    if args.a is not None:
+        print("error: --calibrate RUN... takes the runs as its own arguments, not A B",
+              file=sys.stderr)
+        return USAGE_ERROR
+    path = Path(args.calibration) if args.calibration else default_calibration_path()
+    try:
+        _, lines = calibrate_runs([Path(run) for run in args.calibrate], path)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+    print("\n".join(lines))
+    return 0
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -112,7 +147,13 @@ def _compare(args: argparse.Namespace) -> int:
 
     from pytest_afd.report import ReportError
     from pytest_afd.report.compare import Side, render_comparison
+    from pytest_afd.report.noise import default_calibration_path, read_calibration
 
+    if args.calibrate is not None:
+        return _calibrate(args)
+    if args.a is None or args.b is None:
+        print("error: compare needs A and B (or --calibrate RUN RUN [RUN...])", file=sys.stderr)
+        return USAGE_ERROR
     sides = [
         Side(Path(path), session, stack, args.all_sessions)
         for path, session, stack in (
@@ -120,25 +161,24 @@ def _compare(args: argparse.Namespace) -> int:
             (args.b, args.b_session, args.b_stack),
         )
     ]
-    from pytest_afd.report.noise import read_calibration
-
     output = None if args.output is None else Path(args.output)
+    stored = default_calibration_path()
     try:
-        calibration = None if args.calibration is None else read_calibration(Path(args.calibration))
+        if args.calibration is not None:
+            calibration = read_calibration(Path(args.calibration))
+        elif not args.no_calibration and stored.is_file():
+            calibration = read_calibration(stored, f"this host's calibration ({stored})")
+        else:
+            calibration = None
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE_ERROR
     try:
-        path = render_comparison(
-            *sides,
-            output,
-            calibration=calibration,
-            calibrate=None if args.calibrate is None else Path(args.calibrate),
-        )
+        _, lines = render_comparison(*sides, output, calibration=calibration)
     except (FileNotFoundError, ReportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE_ERROR
-    print(path)
+    print("\n".join(lines))
     return 0
 
 

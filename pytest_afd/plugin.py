@@ -18,7 +18,15 @@ from typing import Any
 import pytest
 
 from afd_split.integrations.worker_evidence import EvidenceSettings
-from pytest_afd import deployment_plan, early_setup, hardware, hookspecs, outcomes, reference_phase
+from pytest_afd import (
+    ab,
+    deployment_plan,
+    early_setup,
+    hardware,
+    hookspecs,
+    outcomes,
+    reference_phase,
+)
 from pytest_afd.backends.base import Backend, BackendUnavailable
 from pytest_afd.golden import RECORD_PHASE_COMMAND, UPDATE_GOLDEN_COMMAND, GoldenStore
 from pytest_afd.hardware_markers import hardware_skip_reason
@@ -36,7 +44,7 @@ from pytest_afd.result_writer import ResultWriter, case_kind, recover_lost_resul
 from pytest_afd.results_dir import remove_stale_temp_files
 from pytest_afd.session import AFD_SESSION_KEY, AfdSession, afd_session, is_worker, write_error
 from pytest_afd.shared_results import SessionLease
-from pytest_afd.terminal import write_results_table, write_write_errors
+from pytest_afd.terminal import write_no_case_selected, write_results_table, write_write_errors
 from pytest_afd.topology import RankInfo, Topology
 
 SUMMARY_FILE = "summary.json"
@@ -55,6 +63,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = add_options(parser)
     reference_phase.add_option(group, parser)
     deployment_plan.add_option(group)
+    ab.add_option(group)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -80,6 +89,10 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     reference_phase.reference_phase(config)  # a bad value is a UsageError now, not per test
+    try:  # --afd-ab A B: refused once here, naming the bad field
+        ab.parse(config.getoption("afd_ab", None))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     ledger = hardware.HardwareLedger(state.options.backend, state.options.require_hardware,
                                      lambda: [state.backend_instance, *state.other_backends],
                                      allow_emulated=state.options.allow_emulated,
@@ -220,6 +233,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             "write_errors": state.write_errors,
         }
         return
+    if state.selected_no_case:  # `-m gates` (a typo): the last session's summary stays
+        return
     if state.lost_workers:
         recover_lost_results(state)
     ledger = session.config.pluginmanager.get_plugin(hardware.PLUGIN_NAME)
@@ -265,6 +280,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     state = afd_session(config)
     if is_worker(config):
         return
+    if state.selected_no_case and not config.option.collectonly:
+        write_no_case_selected(terminalreporter, state, config, SUMMARY_FILE)
     if state.written or state.golden_updates or state.lost_workers:
         write_results_table(terminalreporter, state, SUMMARY_FILE)
     write_write_errors(terminalreporter, state, EXIT_RESULTS_UNWRITABLE)

@@ -6,6 +6,10 @@ step and hands it to an emitter: :func:`stream_emitter` writes plain lines
 (benchmark scripts), :func:`pytest_emitter` writes through pytest's terminal
 reporter outside output capture (stage suites), and is None under ``-q``.
 
+On a terminal the line is rewritten in place; elsewhere (CI logs, pipes) a
+step's line is written at most every :data:`PLAIN_INTERVAL_S` seconds, and the
+final line always (:class:`LiveLines`): a 25 s stage is a few lines, not 68.
+
 The estimate is the mean time of the finished steps times the steps left,
 leaving out the first step once another has finished (it pays one-time
 costs); it is shown only once a step has finished.
@@ -23,6 +27,9 @@ SECONDS_PER_MINUTE = 60
 SECONDS_PER_HOUR = 3600
 # Quietest verbosity that still shows progress: pytest's -q sets verbose to -1.
 MIN_PYTEST_VERBOSITY = 0
+# Off a terminal, at most one progress line per this many seconds (the final line always).
+PLAIN_INTERVAL_S = 5.0
+ERASE_LINE = "\r\x1b[K"
 
 
 def format_duration(seconds: float) -> str:
@@ -109,23 +116,65 @@ class Progress:
         elapsed = format_duration(self.elapsed_s)
         line = self._line(f"{self.current}/{self.total} {self.unit}s done in {elapsed}")
         if self.emit is not None:
-            self.emit(line)
+            getattr(self.emit, "final", self.emit)(line)
         return line
 
 
-def stream_emitter(stream: TextIO | None = None) -> Emitter:
-    """Plain lines on ``stream`` (default stderr, so a script's JSON on stdout stays clean)."""
+class LiveLines:
+    """An emitter that rewrites one line in place on a terminal and throttles elsewhere.
 
-    def emit(line: str) -> None:
-        target = stream if stream is not None else sys.stderr
-        target.write(line + "\n")
+    ``rewrite`` (terminals) replaces the current line; without it each line goes
+    to ``write_line`` unless one went less than ``interval_s`` ago. ``final``
+    always shows its line and ends it with a newline.
+    """
+
+    def __init__(self, write_line: Emitter, rewrite: Emitter | None = None, *,
+                 end_line: Callable[[], None] | None = None, interval_s: float = PLAIN_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.write_line = write_line
+        self.rewrite = rewrite
+        self.end_line = end_line
+        self.interval_s = interval_s
+        self.clock = clock
+        self.last_written: float | None = None
+
+    def __call__(self, line: str) -> None:
+        if self.rewrite is not None:
+            self.rewrite(line)
+            return
+        now = self.clock()
+        if self.last_written is None or now - self.last_written >= self.interval_s:
+            self.write_line(line)
+            self.last_written = now
+
+    def final(self, line: str) -> None:
+        if self.rewrite is not None:
+            self.rewrite(line)
+            if self.end_line is not None:
+                self.end_line()
+            return
+        self.write_line(line)
+        self.last_written = self.clock()
+
+
+def stream_emitter(stream: TextIO | None = None) -> LiveLines:
+    """Lines on ``stream`` (default stderr, so a script's JSON on stdout stays clean):
+    rewritten in place on a terminal, at most every few seconds otherwise."""
+    target = stream if stream is not None else sys.stderr
+
+    def write(text: str) -> None:
+        target.write(text)
         target.flush()
 
-    return emit
+    live = hasattr(target, "isatty") and target.isatty()
+    return LiveLines(lambda line: write(line + "\n"),
+                     (lambda line: write(ERASE_LINE + line)) if live else None,
+                     end_line=lambda: write("\n"))
 
 
-def pytest_emitter(config: Any) -> Emitter | None:
-    """Lines through pytest's terminal reporter, shown live despite output capture.
+def pytest_emitter(config: Any) -> LiveLines | None:
+    """Lines through pytest's terminal reporter, shown live despite output capture
+    (in place on a terminal, at most every few seconds otherwise).
 
     None under ``-q`` and where no terminal reporter exists (pytest-xdist
     workers, ``-p no:terminal``): progress is then silent, never an error.
@@ -137,11 +186,16 @@ def pytest_emitter(config: Any) -> Emitter | None:
         return None
     capture = config.pluginmanager.get_plugin("capturemanager")
 
-    def emit(line: str) -> None:
+    def uncaptured(write: Callable[[], None]) -> None:
         if capture is None:
-            reporter.write_line(line)
+            write()
             return
         with capture.global_and_fixture_disabled():
-            reporter.write_line(line)
+            write()
 
-    return emit
+    def rewrite(line: str) -> None:
+        uncaptured(lambda: reporter.rewrite(line, erase=True))
+
+    return LiveLines(lambda line: uncaptured(lambda: reporter.write_line(line)),
+                     rewrite if getattr(reporter, "isatty", False) else None,
+                     end_line=lambda: uncaptured(lambda: reporter.write("\n")))

@@ -101,6 +101,20 @@ def prompt_length_summary(lengths: Sequence[int], *, include_values: bool = True
     return summary
 
 
+EMPTY_TIMINGS_REASON = "the run timed no layer (its per-layer timings were empty)"
+
+
+def timings_or_absent(timings: Mapping[str, Any] | None, reason: str) -> Any:
+    """Per-layer timings, or the absent record: none at all gives ``reason``; a document
+    without a single timed layer (``{"layers": [], "ubatches": []}``) is absent too, never
+    a table of nothing."""
+    if not timings:
+        return absent(reason)
+    if "layers" in timings and not timings["layers"]:
+        return absent(EMPTY_TIMINGS_REASON)
+    return timings
+
+
 def workload_json(
     *,
     dataset_name: str,
@@ -302,9 +316,9 @@ def evidence_from_outputs(
             "hit_tokens": hits,
             "computed_tokens": logical - hits,
         },
-        "per_layer_timings": outputs.timings
-        if outputs.timings
-        else absent("non-instrumented run (headline numbers come from runs without a profiler)"),
+        "per_layer_timings": timings_or_absent(
+            outputs.timings,
+            "non-instrumented run (headline numbers come from runs without a profiler)"),
         "expert_load": {
             "routing": routing,
             "per_expert": [list(map(int, layer)) for layer in outputs.expert_load],

@@ -12,9 +12,13 @@ import pytest
 from pytest_afd.backends import create_backend
 from pytest_afd.backends.base import Backend, BackendUnavailable
 from pytest_afd.manifest import collect_manifest, manifest_digest
+from pytest_afd.markers import STAGE_MARKERS
 from pytest_afd.options import AfdOptions
 from pytest_afd.results import validate_manifest
 from pytest_afd.shared_results import SessionLease
+
+# Markers of the cases that write results (a session with none leaves the directory alone).
+AFD_CASE_MARKERS = frozenset(("gate", *STAGE_MARKERS))
 
 
 @dataclass(eq=False)  # identity-hashed: it is registered as a pytest plugin
@@ -41,6 +45,14 @@ class AfdSession:
     write_errors: list[str] = field(default_factory=list)
     # The controller's claim on the results dir while the session runs (shared_results).
     lease: SessionLease | None = None
+    # Tests carrying a gate/stage marker that reported (controller side: every worker's too).
+    afd_cases: int = 0
+
+    @property
+    def selected_no_case(self) -> bool:
+        """Nothing AFD ran or was written: the results directory must stay as it was."""
+        return not (self.written or self.golden_updates or self.lost_workers or self.afd_cases
+                    or self.write_errors)
 
     # Backends a suite made for another model or topology (stage pools): the hardware
     # ledger counts their runs too.
@@ -116,6 +128,8 @@ class AfdSession:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Remember each test's outcome for the results table (setup/teardown failure = error)."""
+        if report.when == "setup" and not AFD_CASE_MARKERS.isdisjoint(report.keywords):
+            self.afd_cases += 1
         if report.when == "call":
             self.outcomes[report.nodeid] = report.outcome
         elif report.failed:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
+import re
 from typing import Any
 
 from pytest_afd import verdicts
-from pytest_afd.markers import STAGE_MARKERS
+from pytest_afd.markers import MARKERS, STAGE_MARKERS
 from pytest_afd.session import AfdSession
+
+MARK_OPERATORS = frozenset(("and", "or", "not"))
 
 
 def _format_value(value: float | None) -> str:
@@ -59,6 +63,28 @@ def write_results_table(reporter: Any, state: AfdSession, summary_file: str) -> 
         reporter.write_line(
             f"{len(state.golden_updates)} golden(s) updated in {state.options.golden_dir}"
         )
+
+
+def write_no_case_selected(reporter: Any, state: AfdSession, config: Any, summary_file: str
+                           ) -> None:
+    """No gate or stage case ran: say so, that nothing was replaced, and which markers exist."""
+    selection = " ".join(f"{flag} {value!r}" for flag, value in
+                         (("-m", config.option.markexpr), ("-k", config.option.keyword)) if value)
+    message = (f"afd: no gate or stage case ran{f' ({selection})' if selection else ''}; "
+               f"{state.options.results_dir} was left as it was ({summary_file} not replaced)")
+    if not selection:  # unit tests run by path: one line is enough
+        reporter.write_line(message)
+        return
+    reporter.section("pytest-afd: no AFD case selected", yellow=True)
+    reporter.write_line(message)
+    words = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", config.option.markexpr or "")
+    close = sorted({match for word in words if word not in MARKERS and word not in MARK_OPERATORS
+                    for match in difflib.get_close_matches(word, list(MARKERS), n=1)})
+    if close:
+        reporter.write_line(f"afd: did you mean -m {' or '.join(close)}?")
+    reporter.write_line("afd: markers:")
+    for name, text in MARKERS.items():
+        reporter.write_line(f"  {name}: {text}")
 
 
 def write_write_errors(reporter: Any, state: AfdSession, exit_status: int) -> None:

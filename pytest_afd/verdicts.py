@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytest_afd import conclusions, session_noise
+
 STAGE_A_KEY = "stage_a"
 RANKING_KEY = "ranking"
 STAGE_D_BEST_KEY = "stage_d_best_sizes"
@@ -36,33 +38,13 @@ def _measured(doc: Mapping[str, Any]) -> list[float]:
     return [float(v) for v in value["repetitions"]]
 
 
-def _cv(values: Sequence[float]) -> float:
-    if len(values) < 2:  # noqa: PLR2004 - a spread needs two values
-        return 0.0
-    mean = sum(values) / len(values)
-    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
-    return math.sqrt(variance) / abs(mean) if mean else 0.0
-
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+_median = session_noise.median
 
 
 def noise_mark(control: Sequence[float], proposed: Sequence[float]) -> str:
-    """Whether proposed / control lies beyond the repetitions' noise.
-
-    Beyond means both: the min-max ranges do not overlap and the ratio is
-    further from 1 than either side's coefficient of variation.
-    """
-    if not control or not proposed:
-        return INSIDE_NOISE
-    ratio = _median(proposed) / _median(control)
-    apart = max(control) < min(proposed) or max(proposed) < min(control)
-    if apart and abs(ratio - 1) > max(_cv(control), _cv(proposed)):
-        return BEYOND_NOISE
-    return INSIDE_NOISE
+    """Whether proposed / control lies beyond the between-session noise
+    (:func:`pytest_afd.session_noise.beyond`: apart ranges and the conservative floor)."""
+    return BEYOND_NOISE if session_noise.beyond(control, proposed) else INSIDE_NOISE
 
 
 def _condition(doc: Mapping[str, Any]) -> str:
@@ -99,8 +81,9 @@ def stage_a_rankings(docs: Iterable[Mapping[str, Any]]) -> list[tuple[str, Mappi
     return sorted(found.items())
 
 
-def ranking_text(ranking: Mapping[str, Any]) -> str:
-    """``no significant difference: leader token_balanced 1.02 (interval 0.97–1.08), ...``."""
+def ranking_text(ranking: Mapping[str, Any], docs: Sequence[Mapping[str, Any]] = ()) -> str:
+    """``no significant difference: leader token_balanced 1.02 (interval 0.97–1.08), ...``;
+    led by "provisional: ..." when ``docs`` (the ranked cases) ran on an oversubscribed host."""
     scores = ", ".join(f"{p} {s:.3g}" for p, s in sorted(ranking["scores"].items(),
                                                           key=lambda item: -item[1]))
     text = f"{ranking['verdict']}: leader {ranking['leader']}"
@@ -109,7 +92,9 @@ def ranking_text(ranking: Mapping[str, Any]) -> str:
         low, high = versus["interval"]
         text += (f" over {ranking['runner_up']} x{versus['ratio']:.3g} "
                  f"({versus['confidence']:.0%} interval {low:.3g}–{high:.3g})")
-    return f"{text}; scores (throughput / baseline, geometric mean): {scores}"
+    text = f"{text}; scores (throughput / baseline, geometric mean): {scores}"
+    provisional = session_noise.oversubscribed_reason(docs)
+    return text if provisional is None else f"{provisional}; {text}"
 
 
 def outcome_counts(docs: Iterable[Mapping[str, Any]]) -> str:
@@ -119,8 +104,21 @@ def outcome_counts(docs: Iterable[Mapping[str, Any]]) -> str:
 
 
 def stage_conclusion(docs: Sequence[Mapping[str, Any]]) -> str:
-    """One line: outcomes, the proposed / control ratios against the noise, named choices."""
+    """One line: provisional first when the host was oversubscribed, outcomes, the host,
+    the fastest variant per condition (references included) against the between-session
+    noise, the proposed / control ratios, and choices the stage recorded."""
     parts = [f"{len(docs)} case(s): {outcome_counts(docs)}"]
+    provisional = session_noise.oversubscribed_reason(docs)
+    if provisional:
+        parts.insert(0, provisional)
+    if any(_measured(doc) or doc.get("host") for doc in docs):
+        parts.append(session_noise.host_line(docs))
+    fastest = conclusions.fastest_text(conclusions.fastest_rows(docs))
+    if fastest:
+        parts.append(fastest)
+    ab = conclusions.ab_text(docs)
+    if ab:
+        parts.append(ab)
     ratios = policy_ratios(docs)
     if ratios:
         beyond = [r for _, r, mark in ratios if mark == BEYOND_NOISE]
@@ -133,7 +131,8 @@ def stage_conclusion(docs: Sequence[Mapping[str, Any]]) -> str:
     best = {tuple(doc["evidence"][STAGE_D_BEST_KEY]) for doc in docs
             if isinstance(doc["evidence"].get(STAGE_D_BEST_KEY), list)}
     for sizes in sorted(best):
-        parts.append("best chunk sizes " + ", ".join(map(str, sizes)))
+        parts.append("follow-ups ran chunk sizes " + ", ".join(map(str, sizes))
+                     + " (the fastest chunked sizes of the sweep; not a verdict)")
     return "; ".join(parts)
 
 
@@ -146,9 +145,9 @@ def by_stage(docs: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, A
 
 def summary_lines(docs: Sequence[Mapping[str, Any]], stage_order: Sequence[str]) -> list[str]:
     """Plain-text verdict lines (the terminal summary): Stage A first, then each stage."""
-    lines = [f"Stage A ({test}): {ranking_text(ranking)}"
-             for test, ranking in stage_a_rankings(docs)]
     stages = by_stage(docs)
+    lines = [f"Stage A ({test}): {ranking_text(ranking, stages.get(STAGE_A_KEY, []))}"
+             for test, ranking in stage_a_rankings(docs)]
     for stage in sorted(stages, key=lambda s: (stage_order.index(s) if s in stage_order
                                                else len(stage_order), s)):
         lines.append(f"{stage}: {stage_conclusion(stages[stage])}")

@@ -42,6 +42,7 @@ from stage_sizes import (
     power_of_two_at_most,
 )
 
+from pytest_afd import ab as afd_ab
 from pytest_afd import progress as afd_progress
 from pytest_afd.options import parse_scale
 from pytest_afd.session import afd_session
@@ -78,6 +79,7 @@ def stage_runner(request, backend_pool, afd_options, afd_results, stage_sizes) -
         pool=backend_pool,
         progress=afd_progress.pytest_emitter(request.config),
         title=request.node.name,
+        ab=afd_ab.parse(request.config.getoption("afd_ab", None)),
     )
 
 

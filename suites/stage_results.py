@@ -20,6 +20,7 @@ from pytest_afd.backends.base import (
     RunSettings,
 )
 from pytest_afd.profiling.evidence import with_overhead
+from pytest_afd.result_parts import timings_or_absent
 from pytest_afd.stand_in import with_served_facts
 from pytest_afd.stats import summarize
 from pytest_afd.workloads import Workload
@@ -29,9 +30,12 @@ class StageResults:
     """Result building and writing for :class:`stage_runner.StageRunner` (a mixin)."""
 
     def write(self, measured: Mapping[str, MeasuredCase]) -> None:
-        """Validate and write each case's result (one per case)."""
+        """Validate and write each case's result (one per case; an A/B alias once)."""
+        written: set[int] = set()
         for item in measured.values():
-            item.path = self.writer.write(item.result)
+            if id(item) not in written:
+                written.add(id(item))
+                item.path = self.writer.write(item.result)
 
     def record_omitted(
         self,
@@ -97,9 +101,8 @@ class StageResults:
         evidence["prefix_cache"]["phase"] = case.phase
         evidence["prefix_cache"]["designed_hit_ratio"] = case.workload.designed_hit_ratio
         if instrumented is not None:
-            evidence["per_layer_timings"] = instrumented.timings or afd_result_docs.absent(
-                "the instrumented run reported no timings"
-            )
+            evidence["per_layer_timings"] = timings_or_absent(
+                instrumented.timings, "the instrumented run reported no timings")
             evidence["instrumented_steps"] = [dict(step) for step in instrumented.steps]
             evidence["profiler_overhead"] = (
                 instrumented.wall_time_s / summarize([run.wall_time_s for run in runs]).median
@@ -139,5 +142,9 @@ class StageResults:
             spec=description["spec"],
             shared_prefix_tokens=workload.shared_prefix_tokens,
             designed_hit_ratio=workload.designed_hit_ratio,
+            # Both distributions: whole prompts (prompt_lengths) and what a warm cache
+            # leaves to compute; hit-ratio twins share the first, differ in this one.
+            uncached_prompt_lengths=afd_result_docs.prompt_length_summary(
+                workload.uncached_lengths),
             source=description["source"],
         )

@@ -28,6 +28,7 @@ from stage_sizes import (
     StageSizes,
 )
 
+from pytest_afd import ab as afd_ab
 from pytest_afd import host as afd_host
 from pytest_afd import progress as afd_progress
 from pytest_afd import results as afd_result_docs
@@ -58,6 +59,13 @@ def stage_settings(options: Any, sizes: StageSizes, topology: Topology, **overri
     emulation = topology.cpu_emulation()
     constraints = {"split_align": emulation.split_align, "pcp_size": emulation.pcp_size}
     return options.run_settings(**{**scaled, **constraints, **overrides})
+def ab_cases(cases: Sequence[StageCase], ab: tuple[dict[str, Any], dict[str, Any]]
+             ) -> list[StageCase]:
+    """Each case twice, ``<name>/ab-A`` and ``<name>/ab-B``, adjacent: the interleaved order
+    then alternates A and B repetition by repetition."""
+    return [replace(case, name=f"{case.name}/{side}",
+                    settings=afd_ab.side_settings(case.settings, overrides))
+            for case in cases for side, overrides in zip(afd_ab.SIDES, ab, strict=True)]
 
 
 class StageRunner(StageResults):
@@ -73,6 +81,7 @@ class StageRunner(StageResults):
         pool: BackendPool,
         progress: afd_progress.Emitter | None = None,
         title: str = "",
+        ab: tuple[dict[str, Any], dict[str, Any]] | None = None,
     ) -> None:
         self.handle = handle
         self.options = options
@@ -82,6 +91,8 @@ class StageRunner(StageResults):
         # Per-run progress lines (None: silent, e.g. under -q).
         self.progress = progress
         self.title = title
+        # --afd-ab: each case measured with option set A and with B, interleaved (pytest_afd.ab).
+        self.ab = ab
 
     @property
     def backend(self) -> Backend:
@@ -180,6 +191,9 @@ class StageRunner(StageResults):
         ``write=False`` leaves writing to :meth:`write` (a stage that adds
         cross-case evidence first).
         """
+        originals = [case.name for case in cases]
+        if self.ab is not None:
+            cases = ab_cases(cases, self.ab)
         names = [case.name for case in cases]
         if len(set(names)) != len(names):
             raise ValueError(f"case names must be unique within one measurement: {names}")
@@ -226,6 +240,9 @@ class StageRunner(StageResults):
         if write:
             self.write(done)
         progress.finish()
+        if self.ab is not None:  # the stage's own checks read side A under the case's name
+            for name in originals:
+                done.setdefault(name, done[f"{name}/{afd_ab.SIDES[0]}"])
         return done
 
     def _progress(self, cases: Sequence[StageCase], *, instrumented: bool) -> afd_progress.Progress:

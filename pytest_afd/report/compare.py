@@ -23,20 +23,20 @@ from typing import Any
 
 import numpy as np
 
+from pytest_afd import session_noise
 from pytest_afd.markers import STAGE_MARKERS
 from pytest_afd.report import layout
+from pytest_afd.report.compare_notes import notes
 from pytest_afd.report.html import markdown_to_html
 from pytest_afd.report.loading import LoadedResult
 from pytest_afd.report.noise import (
     CPU_CONTENTION_FLOOR,
     INCONCLUSIVE_HOST,
     Calibration,
-    calibration_doc,
     host_conditions,
     host_difference,
     host_text,
     oversubscribed,
-    write_calibration,
 )
 from pytest_afd.report.rendering import PLOTS_DIR_NAME, prepare_report_dir, slug
 from pytest_afd.report.selection import Side, legend_names
@@ -46,14 +46,13 @@ from pytest_afd.report.values import (
     condition_labels,
     measured_stats,
     repetitions_of,
-    stack_short_label,
     throughput,
     ttft_of,
 )
 
 COMPARE_FILE_NAME = "compare.md"
 COMPARE_HTML_NAME = "compare.html"
-DEFAULT_COMPARE_DIR = "compare"
+DEFAULT_COMPARE_DIR = "afd-compare"
 BOOTSTRAP_SAMPLES = 2000
 BOOTSTRAP_SEED = 0
 CONFIDENCE = 0.95
@@ -72,11 +71,13 @@ class Metric:
     host_robust: bool = False
 
 
+CPU_METRIC = Metric("CPU time (s)", lambda doc: doc["metrics"].get(CPU_TIME_METRIC), False, True)
 METRICS = (
     Metric("prefill tokens/s", throughput, True),
     Metric("TTFT p50 (s)", lambda doc: ttft_of(doc, "p50"), False),
-    Metric("CPU time (s)", lambda doc: doc["metrics"].get(CPU_TIME_METRIC), False, True),
+    CPU_METRIC,
 )
+CPU_DISAGREES = "CPU time does not agree"
 HEADER = (
     "case",
     "condition",
@@ -116,17 +117,20 @@ def significance_call(
     b: Sequence[float],
     higher_is_better: bool,
     *,
-    floor: float = 0.0,
+    floor: float | None = None,
     host_change: str | None = None,
     host_robust: bool = False,
+    cpu_agrees: bool | None = None,
 ) -> tuple[float | None, tuple[float, float] | None, str]:
     """(ratio of medians, interval, call) for one metric of one case.
 
-    A change needs all three: the bootstrap interval excludes 1, the min-max
-    ranges do not overlap, and the ratio is further from 1 than the noise
-    floor (either side's coefficient of variation, or ``floor`` when wider).
-    ``host_change`` names a host difference: a wall-time metric is then
-    inconclusive; a ``host_robust`` one (CPU time) must beat
+    A change needs all of: the bootstrap interval excludes 1, the min-max
+    ranges do not overlap, the ratio is further from 1 than the between-session
+    noise (``floor`` from an A/A calibration, else the conservative
+    :func:`~pytest_afd.session_noise.uncalibrated_floor`), and, for a wall-time
+    metric whose CPU time was recorded, CPU time moved the same way
+    (``cpu_agrees``). ``host_change`` names a host difference: a wall-time
+    metric is then inconclusive; a ``host_robust`` one (CPU time) must beat
     :data:`CPU_CONTENTION_FLOOR` as well.
     """
     if not a or not b:
@@ -135,15 +139,36 @@ def significance_call(
     interval = bootstrap_ratio_interval(a, b)
     if host_change is not None and not host_robust:
         return ratio, interval, f"{INCONCLUSIVE_HOST} ({host_change})"
+    limit = session_noise.uncalibrated_floor(a, b) if floor is None else max(floor, _cv(a), _cv(b))
     if host_change is not None:
-        floor = max(floor, CPU_CONTENTION_FLOOR)
+        limit = max(limit, CPU_CONTENTION_FLOOR)
     ranges_apart = max(a) < min(b) or max(b) < min(a)
     if ratio is None or interval is None or not ranges_apart or interval[0] <= 1 <= interval[1]:
         return ratio, interval, NO_DIFFERENCE
-    if abs(ratio - 1) <= max(_cv(a), _cv(b), floor):
+    if not session_noise.outside(ratio, limit):
         return ratio, interval, NO_DIFFERENCE
+    if cpu_agrees is False:
+        return ratio, interval, f"{NO_DIFFERENCE} ({CPU_DISAGREES})"
     better = (ratio > 1) == higher_is_better
     return ratio, interval, "B better" if better else "B worse"
+
+
+def cpu_direction(a: Sequence[float], b: Sequence[float]) -> int | None:
+    """+1 when B used clearly more CPU time (ranges apart), -1 clearly less, 0 neither;
+    None when either side has none recorded."""
+    if not a or not b:
+        return None
+    if min(b) > max(a):
+        return 1
+    return -1 if max(b) < min(a) else 0
+
+
+def agrees(metric: Metric, ratio: float | None, direction: int | None) -> bool | None:
+    """Whether a wall-time metric's move is one CPU time makes too (slower = more CPU)."""
+    if metric.host_robust or direction is None or ratio is None:
+        return None
+    worse = (ratio > 1) != metric.higher_is_better
+    return direction == (1 if worse else -1)
 
 
 @dataclass(frozen=True)
@@ -160,58 +185,13 @@ class CaseComparison:
     ratios: Mapping[str, float]
 
 
-MAX_NAMED_DIFFERENCES = 3
-
-
-def _differing_paths(a: Any, b: Any, path: str) -> list[str]:
-    if isinstance(a, Mapping) and isinstance(b, Mapping):
-        found = []
-        for key in sorted(set(a) | set(b)):
-            found += _differing_paths(a.get(key), b.get(key), f"{path}.{key}" if path else key)
-        return found
-    return [] if a == b else [path]
-
-
-def manifest_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    """The first differing manifest fields (dotted paths), the digest itself left out."""
-    paths = [p for p in _differing_paths(a["manifest"], b["manifest"], "") if p != "digest"]
-    shown = paths[:MAX_NAMED_DIFFERENCES]
-    if len(paths) > MAX_NAMED_DIFFERENCES:
-        shown.append(f"{len(paths) - MAX_NAMED_DIFFERENCES} more")
-    return shown or ["the digest only"]
-
-
-def _notes(a: LoadedResult, b: LoadedResult) -> str:
-    notes = []
-    if a.digest != b.digest:
-        left, right = stack_short_label(a.doc), stack_short_label(b.doc)
-        notes.append(
-            f"stacks {left} / {right}"
-            if left != right
-            else "manifests differ in " + ", ".join(manifest_differences(a.doc, b.doc))
-        )
-    if a.doc["workload"]["dataset"]["digest"] != b.doc["workload"]["dataset"]["digest"]:
-        notes.append("workload differs: exploratory")
-    if "exploratory" in (a.doc["labels"]["comparability"], b.doc["labels"]["comparability"]):
-        notes.append("exploratory case")
-    if a.status not in ("passed", "unknown") or b.status not in ("passed", "unknown"):
-        notes.append(f"verdicts {a.status} / {b.status}")
-    hosts = host_conditions(a.doc), host_conditions(b.doc)
-    change = host_difference(*hosts)
-    if change is not None:
-        notes.append(f"host conditions differ ({change})")
-    elif None in hosts:
-        notes.append("host conditions not recorded: a host difference cannot be ruled out")
-    return "; ".join(notes) or EMPTY
-
-
 def _floor_text(a: Sequence[float], b: Sequence[float], calibrated: tuple[float, str] | None,
                 host_change: str | None, metric: Metric) -> str:
     if not a or not b:
         return EMPTY
     floors = [(max(_cv(a), _cv(b)), "repetitions")]
-    if calibrated is not None:
-        floors.append(calibrated)
+    floors.append(calibrated if calibrated is not None
+                  else (session_noise.uncalibrated_floor(a, b), "uncalibrated rule"))
     if host_change is not None and metric.host_robust:
         floors.append((CPU_CONTENTION_FLOOR, "host contention"))
     value, source = max(floors, key=lambda item: item[0])
@@ -225,14 +205,18 @@ def compare_case(
     host_change = host_difference(*hosts)
     cpu_comparable = host_change is None or not oversubscribed(*hosts)
     host_cell = f"{host_text(hosts[0])} → {host_text(hosts[1])}"
+    cpu = CPU_METRIC.read
+    direction = cpu_direction(repetitions_of(cpu(a.doc)), repetitions_of(cpu(b.doc)))
     rows, ratios = [], {}
     for metric in METRICS:
         left, right = repetitions_of(metric.read(a.doc)), repetitions_of(metric.read(b.doc))
         calibrated = None if calibration is None else calibration.floor(a.case_id, metric.name)
+        median_ratio = float(np.median(right) / np.median(left)) if left and right else None
         ratio, interval, call = significance_call(
             left, right, metric.higher_is_better,
-            floor=0.0 if calibrated is None else calibrated[0],
+            floor=None if calibrated is None else calibrated[0],
             host_change=host_change, host_robust=metric.host_robust and cpu_comparable,
+            cpu_agrees=agrees(metric, median_ratio, direction),
         )  # fmt: skip
         if ratio is not None:
             ratios[metric.name] = ratio
@@ -250,7 +234,7 @@ def compare_case(
             )
         )
     return CaseComparison(
-        a.case_id, a.stage, condition, a, b, tuple(rows), _notes(a, b), ratios
+        a.case_id, a.stage, condition, a, b, tuple(rows), notes(a, b), ratios
     )
 
 
@@ -268,17 +252,6 @@ def compare_results(
     for members in by_stage.values():
         labels.update(condition_labels(members))
     return [compare_case(a[case], b[case], labels[case], calibration) for case in shared]
-
-
-def calibration_from(name: str, sides: Sequence[str], comparisons: Sequence[CaseComparison]
-                     ) -> dict[str, Any]:
-    """An A/A calibration: every case's |B / A - 1| per metric, with both hosts' conditions."""
-    deviations = {c.case_id: {m: abs(r - 1) for m, r in c.ratios.items()} for c in comparisons}
-    hosts = {
-        c.case_id: (host_text(host_conditions(c.a.doc)), host_text(host_conditions(c.b.doc)))
-        for c in comparisons
-    }
-    return calibration_doc(name, sides, deviations, hosts)
 
 
 def _side_figure(comparisons: Sequence[CaseComparison], title: str, names: tuple[str, str]):
@@ -300,30 +273,46 @@ def _side_figure(comparisons: Sequence[CaseComparison], title: str, names: tuple
     return draw_side_by_side(labelled, names, title)
 
 
+def default_output(side_a: Side, side_b: Side) -> Path:
+    """``./afd-compare/<A>-vs-<B>``: beside neither input, so neither side's folder changes."""
+    return Path.cwd() / DEFAULT_COMPARE_DIR / (
+        f"{slug(side_a.results_dir.name or 'a')}-vs-{slug(side_b.results_dir.name or 'b')}")
+
+
 def render_comparison(
     side_a: Side,
     side_b: Side,
     output_dir: Path | None = None,
     *,
     calibration: Calibration | None = None,
-    calibrate: Path | None = None,
-) -> Path:
-    """Write compare.md, compare.html and plots; returns compare.md's path.
+) -> tuple[Path, list[str]]:
+    """Write compare.md, compare.html and plots; (compare.md's path, the terminal verdict).
 
-    ``calibration`` widens the noise floor by a stored A/A pair; ``calibrate``
-    stores this comparison (of A with A') as such a calibration there.
+    ``calibration`` (a stored A/A calibration of this host) replaces the
+    conservative between-session rule by the measured noise.
     """
+    from pytest_afd.report import stage_calls  # it builds on this module
+
     a, b = side_a.load(), side_b.load()
-    target = output_dir or side_b.results_dir / DEFAULT_COMPARE_DIR
+    target = output_dir or default_output(side_a, side_b)
     prepare_report_dir(target)
     comparisons = compare_results(a, b, calibration)
-    if calibrate is not None:
-        doc = calibration_from(calibrate.stem, (side_a.name, side_b.name), comparisons)
-        write_calibration(calibrate, doc)
-    calls: dict[str, int] = defaultdict(int)
-    for comparison in comparisons:
-        for row in comparison.rows:
-            calls[f"{row[0]}: {row[5].partition(' (')[0]}"] += 1
+    stages = stage_calls.stage_calls(comparisons, calibration)
+    calls = stage_calls.case_calls(comparisons)
+    noise_rule = (
+        f"the A/A calibration {calibration.name!r} ({calibration.path}, {calibration.runs} "
+        "runs): a case's change must beat that case's widest A/A deviation, a stage-wide "
+        "change the stage's" if calibration is not None else session_noise.UNCALIBRATED_RULE)
+    called = [f"{c.case_id.rpartition('::')[2]} {row[0]}: {row[5]} x{row[3]}"
+              for c in comparisons for row in c.rows if row[5] in ("B better", "B worse")]
+    terminal = [
+        f"A: {side_a.name} ({len(a)} cases)  B: {side_b.name} ({len(b)} cases); "
+        f"{len(comparisons)} shared",
+        f"between-session noise: {noise_rule}",
+        *stage_calls.terminal_table(stage_calls.STAGE_HEADER, [c.cells() for c in stages]),
+        "per-case calls: " + (", ".join(f"{k}: {n}" for k, n in sorted(calls.items())) or EMPTY),
+        *(f"  {line}" for line in called),
+    ]
     lines = [
         "# pytest-afd comparison",
         "",
@@ -335,19 +324,24 @@ def render_comparison(
         "B / A is the ratio of medians over measured repetitions; the interval is a "
         f"{CONFIDENCE:.0%} bootstrap interval of that ratio ({BOOTSTRAP_SAMPLES} resamples, "
         f"seed {BOOTSTRAP_SEED}). A change is called only when the interval excludes 1, "
-        "the min-max ranges of A and B do not overlap, and B / A is further from 1 than "
-        "the noise floor: either side's coefficient of variation"
-        + (f", or the A/A calibration {calibration.name!r} ({calibration.path})"
-           if calibration is not None else "")
-        + f"; otherwise: {NO_DIFFERENCE}. When the recorded host conditions differ (1-minute "
-        "load per CPU further apart than 0.5, or another CPU count), wall-time metrics are "
-        f"'{INCONCLUSIVE_HOST} (load a → b)' and CPU time must also beat "
+        "the min-max ranges of A and B do not overlap, B / A lies beyond the noise between "
+        f"sessions on this host ({noise_rule}) and, for wall-time metrics, CPU time moved the "
+        f"same way; otherwise: {NO_DIFFERENCE}. When the recorded host conditions differ "
+        "(1-minute load per CPU further apart than 0.5, or another CPU count), wall-time "
+        f"metrics are '{INCONCLUSIVE_HOST} (load a → b)' and CPU time must also beat "
         f"{CPU_CONTENTION_FLOOR:.0%} (what contention can add to the same work), or is "
         "inconclusive too when either side's load exceeded its CPU count.",
         "",
-        *([f"Stored this comparison as A/A calibration `{calibrate}`.", ""]
-          if calibrate is not None else []),
-        "Calls: " + (", ".join(f"{call}: {n}" for call, n in sorted(calls.items())) or EMPTY) + ".",
+        "## Stage-wide calls",
+        "",
+        "Geometric mean of the stage's per-case B / A, with a bootstrap interval over its "
+        "cases: a change of the code moves every case, session noise moves them every "
+        "which way.",
+        "",
+        *table(stage_calls.STAGE_HEADER, [c.cells() for c in stages]),
+        "",
+        "Per-case calls: " + (", ".join(f"{call}: {n}" for call, n in sorted(calls.items()))
+                              or EMPTY) + ".",
         "",
     ]
     by_stage: dict[str, list[CaseComparison]] = defaultdict(list)
@@ -364,7 +358,10 @@ def render_comparison(
             for metric, *cells in comparison.rows:
                 rows.append([short, comparison.condition, metric, *cells, comparison.notes])
         lines += [f"## {stage}", "", *table(HEADER, rows), ""]
-        figure = _side_figure(members, f"{stage}: A vs B, shared cases", names)
+        stage_call = next((f"; stage-wide tokens/s x{c.geomean:.3g}: {c.call}" for c in stages
+                           if c.stage == stage and c.metric == METRICS[0].name
+                           and c.geomean is not None), "")
+        figure = _side_figure(members, f"{stage}: A vs B, shared cases{stage_call}", names)
         if figure is not None:
             written = layout.save(figure, target / PLOTS_DIR_NAME / f"{slug(stage)}-a_vs_b.png")
             if written is not None:
@@ -378,4 +375,4 @@ def render_comparison(
     (target / COMPARE_HTML_NAME).write_text(
         markdown_to_html(text, "pytest-afd comparison", base_dir=target)
     )
-    return path
+    return path, [*terminal, f"written: {path} (and {COMPARE_HTML_NAME}, plots)"]

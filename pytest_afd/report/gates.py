@@ -24,6 +24,7 @@ VERDICT_KEY = "verdict"
 # Most gate cases drawn in the figure (the table lists every one).
 MAX_PLOTTED_GATES = 60
 BAR_HEIGHT_IN = 0.22
+BIT_IDENTICAL = "0 (bit-identical)"
 HEADER = (
     "case",
     "gate",
@@ -63,6 +64,11 @@ def error_over_atol(verdict: Mapping[str, Any]) -> float | None:
     return float(error) / atol
 
 
+def bit_identical(verdict: Mapping[str, Any]) -> bool:
+    """Exactly zero error: the split reproduced the reference bit for bit (no bar to draw)."""
+    return verdict["max_abs_error"] == 0 and verdict["max_rel_error"] in (0, None)
+
+
 def _row(result: LoadedResult) -> list[str]:
     gate = result.doc["evidence"].get(GATE_KEY)
     number = str(gate.get("gate", EMPTY)) if isinstance(gate, Mapping) else EMPTY
@@ -71,14 +77,15 @@ def _row(result: LoadedResult) -> list[str]:
         return [result.case_id, number, verdict_text(result), "no logits compared",
                 *([EMPTY] * (len(HEADER) - 4))]
     _, atol, rtol = tolerance(verdict)
+    identical = bit_identical(verdict)
     return [
         result.case_id,
         number,
         verdict_text(result),
         str(verdict["tolerance_profile"]),
-        fmt(verdict["max_abs_error"]),
+        BIT_IDENTICAL if identical else fmt(verdict["max_abs_error"]),
         fmt(atol),
-        fmt(error_over_atol(verdict)),
+        BIT_IDENTICAL if identical else fmt(error_over_atol(verdict)),
         fmt(verdict["max_rel_error"]),
         fmt(rtol),
         str(len(verdict["invariant_violations"])),
@@ -89,10 +96,14 @@ def _row(result: LoadedResult) -> list[str]:
 def gates_section(results: Sequence[LoadedResult]) -> tuple[list[str], Figure | None]:
     """Markdown lines of the gates table, and the error-over-tolerance figure (or None)."""
     ordered = sorted(results, key=lambda r: (verdict_rank(r), r.case_id))
+    identical = sum(1 for r in results if (v := gate_verdict(r.doc)) is not None
+                    and bit_identical(v))
     lines = [
         f"{len(results)} gate case(s). A gate passes when every logit is within its profile's "
         "tolerance (|error| <= atol + rtol x |reference|) and no split invariant is violated; "
-        "error / atol above 1 needs the rtol share of the reference to pass.",
+        "error / atol above 1 needs the rtol share of the reference to pass. "
+        f"{identical} case(s) are bit-identical to their reference (error exactly 0): "
+        "the table says so, the figure draws only cases with an error.",
         "",
         *table(HEADER, [_row(r) for r in ordered]),
         "",
@@ -102,7 +113,8 @@ def gates_section(results: Sequence[LoadedResult]) -> tuple[list[str], Figure | 
 
 def draw_gate_errors(results: Sequence[LoadedResult]) -> Figure | None:
     """Horizontal bars of max abs logit error / atol per gate case, the tolerance line at 1."""
-    rows = [(r, error_over_atol(v)) for r in results if (v := gate_verdict(r.doc)) is not None]
+    rows = [(r, error_over_atol(v)) for r in results
+            if (v := gate_verdict(r.doc)) is not None and not bit_identical(v)]
     rows = [(r, ratio) for r, ratio in rows if ratio is not None]
     total = len(rows)
     rows = rows[:MAX_PLOTTED_GATES]
@@ -124,8 +136,8 @@ def draw_gate_errors(results: Sequence[LoadedResult]) -> Figure | None:
     axis.set_yticklabels(labels, fontsize="small")
     axis.set_ylim(len(rows) - 0.5, -0.5)
     zeros = [index for index, (_, ratio) in enumerate(rows) if ratio == 0]
-    for index in zeros:  # a bar at the floor must not read as an error of floor x atol
-        axis.annotate("= 0 (bit-identical)", (floor, index), xytext=(4, 0),
+    for index in zeros:  # a zero abs error with a rel error: at the floor, said so
+        axis.annotate("abs error 0", (floor, index), xytext=(4, 0),
                       textcoords="offset points", va="center", fontsize="x-small")
     axis.set_xlabel("max abs logit error / atol (log)")
     shown = f"{len(rows)} of {total} case(s) (failed first; the table lists all)"

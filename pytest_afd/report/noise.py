@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import os
+import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -84,13 +86,34 @@ def host_difference(a: HostConditions | None, b: HostConditions | None) -> str |
 
 
 # --- A/A calibrations -----------------------------------------------------------------------
+CALIBRATION_ENV = "AFD_CALIBRATION"
+CALIBRATION_DIR_NAME = "pytest-afd"
+
+
+def default_calibration_path() -> Path:
+    """Where ``compare --calibrate`` stores this host's A/A calibration and ``compare`` reads it.
+
+    ``$AFD_CALIBRATION`` when set, else ``$XDG_CACHE_HOME/pytest-afd/calibration-<host>.json``
+    (``~/.cache`` without XDG_CACHE_HOME): between-session noise belongs to a host, not to a
+    results directory.
+    """
+    override = os.environ.get(CALIBRATION_ENV)
+    if override:
+        return Path(override)
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / CALIBRATION_DIR_NAME / f"calibration-{socket.gethostname()}.json"
+
+
 @dataclass(frozen=True)
 class Calibration:
-    """Per case and metric, the |B / A - 1| an A/A pair showed: noise, by construction."""
+    """Per case and metric the widest |B / A - 1| its A/A pairs showed (noise, by construction),
+    and per stage and metric the widest move of the stage's geometric mean."""
 
     name: str
     path: Path
     floors: Mapping[str, Mapping[str, float]]
+    stage_floors: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    runs: int = 2
 
     def floor(self, case_id: str, metric: str) -> tuple[float, str] | None:
         """(floor, where from): the case's own A/A deviation, else the metric's widest."""
@@ -102,12 +125,16 @@ class Calibration:
             return None
         return max(widest), f"A/A {self.name!r} (widest case)"
 
+    def stage_floor(self, stage: str, metric: str) -> float | None:
+        return self.stage_floors.get(stage, {}).get(metric)
+
 
 def calibration_doc(
     name: str, sides: Sequence[str], deviations: Mapping[str, Mapping[str, float]],
     hosts: Mapping[str, Sequence[str]],
+    stage_deviations: Mapping[str, Mapping[str, float]] | None = None,
 ) -> dict[str, Any]:
-    """The stored calibration: both sides, their host conditions and every case's deviation."""
+    """The stored calibration: the runs, their host conditions and every case's deviation."""
     return {
         "kind": CALIBRATION_KIND,
         "version": CALIBRATION_VERSION,
@@ -116,10 +143,13 @@ def calibration_doc(
         "sides": list(sides),
         "hosts": {case: list(pair) for case, pair in sorted(hosts.items())},
         "floors": {case: dict(sorted(m.items())) for case, m in sorted(deviations.items())},
+        "stage_floors": {stage: dict(sorted(m.items()))
+                         for stage, m in sorted((stage_deviations or {}).items())},
     }
 
 
 def write_calibration(path: Path, doc: Mapping[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_json(path, doc)
 
 
@@ -134,10 +164,12 @@ def read_calibration(path: Path, source: str = "--calibration") -> Calibration:
     if not isinstance(doc, Mapping) or doc.get("kind") != CALIBRATION_KIND:
         raise ValueError(
             f"{source} {str(path)!r}: not a calibration (kind {CALIBRATION_KIND!r}); write one "
-            "with 'python -m pytest_afd compare A A2 --calibrate FILE'"
+            "with 'python -m pytest_afd compare --calibrate RUN RUN [RUN...]'"
         )
-    floors = {
-        str(case): {str(metric): float(value) for metric, value in metrics.items()}
-        for case, metrics in doc["floors"].items()
-    }
-    return Calibration(str(doc["name"]), path, floors)
+
+    def _floats(table: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+        return {str(key): {str(m): float(v) for m, v in metrics.items()}
+                for key, metrics in table.items()}
+
+    return Calibration(str(doc["name"]), path, _floats(doc["floors"]),
+                       _floats(doc.get("stage_floors", {})), len(doc.get("sides", ())))

@@ -21,6 +21,7 @@ from pytest_afd.report.point_plots import draw_hit_ratio, draw_imbalance_vs_step
 from pytest_afd.report.profile_plots import draw_result_layers, draw_result_overlap
 from pytest_afd.report.values import (
     FORCED_ROUTING,
+    UNCHUNKED_LABEL,
     chunk_label,
     chunk_sort_key,
     chunk_validity,
@@ -319,14 +320,22 @@ def draw_chunk_sweep(results: Sequence[LoadedResult]) -> Figure | None:
             low.append(spread[0])
             high.append(spread[1])
         if xs:
-            axis.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=ERROR_CAPSIZE, label=name)
+            drawn = axis.errorbar(xs, ys, yerr=[low, high], marker="o", capsize=ERROR_CAPSIZE,
+                                  label=name)
+            reference_x = sizes.index(UNCHUNKED_LABEL) if UNCHUNKED_LABEL in sizes else None
+            if reference_x in xs:
+                # The reference across the sweep: a chunk size above the line beats it.
+                reference = ys[xs.index(reference_x)]
+                axis.axhline(reference, color=drawn[0].get_color(), linestyle=":",
+                             linewidth=1, gid=layout.REFERENCE_GID)
     if not layout.has_data(figure):
         return None
     axis.set_xticks(range(len(sizes)))
     axis.set_xticklabels(sizes, fontsize="small")
     axis.set_xlabel("chunk size (tokens)")
     axis.set_ylabel("prefill throughput (tokens/s)")
-    axis.set_title("chunk-size sweep (bars: min-max)", fontsize="small")
+    axis.set_title("chunk-size sweep (bars: min-max; dotted: each line's unchunked reference)",
+                   fontsize="small")
     layout.figure_legend(figure, [axis])
     return figure
 

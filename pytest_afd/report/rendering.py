@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pytest_afd import verdicts
+from pytest_afd import conclusions, session_noise, verdicts
 from pytest_afd.markers import MARKERS, STAGE_MARKERS
 from pytest_afd.report import layout
 from pytest_afd.report.gates import MAX_PLOTTED_GATES, gates_section
@@ -31,6 +31,7 @@ from pytest_afd.report.plots import PLOTTERS, plot_note
 from pytest_afd.report.point_plots import imbalance_key
 from pytest_afd.report.sidebyside import draw_side_by_side
 from pytest_afd.report.tables import (
+    EMPTY,
     afd_pp_pairs,
     case_table,
     cell,
@@ -92,6 +93,16 @@ def _pairs_section(results: Sequence[LoadedResult], report_dir: Path) -> list[st
     return lines
 
 
+def _fastest_lines(results: Sequence[LoadedResult]) -> list[str]:
+    """Every condition's fastest variant, references included: what the conclusion says."""
+    header, rows = conclusions.fastest_table([r.doc for r in results])
+    if not any(row[3] != EMPTY for row in rows):
+        return []
+    return ["Fastest per condition (median prefill tokens/s; references `none` and "
+            f"`unchunked` compete too; {session_noise.UNCALIBRATED_RULE}):", "",
+            *table(header, rows), ""]
+
+
 def _stack_section(
     stage: str, digest: str, results: list[LoadedResult], report_dir: Path
 ) -> list[str]:
@@ -103,6 +114,7 @@ def _stack_section(
         *case_table(results),
         "",
         *comparison_table(results),
+        *_fastest_lines(results),
         "Workloads:",
         "",
         *workload_table(results),
@@ -190,8 +202,9 @@ def _verdicts(results: Sequence[LoadedResult]) -> list[str]:
     docs = [r.doc for r in results]
     lines = ["## Verdicts", ""]
     rankings = verdicts.stage_a_rankings(docs)
+    stage_a_docs = [r.doc for r in results if r.stage == "stage_a"]
     for test, ranking in rankings:
-        lines += [f"**Stage A ({test})**: {verdicts.ranking_text(ranking)}.", ""]
+        lines += [f"**Stage A ({test})**: {verdicts.ranking_text(ranking, stage_a_docs)}.", ""]
     if not rankings and any(r.stage == "stage_a" for r in results):
         lines += ["**Stage A**: no result carries `evidence.stage_a.ranking` (no ranking ran).", ""]
     stages = verdicts.by_stage(docs)

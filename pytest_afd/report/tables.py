@@ -31,6 +31,7 @@ from pytest_afd.report.values import (
     ttft_of,
 )
 from pytest_afd.results import is_absent
+from pytest_afd.session_noise import UNCALIBRATED_RULE
 from pytest_afd.verdicts import INSIDE_NOISE, noise_mark
 
 DIGEST_SHORT_CHARS = 12  # after the "sha256:" prefix
@@ -72,6 +73,7 @@ WORKLOAD_HEADER = (
     "min",
     "max",
     "arrival",
+    "warm cache: uncached p50 / max",
 )
 PAIR_HEADER = (
     "pair",
@@ -230,10 +232,18 @@ def comparison_table(results: Sequence[LoadedResult]) -> list[str]:
             row.append(f"{ratio} ({mark})" if ratio != EMPTY else ratio)
         rows.append(row)
     note = (f"{PROPOSED_POLICY} / {CONTROL_POLICY} is {INSIDE_NOISE} unless the min-max ranges "
-            "of the repetitions do not overlap and the ratio is further from 1 than either "
-            "side's coefficient of variation.")
+            "of the repetitions do not overlap and the ratio lies beyond the between-session "
+            f"noise ({UNCALIBRATED_RULE}).")
     return ["Median prefill tokens/s per policy:", "", *table(header, rows), "",
             *([note, ""] if with_ratio else [])]
+
+
+def _uncached_text(workload: Mapping[str, Any]) -> str:
+    """What a warm cache leaves to compute (hit-ratio twins share their prompt lengths)."""
+    uncached = workload.get("uncached_prompt_lengths")
+    if not isinstance(uncached, Mapping) or workload.get("shared_prefix_tokens", 0) == 0:
+        return EMPTY
+    return f"{fmt(uncached['p50'], 5)} / {fmt(uncached['max'], 5)}"
 
 
 def workload_table(results: Sequence[LoadedResult]) -> list[str]:
@@ -258,6 +268,7 @@ def workload_table(results: Sequence[LoadedResult]) -> list[str]:
                 fmt(total, 8),
                 *(fmt(lengths[k], 5) for k in ("mean", "p50", "p90", "p99", "cv", "min", "max")),
                 arrivals[key],
+                _uncached_text(workload),
             ]
         )
     return table(WORKLOAD_HEADER, rows)

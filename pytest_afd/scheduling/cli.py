@@ -232,6 +232,27 @@ def render_plan(plan: SchedulePlan, inputs: PlanInputs, show_forwards: int) -> s
     return "\n".join(lines)
 
 
+# What each column and note label of a sweep means (printed under the table).
+SWEEP_KEY = {
+    "effective": "the chunk the scheduler uses per DP replica (chunk // dp; - = unchunked)",
+    "forwards": "forward steps that prefill the whole queue; max fwd/req: most forwards one "
+                "request needs",
+    "tails": "forwards holding only the final pieces of continued requests, under one page "
+             "(almost empty steps)",
+    "max rows/rank": "most prompt rows one CP rank holds in a forward",
+    "max rounds": "most dispatch/combine rounds one forward needs (rows/rank over the round "
+                  "capacity, rounded up); rounds: their total over all forwards",
+}
+SWEEP_LABELS = {
+    "JOINT candidate": "against the previous valid size this one changes the forwards (or tail "
+                       "batches) AND the comm rounds per forward: its time change mixes both "
+                       "effects (chunk-semantics §4), so measure it, do not infer it from either",
+    "crosses a comm-round boundary": "more (or fewer) rounds per forward than the previous "
+                                     "valid size with the same forwards",
+    "omitted": "the size is invalid for this configuration; the reason follows",
+}
+
+
 def render_sweep(candidates: Sequence[SweepCandidate], inputs: PlanInputs) -> str:
     lines = [_config_line(inputs.config), _queue_line(inputs)]
     rows = []
@@ -279,10 +300,12 @@ def render_sweep(candidates: Sequence[SweepCandidate], inputs: PlanInputs) -> st
         ),
         rows,
     )
-    for candidate in candidates:
-        note = candidate.note()
-        if note:
-            lines.append(f"{candidate.label}: {note}")
+    notes = [f"{candidate.label}: {candidate.note()}" for candidate in candidates
+             if candidate.note()]
+    lines += notes
+    lines += ["", "key:", *(f"  {name}: {meaning}" for name, meaning in SWEEP_KEY.items())]
+    used = " ".join(notes)
+    lines += [f"  {label}: {meaning}" for label, meaning in SWEEP_LABELS.items() if label in used]
     return "\n".join(lines)
 
 

@@ -15,9 +15,9 @@ from pytest_afd.backends.base import PromptRequest
 from pytest_afd.workloads.shapes import (
     apportion,
     arrival_times,
+    fitted_prefixes,
     scaled_total,
     shape_lengths,
-    shared_prefix_for,
 )
 from pytest_afd.workloads.spec import (
     DISTRIBUTIONS,
@@ -52,6 +52,20 @@ class Workload:
     shared_prefix_tokens: int
     arrival_times_s: tuple[float, ...]
     source: dict[str, Any] = field(default_factory=dict)
+    # Per prompt (run order), how many of its tokens are the shared prefix's first ones;
+    # empty: every prompt starts with the whole shared prefix.
+    prefix_lengths: tuple[int, ...] = ()
+
+    @property
+    def cached_prefix_tokens(self) -> tuple[int, ...]:
+        """Per prompt, the prefix tokens a warm cache can serve (run order)."""
+        return self.prefix_lengths or (self.shared_prefix_tokens,) * self.num_requests
+
+    @property
+    def uncached_lengths(self) -> tuple[int, ...]:
+        """Per prompt, the tokens left to compute with a warm cache."""
+        return tuple(length - cached for length, cached in
+                     zip(self.prompt_lengths, self.cached_prefix_tokens, strict=True))
 
     @property
     def name(self) -> str:
@@ -72,7 +86,7 @@ class Workload:
     @property
     def designed_hit_tokens(self) -> int:
         """Prefix tokens a warm cache can serve: the design, not a measurement."""
-        return self.shared_prefix_tokens * self.num_requests
+        return sum(self.cached_prefix_tokens)
 
     @property
     def designed_hit_ratio(self) -> float:
@@ -90,8 +104,9 @@ class Workload:
         """Per prompt, in run order: the shared prefix then request-unique ids."""
         prefix = self._prefix_ids()
         return [
-            np.concatenate([prefix, self._unique_ids(source, length - prefix.size)])
-            for source, length in zip(self.source_indices, self.prompt_lengths, strict=True)
+            np.concatenate([prefix[:cached], self._unique_ids(source, length - cached)])
+            for source, length, cached in zip(self.source_indices, self.prompt_lengths,
+                                              self.cached_prefix_tokens, strict=True)
         ]
 
     def prompts(self) -> list[PromptRequest]:
@@ -128,6 +143,8 @@ class Workload:
             "prompt_lengths": list(self.prompt_lengths),
             "stats": self.stats.to_dict(),
             "shared_prefix_tokens": self.shared_prefix_tokens,
+            "cached_prefix_tokens": list(self.cached_prefix_tokens),
+            "uncached_stats": length_stats(self.uncached_lengths).to_dict(),
             "requested_hit_ratio": self.spec.requested_hit_ratio,
             "designed_hit_ratio": self.designed_hit_ratio,
             "arrival": {
@@ -143,9 +160,9 @@ def build_workload(spec: WorkloadSpec) -> Workload:
     """Build the workload a spec describes (deterministic from ``spec.seed``)."""
     shape = shape_lengths(spec)
     total = scaled_total(spec, shape)
-    prefix = shared_prefix_for(spec, total)
-    unique = apportion(shape, total - prefix * spec.num_requests)
-    lengths = unique + prefix
+    # The hit-0 twin's lengths for every ratio: only the shared part varies (fitted_prefixes).
+    lengths = apportion(shape, total)
+    prefix, per_prompt = fitted_prefixes(spec, lengths)
     order = np.arange(spec.num_requests)
     if spec.order == ORDER_SHUFFLED:
         order = stream_rng(spec.seed, STREAM_ORDER).permutation(spec.num_requests)
@@ -163,6 +180,7 @@ def build_workload(spec: WorkloadSpec) -> Workload:
         shared_prefix_tokens=prefix,
         arrival_times_s=tuple(float(x) for x in arrival_times(spec)),
         source=source,
+        prefix_lengths=tuple(int(x) for x in per_prompt[order]) if prefix else (),
     )
 
 

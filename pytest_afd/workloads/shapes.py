@@ -131,26 +131,35 @@ def scaled_total(spec: WorkloadSpec, shape: np.ndarray) -> int:
     return max(spec.num_requests, round(logical_total * spec.scale))
 
 
-def shared_prefix_for(spec: WorkloadSpec, total: int) -> int:
-    """Whole-block prefix every prompt starts with, so cached / total ~ the requested ratio."""
+def fitted_prefixes(spec: WorkloadSpec, lengths: np.ndarray) -> tuple[int, np.ndarray]:
+    """(shared prefix P, per-prompt prefix tokens) inside the hit-0 lengths.
+
+    Every prompt keeps the length its hit-0 twin has; only how much of it is
+    the shared prefix varies: prompt i starts with the first ``p_i`` tokens of
+    one P-token prefix, ``p_i`` = P or, for a prompt too short for it, its
+    longest whole-block prefix that leaves one token to compute. P (whole
+    blocks) is chosen so sum(p_i) / total is closest to the requested ratio;
+    a ratio the lengths cannot reach gets the closest one (recorded as the
+    designed ratio).
+    """
+    zero = np.zeros(lengths.size, dtype=np.int64)
     if spec.requested_hit_ratio == 0:
-        return 0
-    per_request = spec.requested_hit_ratio * total / spec.num_requests
-    blocks = round(per_request / spec.block_size)
-    prefix = blocks * spec.block_size
-    if prefix == 0:
+        return 0, zero
+    block = spec.block_size
+    room = (lengths - 1) // block * block  # the most prefix each prompt can hold
+    if int(room.max()) == 0:
         raise ValueError(
-            f"requested_hit_ratio={spec.requested_hit_ratio} gives a shared prefix of "
-            f"{per_request:.1f} tokens, under one block of block_size={spec.block_size}; "
-            "raise scale or target_total_tokens, or lower block_size"
+            f"requested_hit_ratio={spec.requested_hit_ratio}: no prompt is longer than one "
+            f"block (block_size={block}, longest {int(lengths.max())} tokens); raise scale or "
+            "target_total_tokens, or lower block_size"
         )
-    if (prefix + 1) * spec.num_requests > total:
-        raise ValueError(
-            f"requested_hit_ratio={spec.requested_hit_ratio}: a {prefix}-token prefix "
-            f"(block_size={spec.block_size}) leaves no unique token per prompt in "
-            f"{total} total tokens"
-        )
-    return prefix
+    total = int(lengths.sum())
+    best_prefix, best_gap = block, None
+    for prefix in range(block, int(room.max()) + 1, block):
+        gap = abs(np.minimum(room, prefix).sum() / total - spec.requested_hit_ratio)
+        if best_gap is None or gap < best_gap:
+            best_prefix, best_gap = prefix, gap
+    return best_prefix, np.minimum(room, best_prefix).astype(np.int64)
 
 
 # --- arrivals -------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 Pure functions over measured numbers, so they are unit-tested without a backend.
 A policy is named best only when the bootstrap interval of its score over the
-runner-up's (resampling the repetitions) lies entirely above 1; otherwise the
+runner-up's (resampling the repetitions) lies entirely above 1 and the lead
+exceeds the between-session noise (a score is a geometric mean over workloads,
+so the stage-wide floor of :mod:`pytest_afd.session_noise` applies); otherwise the
 ranking records "no significant difference" and the confirmation runs keep
 the controls.
 """
@@ -15,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from pytest_afd.session_noise import UNCALIBRATED_STAGE_FLOOR
 from pytest_afd.stats import CONFIDENCE, bootstrap_interval
 
 BASELINE_POLICY = "none"  # no async MoE dual batching
@@ -81,15 +84,17 @@ def rank_policies(repetitions: Mapping[tuple[str, str], Sequence[float]], *, see
     low, high = bootstrap_interval(
         repetitions, lambda m: _ratio(policy_scores(m), leader, runner_up), seed=seed
     )
-    significant = low > 1.0
+    ratio = _ratio(scores, leader, runner_up)
+    significant = low > 1.0 and ratio - 1 > UNCALIBRATED_STAGE_FLOOR
     return {
         **ranking,
         "winner": leader if significant else None,
         "significant": significant,
         "verdict": f"{leader} is best" if significant else NO_SIGNIFICANT_DIFFERENCE,
         "leader_vs_runner_up": {
-            "ratio": _ratio(scores, leader, runner_up), "interval": [low, high],
+            "ratio": ratio, "interval": [low, high],
             "confidence": CONFIDENCE, "method": NOISE_METHOD,
+            "between_session_floor": UNCALIBRATED_STAGE_FLOOR,
         },
     }  # fmt: skip
 

@@ -96,7 +96,7 @@ def test_stage_d_chunk_sweep_then_best_two(stage_runner):
     for name in FOLLOW_UP_WORKLOADS:
         for ratio in FOLLOW_UP_HIT_RATIOS:
             hit_workload = stage_runner.workload(name, requested_hit_ratio=ratio)
-            cached = [hit_workload.shared_prefix_tokens] * hit_workload.num_requests
+            cached = list(hit_workload.cached_prefix_tokens)
             cases, _ = _sweep_cases(
                 stage_runner,
                 hit_workload,

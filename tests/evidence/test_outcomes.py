@@ -137,11 +137,18 @@ def test_each_result_records_its_outcome_and_session(fake):
     assert again["session_id"] != summary["session_id"]
 
 
-def test_a_session_that_writes_nothing_replaces_summary(fake):
+def test_an_afd_session_that_writes_nothing_replaces_summary(fake):
     out = fake.path / "afd-results"
     out.mkdir()
-    (out / "summary.json").write_text(json.dumps({"results": [{"case_id": "stale"}]}))
+    stale = json.dumps({"results": [{"case_id": "stale"}]})
+    (out / "summary.json").write_text(stale)
+    # No AFD case selected (a plain test): the last summary stays (test_plugin_no_case_selected).
     fake.makepyfile(test_nothing="def test_plain():\n    pass\n")
+    fake.runpytest(*FAST).assert_outcomes(passed=1)
+    assert (out / "summary.json").read_text() == stale
+    # A gate case ran and wrote nothing: its session's (empty) summary replaces the last.
+    fake.makepyfile(test_nothing="import pytest\n\n@pytest.mark.gate\n"
+                                 "def test_plain():\n    pass\n")
     fake.runpytest(*FAST).assert_outcomes(passed=1)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["results"] == [] and summary["session_id"]

@@ -6,6 +6,8 @@ import os
 from pytest_afd.results_dir import STALE_TEMP_AGE_S
 
 pytest_plugins = ["pytester"]
+# A gate case: a session that selects no AFD case leaves the summary alone anyway.
+GATE_CASE = "import pytest\n\n@pytest.mark.gate\ndef test_x():\n    pass\n"
 
 def snapshot(directory):
     return {
@@ -16,7 +18,7 @@ def snapshot(directory):
 
 def test_collect_only_leaves_the_results_dir_alone(pytester):
     results = pytester.path / "res"
-    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    pytester.makepyfile(test_x=GATE_CASE)
     pytester.runpytest("--afd-results-dir", str(results)).assert_outcomes(passed=1)
     summary = json.loads((results / "summary.json").read_text())
     # A killed write's temp file, old enough that a normal start-up would remove it.

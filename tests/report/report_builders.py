@@ -82,7 +82,7 @@ def _runs(workload, policy, *, wall_s, chunk_size=None, timings=None, skewed=Fal
             RequestOutput(
                 request_id=p.request_id,
                 num_prompt_tokens=p.num_prompt_tokens,
-                num_cached_tokens=workload.shared_prefix_tokens,
+                num_cached_tokens=workload.cached_prefix_tokens[i],
                 next_token=1,
                 ttft_s=wall * (i + 1) / len(lengths),
             )

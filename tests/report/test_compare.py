@@ -33,9 +33,13 @@ def _row(text, policy, metric):
 
 
 def test_significance_needs_the_interval_the_ranges_and_the_noise_floor():
-    a, faster = [100.0, 110.0, 120.0], [200.0, 220.0, 240.0]
+    a, faster = [100.0, 110.0, 120.0], [250.0, 275.0, 300.0]
     ratio, interval, call = significance_call(a, faster, higher_is_better=True)
-    assert ratio == pytest.approx(2.0) and interval[0] > 1 and call == "B better"
+    assert ratio == pytest.approx(2.5) and interval[0] > 1 and call == "B better"
+    # x2 is inside the uncalibrated between-session floor, beyond a calibrated 20 % one.
+    doubled = [200.0, 220.0, 240.0]
+    assert significance_call(a, doubled, higher_is_better=True)[2] == NO_DIFFERENCE
+    assert significance_call(a, doubled, higher_is_better=True, floor=0.2)[2] == "B better"
     assert significance_call(a, faster, higher_is_better=False)[2] == "B worse"
     assert significance_call(a, [105.0, 115.0, 125.0], True)[2] == NO_DIFFERENCE  # overlap
     noisy_a, noisy_b = [20.0, 100.0, 101.0], [102.0, 103.0, 104.0]  # apart, 3 % < cv 63 %
@@ -44,30 +48,45 @@ def test_significance_needs_the_interval_the_ranges_and_the_noise_floor():
     assert bootstrap_ratio_interval(a, faster) == bootstrap_ratio_interval(a, faster)  # seeded
 
 
-def test_compare_two_directories(tmp_path, capsys):
+def test_compare_two_directories(tmp_path, capsys, monkeypatch):
     a_dir, b_dir = tmp_path / "a", tmp_path / "b"
     _side(a_dir, {"none": 1.0, "request_boundary": 1.0, "token_balanced": 1.0})
-    _side(b_dir, {"request_boundary": 1.0, "token_balanced": 0.5})
+    _side(b_dir, {"request_boundary": 1.0, "token_balanced": 0.4})
+    def files():  # the validation cache (.afd-report-cache) is the loader's, not an output
+        return {p: p.stat().st_mtime_ns for d in (a_dir, b_dir) for p in d.rglob("*.json")}
+
+    before = files()
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
     assert main(["compare", str(a_dir), str(b_dir)]) == 0
-    path = b_dir / "compare" / "compare.md"
-    assert capsys.readouterr().out.strip() == str(path)
+    # Its own folder, beside neither input; both inputs untouched.
+    path = work / "afd-compare" / "a-vs-b" / "compare.md"
+    assert files() == before and not list(b_dir.glob("compare*"))
+    out = capsys.readouterr().out
+    # The verdict in the terminal: the stage-wide table and every per-case call.
+    assert "between-session noise: no A/A calibration of this host" in out
+    assert "stage_a  prefill tokens/s" in out
+    assert "test_stage_a_policy_matrix[stage]/uniform/token_balanced prefill tokens/s: " \
+           "B better x2.5" in out
+    assert out.rstrip().endswith(f"written: {path} (and compare.html, plots)")
     text = path.read_text()
     assert "2 shared case(s); 1 only in A, 0 only in B." in text
     faster = _row(text, "token_balanced", "prefill tokens/s")
-    assert faster[5] == "2" and faster[7] == "B better"
+    assert faster[5] == "2.5" and faster[7] == "B better"
     assert "n=3" in faster[3] and "cv " in faster[4]
     assert _row(text, "token_balanced", "TTFT p50 (s)")[7] == "B better"  # lower is better
     same = _row(text, "request_boundary", "prefill tokens/s")
     assert same[5] == "1" and same[7] == NO_DIFFERENCE
-    assert (b_dir / "compare" / "compare.html").read_text().count("<table") == 1
-    assert (b_dir / "compare" / "plots" / "stage_a-a_vs_b.png").is_file()
+    assert path.with_name("compare.html").read_text().count("<table") == 2
+    assert (path.parent / "plots" / "stage_a-a_vs_b.png").is_file()
 
 
 def test_compare_two_sessions_of_one_directory(tmp_path):
     _side(tmp_path / "first", {"token_balanced": 1.0}, session="s1")
     _side(
         tmp_path / "second",
-        {"token_balanced": 2.0},
+        {"token_balanced": 2.5},
         session="s2",
         created_at="2026-12-01T11:00:00+00:00",
     )

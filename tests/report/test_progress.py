@@ -5,6 +5,8 @@ import io
 import pytest
 
 from pytest_afd.progress import (
+    ERASE_LINE,
+    LiveLines,
     Progress,
     estimate_remaining,
     format_duration,
@@ -80,14 +82,37 @@ def test_pytest_emitter_shows_lines_live_and_stays_quiet_under_q(pytester):
     pytester.makepyfile(test_loop=PROGRESS_TEST)
     shown = pytester.runpytest("-p", "no:cacheprovider")
     shown.assert_outcomes(passed=1)
-    shown.stdout.fnmatch_lines(
-        [
-            "*loop case 1/3 policy=none elapsed*",
-            "*loop case 3/3 policy=token_balanced elapsed*left",
-            "*loop 3/3 cases done in*",
-        ]
-    )
+    # Not a terminal: the first line, then at most one per 5 s, and the final line.
+    shown.stdout.fnmatch_lines(["*loop case 1/3 policy=none elapsed*", "*loop 3/3 cases done in*"])
+    assert "loop case 2/3" not in shown.stdout.str()
     assert "captured output stays captured" not in shown.stdout.str()
     quiet = pytester.runpytest("-p", "no:cacheprovider", "-q")
     quiet.assert_outcomes(passed=1)
     assert "loop case" not in quiet.stdout.str()
+
+
+def test_off_a_terminal_lines_come_at_most_every_few_seconds():
+    clock, lines = FakeClock(), []
+    live = LiveLines(lines.append, clock=clock)
+    progress = Progress(68, live, title="stage_d", unit="run", clock=clock)
+    for _ in range(68):  # a 25 s stage: one run every 0.37 s
+        progress.step()
+        clock.now += 25 / 68
+    progress.finish()
+    assert len(lines) == 6  # t = 0, 5.1, 10.3, 15.4, 20.6 and the final line
+    assert lines[-1] == "stage_d 68/68 runs done in 25.0s"
+
+
+def test_on_a_terminal_the_line_is_rewritten_in_place():
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    stream = Terminal()
+    progress = Progress(3, stream_emitter(stream), title="bench")
+    for _ in range(3):
+        progress.step()
+    progress.finish()
+    text = stream.getvalue()
+    assert text.count("\n") == 1 and text.endswith("bench 3/3 cases done in 0.0s\n")
+    assert text.count(ERASE_LINE) == 4

@@ -38,3 +38,20 @@ def test_gates_show_logit_error_against_tolerance_in_their_own_section(tmp_path)
     plots = sorted(p.name for p in (tmp_path / "report" / "plots").glob("*.png"))
     assert plots == ["gates-logit_error.png"]  # one figure, none of the performance plots
     assert "### Stack" not in section
+
+
+def test_zero_error_gates_are_bit_identical_in_the_table_not_bars(tmp_path):
+    atol = PROFILES["float32"].atol
+    for name in ("a", "b", "c"):
+        _gate(tmp_path, name, "passed", 0.0)
+    text = report.render(tmp_path).read_text()
+    section = text[text.index("## gate:"):]
+    row = next(line for line in section.splitlines() if "[a]" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[4] == "0 (bit-identical)" and cells[6] == "0 (bit-identical)"
+    assert "3 case(s) are bit-identical to their reference" in section
+    assert not list((tmp_path / "report" / "plots").glob("*.png"))  # no bars of nothing
+    _gate(tmp_path, "d", "passed", atol / 2)
+    report.render(tmp_path)
+    assert [p.name for p in (tmp_path / "report" / "plots").glob("*.png")] == [
+        "gates-logit_error.png"]

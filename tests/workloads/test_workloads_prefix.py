@@ -39,15 +39,18 @@ def test_warm_cache_serves_exactly_the_shared_prefix(distribution, ratio):
     workload = make_workload(distribution, requested_hit_ratio=ratio, seed=9, **SMALL)
     (warmup,) = workload.prefix_warmup_prompts()
     prompts = workload.prompts()
-    prefix = workload.shared_prefix_tokens
-    assert all(p.prompt_token_ids[:prefix] == warmup.prompt_token_ids[:prefix] for p in prompts)
+    cached = workload.cached_prefix_tokens
+    assert max(cached) == workload.shared_prefix_tokens
+    assert all(p.prompt_token_ids[:c] == warmup.prompt_token_ids[:c]
+               for p, c in zip(prompts, cached, strict=True))
     served = [
         _cached_whole_blocks(warmup.prompt_token_ids, p.prompt_token_ids, BLOCK) for p in prompts
     ]
-    assert served == [prefix] * len(prompts)
+    assert served == list(cached)
     assert sum(served) / workload.total_tokens == pytest.approx(workload.designed_hit_ratio)
     # Unique suffixes never hit each other beyond the prefix.
-    suffix_blocks = {p.prompt_token_ids[prefix : prefix + BLOCK] for p in prompts}
+    suffix_blocks = {p.prompt_token_ids[c : c + BLOCK] for p, c in zip(prompts, cached,
+                                                                         strict=True)}
     assert len(suffix_blocks) == len(prompts)
 
 
@@ -59,12 +62,11 @@ def test_zero_ratio_has_no_prefix_and_no_warmup():
     assert len(firsts) == workload.num_requests
 
 
-def test_prefix_keeps_the_suffix_shape():
+def test_prefix_keeps_the_prompt_lengths():
     plain = make_workload("bimodal", **SMALL)
     cached = make_workload("bimodal", requested_hit_ratio=0.5, **SMALL)
-    suffix = np.array(cached.prompt_lengths) - cached.shared_prefix_tokens
-    assert np.argmax(suffix) == np.argmax(plain.prompt_lengths)
-    assert suffix.min() >= 1
+    assert cached.prompt_lengths == plain.prompt_lengths  # tests/workloads/test_hit_ratio_twins
+    assert np.min(cached.uncached_lengths) >= 1
 
 
 def test_prefix_below_one_block_is_rejected_with_the_numbers():
@@ -73,7 +75,7 @@ def test_prefix_below_one_block_is_rejected_with_the_numbers():
 
 
 def test_prefix_leaving_no_unique_token_is_rejected():
-    with pytest.raises(ValueError, match="no unique token"):
+    with pytest.raises(ValueError, match="no prompt is longer than one block"):
         make_workload(
             "uniform",
             num_requests=4,
@@ -95,5 +97,5 @@ def test_scheduler_prefix_index_realizes_the_designed_ratio(ratio):
     for warmup in workload.prefix_warmup_prompts():
         index.insert(warmup.prompt_token_ids)
     hits = [index.lookup(p.prompt_token_ids) for p in prompts]
-    assert hits == [workload.shared_prefix_tokens] * len(prompts)
+    assert hits == list(workload.cached_prefix_tokens)
     assert sum(hits) / workload.total_tokens == pytest.approx(workload.designed_hit_ratio)

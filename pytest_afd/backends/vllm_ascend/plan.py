@@ -244,12 +244,13 @@ class LaunchPlan:
     def format_text(self) -> str:
         """The plan as a shell script: commands quoted (shlex), comment text escaped."""
         lines = [comment(f"{self.topology}: {len(self.processes)} processes on "
-                         f"{len(self.node_addresses)} node(s), split={self.split}"),
+                         f"{len(self.node_addresses)} node(s), split={self.split}"
+                         f"{SPLIT_ROLES.get(self.split, '')}"),
                  comment("attach the harness with: "
                          + shlex.join([f"{key}={value}"
                                        for key, value in self.attach_env().items()]))]
         for node, address in enumerate(self.node_addresses):
-            lines.append("\n" + comment(f"# node {node} ({address})"))
+            lines.append("\n" + comment(f"node {node} ({address})"))
             for process in self.on_node(node):
                 mode = "headless" if process.headless else f"api port {process.api_port}"
                 lines.append(comment(
@@ -259,6 +260,13 @@ class LaunchPlan:
                 ))
                 lines.append(process.command_line())
         return "\n".join(lines) + "\n"
+
+
+# What each split is in the RFC's study, for the plan's first line.
+SPLIT_ROLES = {"none": " (no dual batching: the baseline)",
+               "request": " (request-boundary split: the control; --split token_balanced for the "
+                          "RFC's proposal)",
+               "token_balanced": " (the RFC's token-balanced split)"}
 
 
 def comment(text: str) -> str:
