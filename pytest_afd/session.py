@@ -11,6 +11,7 @@ import pytest
 
 from pytest_afd.backends import create_backend
 from pytest_afd.backends.base import Backend, BackendUnavailable
+from pytest_afd.hardware import HARDWARE_BACKENDS
 from pytest_afd.manifest import collect_manifest, manifest_digest
 from pytest_afd.markers import STAGE_MARKERS
 from pytest_afd.options import AfdOptions
@@ -50,9 +51,12 @@ class AfdSession:
 
     @property
     def selected_no_case(self) -> bool:
-        """Nothing AFD ran or was written: the results directory must stay as it was."""
+        """Nothing AFD ran or was written: the results directory must stay as it was.
+
+        A hardware-backend session always writes its summary: its hardware ledger
+        ("0 cases measured on hardware") is the evidence a nightly reads."""
         return not (self.written or self.golden_updates or self.lost_workers or self.afd_cases
-                    or self.write_errors)
+                    or self.write_errors or self.options.backend in HARDWARE_BACKENDS)
 
     # Backends a suite made for another model or topology (stage pools): the hardware
     # ledger counts their runs too.
