@@ -170,11 +170,23 @@ class _NoModel:
     config = None
 
 
+PLUGIN_ENTRY_POINT = "afd"
+"""The pytest11 entry point name (pyproject.toml)."""
+PLUGIN_MODULE = "pytest_afd.plugin"
+
+
 def test_a_bad_evidence_setting_is_a_usage_error_when_pytest_starts(pytester, monkeypatch):
-    """Refused once, before any test runs (it used to fail every case's run)."""
+    """Refused once, before any test runs (it used to fail every case's run).
+
+    The inner run loads the plugin by module name whichever way the outer run got it (its
+    ``afd`` entry point in the default run; none in the optional real-vLLM env, which
+    runs with ``-p no:afd`` and without the project installed), and blocks the entry
+    point so it is never registered twice.
+    """
     monkeypatch.setenv(EVIDENCE_DIR_ENV, str(pytester.path / "evidence"))
     monkeypatch.setenv(MAX_BYTES_ENV, "1_0_0_0_0")
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
-    result = pytester.runpytest("-p", "no:cacheprovider")
+    result = pytester.runpytest("-p", "no:cacheprovider", "-p", f"no:{PLUGIN_ENTRY_POINT}",
+                                "-p", PLUGIN_MODULE)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{MAX_BYTES_ENV}='1_0_0_0_0' is not an integer byte count*"])
