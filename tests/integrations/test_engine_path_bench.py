@@ -26,24 +26,37 @@ def bench():
         sys.path.remove(str(BENCH_DIR))
 
 
-def test_report_has_every_target_with_ratios_and_load(bench, tmp_path, capsys):
+def test_report_has_every_target_with_fractions_and_load(bench, tmp_path, capsys):
     out = tmp_path / "report.json"
-    assert bench.main(["--samples", "2", "--calls", "1", "--passes", "1", "--sizes", "1", "8",
+    assert bench.main(["--samples", "2", "--calls", "1", "--passes", "1", "--sizes", "1",
                        "--repeats", "0", "--output", str(out)]) == 0
     report = json.loads(out.read_text())
     layouts = report["metadata_layouts"]
     assert len(layouts) == 3 and layouts[1:] == ["vllm-ascend-v0.19.1rc1-standin",
                                                  "vllm-ascend-v0.26.0rc-standin"]
+    # One target per layout, at the recipe's batch: 32 requests filling 140,000 tokens.
     assert [t["name"] for t in report["targets"]] == [
-        f"engine_path_vs_plugin_{layout}_{size}_requests" for layout in layouts for size in (1, 8)]
-    assert all(isinstance(t["met"], bool) and t["measured_ratio_thread_cpu"] > 0
-               and t["max_ratio"] == 1.0 for t in report["targets"])
-    # The plugin does not split one request: the target says so.
-    assert all(("note" in t) == (t["num_requests"] == 1) for t in report["targets"])
+        f"host_cost_per_step_{layout}" for layout in layouts]
+    for target in report["targets"]:
+        assert (target["num_requests"], target["num_tokens"]) == (32, 140_000)
+        assert target["max_fraction"] == 0.01 and isinstance(target["met"], bool)
+        assert target["met"] == (target["measured_fraction"] <= 0.01)
+        # The host cost includes the builder-state guard, and the fraction is of that sum.
+        assert 0 < target["builder_state_guard_thread_cpu_us"] < target["host_cost_thread_cpu_us"]
+        assert target["measured_fraction"] == pytest.approx(
+            target["host_cost_thread_cpu_us"] / target["modelled_step_us"])
+        assert target["context_ratio_engine_to_plugin_thread_cpu"] > 0
+    guard = report["builder_state_guard"]
+    assert guard["pcp"] == 8 and guard["guarded_buffers"] == 3  # two SFA-CP bufs + padded slots
+    assert guard["stage_fields_owned_per_step"] == 2
     assert len(report["load_average_before"]) == 3 and isinstance(report["load_ok"], bool)
-    assert len(report["load_attempts"]) == 1
+    assert len(report["load_attempts"]) == 1 and report["torch_threads"] == 1
+    assert report["process_cpu_s"]["user"] > 0
     context = report["context_host_cost_vs_modelled_step"]["per_layout_and_size"]
+    assert [row["batch"] for row in context] == ["recipe", "sizes"] * 3
     assert all(0 < row["host_fraction"] < 1 for row in context)
+    # The plugin does not split one request: the context row says so.
+    assert all(("note" in row) == (row["num_requests"] == 1) for row in context)
     # The summary is the last line: importing a real vLLM logs an INFO line to stdout first.
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("engine_path_bench: ")
     for row in report["sizes"]:
@@ -51,6 +64,30 @@ def test_report_has_every_target_with_ratios_and_load(bench, tmp_path, capsys):
         assert row["floor_matches_adapter_ops"], row["adapter_aten_ops"]
         assert set(row["breakdown_thread_cpu_us"]) == {
             "engine_plan_only", "adapter_split", "request_check", "torch_ops_floor"}
+
+
+def test_a_cost_model_file_sets_the_modelled_step(bench, tmp_path):
+    """A calibrated model (here: steps 1000x shorter) moves the fraction; a bad file is named."""
+    slow, fast = tmp_path / "slow.json", tmp_path / "fast.json"
+    fields = {"attention_per_token_s": 1e-5, "attention_per_key_s": 2e-8,
+              "expert_per_token_s": 3e-5, "attention_fixed_s": 2e-4, "expert_fixed_s": 2e-4}
+    slow.write_text(json.dumps(fields))
+    fast.write_text(json.dumps({name: value / 1000 for name, value in fields.items()}))
+    assert bench.load_cost_model(slow).source == str(slow)
+    lengths = np.array([1000, 3000])
+    step = {path: bench.modelled_plan_cost(bench.load_cost_model(path), lengths, None, 2000)
+            ["makespan_s"] for path in (slow, fast)}
+    assert step[slow] == pytest.approx(1000 * step[fast])
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"attention_per_token_s": -1}')
+    with pytest.raises(SystemExit, match=r"--cost-model=.*bad\.json"):
+        bench.load_cost_model(bad)
+
+
+def test_the_recipe_batch_fills_the_token_budget(bench):
+    lengths = bench.prompt_lengths(32, offset=0, fill=True)
+    assert len(lengths) == 32 and lengths.sum() == 140_000 and lengths.min() >= 1
+    assert bench.prompt_lengths(8, offset=0).sum() < 140_000  # other sizes are not filled
 
 
 def test_a_loaded_run_is_repeated_then_flagged(monkeypatch):
