@@ -33,11 +33,17 @@ from test_hook_pcp import RELEASE, _pcp_runner
 from test_hook_pcp_full_batch import _configure
 
 from afd_split import plan_split
+from afd_split.engine_alignment import EngineAlignment
 from afd_split.integrations.afd_plugin.builder_state import (
     builder_state_targets,
     metadata_builders,
     stage_written_buffers,
 )
+from afd_split.integrations.afd_plugin.evidence_only import (
+    FULL_BATCH_CONTAMINATED,
+    record_plugin_step,
+)
+from afd_split.integrations.engine_step import StepRanks
 from afd_split.pcp_stage import zigzag_layout
 from afd_split.state import preserved_state
 from pytest_afd.backends.cpu.pcp_builders import changed_fields, full_batch_fields, logical_slots
@@ -79,9 +85,10 @@ def _stage_common(common, ubatch_slice):
 
 
 def _upstream_request_step(standin_plugin, monkeypatch, kind, scheduled, computed, pcp, rank,
-                           *, guarded=False):
+                           *, guarded=False, captured=None):
     """The plugin's own ``request`` step on ``rank``: full batch, then its stage build.
-    Returns (full metadata, its fields before the stage build, the real tokens' slots)."""
+    Returns (full metadata, its fields before the stage build); ``captured`` gets the
+    runner, its rank rows and the stage slices."""
     seams = standin_plugin(RELEASE)  # no hook installed: the plugin alone
     runner, batch = _pcp_runner(seams, scheduled, computed, pcp, rank)
     _configure(runner, kind, scheduled, pcp)
@@ -98,6 +105,8 @@ def _upstream_request_step(standin_plugin, monkeypatch, kind, scheduled, compute
         runner._build_attention_metadata_with_ubatches(
             ubatch_slices=slices, num_reqs=len(scheduled),
             num_tokens_padded=int(rank_rows.sum()))
+    if captured is not None:
+        captured.update(runner=runner, rank_rows=rank_rows, slices=slices)
     return full, before
 
 
@@ -165,3 +174,52 @@ def test_the_proposed_fix_keeps_the_full_batch(standin_plugin, monkeypatch, kind
         full, before = _upstream_request_step(standin_plugin, monkeypatch, kind, scheduled,
                                               computed, pcp, rank, guarded=True)
         assert changed_fields(before, full) == [], (kind, rank)
+
+
+class _Lines:
+    def __init__(self) -> None:
+        self.lines: list[dict] = []
+
+    def append(self, line: dict) -> None:
+        self.lines.append(line)
+
+
+def _evidence_line(captured, full) -> dict:
+    """The evidence-only hook's step line for the plugin's own ``request`` step above (the
+    router's result is ``(per-layer full metadata, common)``)."""
+    runner = captured["runner"]
+    runner._afd_async_moe_ubatch_metadata = {"ubatch_slices": captured["slices"]}
+    session = SimpleNamespace(steps_planned=0, writer=_Lines(), ranks=StepRanks(global_rank=0),
+                              alignment=EngineAlignment(tp_size=1, sequence_parallel=False,
+                                                        pcp_size=8),
+                              expert_load=None)
+    values = {"num_scheduled_tokens_np": captured["rank_rows"],
+              "num_tokens_padded": int(captured["rank_rows"].sum())}
+    record_plugin_step(runner, session, values, "request", "request",
+                       ({"model.layers.0.self_attn": full}, runner.common))
+    (line,) = session.writer.lines
+    return line
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_request_controls_evidence_marks_the_contaminated_full_batch(standin_plugin,
+                                                                          monkeypatch, kind):
+    """The evidence-only hook reads (host-only) which of the full batch's fields view the
+    PCP manager's padded-slot buffer after the plugin's own stage build: MLA-CP's slots do
+    and the step line says so; SFA-CP's own buffer is not marked. The plugin's objects are
+    left as they were."""
+    captured = {}
+    full, before = _upstream_request_step(standin_plugin, monkeypatch, kind, [1000, 1000],
+                                          [0, 256], 8, 3, captured=captured)
+    after = full_batch_fields(full)
+    line = _evidence_line(captured, full)
+    assert changed_fields(after, full) == []  # recording wrote nothing the plugin reads
+    assert [ubatch["num_real_tokens"] for ubatch in line["ubatches"]] == [
+        int(captured["rank_rows"][:1].sum()), int(captured["rank_rows"][1:].sum())]
+    if kind == "mla_cp":
+        mark = line[FULL_BATCH_CONTAMINATED]
+        assert mark["fields"] == ["StandInCpMetadata.slot_mapping"]
+        assert mark["buffer"] == "PCPManager.pcp_padded_slot_mapping_list"
+        assert changed_fields(before, full) == ["slot_mapping"]  # and it really is
+    else:
+        assert FULL_BATCH_CONTAMINATED not in line

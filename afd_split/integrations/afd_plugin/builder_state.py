@@ -139,3 +139,33 @@ def own_stage_views(stage_metadata, buffers: Iterable) -> int:
     for obj in _objects(stage_metadata):
         visit(obj, 0)
     return copied
+
+
+def fields_viewing(metadata, buffers: Iterable) -> list[str]:
+    """Names (``Class.field``) of the metadata fields that view one of ``buffers``, each once.
+
+    Why: the plugin's own ``request`` stage build (release/v0.19.1rc1 2f4f462) leaves
+    ``PCPManager.pcp_padded_slot_mapping_list[gid]`` holding its last stage's slots, and
+    a full batch whose slots view that buffer (MLA-CP / attention-CP) has lost its own;
+    reading the views is host-only and changes nothing the plugin reads.
+    """
+    keys = {_storage_key(buffer) for buffer in buffers}
+    found: list[str] = []
+    seen: set[int] = set()
+
+    def visit(obj, depth: int) -> None:
+        if depth > VIEW_SEARCH_DEPTH or id(obj) in seen or not hasattr(obj, "__dict__"):
+            return
+        seen.add(id(obj))
+        for name, value in vars(obj).items():
+            if _is_tensor(value):
+                label = f"{type(obj).__name__}.{name}"
+                if _storage_key(value) in keys and label not in found:
+                    found.append(label)
+            elif value is not None and not isinstance(value, int | float | str | bool):
+                visit(value, depth + 1)
+
+    if keys:
+        for obj in _objects(metadata):
+            visit(obj, 0)
+    return found

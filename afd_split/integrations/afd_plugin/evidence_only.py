@@ -14,7 +14,9 @@ the hook reads what the plugin decided (``_afd_async_moe_ubatch_metadata`` /
 ``ubatch_slices``) and writes the same step line ``token_balanced`` writes
 (``observed_plan``), and begins the step's expert-load count at the CAM dispatch
 (``dispatch_patch``). Nothing the plugin reads is written, so ``request`` and
-``none`` run exactly as the plugin alone. A step it cannot describe gets an
+``none`` run exactly as the plugin alone; where the plugin's own PCP stage build left
+the full batch's slots viewing a buffer it overwrote (release/v0.19.1rc1, MLA-CP), the
+step line says so (``full_batch_contaminated``; docs/ascend.md). A step it cannot describe gets an
 ``afd_step_unrecorded`` line with the reason (the case's steps are then absent,
 named), and a failure of the evidence code never reaches the forward: it is
 logged once and the runner stops recording.
@@ -35,6 +37,10 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from afd_split.constraints import SplitPolicy
+from afd_split.integrations.afd_plugin.builder_state import (
+    PCP_PADDED_SLOT_BUFFERS,
+    fields_viewing,
+)
 from afd_split.integrations.afd_plugin.dispatch_patch import attach_recorder
 from afd_split.integrations.afd_plugin.patches import (
     PATCH_MARKER,
@@ -96,6 +102,29 @@ def evidence_session(runner, new_session: Callable[[Any], HookSession]) -> HookS
     return session
 
 
+FULL_BATCH_CONTAMINATED = "full_batch_contaminated"
+"""Step-line key: the full batch's fields the plugin's own stage build overwrote."""
+
+
+def upstream_contamination(runner, stages, full_result) -> dict | None:
+    """The plugin's own split under PCP (release/v0.19.1rc1 2f4f462) rebuilds each stage's
+    padded slots in ``PCPManager.pcp_padded_slot_mapping_list[gid]``, which keeps the last
+    stage's; a full batch (the router's per-layer metadata) whose fields view that buffer
+    (MLA-CP / attention-CP) has lost its slots (docs/ascend.md). None when not so."""
+    manager = getattr(runner, "pcp_manager", None)
+    if (stages is None or manager is None or not getattr(runner, "use_cp", False)
+            or not isinstance(full_result, tuple) or not full_result):
+        return None
+    buffers = list(getattr(manager, PCP_PADDED_SLOT_BUFFERS, None) or ())
+    fields = fields_viewing(full_result[0], buffers)
+    if not fields:
+        return None
+    return {"fields": fields, "buffer": f"PCPManager.{PCP_PADDED_SLOT_BUFFERS}",
+            "by": "the plugin's per-stage PCP rebuild (get_padded_slot_mapping), which "
+                  "leaves the last stage's padded slots there",
+            "effect": "the dense layers write the full batch's KV with the last stage's slots"}
+
+
 def plugin_stages(runner, split: str, request_split: str):
     """(policy, the plugin's (request_slice, token_slice) stages or None, unsplit reason)."""
     if split == NO_UBATCHING:
@@ -112,9 +141,10 @@ def plugin_stages(runner, split: str, request_split: str):
 
 
 def record_plugin_step(runner, session: HookSession, values: Mapping[str, Any], split: str,
-                       request_split: str) -> None:
+                       request_split: str, full_result=None) -> None:
     """One step line describing the plugin's own decision (or an unrecorded line naming why
-    it could not be described), then the step's expert-load count begins."""
+    it could not be described), then the step's expert-load count begins. A full batch
+    the plugin's own stage build overwrote is marked (``FULL_BATCH_CONTAMINATED``)."""
     step = session.steps_planned
     session.steps_planned += 1
     num_rows = values.get("num_tokens_padded")
@@ -128,9 +158,11 @@ def record_plugin_step(runner, session: HookSession, values: Mapping[str, Any], 
                                "ranks": session.ranks.to_dict(), "split": split,
                                "reason": str(error)})
         return
+    contaminated = upstream_contamination(runner, stages, full_result)
     session.writer.append(step_record(
         plan, step=step, ranks=session.ranks, pid=os.getpid(), planner=PLANNER_LABEL,
         alignment=session.alignment.describe(), parent_rows=num_rows,
+        **({} if contaminated is None else {FULL_BATCH_CONTAMINATED: contaminated}),
         **({} if session.expert_load is not None
            else {"expert_load_absent_reason": GATE_NOT_ON_ATTENTION})))
     if session.expert_load is not None:
@@ -138,7 +170,8 @@ def record_plugin_step(runner, session: HookSession, values: Mapping[str, Any], 
 
 
 def observe(runner, values: Mapping[str, Any], new_session: Callable[[Any], HookSession],
-            request_split: Callable[[], str], environ: Mapping[str, str] = os.environ) -> None:
+            request_split: Callable[[], str], environ: Mapping[str, str] = os.environ,
+            full_result=None) -> None:
     """After the plugin's router: record its decision when evidence is on (never raises)."""
     extra = runner.afd_async_extra_info
     split = extra.async_moe_split if extra.async_moe_ubatching else NO_UBATCHING
@@ -148,7 +181,7 @@ def observe(runner, values: Mapping[str, Any], new_session: Callable[[Any], Hook
     try:
         session = evidence_session(runner, new_session)
         if session.writer is not None:
-            record_plugin_step(runner, session, values, split, request_split())
+            record_plugin_step(runner, session, values, split, request_split(), full_result)
     except Exception as error:  # evidence must never fail the plugin's forward
         vars(runner)[DISABLED_ATTRIBUTE] = repr(error)
         logger.exception("afd_split evidence-only recording stopped on this runner")
@@ -178,7 +211,7 @@ def make_router_patch_main(original: Callable, new_session: Callable[[Any], Hook
         # ### PATCH START: afd_split evidence-only step record
         observe(self, {"num_tokens_padded": num_tokens_padded,
                        "num_scheduled_tokens_np": num_scheduled_tokens_np},
-                new_session, request_split)
+                new_session, request_split, full_result=result)
         # ### PATCH END: afd_split evidence-only step record
         return result
 
@@ -198,7 +231,7 @@ def make_router_patch_release(original: Callable, values_of: Callable,
     def _build_attention_metadata(self, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
         # ### PATCH START: afd_split evidence-only step record
-        observe(self, values_of(args, kwargs), new_session, request_split)
+        observe(self, values_of(args, kwargs), new_session, request_split, full_result=result)
         # ### PATCH END: afd_split evidence-only step record
         return result
 
