@@ -9,7 +9,9 @@ import pytest
 import torch
 from cpu_runner import Runner, make_prompts
 
-from afd_split import SplitConstraints, gather_ubatch_rows, pcp_relayout, pcp_stage
+from afd_split import SplitConstraints, gather_ubatch_rows
+from afd_split.pcp import relayout as pcp_relayout
+from afd_split.pcp import stage as pcp_stage
 from pytest_afd.backends.cpu.pcp import PcpEmulation
 from pytest_afd.faults import PCP_ROW_FAULTS, get_fault
 
