@@ -8,8 +8,8 @@ For one batch and its (already made) plan:
   ubatches it produced (read back from their fields, as the adapter does);
 * ``torch_ops_floor``: only the torch calls the adapter makes for this layout
   (host ``.numpy()`` reads of the parent, device views and plan-integer
-  arithmetic, ``from_numpy`` of the ubatches' host fields, read back as the arrays
-  they share), replayed with precomputed
+  arithmetic, ``from_numpy`` of the ubatches' host fields and the check's ``.numpy()``
+  read-back of each), replayed with precomputed
   indices and no Python logic around them: what no Python rewrite of the
   split could go below without fewer torch calls. ``aten_ops`` counts the aten
   ops of a callable; the bench records that the floor dispatches exactly the
@@ -87,8 +87,7 @@ def torch_floor(batch, plan, program, values):
     stages = []
     for ubatch, stage_values in zip(plan.ubatches, values, strict=True):
         request_slice, token_slice = ubatch.request_slice, ubatch.token_slice
-        # One host tensor per distinct produced copy (the compiled split shares one tensor
-        # between the host copies of one ubatch array, and the check reads it once).
+        # One host tensor per distinct produced copy, read back once by the check.
         distinct = {id(stage_values[name]): stage_values[name] for name in host_out}
         arrays = [tensor.numpy() for tensor in distinct.values()]
         left_over = plan.cu_tokens[request_slice.stop - 1] - token_slice.stop
@@ -114,8 +113,8 @@ def torch_floor(batch, plan, program, values):
             for tensor in token_rows:
                 tensor[token_slice]
             for array in arrays:
-                # Made; the check reads it as the array from_numpy shares (host_like_read).
-                torch.from_numpy(array)
+                # Made (host_like), then read back by the check (host_numpy).
+                torch.from_numpy(array).numpy()
 
     return replay
 

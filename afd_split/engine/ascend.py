@@ -37,7 +37,6 @@ from afd_split.engine.common import (
     FieldProgram,
     HostSources,
     check_recompute_table,
-    checked_produced,
     checked_results,
     compile_fields,
     field_is_set,
@@ -48,7 +47,6 @@ from afd_split.engine.common import (
     replaced,
     split_fields,
 )
-from afd_split.engine.compiled import CompiledSplit, compiled_split
 from afd_split.engine.layout import (
     MATCH_CACHE_SIZE,
     FieldRule,
@@ -241,13 +239,6 @@ def ascend_field_program(cls: type) -> FieldProgram:
     return compile_fields(layout, ASCEND_FIELD_RULES, ASCEND_HOST_SOURCES, cls)
 
 
-@functools.lru_cache(maxsize=MATCH_CACHE_SIZE)
-def ascend_compiled_split(cls: type, chunked_prefill: bool) -> CompiledSplit:
-    """``cls``'s split without a PCP builder, generated once per class and mode."""
-    recompute = ASCEND_RECOMPUTE_BY_MODE[chunked_prefill, False]
-    return compiled_split(ascend_field_program(cls), recompute, padded_rows=True, cls=cls)
-
-
 def _pcp_fields_set(common, layout: PinnedLayout) -> list[str]:
     return [n for n in PCP_METADATA_FIELDS if n in layout.field_set and field_is_set(common, n)]
 
@@ -358,7 +349,6 @@ def split_ascend_common_metadata(
     chunked_prefill: bool,
     pcp_stage_builder: PcpStageBuilder | None = None,
     check: str = CHECK_REQUESTS,
-    compiled: bool = True,
 ):
     """Per-ubatch ``(AscendCommonAttentionMetadata, positions)`` pairs for ``plan``, checked.
 
@@ -366,20 +356,11 @@ def split_ascend_common_metadata(
     (it decides ChunkedPrefill vs PrefillCacheHit for a ubatch with cached
     context, as the model runner's ``_build_attn_state`` does). ``positions``
     rows follow the ubatch's rows (``num_input_tokens``). ``check`` as in
-    ``afd_split.engine.vllm.split_common_metadata``. Without a PCP builder the
-    split runs the class's compiled rules (``ascend_compiled_split``);
-    ``compiled=False`` applies them field by field (the reference it is tested
-    against, byte for byte).
+    ``afd_split.engine.vllm.split_common_metadata``.
     """
     program = check_ascend_split_support(common, plan, pcp_stage_builder=pcp_stage_builder)
     parent = parent_arrays_of(plan, common, program)
     recompute = ASCEND_RECOMPUTE_BY_MODE[bool(chunked_prefill), pcp_stage_builder is not None]
-    if pcp_stage_builder is None and compiled:  # the per-step path: the class's compiled rules
-        split = ascend_compiled_split(type(common), bool(chunked_prefill))
-        results, produced = split(plan, common, positions, parent)
-        return checked_produced(
-            plan, common, positions, block_size, parent, produced, results, check
-        )
     per_ubatch = split_fields(plan, common, program, recompute, parent, padded_rows=True)
     results = []
     for ubatch, values in zip(plan.ubatches, per_ubatch, strict=True):

@@ -72,14 +72,6 @@ class FieldProgram:
     seq_lens_sources: tuple[str, ...]
     computed_sources: tuple[str, ...]
 
-    @functools.cached_property
-    def rejected(self):
-        """``rejected(common) -> bool``: is any REJECT_WHEN_SET field set? Generated once
-        per program (``afd_split.engine.compiled``)."""
-        from afd_split.engine.compiled import compiled_rejected  # it imports this module
-
-        return compiled_rejected(self)
-
 
 def compile_fields(layout: PinnedLayout, rules, sources: HostSources, cls=None) -> FieldProgram:
     """Group ``layout``'s fields by rule; fails closed on a field without one.
@@ -157,8 +149,6 @@ def field_is_set(common, name: str) -> bool:
 
 def reject_unsupported_fields(common, program: FieldProgram) -> None:
     """Fail closed, naming every set field whose rule is REJECT_WHEN_SET."""
-    if not program.rejected(common):  # the common case: nothing set, one generated test
-        return
     bad = [
         name for name, default in program.reject_when_set if _is_set(getattr(common, name), default)
     ]
@@ -283,14 +273,6 @@ def checked_results(
     ``validate_split``: debugging only).
     """
     produced = [produced_arrays(values, program) for values in per_ubatch]
-    return checked_produced(plan, common, positions, block_size, parent, produced, results, check)
-
-
-def checked_produced(
-    plan: SplitPlan, common, positions, block_size: int, parent, produced, results, check: str
-) -> list:
-    """``checked_results`` once the produced host arrays are read back (the compiled path
-    reads them back itself)."""
     check_split(plan, parent, produced, check)
     if check == CHECK_FULL:
         from afd_split.engine.debug import validate_token_level  # lazy: debug path only

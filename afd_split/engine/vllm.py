@@ -2,9 +2,8 @@
 
 API (stable; the AFD-plugin hook calls these):
 
-* ``split_common_metadata(plan, common, positions, block_size, *, check="requests",
-  compiled=True) -> list[(CommonAttentionMetadata, positions)]``: one pair per ubatch,
-  same class (``vllm_compiled_split(cls).source``: the generated split of a class).
+* ``split_common_metadata(plan, common, positions, block_size, *, check="requests")
+  -> list[(CommonAttentionMetadata, positions)]``: one pair per ubatch, same class.
 * ``common_layout(common) -> PinnedLayout``: the run-time drift check (fails closed).
 * ``VLLM_LAYOUTS``, ``VLLM_FIELD_RULES``, ``VLLM_RECOMPUTE``, ``VLLM_HOST_SOURCES``,
   ``SUPPORTED_VLLM_VERSIONS``, ``common_attention_metadata_type()``.
@@ -30,7 +29,6 @@ from afd_split.engine.common import (
     FieldProgram,
     HostSources,
     check_recompute_table,
-    checked_produced,
     checked_results,
     compile_fields,
     parent_arrays_of,
@@ -39,7 +37,6 @@ from afd_split.engine.common import (
     replaced,
     split_fields,
 )
-from afd_split.engine.compiled import CompiledSplit, compiled_split, host_copy, recompute_expr
 from afd_split.engine.layout import (
     MATCH_CACHE_SIZE,
     FieldRule,
@@ -52,6 +49,7 @@ from afd_split.engine.slicing import (
     PAD_POSITION,
     PAD_SLOT_ID,
     cut_seq_lens,
+    host_like,
     host_max,
     max_query_len,
     rebased_query_start_loc,
@@ -113,38 +111,64 @@ prefill rows); computed tokens: the backing field, else seq_len - query_len."""
 
 def host_request_field(name: str, values: str):
     """Recompute a host request-indexed field from the ubatch's ``values`` array (a
-    ``StageContext`` attribute) when the parent set it."""
-    return host_copy(name, values)
+    ``StageContext`` attribute) when the parent set it: a host tensor in its dtype."""
+
+    def recompute(context):
+        like = getattr(context.common, name)
+        return None if like is None else host_like(getattr(context, values), like)
+
+    return recompute
+
+
+# The recompute functions name their helpers by module global, looked up per call, so a
+# patched helper (a seeded fault, a debugger) reaches every split.
+
+
+def recompute_query_start_loc(c):
+    return rebased_query_start_loc(c.common.query_start_loc, c.ubatch, c.already_done, c.left_over)
+
+
+def recompute_seq_lens(c):
+    return cut_seq_lens(c.common.seq_lens, c.ubatch, c.left_over)
+
+
+def recompute_num_reqs(c):
+    return c.num_reqs
+
+
+def recompute_num_actual_tokens(c):
+    return c.ubatch.num_real_tokens
+
+
+def recompute_max_query_len(c):
+    return max_query_len(c.query_start_loc)
+
+
+def recompute_max_seq_len(c):
+    return host_max(c.seq_lens)
+
+
+def recompute_causal(c):
+    """A bool is kept (batch-invariant); a per-request tensor is sliced."""
+    causal = c.common.causal
+    return causal if isinstance(causal, bool) else ubatch_request_rows(causal, c.ubatch)
 
 
 VLLM_RECOMPUTE = MappingProxyType(
     {
-        "query_start_loc": recompute_expr(
-            "rebased_query_start_loc(c.common.query_start_loc, c.ubatch, c.already_done, "
-            "c.left_over)",
-            rebased_query_start_loc=rebased_query_start_loc,
-        ),
+        "query_start_loc": recompute_query_start_loc,
         "query_start_loc_cpu": host_request_field("query_start_loc_cpu", "query_start_loc"),
-        "seq_lens": recompute_expr(
-            "cut_seq_lens(c.common.seq_lens, c.ubatch, c.left_over)", cut_seq_lens=cut_seq_lens
-        ),
+        "seq_lens": recompute_seq_lens,
         "_seq_lens_cpu": host_request_field("_seq_lens_cpu", "seq_lens"),
         "seq_lens_cpu_upper_bound": host_request_field("seq_lens_cpu_upper_bound", "seq_lens"),
         "_num_computed_tokens_cpu": host_request_field(
             "_num_computed_tokens_cpu", "num_computed_tokens"
         ),
-        "num_reqs": recompute_expr("c.num_reqs"),
-        "num_actual_tokens": recompute_expr("c.ubatch.num_real_tokens"),
-        "max_query_len": recompute_expr(
-            "max_query_len(c.query_start_loc)", max_query_len=max_query_len
-        ),
-        "max_seq_len": recompute_expr("host_max(c.seq_lens)", host_max=host_max),
-        # bool: kept (batch-invariant); a per-request tensor: sliced.
-        "causal": recompute_expr(
-            "c.common.causal if isinstance(c.common.causal, bool) "
-            "else ubatch_request_rows(c.common.causal, c.ubatch)",
-            ubatch_request_rows=ubatch_request_rows,
-        ),
+        "num_reqs": recompute_num_reqs,
+        "num_actual_tokens": recompute_num_actual_tokens,
+        "max_query_len": recompute_max_query_len,
+        "max_seq_len": recompute_max_seq_len,
+        "causal": recompute_causal,
     }
 )
 """How each RECOMPUTE field of the base class is derived for one ubatch."""
@@ -163,12 +187,6 @@ def vllm_field_program(cls: type) -> FieldProgram:
     return compile_fields(match_layout(cls, VLLM_LAYOUTS), VLLM_FIELD_RULES, VLLM_HOST_SOURCES, cls)
 
 
-@functools.lru_cache(maxsize=MATCH_CACHE_SIZE)
-def vllm_compiled_split(cls: type) -> CompiledSplit:
-    """``cls``'s split, generated once from its rules (``.source`` shows the code)."""
-    return compiled_split(vllm_field_program(cls), VLLM_RECOMPUTE, padded_rows=False, cls=cls)
-
-
 def split_common_metadata(
     plan: SplitPlan,
     common,
@@ -176,7 +194,6 @@ def split_common_metadata(
     block_size: int,
     *,
     check: str = CHECK_REQUESTS,
-    compiled: bool = True,
 ):
     """Per-ubatch ``(CommonAttentionMetadata, positions)`` pairs for ``plan``, checked.
 
@@ -189,9 +206,6 @@ def split_common_metadata(
     ``UnsupportedSplitError`` for an unknown layout, a set rejected field or a
     PCP plan, ``ValueError`` when the plan does not describe this batch, and
     ``SplitInvariantError`` when the check fails. The parent is not mutated.
-    The split runs the class's compiled rules (``vllm_compiled_split``);
-    ``compiled=False`` applies them field by field (the reference it is tested
-    against, byte for byte).
     """
     program = vllm_field_program(type(common))
     reject_unsupported_fields(common, program)
@@ -201,11 +215,6 @@ def split_common_metadata(
             "PCP metadata; use afd_split.engine.ascend with the engine's PCP builder"
         )
     parent = parent_arrays_of(plan, common, program)
-    if compiled:
-        results, produced = vllm_compiled_split(type(common))(plan, common, positions, parent)
-        return checked_produced(
-            plan, common, positions, block_size, parent, produced, results, check
-        )
     per_ubatch = split_fields(plan, common, program, VLLM_RECOMPUTE, parent, padded_rows=False)
     results = [
         (

@@ -136,11 +136,9 @@ def test_gate_1_agreement_fingerprint_identifies_the_cut():
     )
 
 
-# The read-back check of the adapters' field-by-field path (``checked_results``: it reads
-# each produced ubatch's host copies back from its new field values and request-level
-# checks them). The compiled per-step path checks through ``checked_produced`` directly,
-# so the backend's runs never reach ``checked_results``: these cases run it on the
-# engine-layout parents (the pinned stand-in classes of vLLM 0.19.1 and vLLM-Ascend
+# The read-back check of the adapters (``checked_results``: it reads each produced
+# ubatch's host copies back from its new field values and request-level checks them),
+# run on the engine-layout parents (the pinned stand-in classes of vLLM 0.19.1 and vLLM-Ascend
 # v0.26.0rc, the CPU engine glue's layouts), clean and with a wrong host copy injected.
 READBACK_BATCHES = {
     "lists_path": ((40, 150, 70), (0, 96, 0)),
@@ -195,9 +193,8 @@ def _field_by_field_split(layout, tokens, computed):
     common, positions = _engine_parent(layout, metadata)
     if layout in ASCEND_LAYOUTS:
         return plan, split_ascend_common_metadata(plan, common, positions, READBACK_BLOCK_SIZE,
-                                                  chunked_prefill=True, compiled=False)
-    return plan, split_common_metadata(plan, common, positions, READBACK_BLOCK_SIZE,
-                                       compiled=False)
+                                                  chunked_prefill=True)
+    return plan, split_common_metadata(plan, common, positions, READBACK_BLOCK_SIZE)
 
 
 @pytest.mark.gate

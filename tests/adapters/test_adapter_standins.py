@@ -197,25 +197,10 @@ def _head_not_cut(plan, parent, head, tail):
     return (qsl, seq_lens, computed, already_done, left_over), tail
 
 
-@pytest.fixture
-def recompiled():
-    """The vLLM adapter compiles each class again (after a test patched its rules), and
-    again after the test (so no patched split stays cached)."""
-    from afd_split.engine import vllm
-
-    vllm.vllm_compiled_split.cache_clear()
-    yield
-    vllm.vllm_compiled_split.cache_clear()
-
-
-COMPILED_MODES = pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "interpreted"])
-
-
-@COMPILED_MODES
 @pytest.mark.parametrize("layout", VLLM_LAYOUTS, ids=lambda layout: layout.version)
 @pytest.mark.parametrize("fault", [_not_advanced, _head_not_cut], ids=lambda f: f.__name__)
 def test_default_check_catches_an_injected_split_bug(
-    layout, fault, compiled, monkeypatch, recompiled
+    layout, fault, monkeypatch
 ):
     """Fault injection into the request split the adapter uses: the per-step check fails."""
     from afd_split.checks.requests import cut_request_arrays
@@ -228,10 +213,9 @@ def test_default_check_catches_an_injected_split_bug(
         return list(fault(plan, parent, *cut_request_arrays(plan, qsl, seq_lens, computed)))
 
     monkeypatch.setattr("afd_split.engine.common.cut_request_arrays", buggy_split)
-    monkeypatch.setattr("afd_split.engine.compiled.cut_request_arrays", buggy_split)
     common, positions, _ = vllm_case(layout)
     with pytest.raises(SplitInvariantError):
-        split_common_metadata(PLAN, common, positions, BLOCK, compiled=compiled)
+        split_common_metadata(PLAN, common, positions, BLOCK)
 
 
 HOST_FIELD_FAULTS = {
@@ -243,11 +227,10 @@ HOST_FIELD_FAULTS = {
 """Host field -> the StageContext array it is built from."""
 
 
-@COMPILED_MODES
 @pytest.mark.parametrize("layout", VLLM_LAYOUTS, ids=lambda layout: layout.version)
 @pytest.mark.parametrize("field", sorted(HOST_FIELD_FAULTS))
 def test_default_check_reads_the_produced_host_fields(
-    layout, field, compiled, monkeypatch, recompiled
+    layout, field, monkeypatch
 ):
     """Fault injection after the request split: one produced host field is built wrong (off by
     one in its last entry). The check reads the ubatches' fields, every host copy of a field
@@ -266,12 +249,11 @@ def test_default_check_reads_the_produced_host_fields(
     monkeypatch.setattr(vllm, "VLLM_RECOMPUTE", {**vllm.VLLM_RECOMPUTE, field: off_by_one})
     common, positions, _ = vllm_case(layout)
     with pytest.raises(SplitInvariantError):
-        split_common_metadata(PLAN, common, positions, BLOCK, compiled=compiled)
+        split_common_metadata(PLAN, common, positions, BLOCK)
 
 
-@COMPILED_MODES
 @pytest.mark.parametrize("fault", ["query_start_loc", "seq_lens"])
-def test_full_check_catches_a_device_side_bug(fault, compiled, monkeypatch, recompiled):
+def test_full_check_catches_a_device_side_bug(fault, monkeypatch):
     """Fault injection into the device arithmetic: only check="full" reads it back."""
     from afd_split.engine import vllm
 
@@ -283,9 +265,9 @@ def test_full_check_catches_a_device_side_bug(fault, compiled, monkeypatch, reco
     monkeypatch.setattr(vllm, "VLLM_RECOMPUTE", {**vllm.VLLM_RECOMPUTE, fault: off_by_one})
     common, positions, _ = vllm_case(VLLM_LAYOUTS[0])
     # The per-step check cannot see it.
-    split_common_metadata(PLAN, common, positions, BLOCK, compiled=compiled)
+    split_common_metadata(PLAN, common, positions, BLOCK)
     with pytest.raises(SplitInvariantError):
-        split_common_metadata(PLAN, common, positions, BLOCK, check="full", compiled=compiled)
+        split_common_metadata(PLAN, common, positions, BLOCK, check="full")
 
 
 @pytest.mark.parametrize("layout", ASCEND_LAYOUTS, ids=lambda layout: layout.version)
@@ -294,3 +276,28 @@ def test_a_reject_field_cleared_to_none_against_a_non_none_default_is_rejected(l
     common, positions, _ = ascend_case(layout, decode_token_per_req=None)
     with pytest.raises(UnsupportedSplitError, match="decode_token_per_req"):
         split_ascend(PLAN, common, positions)
+
+
+@pytest.mark.parametrize("helper", ["cut_seq_lens", "split_fields"])
+def test_a_helper_patched_in_the_adapter_module_reaches_the_split(helper, monkeypatch):
+    """The field rules are plain functions that look their helpers up per call: a fault
+    seeded into ``cut_seq_lens`` or ``split_fields`` changes what the split produces."""
+    from afd_split.engine import vllm
+
+    common, positions, _ = vllm_case(VLLM_LAYOUTS[0])
+    clean = split_common_metadata(PLAN, common, positions, BLOCK)
+    real = getattr(vllm, helper)
+    if helper == "cut_seq_lens":
+        def faulty(seq_lens, ubatch, left_over):
+            return real(seq_lens, ubatch, left_over) + 1
+    else:
+        def faulty(*args, **kwargs):
+            per_ubatch = real(*args, **kwargs)
+            per_ubatch[0]["seq_lens"] = per_ubatch[0]["seq_lens"] + 1
+            return per_ubatch
+    monkeypatch.setattr(vllm, helper, faulty)
+    seeded = split_common_metadata(PLAN, common, positions, BLOCK)
+    head_clean, head_seeded = clean[0][0].seq_lens, seeded[0][0].seq_lens
+    assert torch.equal(head_seeded, head_clean + 1)
+    with pytest.raises(SplitInvariantError):
+        split_common_metadata(PLAN, common, positions, BLOCK, check="full")

@@ -214,7 +214,7 @@ READBACK_GATE = "test_gate_1_glue_checks.py::test_gate_1_the_read_back_check_rej
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_readback_unchecked_lets_a_wrong_host_copy_through_the_field_by_field_path(layout):
-    """The fault is live: with it, the field-by-field adapters (``compiled=False``) hand back
+    """The fault is live: with it, the field-by-field adapters hand back
     a tail host copy one too high that ``checked_results`` rejects without it."""
     from afd_split.engine.ascend import split_ascend_common_metadata
     from afd_split.engine.vllm import split_common_metadata
@@ -224,10 +224,9 @@ def test_readback_unchecked_lets_a_wrong_host_copy_through_the_field_by_field_pa
     def split():
         common, positions = engine_common(metadata, layout)
         if layout == VLLM_ENGINE_LAYOUT:
-            return split_common_metadata(plan, common, positions, BLOCK, compiled=False)
+            return split_common_metadata(plan, common, positions, BLOCK)
         return split_ascend_common_metadata(plan, common, positions, BLOCK,
-                                            chunked_prefill=engine_glue.CHUNKED_PREFILL,
-                                            compiled=False)
+                                            chunked_prefill=engine_glue.CHUNKED_PREFILL)
 
     with faults.get_fault("adapter_tail_host_computed_plus_one").applied():
         with pytest.raises(SplitInvariantError) as raised:
