@@ -35,7 +35,8 @@ import numpy as np
 import torch
 from bench_load import add_load_arguments, emit_report, load_note, run_until_quiet
 
-from afd_split import BatchMetadata, SplitConstraints, plan_split
+from afd_split import SplitConstraints, plan_split
+from afd_split.checks.metadata import BatchMetadata
 from afd_split.engine.ascend_pcp import pcp_stage_metadata
 from afd_split.pcp.relayout import rank_relayout
 from pytest_afd.backends.cpu.pcp import PcpEmulation

@@ -5,7 +5,7 @@ slot_rows_padded=False)``.
 
 It copies slot_mapping, the block table and positions of the parent and of
 every produced ubatch to the host (device-to-host transfers the per-step
-``"requests"`` check avoids) and runs ``afd_split.validate_split`` on them, so
+``"requests"`` check avoids) and runs ``afd_split.checks.metadata.validate_split`` on them, so
 what is judged is what the adapter produced, read back from its objects.
 """
 

@@ -1,26 +1,16 @@
 """Moving one PCP rank's rows between the parent's layout and the split's stage layouts.
 
-The engine lays a prefill batch out once, before any planner runs: one
-DualChunkSwap zigzag per whole request (``pcp_stage.zigzag_layout``), and the
-dense layers run the whole batch on those rows. A split stage must run on its
-own zigzag (each request piece laid out as if scheduled alone, ``pcp_stage``),
-because its PCP attention metadata describes that layout. For a cut request
-the two layouts put different tokens on a rank, so the rows have to move
-between ranks: after the dense layers into the stage layout, and after the
-last stage back to the parent's layout (where the engine's own PCP restore and
-logits selection expect them).
-
-``rank_relayout`` computes, for one rank, index maps for both moves. Requests
-laid out alike in both (whole in one stage, same decode status) stay where they
-are; of the others (the cut request, a request a one-token tail turns into a
-decode) each rank receives exactly the rows it lacks, from the rank that holds
-each, by one all-to-all over the PCP group each way (unequal splits, as
-``torch.distributed.all_to_all_single`` takes them; vLLM-Ascend's MoE uses the
-same call). Everything is host integer arithmetic on the GLOBAL scheduled
-counts, identical on every rank, so every rank knows every rank's sends;
-``relay_rows`` / ``restore_rows`` apply the maps with the caller's all-to-all
-(the PCP group's on the engine, an emulation on the CPU backend, which runs
-every PCP split through these functions).
+The engine lays a prefill batch out once: one DualChunkSwap zigzag per whole request
+(``afd_split.pcp.stage.zigzag_layout``), on which the dense layers run. A split stage runs on
+its own zigzag (each request piece laid out as if scheduled alone), because its PCP
+attention metadata describes that layout. For a cut request the two layouts put different
+tokens on a rank, so rows move between ranks: into the stage layout after the dense layers,
+and back after the last stage (where the engine's PCP restore and logits selection expect
+them). ``rank_relayout`` computes both index maps for one rank from the GLOBAL scheduled
+counts (identical on every rank): requests laid out alike stay; of the others each rank
+receives exactly the rows it lacks by one all-to-all over the PCP group each way (unequal
+splits, as ``all_to_all_single`` takes them). ``relay_rows`` / ``restore_rows`` apply the
+maps with the caller's all-to-all (the PCP group's, or the CPU backend's emulation).
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 from step_evidence_checks import step_count_problems
 
-from afd_split import SplitInvariantError, validate_split
+from afd_split import SplitInvariantError
+from afd_split.checks.metadata import validate_split
 
 # Modules whose globals a leak or a contamination would grow: the split path and
 # the executor that drives it.

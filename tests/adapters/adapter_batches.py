@@ -15,7 +15,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from afd_split import BatchMetadata
+from afd_split.checks.metadata import BatchMetadata
 from afd_split.engine.standins import attn_state_enum, standin_class  # noqa: F401 (re-exported)
 
 BLOCK = 16

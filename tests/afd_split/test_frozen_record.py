@@ -7,7 +7,8 @@ import pickle
 import numpy as np
 import pytest
 
-from afd_split import SplitConstraints, SplitPlan, UBatch, plan_split
+from afd_split import SplitConstraints, SplitPlan, plan_split
+from afd_split.plan.planner import UBatch
 
 SMALL = np.array([40, 7, 90, 3], dtype=np.int64)
 LARGE = np.arange(1, 200, dtype=np.int64)

@@ -12,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from afd_split import BatchMetadata, SplitInvariantError
+from afd_split import SplitInvariantError
 from afd_split.checks import token_runs
+from afd_split.checks.metadata import BatchMetadata
 from afd_split.checks.token_runs import token_fields_hold
 from afd_split.checks.tokens import name_token_violation
 

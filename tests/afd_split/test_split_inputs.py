@@ -6,14 +6,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from afd_split import (
-    BatchMetadata,
-    SplitConstraints,
-    SplitInvariantError,
-    SplitRejectedError,
-    plan_split,
-    split_metadata,
-)
+from afd_split import SplitConstraints, SplitInvariantError, SplitRejectedError, plan_split
+from afd_split.checks.metadata import BatchMetadata, split_metadata
 from afd_split.cli import EXIT_BAD_INPUT, main
 from afd_split.plan.scalar import SCALAR_PATH_MAX_REQUESTS
 

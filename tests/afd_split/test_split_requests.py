@@ -8,17 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from afd_split import (
-    BatchMetadata,
+from afd_split import SplitConstraints, SplitInvariantError, plan_split
+from afd_split.checks.metadata import BatchMetadata, split_metadata
+from afd_split.checks.requests import (
+    INVARIANTS,
     RequestFields,
-    SplitConstraints,
-    SplitInvariantError,
-    plan_split,
-    split_metadata,
     split_request_fields,
     validate_split_requests,
 )
-from afd_split.checks.requests import INVARIANTS
 from afd_split.plan.scalar import SCALAR_PATH_MAX_REQUESTS
 
 TB = "token_balanced"

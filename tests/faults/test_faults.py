@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import afd_split
-from afd_split import BatchMetadata, SplitInvariantError, plan_split, validate_split
+from afd_split import SplitInvariantError, plan_split
+from afd_split.checks.metadata import BatchMetadata, validate_split
 from pytest_afd import faults
 from pytest_afd.backends.cpu import engine_glue, executor
 from pytest_afd.backends.cpu import pcp as pcp_emulation

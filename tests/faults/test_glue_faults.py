@@ -11,14 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from afd_split import (
-    BatchMetadata,
-    SplitConstraints,
-    SplitInvariantError,
-    plan_split,
-    split_metadata,
-    validate_split,
-)
+from afd_split import SplitConstraints, SplitInvariantError, plan_split
+from afd_split.checks.metadata import BatchMetadata, split_metadata, validate_split
 from afd_split.checks.request_checks import LIST_CHECK_MAX_REQUESTS, validate_split_requests
 from afd_split.checks.requests import RequestFields, split_request_fields
 from afd_split.integrations.engine_step import check_engine_step, plan_engine_step, step_record

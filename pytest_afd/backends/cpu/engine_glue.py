@@ -35,7 +35,8 @@ from collections import namedtuple
 import numpy as np
 import torch
 
-from afd_split import BatchMetadata, SplitPlan
+from afd_split import SplitPlan
+from afd_split.checks.metadata import BatchMetadata
 from afd_split.checks.requests import RequestFields
 from afd_split.engine.ascend import ASCEND_LAYOUTS
 from afd_split.engine.standins import attn_state_enum, standin_class

@@ -31,7 +31,8 @@ import dataclasses
 import numpy as np
 import torch
 
-from afd_split import BatchMetadata, SplitInvariantError, split_metadata
+from afd_split import SplitInvariantError
+from afd_split.checks.metadata import BatchMetadata, split_metadata
 from afd_split.engine.ascend import ASCEND_LAYOUTS
 from afd_split.engine.ascend_pcp import PCP_LAYOUT_TAG, pcp_stage_metadata
 from afd_split.engine.standins import attn_state_enum, standin_class
