@@ -21,8 +21,7 @@ from afd_split.checks.tokens import (
     validate_split,
 )
 from afd_split.plan.constraints import checked_int
-from afd_split.plan.planner import SplitPlan, as_token_counts
-from afd_split.plan.vector import matched_computed_counts
+from afd_split.plan.planner import SplitPlan, as_token_counts, matched_computed_counts
 
 DEFAULT_BLOCK_SIZE = 128
 """KV-cache block (page) size of the reference recipe."""

@@ -14,8 +14,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from afd_split.checks.request_checks import INVARIANTS, validate_split_requests
-from afd_split.plan.planner import INT64, SplitPlan, _built
-from afd_split.plan.vector import as_token_counts, matched_computed_counts, prefix_sums
+from afd_split.plan.planner import (
+    INT64,
+    SplitPlan,
+    _built,
+    as_token_counts,
+    matched_computed_counts,
+    prefix_sums,
+)
 
 REQUEST_FIELD_NAMES = ("query_start_loc", "seq_lens", "num_computed_tokens")
 

@@ -16,7 +16,9 @@ from afd_split.checks.requests import (
     split_request_fields,
     validate_split_requests,
 )
-from afd_split.plan.scalar import SCALAR_PATH_MAX_REQUESTS
+
+SCALAR_PATH_MAX_REQUESTS = 64
+"""The old scalar planner's limit: sizes on both sides of it stay covered."""
 
 TB = "token_balanced"
 # A boundary request (1) cut by the token-balanced split, >= 3 requests in each ubatch.

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left
-
 import numpy as np
 
 from afd_split.errors import SplitRejectedError
@@ -44,30 +42,6 @@ def select_request_boundary_cut(
         else int(interior.searchsorted(num_tokens - min_tokens + 1)) - 1
     )
     upper = int(interior.searchsorted((num_tokens + 1) // 2))
-    return _best_of_two(cu_tokens, num_tokens, num_requests, first_ok, last_ok, upper, min_tokens)
-
-
-def request_boundary_cut(cu_tokens: list[int], constraints: SplitConstraints) -> int:
-    """``select_request_boundary_cut`` on a list of prefix sums (the scalar planner's): the
-    same clamped candidates, found with ``bisect`` instead of ``searchsorted``."""
-    num_requests = len(cu_tokens)
-    if num_requests < MIN_REQUESTS_FOR_BOUNDARY_SPLIT:
-        raise SplitRejectedError(
-            f"request_boundary: a batch of {num_requests} request(s) has no interior boundary"
-        )
-    num_tokens = cu_tokens[-1]
-    min_tokens = constraints.min_ubatch_tokens
-    last = num_requests - 2
-    interior_end = num_requests - 1  # bisect over cu_tokens[0 .. R-2]
-    first_ok = (
-        0 if cu_tokens[0] >= min_tokens else bisect_left(cu_tokens, min_tokens, 0, interior_end)
-    )
-    last_ok = (
-        last
-        if num_tokens - cu_tokens[last] >= min_tokens
-        else bisect_left(cu_tokens, num_tokens - min_tokens + 1, 0, interior_end) - 1
-    )
-    upper = bisect_left(cu_tokens, (num_tokens + 1) // 2, 0, interior_end)
     return _best_of_two(cu_tokens, num_tokens, num_requests, first_ok, last_ok, upper, min_tokens)
 
 
