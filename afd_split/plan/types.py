@@ -1,57 +1,34 @@
 """The plan's data types: ``SplitPlan`` and its ``UBatch`` es (pure data, no metadata arrays).
 
-Both are frozen records (``afd_split.plan.frozen_record``): a plan is built on every
-prefill step and, as frozen dataclasses, constructing its three objects was
-more than half of a small batch's planning time. The planners build them with
-``tuple.__new__`` and every field in order (``_ubatch_of`` / ``_plan_of``).
+Frozen, slotted dataclasses (``eq=False``: identity equality, records hold arrays). The
+values read on every step that are derived from fields (a plan's prefix sums and count
+tuple, a ubatch's real-row indices) are made on first read and kept in a private slot.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from functools import cached_property
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from afd_split.errors import SplitRejectedError
 from afd_split.plan.constraints import MIN_PCP_FOR_ZIGZAG, SplitConstraints, SplitPolicy
-from afd_split.plan.frozen_record import FrozenRecord
 
 INT64 = np.dtype(np.int64)
 INT64_MAX = int(np.iinfo(np.int64).max)
 
-_tuple_new = tuple.__new__
-_TOKEN_COUNTS_FIELD = 1  # SplitPlan's slot for token_counts (a tuple from the scalar planner)
-
-UBATCH_FIELDS = (
-    "index",
-    "token_slice",
-    "request_slice",
-    "num_real_tokens",
-    "num_padded_tokens",
-    "piece_tokens",
-    "piece_row_starts",
-)
-PLAN_FIELDS = (
-    "policy",
-    "token_counts",
-    "constraints",
-    "split_token",
-    "ubatches",
-    "boundary_request",
-    "head_tokens",
-    "tail_tokens",
-    "fallback_reason",
-)
+_set = object.__setattr__  # fills a frozen instance's private caches
 
 
-class UBatch(
-    FrozenRecord,
-    fields=UBATCH_FIELDS,
-    defaults={"piece_tokens": None, "piece_row_starts": None},
-    hidden=("piece_tokens", "piece_row_starts"),
-):
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
+
+
+@dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
+class UBatch:
     """One ubatch: a contiguous token slice of the parent plus its own padding rows.
 
     Real tokens keep their logical order inside the ubatch's rows. Without PCP
@@ -66,8 +43,9 @@ class UBatch(
     request_slice: slice
     num_real_tokens: int
     num_padded_tokens: int
-    piece_tokens: np.ndarray | None
-    piece_row_starts: np.ndarray | None
+    piece_tokens: np.ndarray | None = field(default=None, repr=False)
+    piece_row_starts: np.ndarray | None = field(default=None, repr=False)
+    _real_row_indices: np.ndarray | None = field(default=None, init=False, repr=False)
 
     @property
     def num_rows(self) -> int:
@@ -79,16 +57,16 @@ class UBatch(
         """True when real tokens are rows [0, num_real_tokens) (no per-request PCP padding)."""
         return self.piece_row_starts is None
 
-    @cached_property
+    @property
     def real_row_indices(self) -> np.ndarray:
-        """Row of each real token inside this ubatch's padded rows (computed on first use)."""
-        if self.piece_row_starts is None:
+        """Row of each real token inside this ubatch's padded rows (made on first read)."""
+        rows = self._real_row_indices
+        if rows is None:
             rows = np.arange(self.num_real_tokens, dtype=np.int64)
-        else:
-            token_starts = np.cumsum(self.piece_tokens) - self.piece_tokens
-            shift = np.repeat(self.piece_row_starts - token_starts, self.piece_tokens)
-            rows = np.arange(self.num_real_tokens, dtype=np.int64) + shift
-        rows.setflags(write=False)
+            if self.piece_row_starts is not None:
+                token_starts = np.cumsum(self.piece_tokens) - self.piece_tokens
+                rows += np.repeat(self.piece_row_starts - token_starts, self.piece_tokens)
+            _set(self, "_real_row_indices", _read_only(rows))
         return rows
 
     def to_dict(self) -> dict:
@@ -105,52 +83,47 @@ class UBatch(
         }
 
 
-class SplitPlan(
-    FrozenRecord,
-    fields=PLAN_FIELDS,
-    defaults={"fallback_reason": None},
-    hidden=("token_counts",),
-):
+@dataclass(frozen=True, slots=True, eq=False, weakref_slot=True)
+class SplitPlan:
     """The outcome of ``plan_split``: one ubatch (unsplit) or two (split at ``split_token``).
 
-    ``token_counts`` is stored as the planner had it: the vectorised planner's
-    read-only int64 array, or the scalar planner's tuple of ints, turned into
-    the array on first read (most per-step callers never read it).
+    ``token_counts`` is the per-request scheduled tokens as a read-only int64 array.
     """
 
     policy: SplitPolicy
+    token_counts: np.ndarray = field(repr=False)
     constraints: SplitConstraints
     split_token: int | None
     ubatches: tuple[UBatch, ...]
     boundary_request: int | None
     head_tokens: int
     tail_tokens: int
-    fallback_reason: str | None
+    fallback_reason: str | None = None
+    _cu_tokens: np.ndarray | None = field(default=None, init=False, repr=False)
+    _num_scheduled_tokens: tuple[int, ...] | None = field(default=None, init=False, repr=False)
 
-    @cached_property
-    def token_counts(self) -> np.ndarray:
-        """Per-request scheduled tokens as a read-only int64 array."""
-        counts = tuple.__getitem__(self, _TOKEN_COUNTS_FIELD)
-        if type(counts) is np.ndarray:
-            return counts
-        array = np.array(counts, dtype=INT64)
-        array.setflags(write=False)
-        return array
+    def __post_init__(self) -> None:
+        counts = self.token_counts
+        if type(counts) is not np.ndarray or counts.dtype != INT64 or counts.flags.writeable:
+            _set(self, "token_counts", _read_only(np.array(counts, dtype=INT64)))
 
-    @cached_property
+    @property
     def cu_tokens(self) -> np.ndarray:
         """Inclusive prefix sums of token_counts (read-only): query_start_loc[1:] of the batch."""
-        cu_tokens = np.add.accumulate(self.token_counts)
-        cu_tokens.setflags(write=False)
+        cu_tokens = self._cu_tokens
+        if cu_tokens is None:
+            cu_tokens = _read_only(np.add.accumulate(self.token_counts))
+            _set(self, "_cu_tokens", cu_tokens)
         return cu_tokens
 
-    @cached_property
+    @property
     def num_scheduled_tokens(self) -> tuple[int, ...]:
         """Per-request scheduled tokens as plain integers."""
-        counts = tuple.__getitem__(self, _TOKEN_COUNTS_FIELD)
-        if type(counts) is tuple:
-            return counts
-        return tuple(counts.tolist())
+        counts = self._num_scheduled_tokens
+        if counts is None:
+            counts = tuple(self.token_counts.tolist())
+            _set(self, "_num_scheduled_tokens", counts)
+        return counts
 
     @property
     def is_split(self) -> bool:
@@ -240,17 +213,14 @@ def fallback_impossible(reason: str, impossible: SplitRejectedError) -> SplitRej
 def ubatch_record(index, token_start, token_stop, request_start, request_stop, padding,
                   piece_tokens=None, piece_row_starts=None):
     """A ``UBatch`` of planner-checked values: tokens [start, stop), ``padding`` rows after."""
-    return _tuple_new(
-        UBatch,
-        (
-            index,
-            slice(token_start, token_stop),
-            slice(request_start, request_stop),
-            token_stop - token_start,
-            padding,
-            piece_tokens,
-            piece_row_starts,
-        ),
+    return UBatch(
+        index,
+        slice(token_start, token_stop),
+        slice(request_start, request_stop),
+        token_stop - token_start,
+        padding,
+        piece_tokens,
+        piece_row_starts,
     )
 
 
@@ -346,13 +316,9 @@ def padded_ubatch(
 
 
 def built_plan(*fields, cu_tokens=None):
-    """A ``SplitPlan`` from planner-checked ``fields``, in ``PLAN_FIELDS`` order.
-
-    ``token_counts`` is the scalar planner's tuple of ints (the array is made on
-    first read) or the vectorised planner's read-only array, which comes with
-    its ``cu_tokens``.
-    """
-    plan = _tuple_new(SplitPlan, fields)
+    """A ``SplitPlan`` from planner-checked ``fields`` (field order); ``cu_tokens``, when
+    the planner has them, are kept rather than summed again."""
+    plan = SplitPlan(*fields)
     if cu_tokens is not None:
-        plan.__dict__["cu_tokens"] = cu_tokens  # cached_property's slot: already computed
+        _set(plan, "_cu_tokens", cu_tokens)
     return plan

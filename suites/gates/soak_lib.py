@@ -85,9 +85,9 @@ LIFETIME_PROBE_KEY = "_soak_lifetime_probe"
 def lifetime_ref(obj) -> weakref.ref:
     """A weak reference that goes dead with ``obj``.
 
-    Plans and ubatches are tuple records, which take no weak references; for
-    them the reference is to a probe held only by the record's instance dict,
-    so it dies when the record does (its caches live in the same dict).
+    Plans and ubatches take weak references (slotted dataclasses with a weakref slot);
+    an object that takes none gets a probe held only by its instance dict, which dies
+    with it.
     """
     try:
         return weakref.ref(obj)

@@ -1,8 +1,10 @@
-"""The plan's records keep the frozen dataclasses' contract: read-only, identity equality,
-keyword construction, ``replace``, pickling, and caches that stay per instance."""
+"""The plan's records are frozen slotted dataclasses: read-only, identity equality, keyword
+construction, ``dataclasses.replace``, pickling, weak references, and caches that stay per
+instance."""
 
 import dataclasses
 import pickle
+import weakref
 
 import numpy as np
 import pytest
@@ -14,9 +16,9 @@ SMALL = np.array([40, 7, 90, 3], dtype=np.int64)
 LARGE = np.arange(1, 200, dtype=np.int64)
 
 
-@pytest.fixture(params=["scalar", "vectorised"])
+@pytest.fixture(params=["small", "large"])
 def plan(request):
-    counts = SMALL if request.param == "scalar" else LARGE
+    counts = SMALL if request.param == "small" else LARGE
     return plan_split(counts, policy="token_balanced", constraints=SplitConstraints(align=8))
 
 
@@ -25,14 +27,16 @@ def test_fields_are_read_only(plan):
         plan.split_token = 1
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.ubatches[0].num_padded_tokens = 0
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    # Not a field: slots leave no room for it (Python 3.11's slotted frozen __setattr__
+    # raises TypeError here, later ones FrozenInstanceError).
+    with pytest.raises((dataclasses.FrozenInstanceError, TypeError, AttributeError)):
         plan.anything_new = 1
     with pytest.raises(dataclasses.FrozenInstanceError):
         del plan.policy
 
 
 def test_equality_is_identity_and_records_do_not_order_or_add(plan):
-    twin = plan.replace()
+    twin = dataclasses.replace(plan)
     assert twin is not plan and twin != plan and plan == plan
     assert len({plan, twin}) == 2
     with pytest.raises(TypeError):
@@ -51,13 +55,13 @@ def test_token_counts_are_a_read_only_int64_array_either_way(plan):
 
 def test_replace_changes_only_the_named_fields(plan):
     head, tail = plan.ubatches
-    shorter = tail.replace(num_padded_tokens=tail.num_padded_tokens + 8)
+    shorter = dataclasses.replace(tail, num_padded_tokens=tail.num_padded_tokens + 8)
     assert shorter.num_padded_tokens == tail.num_padded_tokens + 8
     assert shorter.token_slice == tail.token_slice and shorter.index == 1
-    forged = plan.replace(ubatches=(head, shorter))
+    forged = dataclasses.replace(plan, ubatches=(head, shorter))
     assert forged.ubatches[1] is shorter and forged.split_token == plan.split_token
-    with pytest.raises(TypeError, match="no fields"):
-        plan.replace(cut=3)
+    with pytest.raises(TypeError, match="cut"):
+        dataclasses.replace(plan, cut=3)
 
 
 def test_keyword_construction_with_defaults_and_named_errors():
@@ -69,9 +73,9 @@ def test_keyword_construction_with_defaults_and_named_errors():
         num_padded_tokens=0,
     )
     assert ubatch.piece_tokens is None and ubatch.num_rows == 8
-    with pytest.raises(TypeError, match="missing field 'num_padded_tokens'"):
+    with pytest.raises(TypeError, match="num_padded_tokens"):
         UBatch(0, slice(0, 8), slice(0, 1), 8)
-    with pytest.raises(TypeError, match="unknown fields"):
+    with pytest.raises(TypeError, match="bogus"):
         UBatch(0, slice(0, 8), slice(0, 1), 8, 0, bogus=1)
     plan = SplitPlan(
         policy="none",
@@ -104,5 +108,12 @@ def test_a_plain_subclass_keeps_the_fields():
         pass
 
     tagged = Tagged(0, slice(0, 8), slice(0, 1), 8, 0)
-    assert tagged.num_rows == 8 and tagged.replace(index=1).index == 1
-    assert repr(tagged).startswith("Tagged(index=0")
+    assert tagged.num_rows == 8 and dataclasses.replace(tagged, index=1).index == 1
+    assert "Tagged(index=0" in repr(tagged)
+
+
+def test_records_take_weak_references_and_no_new_attributes(plan):
+    """The soak tracks plan lifetimes by weak reference; slots keep instances small."""
+    ref = weakref.ref(plan)
+    assert ref() is plan
+    assert not hasattr(plan, "__dict__")
