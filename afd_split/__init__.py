@@ -1,53 +1,37 @@
 """Token-balanced two-ubatch split path for AFD prefill (framework-neutral).
 
-Imports numpy only at import time; torch is imported by the functions that
-exchange or return tensors, and vLLM only by ``afd_split.adapters``.
+The public API answers three questions: where the split is decided (``plan_split`` ->
+``SplitPlan``), where engine metadata is sliced (``split_common_metadata`` for vLLM,
+``split_ascend_common_metadata`` for vLLM-Ascend) and where a split is validated
+(``check_split``), plus the errors. Everything else is internal, reached by its layer
+(``afd_split.plan``, ``checks``, ``pcp``, ``engine``; docs/split-path.md).
+
+Imports numpy only at import time; torch is imported by the functions that exchange or
+return tensors, and vLLM / vLLM-Ascend never (the engine objects come from the caller).
 """
 
-from afd_split.agree import agree_on_split
-from afd_split.constraints import SplitConstraints, SplitPolicy
+from afd_split.engine.ascend import split_ascend_common_metadata
+from afd_split.engine.slicing import check_split
+from afd_split.engine.vllm import split_common_metadata
 from afd_split.errors import (
     SplitInvariantError,
     SplitMismatchError,
     SplitRejectedError,
     UnsupportedSplitError,
 )
-from afd_split.metadata import BatchMetadata, split_metadata, validate_split
-from afd_split.plan import SplitPlan, UBatch, plan_split
-from afd_split.requests import RequestFields, split_request_fields, validate_split_requests
-from afd_split.rows import gather_ubatch_rows, merge_outputs
-from afd_split.state import AllBindings, BufferContents, preserved_state
-from afd_split.support import (
-    SplitSupportConfig,
-    prepare_split_runtime,
-    unsupported_reasons,
-    validate_split_support,
-)
+from afd_split.plan.constraints import SplitConstraints, SplitPolicy
+from afd_split.plan.planner import SplitPlan, plan_split
 
 __all__ = [
-    "AllBindings",
-    "BatchMetadata",
-    "BufferContents",
-    "RequestFields",
     "SplitConstraints",
     "SplitInvariantError",
     "SplitMismatchError",
     "SplitPlan",
     "SplitPolicy",
     "SplitRejectedError",
-    "SplitSupportConfig",
-    "UBatch",
     "UnsupportedSplitError",
-    "agree_on_split",
-    "gather_ubatch_rows",
-    "merge_outputs",
+    "check_split",
     "plan_split",
-    "prepare_split_runtime",
-    "preserved_state",
-    "split_metadata",
-    "split_request_fields",
-    "unsupported_reasons",
-    "validate_split",
-    "validate_split_requests",
-    "validate_split_support",
+    "split_ascend_common_metadata",
+    "split_common_metadata",
 ]

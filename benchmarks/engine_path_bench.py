@@ -39,7 +39,7 @@ layout, at the recipe's batch (the Attention role's ``--max-num-seqs 32`` reques
 trace prompt lengths filling ``--max-num-batched-tokens 140000``), the host cost per
 step (``engine_path`` + ``builder_state_guard``, paired per round, thread CPU
 median) is at most 1% of the modelled prefill step of that batch
-(``afd_split.cost.modelled_plan_cost`` of the planned cut; the default model is
+(``afd_split.plan.cost.modelled_plan_cost`` of the planned cut; the default model is
 ``DEFAULT_COST_MODEL``, the reduced-model CPU calibration; ``--cost-model`` takes a
 JSON of ``CostModel`` fields, e.g. coefficients fitted on hardware). Each target also
 gives the shortest step the host cost stays within 1% of (``break_even_step_ms``), so
@@ -73,7 +73,7 @@ from engine_path_metadata import build_layout_batch, layout_kinds_here, plugin_s
 from engine_path_parts import aten_ops, part_callables
 from engine_path_timing import PASSES, spread, time_interleaved
 
-from afd_split.cost import DEFAULT_COST_MODEL, CostModel, modelled_plan_cost
+from afd_split.plan.cost import DEFAULT_COST_MODEL, CostModel, modelled_plan_cost
 from afd_split.integrations.afd_plugin.stages import (
     HookSession,
     ascend_splitter,

@@ -8,8 +8,8 @@ For one batch and its (already made) plan:
   ubatches it produced (read back from their fields, as the adapter does);
 * ``torch_ops_floor``: only the torch calls the adapter makes for this layout
   (host ``.numpy()`` reads of the parent, device views and plan-integer
-  arithmetic, ``from_numpy`` of the ubatches' host fields, read back as the arrays
-  they share), replayed with precomputed
+  arithmetic, ``from_numpy`` of the ubatches' host fields and the check's ``.numpy()``
+  read-back of each), replayed with precomputed
   indices and no Python logic around them: what no Python rewrite of the
   split could go below without fewer torch calls. ``aten_ops`` counts the aten
   ops of a callable; the bench records that the floor dispatches exactly the
@@ -23,27 +23,27 @@ from collections import Counter
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from afd_split.adapters.common import parent_arrays_of, produced_arrays, split_fields
-from afd_split.request_checks import check_split_arrays
+from afd_split.checks.request_checks import check_split_arrays
+from afd_split.engine.common import parent_arrays_of, produced_arrays, split_fields
 
 
 def field_program(batch):
     """The adapter's field program of the batch's metadata class (vLLM or Ascend)."""
     if batch.splitter is None:
-        from afd_split.adapters.ascend import ascend_field_program
+        from afd_split.engine.ascend import ascend_field_program
 
         return ascend_field_program(type(batch.common))
-    from afd_split.adapters.vllm import vllm_field_program
+    from afd_split.engine.vllm import vllm_field_program
 
     return vllm_field_program(type(batch.common))
 
 
 def _recompute_table(batch):
     if batch.splitter is None:
-        from afd_split.adapters.ascend import ASCEND_RECOMPUTE_BY_MODE
+        from afd_split.engine.ascend import ASCEND_RECOMPUTE_BY_MODE
 
         return ASCEND_RECOMPUTE_BY_MODE[True, False]
-    from afd_split.adapters.vllm import VLLM_RECOMPUTE
+    from afd_split.engine.vllm import VLLM_RECOMPUTE
 
     return VLLM_RECOMPUTE
 
@@ -87,8 +87,7 @@ def torch_floor(batch, plan, program, values):
     stages = []
     for ubatch, stage_values in zip(plan.ubatches, values, strict=True):
         request_slice, token_slice = ubatch.request_slice, ubatch.token_slice
-        # One host tensor per distinct produced copy (the compiled split shares one tensor
-        # between the host copies of one ubatch array, and the check reads it once).
+        # One host tensor per distinct produced copy, read back once by the check.
         distinct = {id(stage_values[name]): stage_values[name] for name in host_out}
         arrays = [tensor.numpy() for tensor in distinct.values()]
         left_over = plan.cu_tokens[request_slice.stop - 1] - token_slice.stop
@@ -114,8 +113,8 @@ def torch_floor(batch, plan, program, values):
             for tensor in token_rows:
                 tensor[token_slice]
             for array in arrays:
-                # Made; the check reads it as the array from_numpy shares (host_like_read).
-                torch.from_numpy(array)
+                # Made (host_like), then read back by the check (host_numpy).
+                torch.from_numpy(array).numpy()
 
     return replay
 

@@ -59,16 +59,9 @@ from split_bench_baselines import (
 )
 from split_bench_timing import PASSES, ratio, summary, time_interleaved
 
-from afd_split import (
-    BatchMetadata,
-    RequestFields,
-    SplitConstraints,
-    plan_split,
-    split_metadata,
-    split_request_fields,
-    validate_split,
-    validate_split_requests,
-)
+from afd_split import SplitConstraints, plan_split
+from afd_split.checks.metadata import BatchMetadata, split_metadata, validate_split
+from afd_split.checks.requests import RequestFields, split_request_fields, validate_split_requests
 
 BATCH_SIZES = (1, 8, 64, 512, 4096)
 MAX_BATCH_TOKENS = 140_000

@@ -18,15 +18,14 @@ import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-ADAPTER_COMMON_MODULE = "afd_split.adapters.common"
-ADAPTER_VLLM_MODULE = "afd_split.adapters.vllm"
-ADAPTER_ASCEND_MODULE = "afd_split.adapters.ascend"
-ADAPTER_COMPILED_MODULE = "afd_split.adapters.compiled"
+ADAPTER_COMMON_MODULE = "afd_split.engine.common"
+ADAPTER_VLLM_MODULE = "afd_split.engine.vllm"
+ADAPTER_ASCEND_MODULE = "afd_split.engine.ascend"
 ENGINE_STEP_MODULE = "afd_split.integrations.engine_step"
 ENGINE_GLUE_MODULE = "pytest_afd.backends.cpu.engine_glue"
 ROLES_MODULE = "pytest_afd.backends.cpu.afd.roles"
-REQUEST_CHECKS_MODULE = "afd_split.request_checks"
-PLAN_TYPES_MODULE = "afd_split.plan_types"
+REQUEST_CHECKS_MODULE = "afd_split.checks.request_checks"
+PLAN_TYPES_MODULE = "afd_split.plan.types"
 BACKEND_MODULE = "pytest_afd.backends.cpu.backend"
 
 
@@ -52,51 +51,6 @@ def _patched_in(modules: tuple[str, ...], name: str,
         yield
 
 
-@contextlib.contextmanager
-def _recompiled() -> Iterator[None]:
-    """The adapters generate each class's split once and bind its helpers by value
-    (``afd_split.adapters.compiled``): a fault patched into a helper reaches that
-    code only if the split is generated again while the fault is in place, and no
-    faulty split may stay cached after it."""
-    from afd_split.adapters import ascend, vllm
-
-    def clear() -> None:
-        vllm.vllm_compiled_split.cache_clear()
-        ascend.ascend_compiled_split.cache_clear()
-
-    clear()
-    try:
-        yield
-    finally:
-        clear()
-
-
-@contextlib.contextmanager
-def _recompute_entry_swapped(field_name: str, entry: Callable[..., Any]) -> Iterator[None]:
-    """``field_name``'s recompute entry replaced in the vLLM and Ascend rule tables (the
-    single source both the compiled and the field-by-field split read)."""
-    from types import MappingProxyType
-
-    from afd_split.adapters import ascend, vllm
-
-    vllm_table = MappingProxyType({**vllm.VLLM_RECOMPUTE, field_name: entry})
-    ascend_tables = MappingProxyType({
-        mode: MappingProxyType({**table, field_name: entry})
-        for mode, table in ascend.ASCEND_RECOMPUTE_BY_MODE.items()
-    })
-    with patched(vllm, "VLLM_RECOMPUTE", vllm_table), \
-            patched(ascend, "ASCEND_RECOMPUTE_BY_MODE", ascend_tables), _recompiled():
-        yield
-
-
-def _faulty_token_rows_code(source, depth: int, target: str, tensor: str, pad_value: int,
-                            padded: bool) -> None:
-    """The generator of the compiled split's token rows, never inlining the unpadded view
-    (so the faulty ``ubatch_token_rows`` serves every ubatch, as it does field by field)."""
-    source.add(depth, f"{target} = ubatch_token_rows({tensor}, ubatch, "
-                      f"with_padding={padded}, pad_value={pad_value})")
-
-
 # ---- adapters ----------------------------------------------------------------
 
 
@@ -109,21 +63,7 @@ def token_rows_by_request() -> contextlib.AbstractContextManager[None]:
 
         return faulty
 
-    return _stacked(
-        _patched_in((ADAPTER_COMMON_MODULE, ADAPTER_COMPILED_MODULE), "ubatch_token_rows", make),
-        _patched_in((ADAPTER_COMPILED_MODULE,), "_token_rows",
-                    lambda _original: _faulty_token_rows_code),
-        _recompiled(),
-    )
-
-
-@contextlib.contextmanager
-def _stacked(*managers: contextlib.AbstractContextManager[None]) -> Iterator[None]:
-    """Every manager entered in order, left in reverse."""
-    with contextlib.ExitStack() as stack:
-        for manager in managers:
-            stack.enter_context(manager)
-        yield
+    return _patched_in((ADAPTER_COMMON_MODULE,), "ubatch_token_rows", make)
 
 
 def head_device_seq_lens_full() -> contextlib.AbstractContextManager[None]:
@@ -135,13 +75,7 @@ def head_device_seq_lens_full() -> contextlib.AbstractContextManager[None]:
 
         return faulty
 
-    from afd_split.adapters import vllm
-    from afd_split.adapters.compiled import recompute_expr
-
-    entry = recompute_expr("cut_seq_lens(c.common.seq_lens, c.ubatch, c.left_over)",
-                           cut_seq_lens=make(vllm.cut_seq_lens))
-    return _stacked(_patched_in((ADAPTER_VLLM_MODULE,), "cut_seq_lens", make),
-                    _recompute_entry_swapped("seq_lens", entry))
+    return _patched_in((ADAPTER_VLLM_MODULE,), "cut_seq_lens", make)
 
 
 def tail_host_computed_plus_one() -> contextlib.AbstractContextManager[None]:
@@ -160,16 +94,13 @@ def tail_host_computed_plus_one() -> contextlib.AbstractContextManager[None]:
 
         return faulty
 
-    return _stacked(
-        _patched_in((ADAPTER_COMMON_MODULE, ADAPTER_COMPILED_MODULE), "cut_request_arrays", make),
-        _recompiled(),
-    )
+    return _patched_in((ADAPTER_COMMON_MODULE,), "cut_request_arrays", make)
 
 
 def check_reads_plan() -> contextlib.AbstractContextManager[None]:
     """The adapter's check compares the plan's own split of the parent, not what it produced."""
-    from afd_split.adapters.slicing import check_split
-    from afd_split.requests import cut_request_arrays
+    from afd_split.checks.requests import cut_request_arrays
+    from afd_split.engine.slicing import check_split
 
     def make(_original):
         def faulty(plan, common, positions, block_size, program, parent, per_ubatch, results,
@@ -180,17 +111,7 @@ def check_reads_plan() -> contextlib.AbstractContextManager[None]:
 
         return faulty
 
-    def make_produced(_original):
-        def faulty(plan, common, positions, block_size, parent, produced, results, check):
-            planned = [pieces[:3] for pieces in cut_request_arrays(plan, *parent)]
-            check_split(plan, parent, planned, check)
-            return results
-
-        return faulty
-
-    modules = (ADAPTER_VLLM_MODULE, ADAPTER_ASCEND_MODULE)
-    return _stacked(_patched_in(modules, "checked_results", make),
-                    _patched_in(modules, "checked_produced", make_produced))
+    return _patched_in((ADAPTER_VLLM_MODULE, ADAPTER_ASCEND_MODULE), "checked_results", make)
 
 
 def readback_unchecked() -> contextlib.AbstractContextManager[None]:
@@ -212,7 +133,7 @@ def readback_unchecked() -> contextlib.AbstractContextManager[None]:
 
 def engine_check_unchecked() -> contextlib.AbstractContextManager[None]:
     """``check_engine_step`` hands back its parts (or the plan's own split) unchecked."""
-    from afd_split.requests import split_request_fields
+    from afd_split.checks.requests import split_request_fields
 
     def make(_original):
         def faulty(plan, parent, parts=None):

@@ -18,7 +18,7 @@ from gate_lib import (
 )
 from gate_reference import GateReferences
 
-from afd_split import unsupported_reasons
+from afd_split.checks.support import unsupported_reasons
 from pytest_afd.backends.base import Backend, CapabilityMissing
 from pytest_afd.faults import applied_from_env
 from pytest_afd.golden import GoldenStore

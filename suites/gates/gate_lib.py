@@ -4,7 +4,7 @@ Every gate compares a candidate run with a reference run of the same backend
 and judges it with the ``golden`` fixture's tolerance profile (``w8a8`` for
 W8A8 runs, ``float32`` otherwise). Where the backend
 declares ``split_observer`` (the CPU backend) the judgement also includes the
-split invariant checker (``afd_split.validate_split`` and parent-unchanged)
+split invariant checker (``afd_split.checks.metadata.validate_split`` and parent-unchanged)
 applied, through the backend protocol, to exactly the split metadata the
 executor consumed, so a broken split is caught even where it happens not to
 move the outputs. The reference (``split_policy="none"``) is a direct

@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from afd_split import SplitSupportConfig
-from afd_split.support import CPU_REFERENCE_BUILDER
+from afd_split.checks.support import CPU_REFERENCE_BUILDER, SplitSupportConfig
 from pytest_afd.backends import create_backend
 from pytest_afd.backends.base import (
     Backend,

@@ -13,7 +13,8 @@ from gate_setup import (
     UNSPLIT_POLICY,
 )
 
-from afd_split import SplitInvariantError, validate_split
+from afd_split import SplitInvariantError
+from afd_split.checks.metadata import validate_split
 from pytest_afd.backends.base import (
     CAP_SPLIT_OBSERVER,
     Backend,

@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 from step_evidence_checks import step_count_problems
 
-from afd_split import SplitInvariantError, validate_split
+from afd_split import SplitInvariantError
+from afd_split.checks.metadata import validate_split
 
 # Modules whose globals a leak or a contamination would grow: the split path and
 # the executor that drives it.
@@ -84,9 +85,9 @@ LIFETIME_PROBE_KEY = "_soak_lifetime_probe"
 def lifetime_ref(obj) -> weakref.ref:
     """A weak reference that goes dead with ``obj``.
 
-    Plans and ubatches are tuple records, which take no weak references; for
-    them the reference is to a probe held only by the record's instance dict,
-    so it dies when the record does (its caches live in the same dict).
+    Plans and ubatches take weak references (slotted dataclasses with a weakref slot);
+    an object that takes none gets a probe held only by its instance dict, which dies
+    with it.
     """
     try:
         return weakref.ref(obj)

@@ -1,7 +1,7 @@
 """Gate 6: unsupported combinations fail before communication resources are created.
 
 Each unsupported attention builder, graph mode, speculative-metadata setting,
-staging mode and topology goes through ``afd_split.prepare_split_runtime``
+staging mode and topology goes through ``afd_split.checks.support.prepare_split_runtime``
 with a group initialiser that really creates a ``torch.distributed`` process
 group. The combination must raise ``UnsupportedSplitError`` naming the
 offending value, the initialiser must never run, and afterwards no process
@@ -26,7 +26,8 @@ from gate_lib import (
     support_config_for,
 )
 
-from afd_split import UnsupportedSplitError, prepare_split_runtime
+from afd_split import UnsupportedSplitError
+from afd_split.checks.support import prepare_split_runtime
 from pytest_afd.topology import parse_topology
 
 LOOPBACK = "127.0.0.1"

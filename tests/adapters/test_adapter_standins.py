@@ -16,13 +16,13 @@ from adapter_batches import (
 )
 
 from afd_split import SplitConstraints, SplitInvariantError, UnsupportedSplitError, plan_split
-from afd_split.adapters.ascend import (
+from afd_split.engine.ascend import (
     ASCEND_FIELD_RULES,
     ASCEND_LAYOUTS,
     split_ascend_common_metadata,
 )
-from afd_split.adapters.layout import FieldRule
-from afd_split.adapters.vllm import VLLM_FIELD_RULES, VLLM_LAYOUTS, split_common_metadata
+from afd_split.engine.layout import FieldRule
+from afd_split.engine.vllm import VLLM_FIELD_RULES, VLLM_LAYOUTS, split_common_metadata
 
 PLAN = plan_split(PREFIX_HIT_TOKENS, policy="token_balanced", constraints=SplitConstraints(align=8))
 PADDED_PLAN = plan_split(
@@ -197,28 +197,13 @@ def _head_not_cut(plan, parent, head, tail):
     return (qsl, seq_lens, computed, already_done, left_over), tail
 
 
-@pytest.fixture
-def recompiled():
-    """The vLLM adapter compiles each class again (after a test patched its rules), and
-    again after the test (so no patched split stays cached)."""
-    from afd_split.adapters import vllm
-
-    vllm.vllm_compiled_split.cache_clear()
-    yield
-    vllm.vllm_compiled_split.cache_clear()
-
-
-COMPILED_MODES = pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "interpreted"])
-
-
-@COMPILED_MODES
 @pytest.mark.parametrize("layout", VLLM_LAYOUTS, ids=lambda layout: layout.version)
 @pytest.mark.parametrize("fault", [_not_advanced, _head_not_cut], ids=lambda f: f.__name__)
 def test_default_check_catches_an_injected_split_bug(
-    layout, fault, compiled, monkeypatch, recompiled
+    layout, fault, monkeypatch
 ):
     """Fault injection into the request split the adapter uses: the per-step check fails."""
-    from afd_split.requests import cut_request_arrays
+    from afd_split.checks.requests import cut_request_arrays
 
     if fault is _not_advanced and "_num_computed_tokens_cpu" not in layout.field_set:
         pytest.skip(f"vLLM {layout.version} holds no computed-tokens copy to get wrong")
@@ -227,11 +212,10 @@ def test_default_check_catches_an_injected_split_bug(
         parent = (qsl, seq_lens, computed)
         return list(fault(plan, parent, *cut_request_arrays(plan, qsl, seq_lens, computed)))
 
-    monkeypatch.setattr("afd_split.adapters.common.cut_request_arrays", buggy_split)
-    monkeypatch.setattr("afd_split.adapters.compiled.cut_request_arrays", buggy_split)
+    monkeypatch.setattr("afd_split.engine.common.cut_request_arrays", buggy_split)
     common, positions, _ = vllm_case(layout)
     with pytest.raises(SplitInvariantError):
-        split_common_metadata(PLAN, common, positions, BLOCK, compiled=compiled)
+        split_common_metadata(PLAN, common, positions, BLOCK)
 
 
 HOST_FIELD_FAULTS = {
@@ -243,16 +227,15 @@ HOST_FIELD_FAULTS = {
 """Host field -> the StageContext array it is built from."""
 
 
-@COMPILED_MODES
 @pytest.mark.parametrize("layout", VLLM_LAYOUTS, ids=lambda layout: layout.version)
 @pytest.mark.parametrize("field", sorted(HOST_FIELD_FAULTS))
 def test_default_check_reads_the_produced_host_fields(
-    layout, field, compiled, monkeypatch, recompiled
+    layout, field, monkeypatch
 ):
     """Fault injection after the request split: one produced host field is built wrong (off by
     one in its last entry). The check reads the ubatches' fields, every host copy of a field
     (0.26.0 has two of seq_lens), so it sees the bug."""
-    from afd_split.adapters import vllm
+    from afd_split.engine import vllm
 
     if field not in layout.field_set:
         pytest.skip(f"vLLM {layout.version} has no {field}")
@@ -266,14 +249,13 @@ def test_default_check_reads_the_produced_host_fields(
     monkeypatch.setattr(vllm, "VLLM_RECOMPUTE", {**vllm.VLLM_RECOMPUTE, field: off_by_one})
     common, positions, _ = vllm_case(layout)
     with pytest.raises(SplitInvariantError):
-        split_common_metadata(PLAN, common, positions, BLOCK, compiled=compiled)
+        split_common_metadata(PLAN, common, positions, BLOCK)
 
 
-@COMPILED_MODES
 @pytest.mark.parametrize("fault", ["query_start_loc", "seq_lens"])
-def test_full_check_catches_a_device_side_bug(fault, compiled, monkeypatch, recompiled):
+def test_full_check_catches_a_device_side_bug(fault, monkeypatch):
     """Fault injection into the device arithmetic: only check="full" reads it back."""
-    from afd_split.adapters import vllm
+    from afd_split.engine import vllm
 
     real = vllm.VLLM_RECOMPUTE[fault]
 
@@ -283,9 +265,9 @@ def test_full_check_catches_a_device_side_bug(fault, compiled, monkeypatch, reco
     monkeypatch.setattr(vllm, "VLLM_RECOMPUTE", {**vllm.VLLM_RECOMPUTE, fault: off_by_one})
     common, positions, _ = vllm_case(VLLM_LAYOUTS[0])
     # The per-step check cannot see it.
-    split_common_metadata(PLAN, common, positions, BLOCK, compiled=compiled)
+    split_common_metadata(PLAN, common, positions, BLOCK)
     with pytest.raises(SplitInvariantError):
-        split_common_metadata(PLAN, common, positions, BLOCK, check="full", compiled=compiled)
+        split_common_metadata(PLAN, common, positions, BLOCK, check="full")
 
 
 @pytest.mark.parametrize("layout", ASCEND_LAYOUTS, ids=lambda layout: layout.version)
@@ -294,3 +276,28 @@ def test_a_reject_field_cleared_to_none_against_a_non_none_default_is_rejected(l
     common, positions, _ = ascend_case(layout, decode_token_per_req=None)
     with pytest.raises(UnsupportedSplitError, match="decode_token_per_req"):
         split_ascend(PLAN, common, positions)
+
+
+@pytest.mark.parametrize("helper", ["cut_seq_lens", "split_fields"])
+def test_a_helper_patched_in_the_adapter_module_reaches_the_split(helper, monkeypatch):
+    """The field rules are plain functions that look their helpers up per call: a fault
+    seeded into ``cut_seq_lens`` or ``split_fields`` changes what the split produces."""
+    from afd_split.engine import vllm
+
+    common, positions, _ = vllm_case(VLLM_LAYOUTS[0])
+    clean = split_common_metadata(PLAN, common, positions, BLOCK)
+    real = getattr(vllm, helper)
+    if helper == "cut_seq_lens":
+        def faulty(seq_lens, ubatch, left_over):
+            return real(seq_lens, ubatch, left_over) + 1
+    else:
+        def faulty(*args, **kwargs):
+            per_ubatch = real(*args, **kwargs)
+            per_ubatch[0]["seq_lens"] = per_ubatch[0]["seq_lens"] + 1
+            return per_ubatch
+    monkeypatch.setattr(vllm, helper, faulty)
+    seeded = split_common_metadata(PLAN, common, positions, BLOCK)
+    head_clean, head_seeded = clean[0][0].seq_lens, seeded[0][0].seq_lens
+    assert torch.equal(head_seeded, head_clean + 1)
+    with pytest.raises(SplitInvariantError):
+        split_common_metadata(PLAN, common, positions, BLOCK, check="full")

@@ -6,7 +6,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from afd_split import BatchMetadata, plan_split
+from afd_split import plan_split
+from afd_split.checks.metadata import BatchMetadata
 from pytest_afd.backends.cpu import Executor, PagedKVCache
 
 SEED = 7

@@ -89,7 +89,8 @@ def test_prefix_cache_on_the_attention_rank(backend):
 
 
 def test_runtime_fails_closed_before_any_rank_exists():
-    from afd_split import SplitSupportConfig, UnsupportedSplitError
+    from afd_split import UnsupportedSplitError
+    from afd_split.checks.support import SplitSupportConfig
     from pytest_afd.backends.cpu import named_config
     from pytest_afd.backends.cpu.afd import AfdRuntime
 

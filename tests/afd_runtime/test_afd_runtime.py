@@ -53,7 +53,7 @@ def test_chunked_continuation_with_padding_reads_earlier_kv(runtime_1p1, referen
     first_ids, first = make_batch(afd_config, [40, 30], computed=[0, 0], seed=3)
     second_ids, second = make_batch(afd_config, [25, 50], computed=[40, 30], seed=4)
     # Reuse step 1's block table so both steps address the same blocks.
-    from afd_split import BatchMetadata
+    from afd_split.checks.metadata import BatchMetadata
 
     table = np.zeros((2, 6), dtype=np.int64)
     table[0, :5], table[1, :5] = np.arange(0, 5), np.arange(5, 10)
@@ -78,7 +78,7 @@ def test_copied_prefix_block_is_read_by_the_next_step(runtime_1p1, reference_mod
     import torch
     from afd_runtime_helpers import BLOCK_SIZE, THREADS_PER_RANK
 
-    from afd_split import BatchMetadata
+    from afd_split.checks.metadata import BatchMetadata
     from pytest_afd.backends.cpu import Executor, PagedKVCache
 
     seed_ids, _ = make_batch(afd_config, [40], seed=12)
@@ -184,7 +184,7 @@ def _prefix_cached_steps(executor, pool, config):
     """
     from afd_runtime_helpers import BLOCK_SIZE
 
-    from afd_split import BatchMetadata
+    from afd_split.checks.metadata import BatchMetadata
 
     rng = np.random.default_rng(40)
     prompt_a = rng.integers(0, config.vocab_size, 64).tolist()

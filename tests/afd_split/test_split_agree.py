@@ -6,7 +6,8 @@ import queue
 
 import pytest
 
-from afd_split import SplitConstraints, SplitMismatchError, agree_on_split, plan_split
+from afd_split import SplitConstraints, SplitMismatchError, plan_split
+from afd_split.plan.agree import agree_on_split
 
 WORLD_SIZE = 3
 TIMEOUT_S = 120

@@ -12,9 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from afd_split import BatchMetadata, SplitInvariantError, token_runs
-from afd_split.token_checks import name_token_violation
-from afd_split.token_runs import token_fields_hold
+from afd_split import SplitInvariantError
+from afd_split.checks import token_runs
+from afd_split.checks.metadata import BatchMetadata
+from afd_split.checks.token_runs import token_fields_hold
+from afd_split.checks.tokens import name_token_violation
 
 FIELDS = ("slot_mapping", "positions", "block_table")
 

@@ -6,17 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from afd_split import (
-    BatchMetadata,
-    SplitConstraints,
-    SplitInvariantError,
-    SplitPolicy,
-    gather_ubatch_rows,
-    merge_outputs,
-    plan_split,
-    split_metadata,
-    validate_split,
-)
+from afd_split import SplitConstraints, SplitInvariantError, SplitPolicy, plan_split
+from afd_split.checks.metadata import BatchMetadata, split_metadata, validate_split
+from afd_split.engine.rows import gather_ubatch_rows, merge_outputs
 
 TB = SplitPolicy.TOKEN_BALANCED
 BLOCK = 16

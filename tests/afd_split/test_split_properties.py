@@ -5,16 +5,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from afd_split import (
-    BatchMetadata,
-    SplitConstraints,
-    SplitPolicy,
-    SplitRejectedError,
-    gather_ubatch_rows,
-    merge_outputs,
-    plan_split,
-    split_metadata,
-)
+from afd_split import SplitConstraints, SplitPolicy, SplitRejectedError, plan_split
+from afd_split.checks.metadata import BatchMetadata, split_metadata
+from afd_split.engine.rows import gather_ubatch_rows, merge_outputs
 
 MAX_REQUESTS = 4096
 MAX_TOKENS = 140_000

@@ -8,18 +8,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from afd_split import (
-    BatchMetadata,
+from afd_split import SplitConstraints, SplitInvariantError, plan_split
+from afd_split.checks.metadata import BatchMetadata, split_metadata
+from afd_split.checks.requests import (
+    INVARIANTS,
     RequestFields,
-    SplitConstraints,
-    SplitInvariantError,
-    plan_split,
-    split_metadata,
     split_request_fields,
     validate_split_requests,
 )
-from afd_split.plan_scalar import SCALAR_PATH_MAX_REQUESTS
-from afd_split.requests import INVARIANTS
+
+SCALAR_PATH_MAX_REQUESTS = 64
+"""The old scalar planner's limit: sizes on both sides of it stay covered."""
 
 TB = "token_balanced"
 # A boundary request (1) cut by the token-balanced split, >= 3 requests in each ubatch.
@@ -200,26 +199,26 @@ def test_a_plan_that_drops_or_overlaps_tokens_is_caught():
     plan, parent, parts = setup()
     head, tail = plan.ubatches
     start = tail.token_slice.start + 1
-    dropped = tail.replace(
+    dropped = dataclasses.replace(tail,
         token_slice=slice(start, tail.token_slice.stop), num_real_tokens=tail.num_real_tokens - 1
     )
-    forged = plan.replace(ubatches=(head, dropped))
+    forged = dataclasses.replace(plan, ubatches=(head, dropped))
     assert "do not continue at token" in expect("token conservation", forged, parent, parts)
-    apart = tail.replace(
+    apart = dataclasses.replace(tail,
         request_slice=slice(tail.request_slice.start + 1, tail.request_slice.stop)
     )
-    forged = plan.replace(ubatches=(head, apart))
+    forged = dataclasses.replace(plan, ubatches=(head, apart))
     expect("boundary continuity", forged, parent, parts)
 
 
 def test_unaligned_or_missing_padding_rows_are_caught():
     plan, parent, parts = setup(constraints=SplitConstraints(align=8, padded_total=256))
     head, tail = plan.ubatches
-    short = tail.replace(num_padded_tokens=tail.num_padded_tokens - 8)
-    forged = plan.replace(ubatches=(head, short))
+    short = dataclasses.replace(tail, num_padded_tokens=tail.num_padded_tokens - 8)
+    forged = dataclasses.replace(plan, ubatches=(head, short))
     assert "padded_total=256" in expect("padding separation", forged, parent, parts)
-    unaligned = head.replace(num_padded_tokens=head.num_padded_tokens + 1)
-    forged = plan.replace(ubatches=(unaligned, tail))
+    unaligned = dataclasses.replace(head, num_padded_tokens=head.num_padded_tokens + 1)
+    forged = dataclasses.replace(plan, ubatches=(unaligned, tail))
     assert "align=8" in expect("padding separation", forged, parent, parts)
 
 

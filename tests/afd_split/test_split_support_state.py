@@ -4,15 +4,15 @@ import types
 
 import pytest
 
-from afd_split import (
+from afd_split import UnsupportedSplitError
+from afd_split.checks.support import (
+    CPU_REFERENCE_BUILDER,
     SplitSupportConfig,
-    UnsupportedSplitError,
     prepare_split_runtime,
-    preserved_state,
     unsupported_reasons,
     validate_split_support,
 )
-from afd_split.support import CPU_REFERENCE_BUILDER
+from afd_split.engine.state import preserved_state
 
 SUPPORTED = SplitSupportConfig(attention_builder="AscendSFAMetadataBuilder", pcp_size=8)
 

@@ -5,14 +5,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from afd_split import (
-    BatchMetadata,
-    SplitConstraints,
-    SplitInvariantError,
-    plan_split,
-    split_metadata,
-    validate_split,
-)
+from afd_split import SplitConstraints, SplitInvariantError, plan_split
+from afd_split.checks.metadata import BatchMetadata, split_metadata, validate_split
 
 TB = "token_balanced"
 BLOCK = 16

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from afd_split import BatchMetadata, SplitConstraints, plan_split
+from afd_split import SplitConstraints, plan_split
+from afd_split.checks.metadata import BatchMetadata
 from pytest_afd.backends.cpu import BlockPool, Executor, PagedKVCache
 
 SMALL_BLOCK = 16

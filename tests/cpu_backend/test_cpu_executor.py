@@ -146,7 +146,7 @@ def test_forced_balanced_routing_is_balanced_and_changes_outputs(reduced_model, 
 def test_input_mismatch_errors(reduced_model, prompts):
     runner = Runner(reduced_model)
     blocks = runner.allocate(prompts[:1])
-    from afd_split import BatchMetadata
+    from afd_split.checks.metadata import BatchMetadata
 
     md = BatchMetadata.from_requests([150], None, np.array([blocks[0].block_ids]), SMALL_BLOCK)
     with pytest.raises(ValueError, match="149"):

@@ -1,6 +1,6 @@
 """The CPU backend's PCP emulation runs every split through the hook's PCP glue on every rank:
-the relayout of the rows (``afd_split.pcp_relayout``) and the relaid stage metadata
-(``afd_split.adapters.ascend_pcp``), so their faults reach the logits."""
+the relayout of the rows (``afd_split.pcp.relayout``) and the relaid stage metadata
+(``afd_split.engine.ascend_pcp``), so their faults reach the logits."""
 
 from dataclasses import replace
 
@@ -9,7 +9,10 @@ import pytest
 import torch
 from cpu_runner import Runner, make_prompts
 
-from afd_split import SplitConstraints, gather_ubatch_rows, pcp_relayout, pcp_stage
+from afd_split import SplitConstraints
+from afd_split.engine.rows import gather_ubatch_rows
+from afd_split.pcp import relayout as pcp_relayout
+from afd_split.pcp import stage as pcp_stage
 from pytest_afd.backends.cpu.pcp import PcpEmulation
 from pytest_afd.faults import PCP_ROW_FAULTS, get_fault
 
@@ -48,7 +51,7 @@ def test_a_wrong_restore_index_is_caught_by_the_outputs(reduced_model, prompts, 
 
 
 def _batch(lengths, computed):
-    from afd_split import BatchMetadata
+    from afd_split.checks.metadata import BatchMetadata
 
     counts = np.asarray(lengths)
     seq = counts + np.asarray(computed)
@@ -80,7 +83,8 @@ def test_leading_one_token_piece_keeps_its_real_copy():
 
 
 def test_the_kernels_read_the_glues_positions_and_computed_tokens():
-    from afd_split import plan_split, split_metadata
+    from afd_split import plan_split
+    from afd_split.checks.metadata import split_metadata
 
     metadata = _batch([150, 37, 260], [0, 48, 16])
     plan = plan_split([150, 37, 260], policy="token_balanced",

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import afd_split
-from afd_split import BatchMetadata, SplitInvariantError, plan_split, validate_split
+from afd_split import SplitInvariantError, plan_split
+from afd_split.checks.metadata import BatchMetadata, validate_split
 from pytest_afd import faults
 from pytest_afd.backends.cpu import engine_glue, executor
 from pytest_afd.backends.cpu import pcp as pcp_emulation
@@ -49,7 +50,7 @@ def test_fault_patches_only_inside_the_block(name):
     with fault.applied():
         assert _bindings() != before
     assert _bindings() == before
-    assert not hasattr(afd_split.metadata, faults.RETAINED_ATTRIBUTE)
+    assert not hasattr(afd_split.checks.metadata, faults.RETAINED_ATTRIBUTE)
 
 
 @pytest.mark.parametrize("name", faults.PCP_ROW_FAULTS)
@@ -87,7 +88,7 @@ def test_retained_reference_keeps_the_split_alive():
     plan, metadata = _split_batch()
     with faults.get_fault("retained_reference").applied():
         parts = executor.split_engine_metadata(plan, metadata)
-        retained = getattr(afd_split.metadata, faults.RETAINED_ATTRIBUTE)
+        retained = getattr(afd_split.checks.metadata, faults.RETAINED_ATTRIBUTE)
         assert retained == [(plan, metadata, parts)]
 
 

@@ -5,12 +5,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from afd_split import BufferContents, preserved_state
-from afd_split.adapters.standin_builders import (
+from afd_split.engine.standin_builders import (
     PaddedSlotBuffer,
     StandInAttentionGroup,
     StandInSfaCpBuilder,
 )
+from afd_split.engine.state import BufferContents, preserved_state
 from afd_split.integrations.afd_plugin.builder_state import (
     builder_state_targets,
     metadata_builders,

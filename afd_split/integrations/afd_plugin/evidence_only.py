@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from afd_split.constraints import SplitPolicy
+from afd_split.plan.constraints import SplitPolicy
 from afd_split.integrations.afd_plugin.builder_state import (
     PCP_PADDED_SLOT_BUFFERS,
     fields_viewing,
@@ -60,6 +60,7 @@ from afd_split.integrations.worker_evidence import (
     EVIDENCE_FORMAT,
     UNRECORDED_KIND,
 )
+from afd_split.plan.constraints import SplitPolicy
 
 if TYPE_CHECKING:  # names of the pinned headers; never imported at run time
     import numpy as np

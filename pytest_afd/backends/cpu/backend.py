@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from afd_split import BatchMetadata, SplitConstraints
+from afd_split import SplitConstraints
+from afd_split.checks.metadata import BatchMetadata
 from afd_split.integrations.engine_step import (
     StepRanks,
     plan_engine_step,

@@ -6,7 +6,7 @@ produced). Split order per layer is the one AFD's async MoE stages use: attentio
 ubatch 0, attention of ubatch 1 (so the head's KV of a request cut in two is in
 the cache before the tail reads it), then the FFN of each ubatch. Padding rows
 (``UBatch.num_padded_tokens``) run through every token-wise piece, are never
-written to the KV cache and are dropped by ``afd_split.merge_outputs``.
+written to the KV cache and are dropped by ``afd_split.engine.rows.merge_outputs``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from afd_split import BatchMetadata, SplitPlan, gather_ubatch_rows, merge_outputs
+from afd_split import SplitPlan
+from afd_split.checks.metadata import BatchMetadata
+from afd_split.engine.rows import gather_ubatch_rows, merge_outputs
 from pytest_afd.backends.cpu.engine_glue import VLLM_ENGINE_LAYOUT, split_engine_metadata
 from pytest_afd.backends.cpu.kv_cache import PagedKVCache
 from pytest_afd.backends.cpu.model import DeepseekV32Model, row_positions

@@ -3,7 +3,7 @@
 MLA caches one compressed latent (``kv_lora_rank``) plus the roped shared key
 (``qk_rope_head_dim``) per token and layer; V3.2 adds the indexer's key
 (``index_head_dim``). Slots are ``block * block_size + offset``, addressed by the
-``slot_mapping`` / ``block_table`` of an ``afd_split.BatchMetadata``.
+``slot_mapping`` / ``block_table`` of an ``afd_split.checks.metadata.BatchMetadata``.
 """
 
 from __future__ import annotations

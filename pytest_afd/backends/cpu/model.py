@@ -212,7 +212,7 @@ class DecoderLayer:
                   real_rows: np.ndarray | None = None) -> torch.Tensor:
         """``hidden + MLA(norm(hidden))`` over one batch's rows, reading/writing paged KV.
 
-        ``metadata`` is an ``afd_split.BatchMetadata`` for the real tokens. When
+        ``metadata`` is an ``afd_split.checks.metadata.BatchMetadata`` for the real tokens. When
         ``real_rows`` is given, ``hidden`` holds padded rows and ``real_rows[t]``
         is token t's row: padding rows go through every projection (they cost
         like real work) but are never written to the cache and attend nothing.

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from afd_split import BatchMetadata, SplitPlan, plan_split
+from afd_split import SplitPlan, plan_split
+from afd_split.checks.metadata import BatchMetadata
 from pytest_afd.backends.cpu.afd.runtime import AfdRuntime
 from pytest_afd.backends.cpu.config import ModelConfig
 from pytest_afd.backends.cpu.executor import ExecOutput
