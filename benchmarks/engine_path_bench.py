@@ -14,7 +14,7 @@ on this shared host only adds time):
 
 * ``engine_path``: what the AFD-plugin hook runs per prefill step, through the
   hook's own functions (``stages.plan_stages`` then ``PlannedUBatchSlices.split``):
-  token_balanced plan + the adapter's (compiled) split of the layout's common
+  token_balanced plan + the adapter's split of the layout's common
   metadata object + the adapter's request-level check of what it produced,
   every fail-closed rule on.
 * ``engine_plan_only``: the hook's planning alone (plan, step counter, no evidence
@@ -320,7 +320,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS,
                         help="extra attempts while the load is above --max-load")
     parser.add_argument("--cost-model", type=Path,
-                        help="JSON of afd_split.cost.CostModel fields (default: DEFAULT_COST_MODEL)")
+                        help="JSON of afd_split.plan.cost.CostModel fields (default: DEFAULT_COST_MODEL)")
     parser.add_argument("--torch-threads", type=int, default=TORCH_THREADS,
                         help="torch intra-op threads while timing")
     parser.add_argument("--json", action="store_true", help="print the JSON report")
