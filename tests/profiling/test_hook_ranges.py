@@ -13,6 +13,7 @@ stage 1 of layer i, each stage inside a forward context carrying ``ubatch_idx`` 
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import Counter
 from decimal import Decimal
@@ -111,7 +112,7 @@ class Model(torch.nn.Module):
                 context.ubatch_idx = context.num_ubatches = None
 
         stage(moe[0], 0)
-        for current, following in zip(moe, moe[1:]):
+        for current, following in itertools.pairwise(moe):
             stage(current, 1)
             stage(following, 0)
         stage(moe[-1], 1)

@@ -160,7 +160,7 @@ def ensure_runner_ranges(runner, environ: Mapping[str, str] = os.environ,
         return
     try:
         model = runner.get_model()
-    except Exception:  # noqa: BLE001 (not loaded yet: try again next step)
+    except Exception:  # not loaded yet: tried again after the next step's router
         return
     try:
         vars(runner)[RANGES_ATTRIBUTE] = install_layer_ranges(model, ubatch_of)
