@@ -23,6 +23,7 @@ from typing import Any
 from pytest_afd.backends.base import CAP_INSTRUMENTATION, PromptRequest, RunOutputs, RunSettings
 from pytest_afd.manifest import absent
 from pytest_afd.profiling import ascend, cpu_run, device_metrics, evidence, schedule
+from pytest_afd.profiling.launch_profile import FLUSH_RUNS, LaunchProfile
 from pytest_afd.profiling.msprof import ProfilingUnavailable
 
 ASCEND_PT_SUFFIX = "_ascend_pt"
@@ -44,13 +45,15 @@ class ProfiledBackend:
 
     def __init__(self, inner, trace_dirs: Mapping[str, Path], *,
                  environ: Mapping[str, str], sampler: device_metrics.Sampler | None = None,
-                 scratch: Path | None = None) -> None:
+                 scratch: Path | None = None, launch: LaunchProfile | None = None) -> None:
         self._inner = inner
+        self.launch = launch
         self.trace_dirs = {role: Path(path) for role, path in trace_dirs.items()}
         self.environ = dict(environ)
         self.sampler = sampler
         self.scratch = scratch
         self._plain_wall: dict[tuple, list[float]] = {}
+        self._steps_per_run: dict[tuple, int] = {}
         self.last_problem: str | None = None
 
     @classmethod
@@ -79,18 +82,36 @@ class ProfiledBackend:
         if not self.trace_dirs:
             return self._inner.run(prompts, settings)
         before = {role: self._found(role, path) for role, path in self.trace_dirs.items()}
+        key = _case_key(prompts, settings)
+        if self.launch is not None:  # the profiled deployment: warm it up first
+            self.launch.use_steps(self._steps_per_run.get(key))
+            for _ in range(self.launch.warmup_runs):
+                self._inner.run(prompts, settings)
         started = time.perf_counter()
         outputs = self._inner.run(prompts, settings)
         wall = outputs.wall_time_s or time.perf_counter() - started
+        if self.launch is not None:
+            self._flush_and_stop(prompts, settings)
         new = {role: sorted(self._found(role, path) - before[role])
                for role, path in self.trace_dirs.items()}
-        outputs.profile = self._analyse(new, outputs, wall, _case_key(prompts, settings))
+        outputs.profile = self._analyse(new, outputs, wall, key)
         if outputs.profile is not None:
             problem = evidence.attach_to_steps(outputs.steps, outputs.profile)
             outputs.profile["steps_attached"] = problem is None
             if problem:
                 outputs.profile["steps_attached_reason"] = problem
         return outputs
+
+    def _flush_and_stop(self, prompts: Sequence[PromptRequest], settings: RunSettings) -> None:
+        """One more run (its first engine step saves the recorded window), then the profiled
+        deployment is stopped so the next instrumented case starts a fresh window."""
+        try:
+            for _ in range(FLUSH_RUNS):
+                self._inner.run(prompts[:1], settings)
+        finally:
+            drop = getattr(self._inner, "drop_session", None)
+            if drop is not None:
+                drop()
 
     def _measured(self, prompts: Sequence[PromptRequest], settings: RunSettings) -> RunOutputs:
         handle = self.sampler.start() if self.sampler is not None else None
@@ -100,7 +121,10 @@ class ProfiledBackend:
         finally:
             samples = handle.stop() if handle is not None else None
         wall = outputs.wall_time_s or time.perf_counter() - started
-        self._plain_wall.setdefault(_case_key(prompts, settings), []).append(wall)
+        key = _case_key(prompts, settings)
+        self._plain_wall.setdefault(key, []).append(wall)
+        if outputs.steps:  # engine steps of one run of the case (launch-mode schedule)
+            self._steps_per_run[key] = len(outputs.steps)
         if samples is not None:
             outputs.device_metrics = samples
         return outputs
@@ -168,6 +192,8 @@ class ProfiledBackend:
         return staged
 
     def _schedule(self) -> dict[str, Any] | None:
+        if self.launch is not None:
+            return self.launch.describe()
         schedules = {}
         for role in self.trace_dirs:
             try:

@@ -251,6 +251,14 @@ class HttpBackend:
         except (ClientError, ValueError, KeyError, TypeError):
             return None
 
+    def drop_session(self) -> None:
+        """Stop the current servers; the next run starts its deployment afresh (launch mode's
+        profiled deployment: its profiler window is spent after one instrumented run)."""
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+            self._session_settings = None
+
     def release_deployments(self, keys: Any) -> None:
         """Let a launcher that keeps several deployments stop those no later case needs."""
         release = getattr(self._launcher, "release", None)
