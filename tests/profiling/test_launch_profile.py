@@ -23,15 +23,14 @@ STEPS_PER_RUN = 2  # the stand-in deployment's engine steps for a run of PROMPTS
 
 
 class FakeGroup:
-    """Captures the specs the launcher would start."""
+    """Captures the specs the launcher would start (in ``started``, given per test)."""
 
-    started: list = []
-
-    def __init__(self, specs, log_dir) -> None:
+    def __init__(self, specs, log_dir, started: list) -> None:
         self.specs = specs
+        self.started = started
 
     def start(self):
-        FakeGroup.started.append(self.specs)
+        self.started.append(self.specs)
         return self
 
     def stop(self) -> None:
@@ -46,8 +45,9 @@ def _profiler_env(specs) -> dict[str, dict[str, str]]:
 
 
 def test_the_instrumented_deployment_is_launched_with_the_schedule(tmp_path, monkeypatch):
-    monkeypatch.setattr(ascend_backend, "ServerGroup", FakeGroup)
-    FakeGroup.started = []
+    started: list = []
+    monkeypatch.setattr(ascend_backend, "ServerGroup",
+                        lambda specs, log_dir: FakeGroup(specs, log_dir, started))
     profile = LaunchProfile(tmp_path / "profiles")
     profile.use_steps(3)
     launch = ascend_backend.local_launcher(parse_topology("dp1-ep1"), model="/m", devices=2,
@@ -55,7 +55,7 @@ def test_the_instrumented_deployment_is_launched_with_the_schedule(tmp_path, mon
                                            profile=profile)
     launch(RunSettings())
     launch(RunSettings(instrument=True))
-    plain, profiled = (_profiler_env(specs) for specs in FakeGroup.started)
+    plain, profiled = (_profiler_env(specs) for specs in started)
     assert not any(plain.values())  # measured runs: no profiler loaded
     roles = {name: role for name in profiled for role in schedule.ROLES if role in name}
     assert set(roles.values()) == set(schedule.ROLES)
