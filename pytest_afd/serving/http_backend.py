@@ -191,7 +191,8 @@ class HttpBackend:
         logprobs = self.num_logprobs(settings)
         started = time.perf_counter()
         client_run = self._client(session).run(prompts, Arrival(), read_metrics=False,
-                                               server_gone=session.exit_reason, logprobs=logprobs)
+                                               server_gone=session.exit_reason, logprobs=logprobs,
+                                               instrument=settings.instrument)
         outputs = []
         for result in client_run.results:
             error = result.error
