@@ -27,6 +27,8 @@ from pytest_afd.profiling.launch_profile import FLUSH_RUNS, LaunchProfile
 from pytest_afd.profiling.msprof import ProfilingUnavailable
 
 ASCEND_PT_SUFFIX = "_ascend_pt"
+CPU_WINDOW = ("no plugin profiler schedule: the harness's CPU servers profile exactly the "
+              "batches of the instrumented run's marked requests")
 
 
 def rank_dir_names(role_dir: Path) -> set[str]:
@@ -37,7 +39,9 @@ def rank_dir_names(role_dir: Path) -> set[str]:
 
 
 def _case_key(prompts: Sequence[PromptRequest], settings: RunSettings) -> tuple:
-    return (tuple(p.request_id for p in prompts), replace(settings, instrument=False))
+    """A case's runs: its prompts (workloads reuse request ids, so the tokens count too)."""
+    return (tuple((p.request_id, hash(tuple(p.prompt_token_ids))) for p in prompts),
+            replace(settings, instrument=False))
 
 
 class ProfiledBackend:
@@ -171,7 +175,7 @@ class ProfiledBackend:
                                 dirs_exist_ok=True)
             num_ffn = len(list((staged / "ffn").glob("rank*"))) if (staged / "ffn").is_dir() else 0
             return torch_trace.analyse(staged, expert_load_per_rank=_per_rank(outputs, num_ffn),
-                                       overhead=self._overhead(key, wall))
+                                       schedule=absent(CPU_WINDOW), overhead=self._overhead(key, wall))
         except (ValueError, RuntimeError, ImportError) as error:
             self.last_problem = str(error)
             return None
