@@ -87,15 +87,12 @@ class ProfiledBackend:
             return self._inner.run(prompts, settings)
         before = {role: self._found(role, path) for role, path in self.trace_dirs.items()}
         key = _case_key(prompts, settings)
-        if self.launch is not None:  # the profiled deployment: warm it up first
-            self.launch.use_steps(self._steps_per_run.get(key))
-            for _ in range(self.launch.warmup_runs):
-                self._inner.run(prompts, settings)
-        started = time.perf_counter()
-        outputs = self._inner.run(prompts, settings)
-        wall = outputs.wall_time_s or time.perf_counter() - started
-        if self.launch is not None:
-            self._flush_and_stop(prompts, settings)
+        if self.launch is None:
+            started = time.perf_counter()
+            outputs = self._inner.run(prompts, settings)
+            wall = outputs.wall_time_s or time.perf_counter() - started
+        else:
+            outputs, wall = self._on_profiled_deployment(prompts, settings, key)
         new = {role: sorted(self._found(role, path) - before[role])
                for role, path in self.trace_dirs.items()}
         outputs.profile = self._analyse(new, outputs, wall, key)
@@ -106,16 +103,25 @@ class ProfiledBackend:
                 outputs.profile["steps_attached_reason"] = problem
         return outputs
 
-    def _flush_and_stop(self, prompts: Sequence[PromptRequest], settings: RunSettings) -> None:
-        """One more run (its first engine step saves the recorded window), then the profiled
-        deployment is stopped so the next instrumented case starts a fresh window."""
+    def _on_profiled_deployment(self, prompts: Sequence[PromptRequest], settings: RunSettings,
+                                key: tuple) -> tuple[RunOutputs, float]:
+        """Launch mode: warm-up runs, the recorded run, one flush run (its first engine step
+        saves the recorded window); then the profiled deployment is stopped, also on a
+        failure, so the next instrumented case starts a fresh window."""
+        self.launch.use_steps(self._steps_per_run.get(key))
         try:
+            for _ in range(self.launch.warmup_runs):
+                self._inner.run(prompts, settings)
+            started = time.perf_counter()
+            outputs = self._inner.run(prompts, settings)
+            wall = outputs.wall_time_s or time.perf_counter() - started
             for _ in range(FLUSH_RUNS):
                 self._inner.run(prompts[:1], settings)
         finally:
             drop = getattr(self._inner, "drop_session", None)
             if drop is not None:
                 drop()
+        return outputs, wall
 
     def _measured(self, prompts: Sequence[PromptRequest], settings: RunSettings) -> RunOutputs:
         handle = self.sampler.start() if self.sampler is not None else None
