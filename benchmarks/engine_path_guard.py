@@ -22,13 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from afd_split.engine.standin_builders import StandInCpMetadata
+from afd_split.engine.state import preserved_state
 from afd_split.integrations.afd_plugin.builder_state import (
     builder_state_targets,
     metadata_builders,
     own_stage_views,
     stage_written_buffers,
 )
-from afd_split.engine.state import preserved_state
 from pytest_afd.backends.cpu.pcp_builders import SFA_CP, RankPcpState
 from pytest_afd.backends.vllm_ascend.recipe import ATTENTION_FLAGS
 

@@ -23,9 +23,12 @@ from typing import Any
 from pytest_afd.backends.base import CAP_INSTRUMENTATION, PromptRequest, RunOutputs, RunSettings
 from pytest_afd.manifest import absent
 from pytest_afd.profiling import ascend, cpu_run, device_metrics, evidence, schedule
+from pytest_afd.profiling.launch_profile import FLUSH_RUNS, LaunchProfile
 from pytest_afd.profiling.msprof import ProfilingUnavailable
 
 ASCEND_PT_SUFFIX = "_ascend_pt"
+CPU_WINDOW = ("no plugin profiler schedule: the harness's CPU servers profile exactly the "
+              "batches of the instrumented run's marked requests")
 
 
 def rank_dir_names(role_dir: Path) -> set[str]:
@@ -36,7 +39,9 @@ def rank_dir_names(role_dir: Path) -> set[str]:
 
 
 def _case_key(prompts: Sequence[PromptRequest], settings: RunSettings) -> tuple:
-    return (tuple(p.request_id for p in prompts), replace(settings, instrument=False))
+    """A case's runs: its prompts (workloads reuse request ids, so the tokens count too)."""
+    return (tuple((p.request_id, hash(tuple(p.prompt_token_ids))) for p in prompts),
+            replace(settings, instrument=False))
 
 
 class ProfiledBackend:
@@ -44,13 +49,15 @@ class ProfiledBackend:
 
     def __init__(self, inner, trace_dirs: Mapping[str, Path], *,
                  environ: Mapping[str, str], sampler: device_metrics.Sampler | None = None,
-                 scratch: Path | None = None) -> None:
+                 scratch: Path | None = None, launch: LaunchProfile | None = None) -> None:
         self._inner = inner
+        self.launch = launch
         self.trace_dirs = {role: Path(path) for role, path in trace_dirs.items()}
         self.environ = dict(environ)
         self.sampler = sampler
         self.scratch = scratch
         self._plain_wall: dict[tuple, list[float]] = {}
+        self._steps_per_run: dict[tuple, int] = {}
         self.last_problem: str | None = None
 
     @classmethod
@@ -79,18 +86,42 @@ class ProfiledBackend:
         if not self.trace_dirs:
             return self._inner.run(prompts, settings)
         before = {role: self._found(role, path) for role, path in self.trace_dirs.items()}
-        started = time.perf_counter()
-        outputs = self._inner.run(prompts, settings)
-        wall = outputs.wall_time_s or time.perf_counter() - started
+        key = _case_key(prompts, settings)
+        if self.launch is None:
+            started = time.perf_counter()
+            outputs = self._inner.run(prompts, settings)
+            wall = outputs.wall_time_s or time.perf_counter() - started
+        else:
+            outputs, wall = self._on_profiled_deployment(prompts, settings, key)
         new = {role: sorted(self._found(role, path) - before[role])
                for role, path in self.trace_dirs.items()}
-        outputs.profile = self._analyse(new, outputs, wall, _case_key(prompts, settings))
+        outputs.profile = self._analyse(new, outputs, wall, key)
         if outputs.profile is not None:
             problem = evidence.attach_to_steps(outputs.steps, outputs.profile)
             outputs.profile["steps_attached"] = problem is None
             if problem:
                 outputs.profile["steps_attached_reason"] = problem
         return outputs
+
+    def _on_profiled_deployment(self, prompts: Sequence[PromptRequest], settings: RunSettings,
+                                key: tuple) -> tuple[RunOutputs, float]:
+        """Launch mode: warm-up runs, the recorded run, one flush run (its first engine step
+        saves the recorded window); then the profiled deployment is stopped, also on a
+        failure, so the next instrumented case starts a fresh window."""
+        self.launch.use_steps(self._steps_per_run.get(key))
+        try:
+            for _ in range(self.launch.warmup_runs):
+                self._inner.run(prompts, settings)
+            started = time.perf_counter()
+            outputs = self._inner.run(prompts, settings)
+            wall = outputs.wall_time_s or time.perf_counter() - started
+            for _ in range(FLUSH_RUNS):
+                self._inner.run(prompts[:1], settings)
+        finally:
+            drop = getattr(self._inner, "drop_session", None)
+            if drop is not None:
+                drop()
+        return outputs, wall
 
     def _measured(self, prompts: Sequence[PromptRequest], settings: RunSettings) -> RunOutputs:
         handle = self.sampler.start() if self.sampler is not None else None
@@ -100,7 +131,10 @@ class ProfiledBackend:
         finally:
             samples = handle.stop() if handle is not None else None
         wall = outputs.wall_time_s or time.perf_counter() - started
-        self._plain_wall.setdefault(_case_key(prompts, settings), []).append(wall)
+        key = _case_key(prompts, settings)
+        self._plain_wall.setdefault(key, []).append(wall)
+        if outputs.steps:  # engine steps of one run of the case (launch-mode schedule)
+            self._steps_per_run[key] = len(outputs.steps)
         if samples is not None:
             outputs.device_metrics = samples
         return outputs
@@ -147,7 +181,7 @@ class ProfiledBackend:
                                 dirs_exist_ok=True)
             num_ffn = len(list((staged / "ffn").glob("rank*"))) if (staged / "ffn").is_dir() else 0
             return torch_trace.analyse(staged, expert_load_per_rank=_per_rank(outputs, num_ffn),
-                                       overhead=self._overhead(key, wall))
+                                       schedule=absent(CPU_WINDOW), overhead=self._overhead(key, wall))
         except (ValueError, RuntimeError, ImportError) as error:
             self.last_problem = str(error)
             return None
@@ -168,6 +202,8 @@ class ProfiledBackend:
         return staged
 
     def _schedule(self) -> dict[str, Any] | None:
+        if self.launch is not None:
+            return self.launch.describe()
         schedules = {}
         for role in self.trace_dirs:
             try:

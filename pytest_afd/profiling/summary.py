@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,26 +77,6 @@ def analyse_dirs(arguments: Sequence[str]) -> dict[str, Any]:
     from pytest_afd.profiling import ascend
 
     return ascend.analyse(where)
-
-
-def layer_components(profile: Mapping[str, Any]) -> list[dict[str, float]]:
-    """Per layer (0..max): seconds per step by ``role/component`` (the report's bar format)."""
-    totals: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for row in profile.get("per_layer", []):
-        if row["layer"] >= 0:
-            totals[row["layer"]][f"{row['role']}/{row['component']}"] += row["seconds"]
-    if not totals:
-        return []
-    return [dict(sorted(totals[layer].items())) for layer in range(max(totals) + 1)]
-
-
-def overlap_series(profile: Mapping[str, Any]) -> list[tuple[str, float | None, float | None]]:
-    """(step, overlap fraction, exposed bubble s) per step; None where absent."""
-    def number(value):
-        return value if isinstance(value, (int, float)) else None
-
-    return [(str(s["step"]), number(s.get("overlap_fraction")), number(s.get("exposed_bubble_s")))
-            for s in profile.get("per_step", [])]
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

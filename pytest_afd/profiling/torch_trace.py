@@ -6,6 +6,13 @@ item: on a CPU the torch ops inside run synchronously, so the range's time is
 the stage's time. Per rank and step, the msprof-analyze step-trace quantities
 are computed with its own interval code (``overlap.step_trace``): message
 ranges (dispatch, recv, send) are communication, ``wait`` is bubble.
+
+Collectives: the runtime's Attention<->FFN messages are torch.distributed
+point-to-point ops over gloo (``gloo:send`` / ``gloo:recv`` /
+``gloo:recvAnySource`` events); each is one op
+of group ``afd_connector`` (the stand-in for CAM dispatch/combine), its time the
+event's duration, its volume the first input's shape x element size (traces
+record shapes, as the plugin's profiler does).
 """
 
 from __future__ import annotations
@@ -25,6 +32,14 @@ SOURCE = "torch_trace"
 US_PER_S = 1e6
 COMMUNICATION_STAGES = frozenset({"dispatch", "recv", "send"})
 _RANK_DIR = re.compile(r"^rank(\d+)$")
+# gloo's own send/recv events carry the tensor's type and shape (c10d's, a TensorList).
+MESSAGE_OPS = frozenset({"gloo:send", "gloo:recv", "gloo:recvAnySource"})
+CONNECTOR_GROUP = "afd_connector"
+BYTES_PER_MB = 1e6  # msprof-analyze's Transit Size(MB): MB / ms = GB / s
+# Element sizes of the "Input type" names torch.profiler writes (record_shapes).
+ELEMENT_BYTES = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2,
+                 "long int": 8, "int": 4, "short int": 2, "signed char": 1,
+                 "unsigned char": 1, "bool": 1}
 _STEP_FILE = re.compile(r"^step(\d+)\.pt\.trace\.json$")
 
 
@@ -34,10 +49,13 @@ def analyzer() -> dict[str, str]:
                        f"{importlib.metadata.version('msprof-analyze')}"}
 
 
-def read_items(path: Path, step: str) -> list[evidence.WorkItem]:
-    """The AFD ranges of one Chrome trace as work items (other events are not stages)."""
+def read_events(path: Path) -> list[dict[str, Any]]:
     doc = file_manager().read_json_file(str(path))
-    events = doc.get("traceEvents", []) if isinstance(doc, dict) else doc
+    return doc.get("traceEvents", []) if isinstance(doc, dict) else doc
+
+
+def read_items(events: list[dict[str, Any]], step: str) -> list[evidence.WorkItem]:
+    """The AFD ranges of one Chrome trace as work items (other events are not stages)."""
     items = []
     for event in events:
         tag = parse_range(str(event.get("name", ""))) if event.get("ph") == "X" else None
@@ -47,6 +65,28 @@ def read_items(path: Path, step: str) -> list[evidence.WorkItem]:
                                        float(event["ts"]) / US_PER_S,
                                        float(event.get("dur", 0.0)) / US_PER_S, tag))
     return items
+
+
+def read_messages(events: list[dict[str, Any]], step: str, rank: int,
+                  where: Path) -> list[dict[str, Any]]:
+    """The trace's point-to-point message ops as collective records (one op each)."""
+    records = []
+    for event in events:
+        if event.get("ph") != "X" or event.get("name") not in MESSAGE_OPS:
+            continue
+        args = event.get("args", {})
+        dims, types = args.get("Input Dims") or [[]], args.get("Input type") or [""]
+        if types[0] not in ELEMENT_BYTES:
+            raise ValueError(f"{str(where)!r}: {event['name']} has element type {types[0]!r} "
+                             f"(known: {sorted(ELEMENT_BYTES)}); was it traced with shapes?")
+        elements = 1
+        for size in dims[0]:
+            elements *= int(size)
+        seconds = float(event.get("dur", 0.0)) / US_PER_S
+        records.append({"group": CONNECTOR_GROUP, "step": step, "rank": rank, "num_ops": 1,
+                        "time_s": seconds, "transit_time_s": seconds,
+                        "volume_mb": elements * ELEMENT_BYTES[types[0]] / BYTES_PER_MB})
+    return records
 
 
 def rank_step_trace(items: list[evidence.WorkItem]) -> dict[str, float]:
@@ -62,7 +102,7 @@ def rank_step_trace(items: list[evidence.WorkItem]) -> dict[str, float]:
 
 
 def load_role(role: str, role_dir: Path) -> evidence.RoleData:
-    ranks = []
+    ranks, messages = [], []
     for rank_dir in sorted(Path(role_dir).iterdir()):
         match = _RANK_DIR.match(rank_dir.name)
         if not match or not rank_dir.is_dir():
@@ -72,13 +112,15 @@ def load_role(role: str, role_dir: Path) -> evidence.RoleData:
             step_match = _STEP_FILE.match(path.name)
             if step_match is None:
                 continue
-            step_items = read_items(path, step_match.group(1))
+            events = read_events(path)
+            step_items = read_items(events, step_match.group(1))
+            messages += read_messages(events, step_match.group(1), int(match.group(1)), path)
             items += step_items
             steps[step_match.group(1)] = rank_step_trace(step_items)
         ranks.append(evidence.RankData(int(match.group(1)), items, steps))
     if not ranks:
         raise ValueError(f"{str(role_dir)!r}: no rank<i>/step<n>.pt.trace.json traces")
-    return evidence.RoleData(role, ranks)
+    return evidence.RoleData(role, ranks, messages)
 
 
 def analyse(trace_root: Path, *, expert_load_per_rank=None,

@@ -15,6 +15,7 @@ from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from pytest_afd.report.values import median_of, spread_of
 
@@ -166,3 +167,28 @@ def spread_bars(axis: Any, placed: Sequence[tuple[float, Any]], *, height: float
     if values:
         axis.barh(positions, values, height=height, xerr=[low, high], capsize=ERROR_CAPSIZE,
                   label=label, color=color)
+
+
+COLOR_CYCLE = 10  # matplotlib's default colour cycle "C0".."C9"
+
+
+def layer_bar_panels(panels: Sequence[tuple[str, Sequence[dict[str, float]]]], *,
+                     ylabel: str) -> Figure:
+    """One panel per (title, layers): per layer, its components' seconds stacked, one
+    colour per component across panels (the report's per-layer breakdowns)."""
+    figure = new_figure(len(panels))
+    axes = grid(figure, len(panels))
+    names = sorted({name for _, layers in panels for layer in layers for name in layer})
+    for axis, (title, layers) in zip(axes, panels, strict=True):
+        bottom = [0.0] * len(layers)
+        for index, name in enumerate(names):
+            values = [float(layer.get(name, 0.0)) for layer in layers]
+            axis.bar(range(len(layers)), values, bottom=bottom, label=name,
+                     color=f"C{index % COLOR_CYCLE}")
+            bottom = [low + value for low, value in zip(bottom, values, strict=True)]
+        axis.set_title(wrap(title, TITLE_WRAP_CHARS), fontsize="small")
+        axis.set_xlabel("layer")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+        axis.set_ylabel(ylabel)
+    figure_legend(figure, axes)
+    return figure

@@ -198,22 +198,9 @@ def draw_layer_breakdown(results: Sequence[LoadedResult]) -> Figure | None:
     if not cases:
         return None
     shown = cases[:MAX_LAYER_PANELS]
-    figure = layout.new_figure(len(shown))
-    axes = layout.grid(figure, len(shown))
-    components = sorted({name for _, layers in shown for layer in layers for name in layer})
-    for axis, (result, layers) in zip(axes, shown, strict=True):
-        bottom = np.zeros(len(layers))
-        for index, component in enumerate(components):
-            values = np.array([float(layer.get(component, 0.0)) for layer in layers])
-            axis.bar(range(len(layers)), values, bottom=bottom, label=component, color=f"C{index}")
-            bottom += values
-        title = f"{labels[result.case_id]} / {result.policy}"
-        axis.set_title(layout.wrap(title, layout.TITLE_WRAP_CHARS), fontsize="small")
-        axis.set_xlabel("layer")
-        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-        axis.set_ylabel("time (s)")
-    layout.figure_legend(figure, axes)
-    return figure
+    return layout.layer_bar_panels(
+        [(f"{labels[result.case_id]} / {result.policy}", layers) for result, layers in shown],
+        ylabel="time (s)")
 
 
 # --- expert load -----------------------------------------------------------------------------

@@ -5,15 +5,14 @@ Used by the report (instrumented cases) and by ``profile-summary`` (one profile)
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
-from pytest_afd.profiling.summary import layer_components, overlap_series
 from pytest_afd.report import layout
 from pytest_afd.report.loading import LoadedResult
 from pytest_afd.report.values import is_absent
@@ -28,27 +27,33 @@ def result_profile(doc: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None if profile is None or is_absent(profile) else profile
 
 
+def layer_components(profile: Mapping[str, Any]) -> list[dict[str, float]]:
+    """Per layer (0..max): seconds per step by ``role/component`` (the report's bar format)."""
+    totals: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for row in profile.get("per_layer", []):
+        if row["layer"] >= 0:
+            totals[row["layer"]][f"{row['role']}/{row['component']}"] += row["seconds"]
+    if not totals:
+        return []
+    return [dict(sorted(totals[layer].items())) for layer in range(max(totals) + 1)]
+
+
+def overlap_series(profile: Mapping[str, Any]) -> list[tuple[str, float | None, float | None]]:
+    """(step, overlap fraction, exposed bubble s) per step; None where absent."""
+    def number(value):
+        return value if isinstance(value, (int, float)) else None
+
+    return [(str(s["step"]), number(s.get("overlap_fraction")), number(s.get("exposed_bubble_s")))
+            for s in profile.get("per_step", [])]
+
+
 def draw_layers(panels: Sequence[tuple[str, Mapping[str, Any]]]) -> Figure | None:
     """Stacked seconds per step per layer, by role/component, one panel per profile."""
     panels = [(title, layer_components(profile)) for title, profile in panels]
     panels = [(title, layers) for title, layers in panels if layers][:MAX_PROFILE_PANELS]
     if not panels:
         return None
-    figure = layout.new_figure(len(panels))
-    axes = layout.grid(figure, len(panels))
-    names = sorted({name for _, layers in panels for layer in layers for name in layer})
-    for axis, (title, layers) in zip(axes, panels, strict=True):
-        bottom = np.zeros(len(layers))
-        for index, name in enumerate(names):
-            values = np.array([layer.get(name, 0.0) for layer in layers])
-            axis.bar(range(len(layers)), values, bottom=bottom, label=name, color=f"C{index % 10}")
-            bottom += values
-        axis.set_title(layout.wrap(title, layout.TITLE_WRAP_CHARS), fontsize="small")
-        axis.set_xlabel("layer")
-        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-        axis.set_ylabel("s per step (rank mean)")
-    layout.figure_legend(figure, axes)
-    return figure
+    return layout.layer_bar_panels(panels, ylabel="s per step (rank mean)")
 
 
 def draw_overlap(panels: Sequence[tuple[str, Mapping[str, Any]]]) -> Figure | None:

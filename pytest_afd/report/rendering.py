@@ -29,6 +29,7 @@ from pytest_afd.report.loading import (
 )
 from pytest_afd.report.plots import PLOTTERS, plot_note
 from pytest_afd.report.point_plots import imbalance_key
+from pytest_afd.report.profile_table import profile_table
 from pytest_afd.report.sidebyside import draw_side_by_side
 from pytest_afd.report.tables import (
     EMPTY,
@@ -119,6 +120,7 @@ def _stack_section(
         "",
         *workload_table(results),
         "",
+        *profile_table(results),
     ]
     for name, caption, draw in PLOTTERS:
         file_name = f"{slug(stage)}-{short_digest(digest)}-{name}.png"

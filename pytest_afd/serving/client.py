@@ -28,6 +28,7 @@ import numpy as np
 from pytest_afd.backends.base import PromptRequest
 from pytest_afd.serving.logprobs import LogprobsFormatError, parse_first_top_logprobs
 from pytest_afd.serving.prometheus import PrefixCacheDelta, ServerCounters, prefix_cache_delta
+from pytest_afd.serving.requests import INSTRUMENT_HEADER, INSTRUMENT_ON
 
 PREFILL_MAX_TOKENS = 1
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
@@ -193,7 +194,8 @@ class CompletionsClient:
         return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
 
     # -- single request ------------------------------------------------------
-    def complete(self, prompt: PromptRequest, *, logprobs: int | None = None) -> RequestResult:
+    def complete(self, prompt: PromptRequest, *, logprobs: int | None = None,
+                 instrument: bool = False) -> RequestResult:
         """Stream one prefill; never raises for server-side failures (they are recorded).
 
         ``logprobs`` asks for the generated token's top-k logprobs (vLLM's
@@ -214,7 +216,7 @@ class CompletionsClient:
         try:
             connection.request("POST", "/v1/completions", body=body, headers={
                 "Content-Type": "application/json", "X-Request-Id": prompt.request_id,
-                **self._auth})
+                **({INSTRUMENT_HEADER: INSTRUMENT_ON} if instrument else {}), **self._auth})
             response = connection.getresponse()
             if response.status != HTTP_OK:
                 result.error = _error_message(response.status, response.read())
@@ -302,10 +304,13 @@ class CompletionsClient:
     def run(self, prompts: Sequence[PromptRequest], arrival: Arrival = Arrival(), *,
             read_metrics: bool = True,
             server_gone: Callable[[], str | None] | None = None,
-            logprobs: int | None = None) -> ClientRun:
+            logprobs: int | None = None, instrument: bool = False) -> ClientRun:
         """Send every prompt on the arrival schedule and wait for all of them.
 
-        ``server_gone`` (e.g. ``ManagedServer.exit_reason``) is polled while
+        ``instrument`` marks each request of the harness's instrumented run
+        (``INSTRUMENT_HEADER``; vLLM ignores the header, the harness's own CPU server
+        profiles the batches holding them). ``server_gone`` (e.g.
+        ``ManagedServer.exit_reason``) is polled while
         waiting to send; once it reports a reason, unsent requests fail at once
         with that reason instead of each waiting for a connection error.
         """
@@ -324,7 +329,7 @@ class CompletionsClient:
 
             def send(slot: int = index, request: PromptRequest = prompt) -> None:
                 sent_at = results[slot].send_offset_s
-                results[slot] = self.complete(request, logprobs=logprobs)
+                results[slot] = self.complete(request, logprobs=logprobs, instrument=instrument)
                 results[slot].send_offset_s = sent_at
 
             thread = threading.Thread(target=send, name=f"request-{prompt.request_id}", daemon=True)

@@ -8,7 +8,8 @@ redeployments without NPUs::
     python -m pytest_afd.serving.cpu_deploy down URL
 
 ``up`` starts ``python -m pytest_afd.serving.server --backend cpu`` for the
-plan's topology and model with the settings, in its own session (it outlives
+plan's topology and model with the settings (with ``AFD_PROFILE_KEEP_TRACES`` set,
+as AFD runtime processes: a profiled rehearsal, docs/profiling.md), in its own session (it outlives
 this command, as a batch job outlives ``sbatch``), waits for its port file and
 prints the URL; the harness then waits for ``/health``. ``down`` stops the
 process group recorded for that URL. State (pid, log) lives in
@@ -31,6 +32,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 ENV_STATE_DIR = "AFD_CPU_DEPLOY_DIR"
+ENV_KEEP_TRACES = "AFD_PROFILE_KEEP_TRACES"  # profiling.cpu_run's; read here, never imported
 ENV_THREADS = "AFD_CPU_DEPLOY_THREADS"
 ENV_BATCH_WINDOW = "AFD_CPU_DEPLOY_BATCH_WINDOW_S"
 # A case's requests leave the client as one burst; on a loaded two-core host their
@@ -57,6 +59,10 @@ def up(settings_file: Path, plan_file: Path) -> str:
     """Start one CPU server for the plan's topology/model with these settings; return its URL."""
     settings = json.loads(Path(settings_file).read_text())
     plan = json.loads(Path(plan_file).read_text())
+    if os.environ.get(ENV_KEEP_TRACES):
+        # A profiled rehearsal: Attention and FFN run as the AFD runtime's processes, so the
+        # batches the harness marks instrumented write per-role traces into that directory.
+        settings = {**settings, "afd_processes": True}
     directory = Path(tempfile.mkdtemp(prefix="deployment-", dir=state_dir()))
     port_file = directory / "port"
     threads = os.environ.get(ENV_THREADS, "1")

@@ -48,6 +48,8 @@ class _Pending:
     future: Future[RequestOutput]
     # True once the client has gone (None: never checked, e.g. an in-process caller).
     abandoned: Callable[[], bool] | None = None
+    # The client's instrumented run (``INSTRUMENT_HEADER``): its batch is profiled.
+    instrument: bool = False
 
 
 @dataclass
@@ -140,11 +142,12 @@ class PrefillEngine:
         return (f"the engine has run one batch of {running} request(s) for {busy_s:.0f} s "
                 f"without finishing (stall bound {self.stall_timeout_s:g} s)")
 
-    def submit(self, prompt: PromptRequest,
-               abandoned: Callable[[], bool] | None = None) -> Future[RequestOutput]:
+    def submit(self, prompt: PromptRequest, abandoned: Callable[[], bool] | None = None,
+               instrument: bool = False) -> Future[RequestOutput]:
         """Queue one request; ``abandoned`` says whether its client has gone (checked
-        before its prefill). After stop() the future fails with EngineStopped at once."""
-        pending = _Pending(prompt, Future(), abandoned)
+        before its prefill); ``instrument``: a batch holding it runs instrumented (this
+        stand-in's profiler window). After stop() the future fails with EngineStopped."""
+        pending = _Pending(prompt, Future(), abandoned, instrument)
         with self._lock:
             self._counters.submitted += 1
             closed = self._closed
@@ -247,7 +250,10 @@ class PrefillEngine:
             self._counters.running = len(batch)
             self._counters.batch_started = time.monotonic()
         try:
-            outputs = self.backend.run([pending.prompt for pending in batch], self.settings)
+            settings = self.settings
+            if any(pending.instrument for pending in batch):
+                settings = dataclasses.replace(settings, instrument=True)
+            outputs = self.backend.run([pending.prompt for pending in batch], settings)
         except Exception as error:  # one failing batch fails its requests, not the server
             if len(batch) > 1:
                 # Rerun one by one: only the request that breaks the backend fails.

@@ -26,6 +26,8 @@ from pytest_afd.serving.connections import WRITE_TIMEOUT_S, DeadlineReader, peer
 from pytest_afd.serving.engine import EngineStopped, RequestAborted
 from pytest_afd.serving.logprobs import MAX_NUM_LOGPROBS, completion_logprobs
 from pytest_afd.serving.requests import (
+    INSTRUMENT_HEADER,
+    INSTRUMENT_ON,
     PREFILL_MAX_TOKENS,
     BadRequest,
     check_prompt,
@@ -245,7 +247,9 @@ class Handler(BaseHTTPRequestHandler):
         prompt = PromptRequest(f"{request_id}#{uuid.uuid4().hex[:8]}", token_ids)
         connection = self.connection
         try:
-            output = self.server.engine.submit(prompt, lambda: peer_closed(connection)).result()
+            instrument = self.headers.get(INSTRUMENT_HEADER) == INSTRUMENT_ON
+            output = self.server.engine.submit(prompt, lambda: peer_closed(connection),
+                                               instrument).result()
         except RequestAborted as error:
             self.log_error("%s", error)
             self.close_connection = True  # nobody is listening

@@ -191,7 +191,8 @@ class HttpBackend:
         logprobs = self.num_logprobs(settings)
         started = time.perf_counter()
         client_run = self._client(session).run(prompts, Arrival(), read_metrics=False,
-                                               server_gone=session.exit_reason, logprobs=logprobs)
+                                               server_gone=session.exit_reason, logprobs=logprobs,
+                                               instrument=settings.instrument)
         outputs = []
         for result in client_run.results:
             error = result.error
@@ -250,6 +251,14 @@ class HttpBackend:
             return self.server_description()["backend"]["device"]
         except (ClientError, ValueError, KeyError, TypeError):
             return None
+
+    def drop_session(self) -> None:
+        """Stop the current servers; the next run starts its deployment afresh (launch mode's
+        profiled deployment: its profiler window is spent after one instrumented run)."""
+        if self._session is not None:
+            self._session.close()
+            self._session = None
+            self._session_settings = None
 
     def release_deployments(self, keys: Any) -> None:
         """Let a launcher that keeps several deployments stop those no later case needs."""

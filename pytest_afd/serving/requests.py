@@ -17,6 +17,10 @@ from http import HTTPStatus
 from typing import Any, BinaryIO
 
 PREFILL_MAX_TOKENS = 1
+# The harness's instrumented run marks its requests; vLLM ignores an unknown header, the
+# harness's own CPU server profiles the batches holding one (docs/profiling.md).
+INSTRUMENT_HEADER = "X-AFD-Instrument"
+INSTRUMENT_ON = "1"
 # One prompt at most this many tokens: the CPU backend prefills about 250
 # tokens/s with the reduced model, so 4,096 tokens hold the engine ~15 s at worst.
 DEFAULT_MAX_PROMPT_TOKENS = 4096

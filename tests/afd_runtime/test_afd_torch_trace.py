@@ -50,7 +50,7 @@ def traced_step(afd_config, tmp_path_factory):
 
 
 def _trace_durations(path):
-    items = torch_trace.read_items(path, "0")
+    items = torch_trace.read_items(torch_trace.read_events(path), "0")
     return [(i.tag.stage, i.tag.layer, i.tag.ubatch, i.duration_s) for i in items]
 
 
@@ -154,3 +154,19 @@ def test_profiled_backend_reads_cpu_servers_kept_traces(traced_step, tmp_path):
     assert outputs.profile["steps_attached"] is True
     assert outputs.steps[0]["profile"]["critical_path_s"] > 0
     assert outputs.profile["straggler"]["expert_load_per_rank"] == [[3, 7]] * 3
+
+
+def test_connector_messages_are_collectives_with_conserved_volume(traced_step):
+    """Every message one role sends the other receives: the Attention side's volume (its
+    sends and receives) equals the FFN side's, op for op."""
+    root, _, _ = traced_step
+    profile = torch_trace.analyse(root)
+    by_role = {c["role"]: c for c in profile["collectives"]}
+    assert set(by_role) == {"attention", "ffn"}
+    assert {c["group"] for c in by_role.values()} == {torch_trace.CONNECTOR_GROUP}
+    attention, ffn = by_role["attention"], by_role["ffn"]
+    assert attention["volume_mb_per_step"] > 0 and attention["ops_per_step"] > 0
+    # ffn: per-rank means over two ranks; attention: one rank.
+    assert attention["ops_per_step"] == pytest.approx(ffn["ops_per_step"] * len(ffn["ranks"]))
+    assert attention["volume_mb_per_step"] == pytest.approx(
+        ffn["volume_mb_per_step"] * len(ffn["ranks"]))

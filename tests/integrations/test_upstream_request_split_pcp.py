@@ -33,7 +33,7 @@ from test_hook_pcp import RELEASE, _pcp_runner
 from test_hook_pcp_full_batch import _configure
 
 from afd_split import plan_split
-from afd_split.pcp.alignment import EngineAlignment
+from afd_split.engine.state import preserved_state
 from afd_split.integrations.afd_plugin.builder_state import (
     builder_state_targets,
     metadata_builders,
@@ -44,8 +44,8 @@ from afd_split.integrations.afd_plugin.evidence_only import (
     record_plugin_step,
 )
 from afd_split.integrations.engine_step import StepRanks
+from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.stage import zigzag_layout
-from afd_split.engine.state import preserved_state
 from pytest_afd.backends.cpu.pcp_builders import changed_fields, full_batch_fields, logical_slots
 
 REQUEST_SPLIT_CASES = [

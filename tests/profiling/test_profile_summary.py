@@ -9,6 +9,7 @@ import pytest
 
 from pytest_afd.__main__ import main
 from pytest_afd.profiling import summary
+from pytest_afd.report import profile_plots
 
 pytest.importorskip("msprof_analyze", reason="msprof-analyze not installed (extra [profile])")
 
@@ -25,7 +26,7 @@ def test_summary_of_both_roles_writes_json_and_plots(tmp_path, capsys):
     assert set(profile["roles"]) == {"attention", "ffn"}
     assert {Path(p).name for p in printed} == {"profile.json", "profile_layers.png",
                                                "profile_overlap.png"}
-    layers = summary.layer_components(profile)
+    layers = profile_plots.layer_components(profile)
     assert len(layers) == 3 and "ffn/routed_moe" in layers[2]
 
 

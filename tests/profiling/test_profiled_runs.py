@@ -213,3 +213,18 @@ def _check_stage_fields(outputs):
     steps = [{"step": i} for i in range(3)]
     problem = evidence.attach_to_steps(steps, copy.deepcopy(outputs.profile))
     assert "3" in problem and all("profile" not in step for step in steps)
+
+
+def test_overhead_compares_a_case_with_its_own_prompts_only(tmp_path):
+    """Workloads reuse request ids: a run of other prompts is not the case's reference."""
+    pytest.importorskip("msprof_analyze")
+    dirs = {role: tmp_path / role for role in schedule.ROLES}
+    environ = {schedule.ENV_TRACE_DIRS: ",".join(f"{r}={p}" for r, p in dirs.items())}
+    backend = ProfiledBackend.wrap_from_env(TraceWritingBackend(dirs), environ)
+    other = [PromptRequest("r0", (7, 7, 7, 7))]  # same id, other tokens
+    for _ in range(3):
+        backend.run(other, RunSettings())
+    backend.run(PROMPTS, RunSettings())
+    outputs = backend.run(PROMPTS, RunSettings(instrument=True))
+    assert outputs.profile is not None, backend.last_problem
+    assert outputs.profile["profiler_overhead"]["non_instrumented_runs"] == 1

@@ -36,12 +36,12 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from afd_split.plan.constraints import SplitPolicy
 from afd_split.integrations.afd_plugin.builder_state import (
     PCP_PADDED_SLOT_BUFFERS,
     fields_viewing,
 )
 from afd_split.integrations.afd_plugin.dispatch_patch import attach_recorder
+from afd_split.integrations.afd_plugin.layer_ranges import ensure_runner_ranges
 from afd_split.integrations.afd_plugin.patches import (
     PATCH_MARKER,
     PluginDriftError,
@@ -195,7 +195,9 @@ def make_router_patch_main(original: Callable, new_session: Callable[[Any], Hook
     # Patch reason: the plugin's request and unsplit paths leave no record of the tokens
     # each stage ran, so the controls of a policy comparison had no step evidence.
     # Patch functionality: after the original returns, its decision (the async-MoE stage
-    # slices, or none) is written as a step line and the step's expert-load count begins.
+    # slices, or none) is written as a step line and the step's expert-load count begins;
+    # with the plugin's Attention profiler on, the model's layer/stage range hooks are
+    # installed once (``layer_ranges``; every async_moe_split value, token_balanced too).
     # Delegation exception: the whole upstream body runs through the original first, and
     # its result is returned unchanged; token_balanced is recorded by the planner patch.
     # Signature: matches upstream; no added parameters.
@@ -209,11 +211,12 @@ def make_router_patch_main(original: Callable, new_session: Callable[[Any], Hook
             num_scheduled_tokens_np=num_scheduled_tokens_np,
             cascade_attn_prefix_lens=cascade_attn_prefix_lens,
         )
-        # ### PATCH START: afd_split evidence-only step record
+        # ### PATCH START: afd_split evidence-only step record, profiler ranges
         observe(self, {"num_tokens_padded": num_tokens_padded,
                        "num_scheduled_tokens_np": num_scheduled_tokens_np},
                 new_session, request_split, full_result=result)
-        # ### PATCH END: afd_split evidence-only step record
+        ensure_runner_ranges(self)
+        # ### PATCH END: afd_split evidence-only step record, profiler ranges
         return result
 
     setattr(_build_attention_metadata, PATCH_MARKER, ROUTER)
@@ -231,9 +234,10 @@ def make_router_patch_release(original: Callable, values_of: Callable,
     # Signature: matches upstream; no added parameters.
     def _build_attention_metadata(self, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
-        # ### PATCH START: afd_split evidence-only step record
+        # ### PATCH START: afd_split evidence-only step record, profiler ranges
         observe(self, values_of(args, kwargs), new_session, request_split, full_result=result)
-        # ### PATCH END: afd_split evidence-only step record
+        ensure_runner_ranges(self)
+        # ### PATCH END: afd_split evidence-only step record, profiler ranges
         return result
 
     setattr(_build_attention_metadata, PATCH_MARKER, ROUTER)

@@ -60,6 +60,7 @@ from pytest_afd.backends.vllm_ascend.listing import checkpoint_facts
 from pytest_afd.backends.vllm_ascend.worker_evidence import WorkerEvidenceBackend
 from pytest_afd.profiling import device_metrics
 from pytest_afd.profiling.backend import ProfiledBackend
+from pytest_afd.profiling.launch_profile import INSTRUMENT_FIELD, TRACE_ROOT_NAME, LaunchProfile
 from pytest_afd.serving.http_backend import (
     HttpBackend,
     Launcher,
@@ -177,11 +178,16 @@ def server_specs(plan: LaunchPlan, *, startup_timeout_s: float) -> list[ServerSp
 
 
 def local_launcher(topology: Topology, *, model: str, devices: int, log_dir: Path,
-                   startup_timeout_s: float, overrides: Mapping[str, Any] | None = None) -> Launcher:
+                   startup_timeout_s: float, overrides: Mapping[str, Any] | None = None,
+                   profile: LaunchProfile | None = None) -> Launcher:
+    """``profile``: the instrumented run's deployment gets the plugin profiler's variables
+    with the schedule computed for the case (docs/profiling.md)."""
     def launch(settings: RunSettings) -> ManagedSession:
         try:
             options = launch_options(settings, model=model, devices=devices, overrides=overrides)
             plan = build_launch_plan(topology, options)
+            if profile is not None:
+                plan = profile.plan_for(plan, settings)
         except LaunchPlanError as error:
             raise CapabilityMissing(f"{topology.canonical} cannot run these settings: {error}") from error
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -227,16 +233,23 @@ def create_backend(*, topology: Topology, model_name: str, seed: int, results_di
         describe["model"].update(checkpoint_facts(path))
         timeout = float(environ.get(ENV_STARTUP_TIMEOUT, DEFAULT_STARTUP_TIMEOUT_S))
         overrides = {"vllm_executable": environ[ENV_VLLM_EXECUTABLE]} if environ.get(ENV_VLLM_EXECUTABLE) else {}
+        profile = LaunchProfile(Path(results_dir) / TRACE_ROOT_NAME)
         launcher = local_launcher(topology, model=path, devices=devices,
                                   log_dir=Path(results_dir) / "servers", startup_timeout_s=timeout,
-                                  overrides=overrides)
+                                  overrides=overrides, profile=profile)
+    launch_mode = describe.get("mode") == "launch"
+    # Launch mode: the instrumented run is served by its own, profiled deployment.
+    fields = LAUNCH_FIELDS + ((INSTRUMENT_FIELD,) if launch_mode else ())
     backend = HttpBackend(BACKEND_NAME, capabilities_for(topology), launcher,
-                          describe_extra=describe, server_fields=LAUNCH_FIELDS, api_key=api_key)
+                          describe_extra=describe, server_fields=fields, api_key=api_key)
     # With AFD_EVIDENCE_DIR set (inherited by launched servers; set on both sides when
     # attaching), each case's steps and expert load come from the Attention ranks' lines.
     wrapped = WorkerEvidenceBackend.wrap_from_env(backend, environ)
     # With AFD_PROFILE_TRACE_DIRS set, instrumented runs come back with their profile
     # (docs/profiling.md); launch mode samples this node's NPUs during measured runs.
     sampler = (device_metrics.Sampler.available(device_metrics.layout_devices(topology, devices))
-               if describe.get("mode") == "launch" else None)
+               if launch_mode else None)
+    if launch_mode:  # the harness applies the profiler schedule itself
+        return ProfiledBackend(wrapped, profile.trace_dirs(), environ=environ, sampler=sampler,
+                               launch=profile)
     return ProfiledBackend.wrap_from_env(wrapped, environ, sampler=sampler)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from afd_split.ranges import emit_range
+from pytest_afd.profiling import overlap
 
 # Attention-side span kinds.
 EMBED = "embed"
@@ -105,33 +106,6 @@ def as_spans(global_rank: int, raw: Iterable[Sequence]) -> list[Span]:
     return [Span(global_rank, *record) for record in raw]
 
 
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    return sum(end - start for start, end in _merge(intervals))
-
-
-def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    merged: list[list[float]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(start, end) for start, end in merged]
-
-
-def _intersection_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
-    a, b = _merge(a), _merge(b)
-    total, i, j = 0.0, 0, 0
-    while i < len(a) and j < len(b):
-        low, high = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        total += max(0.0, high - low)
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
-
-
 def overlap_fraction(attention: Sequence[Span], ffn: Sequence[Span]) -> float:
     """Share of the smaller side's busy time during which the other side was busy too.
 
@@ -140,10 +114,8 @@ def overlap_fraction(attention: Sequence[Span], ffn: Sequence[Span]) -> float:
     """
     attention_busy = [(s.start, s.end) for s in attention if s.kind in ATTENTION_BUSY_KINDS]
     ffn_busy = [(s.start, s.end) for s in ffn if s.kind in FFN_BUSY_KINDS]
-    smaller = min(_union_length(attention_busy), _union_length(ffn_busy))
-    if smaller <= 0:
-        return 0.0
-    return _intersection_length(attention_busy, ffn_busy) / smaller
+    fraction = overlap.overlap_fraction(attention_busy, ffn_busy)  # the profiles' definition
+    return 0.0 if fraction is None else fraction
 
 
 def critical_path(spans_by_rank: dict[int, list[Span]]) -> dict:

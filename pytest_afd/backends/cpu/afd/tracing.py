@@ -34,6 +34,7 @@ def traced(spec, body: MutableMapping[str, Any]) -> Iterator[None]:
 
     path = trace_path(trace_dir, spec.role, spec.role_index, int(body["step"]))
     path.parent.mkdir(parents=True, exist_ok=True)
-    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+    # record_shapes as the AFD plugin's NPU profiler: message sizes come from the shapes.
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as profiler:
         yield
     profiler.export_chrome_trace(str(path))
