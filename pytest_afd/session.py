@@ -20,6 +20,9 @@ from pytest_afd.shared_results import SessionLease
 
 # Markers of the cases that write results (a session with none leaves the directory alone).
 AFD_CASE_MARKERS = frozenset(("gate", *STAGE_MARKERS))
+EXIT_BACKEND_UNAVAILABLE = 8
+"""Exit status of an ``--afd-require-hardware`` session whose backend cannot be created: the
+session stops at the first case that needs it, with one message (not one failure per case)."""
 
 
 @dataclass(eq=False)  # identity-hashed: it is registered as a pytest plugin
