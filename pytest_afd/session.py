@@ -81,6 +81,13 @@ class AfdSession:
             self.stand_in = ask() if ask is not None else None
         return self.stand_in
 
+    def hardware_kwargs(self) -> dict[str, Any]:
+        """What a hardware backend takes from the options: the user's devices per node."""
+        given = self.options.given_devices_per_node()
+        if self.options.backend not in HARDWARE_BACKENDS or given is None:
+            return {}
+        return {"devices_per_node": given}
+
     def backend(self) -> Backend:
         """Create the backend once per process; re-raise BackendUnavailable on every call."""
         if not self.backend_tried:
@@ -101,6 +108,7 @@ class AfdSession:
                     seed=opts.seed,
                     results_dir=opts.results_dir,
                     peer_timeout_s=opts.peer_timeout_s,
+                    **self.hardware_kwargs(),
                 )
             except BackendUnavailable as exc:
                 self.backend_error = exc

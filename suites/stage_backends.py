@@ -66,6 +66,7 @@ class BackendPool:
                     seed=self.options.seed,
                     results_dir=self.options.results_dir,
                     peer_timeout_s=self.options.peer_timeout_s,
+                    **afd_session(self.config).hardware_kwargs(),
                 )
             except BackendUnavailable as exc:
                 message = f"backend {self.options.backend!r} for model {model!r} on {topology}: {exc}"
