@@ -295,6 +295,7 @@ def test_list_deployments_for_stage_a_runs_nothing(tmp_path, no_deployment):
     matrix = "suites/stage_a/test_stage_a_policies.py::test_stage_a_policy_matrix[smallest]"
     assert all(matrix in item["cases"] for item in reduced)
     assert all(item["nodes"] == 2 and "--devices-per-node" in item["afd_launch_plan"] for item in reduced)
+    assert all(item["devices_per_node_given"] for item in reduced) and document["notes"] == []
     assert '"deployments"' in completed.stdout
     assert not (tmp_path / "summary.json").exists(), "nothing ran, nothing summarized"
 
