@@ -48,6 +48,10 @@ class _Pending:
     future: Future[RequestOutput]
     # True once the client has gone (None: never checked, e.g. an in-process caller).
     abandoned: Callable[[], bool] | None = None
+    # Arrival rank: (the connection's accept number, the submission number). A batch runs
+    # its requests in this order, as a FCFS scheduler sees them, not in the order the
+    # handler threads happened to submit them.
+    arrival: tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -141,12 +145,16 @@ class PrefillEngine:
                 f"without finishing (stall bound {self.stall_timeout_s:g} s)")
 
     def submit(self, prompt: PromptRequest,
-               abandoned: Callable[[], bool] | None = None) -> Future[RequestOutput]:
+               abandoned: Callable[[], bool] | None = None,
+               accepted: int | None = None) -> Future[RequestOutput]:
         """Queue one request; ``abandoned`` says whether its client has gone (checked
-        before its prefill). After stop() the future fails with EngineStopped at once."""
-        pending = _Pending(prompt, Future(), abandoned)
+        before its prefill); ``accepted`` is its connection's accept number (a batch runs
+        in accept order). After stop() the future fails with EngineStopped at once."""
         with self._lock:
             self._counters.submitted += 1
+            submitted = self._counters.submitted
+            pending = _Pending(prompt, Future(), abandoned,
+                               (submitted if accepted is None else accepted, submitted))
             closed = self._closed
             if not closed:
                 self._queue.put(pending)
@@ -225,7 +233,7 @@ class PrefillEngine:
                 break
             batch.append(item)
             tokens += item.prompt.num_prompt_tokens
-        return batch
+        return sorted(batch, key=lambda pending: pending.arrival)
 
     def _loop(self) -> None:
         while not self._stopping.is_set():

@@ -245,7 +245,9 @@ class Handler(BaseHTTPRequestHandler):
         prompt = PromptRequest(f"{request_id}#{uuid.uuid4().hex[:8]}", token_ids)
         connection = self.connection
         try:
-            output = self.server.engine.submit(prompt, lambda: peer_closed(connection)).result()
+            output = self.server.engine.submit(
+                prompt, lambda: peer_closed(connection),
+                self.server.accept_number(connection)).result()
         except RequestAborted as error:
             self.log_error("%s", error)
             self.close_connection = True  # nobody is listening
