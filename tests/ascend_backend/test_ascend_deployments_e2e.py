@@ -121,6 +121,7 @@ def test_stage_through_the_deploy_command(tmp_path, stage):
                      env)
     assert run.returncode == 0, run.stdout[-4000:]
     assert "no deployment in " not in run.stdout
+    assert " skipped" not in run.stdout.splitlines()[-1], run.stdout[-4000:]  # every case ran
     assert not list(state.glob("*.json")), "a deployment was left running"
 
 
