@@ -125,11 +125,17 @@ def listing(config: pytest.Config, items: list[pytest.Item]) -> dict[str, Any]:
                 topology = parse_topology(entry["npu_topology"], options.aliases)
                 entries[key] = {**plan_document(topology, entry["model"], entry["settings"],
                                                 devices_per_node=options.devices_per_node,
-                                                environ=os.environ), "cases": []}
+                                                environ=os.environ),
+                                "devices_per_node_given": options.devices_per_node_given,
+                                "cases": []}
             if item.nodeid not in entries[key]["cases"]:
                 entries[key]["cases"].append(item.nodeid)
     undeclared = [item.nodeid for item in items if item.nodeid not in table]
+    notes = [] if options.devices_per_node_given else [
+        f"nodes and afd_launch_plan assume the default {options.devices_per_node} NPUs per node: "
+        "pass --afd-devices-per-node (or AFD_DEVICES_PER_NODE) with your nodes' count"]
     return {"deployments": list(entries.values()), "undeclared_cases": undeclared,
+            "notes": notes,
             "undeclared_note": "these cases declare no deployments (pure-Python checks, or "
                                "gates: they deploy on first use)"}
 

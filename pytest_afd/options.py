@@ -74,6 +74,13 @@ class AfdOptions:
     peer_timeout_s: int | None = None  # None: the AFD runtime's default
     # --afd-require-hardware is met by cases on a stand-in CPU server (labelled emulated).
     allow_emulated: bool = False
+    # --afd-devices-per-node given (flag, env or ini), not its default: a hardware backend
+    # plans with it; a default is never a fact about the nodes.
+    devices_per_node_given: bool = False
+
+    def given_devices_per_node(self) -> int | None:
+        """The nodes' NPU count the user gave, or None (the backend finds it or refuses)."""
+        return self.devices_per_node if self.devices_per_node_given else None
 
     def run_settings(self, **overrides: Any) -> RunSettings:
         """RunSettings defaults from the options (routing, profile, split constraints), then overrides."""
@@ -256,4 +263,5 @@ def resolve_options(config: pytest.Config) -> AfdOptions:
         topology=topology,
         peer_timeout_s=values["afd_peer_timeout_s"],
         allow_emulated=values["afd_allow_emulated"],
+        devices_per_node_given=not sources["afd_devices_per_node"].endswith(" default"),
     )

@@ -42,7 +42,14 @@ from pytest_afd.options import (  # noqa: F401  (AfdOptions and the defaults are
 )
 from pytest_afd.result_writer import ResultWriter, case_kind, recover_lost_results
 from pytest_afd.results_dir import remove_stale_temp_files
-from pytest_afd.session import AFD_SESSION_KEY, AfdSession, afd_session, is_worker, write_error
+from pytest_afd.session import (
+    AFD_SESSION_KEY,
+    EXIT_BACKEND_UNAVAILABLE,
+    AfdSession,
+    afd_session,
+    is_worker,
+    write_error,
+)
 from pytest_afd.shared_results import SessionLease
 from pytest_afd.terminal import write_no_case_selected, write_results_table, write_write_errors
 from pytest_afd.topology import RankInfo, Topology
@@ -157,14 +164,16 @@ def rank_layout(npu_topology: Topology, afd_options: AfdOptions) -> list[RankInf
 
 @pytest.fixture(scope="session")
 def afd_backend(pytestconfig: pytest.Config) -> Backend:
-    """The session's backend; unavailable → skip with the reason (fail under --afd-require-hardware)."""
+    """The session's backend; unavailable → skip with the reason (under --afd-require-hardware
+    the session stops once, exit status ``EXIT_BACKEND_UNAVAILABLE``)."""
     state = afd_session(pytestconfig)
     try:
         return state.backend()
     except BackendUnavailable as exc:
         message = f"backend {state.options.backend!r} unavailable: {exc}"
         if state.options.require_hardware:
-            pytest.fail(f"--afd-require-hardware: {message}", pytrace=False)
+            pytest.exit(f"pytest-afd: --afd-require-hardware: {message}",
+                        returncode=EXIT_BACKEND_UNAVAILABLE)
         pytest.skip(message)
 
 

@@ -20,6 +20,9 @@ from pytest_afd.shared_results import SessionLease
 
 # Markers of the cases that write results (a session with none leaves the directory alone).
 AFD_CASE_MARKERS = frozenset(("gate", *STAGE_MARKERS))
+EXIT_BACKEND_UNAVAILABLE = 8
+"""Exit status of an ``--afd-require-hardware`` session whose backend cannot be created: the
+session stops at the first case that needs it, with one message (not one failure per case)."""
 
 
 @dataclass(eq=False)  # identity-hashed: it is registered as a pytest plugin
@@ -78,6 +81,13 @@ class AfdSession:
             self.stand_in = ask() if ask is not None else None
         return self.stand_in
 
+    def hardware_kwargs(self) -> dict[str, Any]:
+        """What a hardware backend takes from the options: the user's devices per node."""
+        given = self.options.given_devices_per_node()
+        if self.options.backend not in HARDWARE_BACKENDS or given is None:
+            return {}
+        return {"devices_per_node": given}
+
     def backend(self) -> Backend:
         """Create the backend once per process; re-raise BackendUnavailable on every call."""
         if not self.backend_tried:
@@ -98,6 +108,7 @@ class AfdSession:
                     seed=opts.seed,
                     results_dir=opts.results_dir,
                     peer_timeout_s=opts.peer_timeout_s,
+                    **self.hardware_kwargs(),
                 )
             except BackendUnavailable as exc:
                 self.backend_error = exc

@@ -14,7 +14,7 @@ from pytest_afd.backends.base import (
 )
 from pytest_afd.manifest import collect_manifest, manifest_digest
 from pytest_afd.results import validate_manifest
-from pytest_afd.session import afd_session
+from pytest_afd.session import EXIT_BACKEND_UNAVAILABLE, afd_session
 from pytest_afd.topology import Topology, parse_topology
 
 
@@ -66,11 +66,14 @@ class BackendPool:
                     seed=self.options.seed,
                     results_dir=self.options.results_dir,
                     peer_timeout_s=self.options.peer_timeout_s,
+                    **afd_session(self.config).hardware_kwargs(),
                 )
             except BackendUnavailable as exc:
-                pytest.skip(
-                    f"backend {self.options.backend!r} for model {model!r} on {topology}: {exc}"
-                )
+                message = f"backend {self.options.backend!r} for model {model!r} on {topology}: {exc}"
+                if self.options.require_hardware:  # one session error, as afd_backend's
+                    pytest.exit(f"pytest-afd: --afd-require-hardware: {message}",
+                                returncode=EXIT_BACKEND_UNAVAILABLE)
+                pytest.skip(message)
             afd_session(self.config).other_backends.append(backend)  # the ledger counts its runs
             self._made[key] = BackendHandle(
                 backend, self._manifest(backend, topology, model), topology, model

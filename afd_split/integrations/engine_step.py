@@ -26,6 +26,9 @@ AGREE_DEBUG_ENV = "AFD_SPLIT_DEBUG_AGREE"
 
 AGREE_DEBUG_ON = "1"
 
+REQUEST_IDS_FIELD = "request_ids"
+"""Step-line field: the engine's request ids of the step, in batch order."""
+
 EXPERT_LOAD_NDIM = 2
 """expert_load is [moe layers, routed experts]."""
 
@@ -120,8 +123,13 @@ def expert_load_entry(expert_load) -> Any:
 
 
 def step_record(plan: SplitPlan, *, step: int, ranks: StepRanks, expert_load=None,
-                **facts: Any) -> dict[str, Any]:
-    """One evidence line: the plan's evidence, where it ran, and per-layer expert load."""
+                request_ids: Sequence[str] | None = None, **facts: Any) -> dict[str, Any]:
+    """One evidence line: the plan's evidence, where it ran, and per-layer expert load.
+
+    ``request_ids`` are the engine's ids of the step's requests in batch order: a
+    reader joins the line to its client's requests by id, since a server numbers
+    requests in its own arrival order, not the client's.
+    """
     return {
         "kind": RECORD_KIND,
         "format": EVIDENCE_FORMAT,
@@ -129,5 +137,6 @@ def step_record(plan: SplitPlan, *, step: int, ranks: StepRanks, expert_load=Non
         "ranks": ranks.to_dict(),
         **plan.to_evidence(),
         "expert_load": expert_load_entry(expert_load),
+        **({} if request_ids is None else {REQUEST_IDS_FIELD: [str(r) for r in request_ids]}),
         **facts,
     }

@@ -31,11 +31,14 @@ def create_backend(
     seed: int,
     results_dir: str | Path,
     peer_timeout_s: float | None = None,
+    devices_per_node: int | None = None,
 ) -> Backend:
     """Create the named backend for ``topology`` (a :class:`pytest_afd.topology.Topology`).
 
     ``peer_timeout_s``: the CPU AFD runtime's peer timeout (None: its default);
     only the CPU backend runs that runtime, so another backend refuses it.
+    ``devices_per_node``: the nodes' NPU count the user gave (``--afd-devices-per-node``);
+    None: the backend finds it (environment, ``npu-smi``); the CPU backend refuses it.
     """
     if name not in BACKEND_MODULES:
         raise ValueError(f"unknown backend {name!r}; expected one of {BACKEND_NAMES}")
@@ -53,7 +56,12 @@ def create_backend(
         raise BackendUnavailable(
             f"backend {name!r}: module {module_name} is not installed"
         ) from exc
+    if devices_per_node is not None and name == "cpu":
+        raise ValueError(f"devices_per_node={devices_per_node!r} applies to a hardware backend, "
+                         "not to the CPU backend")
     extra = {} if peer_timeout_s is None else {"peer_timeout_s": peer_timeout_s}
+    if devices_per_node is not None:
+        extra["devices_per_node"] = devices_per_node
     return module.create(
         topology=topology, model_name=model_name, seed=seed, results_dir=results_dir, **extra
     )

@@ -8,9 +8,9 @@ plugin turns a missing capability into a skip with a reason.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -105,6 +105,21 @@ class RunSettings:
     def synthetic(self) -> bool:
         """Forced-balanced routing changes expert ids and outputs: never an accuracy claim."""
         return self.routing == "forced_balanced"
+
+
+def run_settings_from(values: Any, where: str) -> RunSettings:
+    """RunSettings from a JSON object (a server's ``--settings-json``, a deployments file's
+    entry); not an object, an unknown field or a bad value is a ValueError naming ``where``."""
+    if not isinstance(values, Mapping):
+        raise ValueError(f"{where}: settings must be a JSON object, got {values!r}")
+    known = {item.name for item in fields(RunSettings)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown RunSettings fields {unknown}; known: {sorted(known)}")
+    try:
+        return RunSettings(**values)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{where}: {error}") from None
 
 
 @dataclass

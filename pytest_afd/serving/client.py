@@ -201,6 +201,16 @@ class CompletionsClient:
         ``logprobs`` asks for the generated token's top-k logprobs (vLLM's
         ``logprobs`` field, tokens spelled as ids); a reply without them is an error.
         """
+        return self.send(prompt, logprobs=logprobs, instrument=instrument)()
+
+    def send(self, prompt: PromptRequest, *, logprobs: int | None = None,
+             instrument: bool = False) -> Callable[[], RequestResult]:
+        """Connect and send one prefill request now; the returned call reads its answer.
+
+        ``run`` sends in prompt order from one thread, so the server accepts the
+        connections in that order (its batches run in accept order) and only the
+        waits are concurrent.
+        """
         result = RequestResult(prompt.request_id, prompt.num_prompt_tokens)
         request: dict[str, Any] = {
             "model": self.model, "prompt": list(prompt.prompt_token_ids),
@@ -217,6 +227,16 @@ class CompletionsClient:
             connection.request("POST", "/v1/completions", body=body, headers={
                 "Content-Type": "application/json", "X-Request-Id": prompt.request_id,
                 **({INSTRUMENT_HEADER: INSTRUMENT_ON} if instrument else {}), **self._auth})
+        except (OSError, http.client.HTTPException) as error:
+            connection.close()
+            result.error = f"{type(error).__name__}: {error}"
+            result.latency_s = time.perf_counter() - started
+            return lambda: result
+        return lambda: self._answer(connection, started, result, logprobs)
+
+    def _answer(self, connection: http.client.HTTPConnection, started: float,
+                result: RequestResult, logprobs: int | None) -> RequestResult:
+        try:
             response = connection.getresponse()
             if response.status != HTTP_OK:
                 result.error = _error_message(response.status, response.read())
@@ -327,9 +347,11 @@ class CompletionsClient:
                 continue
             results[index].send_offset_s = time.perf_counter() - started
 
-            def send(slot: int = index, request: PromptRequest = prompt) -> None:
+            answer = self.send(prompt, logprobs=logprobs, instrument=instrument)  # in order, from this thread
+
+            def send(slot: int = index, answer: Callable[[], RequestResult] = answer) -> None:
                 sent_at = results[slot].send_offset_s
-                results[slot] = self.complete(request, logprobs=logprobs, instrument=instrument)
+                results[slot] = answer()
                 results[slot].send_offset_s = sent_at
 
             thread = threading.Thread(target=send, name=f"request-{prompt.request_id}", daemon=True)

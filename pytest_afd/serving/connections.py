@@ -142,6 +142,8 @@ class CappedHTTPServer(ThreadingHTTPServer):
         self.stopping = False  # set on shutdown: no connection is kept alive after it
         self._backoff_s = ACCEPT_BACKOFF_MIN_S
         self.accept_errors: dict[str, int] = {}
+        self._accepted = 0
+        self._accept_numbers: dict[socket.socket, int] = {}
         super().__init__(address, handler)
 
     @property
@@ -171,7 +173,14 @@ class CappedHTTPServer(ThreadingHTTPServer):
         self._backoff_s = ACCEPT_BACKOFF_MIN_S
         with self._slots:
             self._open += 1
+            self._accepted += 1  # accept() hands connections over in the order they came
+            self._accept_numbers[connection] = self._accepted
         return connection, address
+
+    def accept_number(self, connection: socket.socket) -> int | None:
+        """The order in which ``connection`` was accepted (1, 2, ...); None if unknown."""
+        with self._slots:
+            return self._accept_numbers.get(connection)
 
     def close_request(self, request: Any) -> None:
         try:
@@ -179,6 +188,7 @@ class CappedHTTPServer(ThreadingHTTPServer):
         finally:
             with self._slots:
                 self._open -= 1
+                self._accept_numbers.pop(request, None)
                 self._slots.notify_all()
 
     @contextmanager

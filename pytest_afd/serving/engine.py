@@ -48,6 +48,10 @@ class _Pending:
     future: Future[RequestOutput]
     # True once the client has gone (None: never checked, e.g. an in-process caller).
     abandoned: Callable[[], bool] | None = None
+    # Arrival rank: (the connection's accept number, the submission number). A batch runs
+    # its requests in this order, as a FCFS scheduler sees them, not in the order the
+    # handler threads happened to submit them.
+    arrival: tuple[int, int] = (0, 0)
     # The client's instrumented run (``INSTRUMENT_HEADER``): its batch is profiled.
     instrument: bool = False
 
@@ -142,14 +146,19 @@ class PrefillEngine:
         return (f"the engine has run one batch of {running} request(s) for {busy_s:.0f} s "
                 f"without finishing (stall bound {self.stall_timeout_s:g} s)")
 
-    def submit(self, prompt: PromptRequest, abandoned: Callable[[], bool] | None = None,
-               instrument: bool = False) -> Future[RequestOutput]:
+    def submit(self, prompt: PromptRequest,
+               abandoned: Callable[[], bool] | None = None,
+               accepted: int | None = None, instrument: bool = False) -> Future[RequestOutput]:
         """Queue one request; ``abandoned`` says whether its client has gone (checked
-        before its prefill); ``instrument``: a batch holding it runs instrumented (this
+        before its prefill); ``accepted`` is its connection's accept number (a batch runs
+        in accept order); ``instrument``: a batch holding it runs instrumented (this
         stand-in's profiler window). After stop() the future fails with EngineStopped."""
-        pending = _Pending(prompt, Future(), abandoned, instrument)
         with self._lock:
             self._counters.submitted += 1
+            submitted = self._counters.submitted
+            pending = _Pending(prompt, Future(), abandoned,
+                               (submitted if accepted is None else accepted, submitted),
+                               instrument)
             closed = self._closed
             if not closed:
                 self._queue.put(pending)
@@ -228,7 +237,7 @@ class PrefillEngine:
                 break
             batch.append(item)
             tokens += item.prompt.num_prompt_tokens
-        return batch
+        return sorted(batch, key=lambda pending: pending.arrival)
 
     def _loop(self) -> None:
         while not self._stopping.is_set():

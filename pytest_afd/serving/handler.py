@@ -248,8 +248,9 @@ class Handler(BaseHTTPRequestHandler):
         connection = self.connection
         try:
             instrument = self.headers.get(INSTRUMENT_HEADER) == INSTRUMENT_ON
-            output = self.server.engine.submit(prompt, lambda: peer_closed(connection),
-                                               instrument).result()
+            output = self.server.engine.submit(
+                prompt, lambda: peer_closed(connection),
+                self.server.accept_number(connection), instrument).result()
         except RequestAborted as error:
             self.log_error("%s", error)
             self.close_connection = True  # nobody is listening

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_afd.backends.base import Backend, RunSettings
+from pytest_afd.backends.base import Backend, RunSettings, run_settings_from
 from pytest_afd.faults import applied_from_env
 from pytest_afd.serving.connections import (
     RESOURCE_ERRNOS,
@@ -119,14 +119,7 @@ def check_loopback(host: str) -> str:
 
 def settings_from_json(text: str) -> RunSettings:
     """RunSettings from the JSON the parent wrote with ``dataclasses.asdict``."""
-    values = json.loads(text)
-    if not isinstance(values, dict):
-        raise ValueError(f"--settings-json must be a JSON object, got {text!r}")
-    known = {item.name for item in dataclasses.fields(RunSettings)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"--settings-json has unknown RunSettings fields {unknown}; known: {sorted(known)}")
-    return RunSettings(**values)
+    return run_settings_from(json.loads(text), "--settings-json")
 
 
 def _argument(parse: Callable[[str], Any]) -> Callable[[str], Any]:

@@ -20,10 +20,10 @@ from pytest_afd.backends.vllm_ascend.backend import (
     ENV_SERVER_SETTINGS,
     ENV_SERVER_URL,
     checkpoint_facts,
-    devices_per_node,
     launch_options,
     missing_requirements,
     model_path,
+    node_device_count,
     npu_count_from_smi,
     npu_product_from_smi,
     server_specs,
@@ -75,16 +75,16 @@ def test_npu_facts_model_path_and_devices_override(tmp_path):
     assert npu_count_from_smi(NPU_SMI_LIST) == 16
     assert npu_count_from_smi("no devices") is None
     assert npu_product_from_smi(NPU_SMI_LIST) == "Ascend910"
-    assert devices_per_node({}, NPU_SMI_LIST) == 16
+    assert node_device_count({}, NPU_SMI_LIST) == 16
     with pytest.raises(BackendUnavailable, match="no device count"):
-        devices_per_node({}, "npu-smi: command failed")
+        node_device_count({}, "npu-smi: command failed")
     (tmp_path / "config.json").write_text(json.dumps(
         {"num_hidden_layers": 61, "quantization_config": {"quant_method": "ascend"}}))
     assert checkpoint_facts(str(tmp_path)) == {
         "tokenizer": str(tmp_path), "num_layers": 61, "quantization": {"quant_method": "ascend"}}
     assert checkpoint_facts(str(tmp_path / "missing")) == {}
     assert model_path("full", {ENV_MODEL_PATH: "/models/ds32-{model}-w8a8"}) == "/models/ds32-full-w8a8"
-    assert devices_per_node({"AFD_DEVICES_PER_NODE": "16"}) == 16
+    assert node_device_count({"AFD_DEVICES_PER_NODE": "16"}) == 16
 
 
 def test_run_settings_map_to_a_loopback_launch_plan(monkeypatch):

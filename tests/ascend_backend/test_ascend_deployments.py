@@ -251,6 +251,34 @@ def test_two(afd_backend):
     assert output.count("exited 3 without printing a URL") == 1 and "quota exceeded" in output
 
 
+@pytest.mark.parametrize("given", [("--afd-devices-per-node", "16"), ()])
+def test_a_deploy_command_plans_with_the_users_devices_per_node_never_a_default(
+        pytester, tmp_path, no_deployment, given):
+    """The flag (no environment variable) sizes the plan: 2 nodes of 16; neither: one error."""
+    script = tmp_path / "deploy.sh"
+    script.write_text("#!/bin/sh\nexit 3\n")
+    script.chmod(0o755)
+    no_deployment.setenv("AFD_ASCEND_DEPLOY_COMMAND", str(script))
+    pytester.makepyfile(CASES + """
+def test_one(afd_backend):
+    run(afd_backend, "none")
+
+def test_two(afd_backend):
+    run(afd_backend, "none")
+""")
+    result = pytester.runpytest("--afd-backend", "vllm-ascend", "--npu-topology", TOPOLOGY,
+                                *given, "-p", "no:cacheprovider")
+    assert result.ret == 7
+    output = result.stdout.str()
+    if not given:
+        assert output.count("--afd-devices-per-node or $AFD_DEVICES_PER_NODE") == 1, output
+        return
+    work = pytester.path / "afd-results" / "deployments" / f"{TOPOLOGY}-reduced"
+    plan = json.loads((work / "deployment-0-plan.json").read_text())
+    assert (plan["devices_per_node"], plan["nodes"]) == (16, 2), plan
+    assert output.count("exited 3 without printing a URL") == 1
+
+
 # -- the listing ---------------------------------------------------------------------------------
 def test_list_deployments_for_stage_a_runs_nothing(tmp_path, no_deployment):
     completed = subprocess.run(
@@ -267,6 +295,7 @@ def test_list_deployments_for_stage_a_runs_nothing(tmp_path, no_deployment):
     matrix = "suites/stage_a/test_stage_a_policies.py::test_stage_a_policy_matrix[smallest]"
     assert all(matrix in item["cases"] for item in reduced)
     assert all(item["nodes"] == 2 and "--devices-per-node" in item["afd_launch_plan"] for item in reduced)
+    assert all(item["devices_per_node_given"] for item in reduced) and document["notes"] == []
     assert '"deployments"' in completed.stdout
     assert not (tmp_path / "summary.json").exists(), "nothing ran, nothing summarized"
 

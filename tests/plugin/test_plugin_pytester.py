@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from pytest_afd.session import EXIT_BACKEND_UNAVAILABLE
+
 pytest_plugins = ["pytester"]
 
 FAKE_CONFTEST = """
@@ -274,10 +276,19 @@ def test_plugin_backend_unavailable_skips_or_fails(fake, monkeypatch, tmp_path):
     result = run(fake, "-rs", "-k", "uses_backend")
     result.assert_outcomes(skipped=1, deselected=1)
     result.stdout.fnmatch_lines(["*backend 'cpu' unavailable: no fake NPU here*"])
+    fake.makepyfile(test_more="""
+import pytest
+
+@pytest.mark.parametrize("n", range(5))
+def test_also_uses_backend(afd_backend, n):
+    pass
+""")
     result = run(fake, "--afd-require-hardware", "-k", "uses_backend")
-    result.assert_outcomes(errors=1, deselected=1)  # failed in fixture setup
-    assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(["*--afd-require-hardware: backend 'cpu' unavailable: no fake NPU here*"])
+    # The session stops at the first case that needs the backend: one message, not 6 failures.
+    assert result.ret == EXIT_BACKEND_UNAVAILABLE
+    message = "--afd-require-hardware: backend 'cpu' unavailable: no fake NPU here"
+    assert result.stdout.str().count(message) == 1, result.stdout.str()
+    assert result.parseoutcomes().get("passed", 0) == 0
 
 
 def test_plugin_real_registry_rejects_unknown_backend():
@@ -398,5 +409,5 @@ def test_plugin_real_vllm_ascend_backend_skips_here(pytester, monkeypatch):
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*backend 'vllm-ascend' unavailable: *"])
     result = run(pytester, "--afd-backend", "vllm-ascend", "--afd-require-hardware")
-    result.assert_outcomes(errors=1)
+    assert result.ret == EXIT_BACKEND_UNAVAILABLE
     result.stdout.fnmatch_lines(["*--afd-require-hardware: backend 'vllm-ascend' unavailable*"])

@@ -206,7 +206,7 @@ def test_plugin_docs_map_every_rfc_field():
 
 
 def test_plugin_manifest_reads_npu_smi(tmp_path, monkeypatch):
-    from pytest_afd import manifest as manifest_module
+    from pytest_afd import host_probe as manifest_module
 
     fake = tmp_path / "npu-smi"
     fake.write_text(

@@ -294,6 +294,7 @@ class CpuBackend:
                         )
                 steps.append(step_record(
                     plan, step=step, ranks=CPU_STEP_RANKS, expert_load=result.expert_load,
+                    request_ids=[prompts[c.request_index].request_id for c in batch.chunks],
                     schedule=batch.to_json(),
                     cached_tokens=[cached[c.request_index] for c in batch.chunks],
                     expert_load_per_rank=load_per_rank(result.expert_load,

@@ -21,11 +21,13 @@ from pytest_afd.serving.http_backend import HttpBackend
 from pytest_afd.topology import Topology
 
 
-def create(*, topology: Topology, model_name: str, seed: int, results_dir: str | Path) -> HttpBackend:
+def create(*, topology: Topology, model_name: str, seed: int, results_dir: str | Path,
+           devices_per_node: int | None = None) -> HttpBackend:
     """Backend factory used by ``create_backend("vllm-ascend", ...)``."""
     from pytest_afd.backends.vllm_ascend.backend import create_backend
 
-    return create_backend(topology=topology, model_name=model_name, seed=seed, results_dir=results_dir)
+    return create_backend(topology=topology, model_name=model_name, seed=seed,
+                          results_dir=results_dir, devices_per_node=devices_per_node)
 
 
 __all__ = [

@@ -163,11 +163,14 @@ def _describe(deployments: list[Deployment], source: str) -> dict[str, Any]:
 
 
 def attach_or_deploy(topology: Topology, model_name: str, environ: Mapping[str, str],
-                     results_dir: str | os.PathLike[str] | None) -> tuple[Any, dict[str, Any]]:
-    """(launcher, description facts) for attach or deploy-command mode."""
+                     results_dir: str | os.PathLike[str] | None, *,
+                     devices_per_node: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """(launcher, description facts) for attach or deploy-command mode; ``devices_per_node``
+    is the user's ``--afd-devices-per-node`` (the plans a deploy command gets are built for it)."""
     if environ.get(ENV_DEPLOY_COMMAND) and not (environ.get(ENV_DEPLOYMENTS)
                                                 or environ.get(ENV_ATTACH_URL)):
-        return _deploy_pool(topology, model_name, environ, results_dir)
+        devices = devices_per_node or _devices_per_node(environ)
+        return _deploy_pool(topology, model_name, environ, results_dir, devices)
     deployments, source = attached_deployments(environ)
     for item in deployments:
         require_reachable(item.url, source)
@@ -186,14 +189,15 @@ def _devices_per_node(environ: Mapping[str, str]) -> int:
     text = environ.get(ENV_DEVICES_PER_NODE, "").strip()
     if not text.isdigit() or int(text) < 1:
         raise DeploymentConfigError(
-            f"${ENV_DEPLOY_COMMAND} needs ${ENV_DEVICES_PER_NODE} (the nodes' NPU count, for the "
-            f"plan it hands the command); got {text!r}")
+            f"${ENV_DEPLOY_COMMAND} needs the nodes' NPU count for the plans it hands the "
+            f"command: --afd-devices-per-node or ${ENV_DEVICES_PER_NODE} (got {text!r}); the "
+            "harness never assumes a default")
     return int(text)
 
 
 def _deploy_pool(topology: Topology, model_name: str, environ: Mapping[str, str],
-                 results_dir: str | os.PathLike[str] | None) -> tuple[DeployPool, dict[str, Any]]:
-    devices = _devices_per_node(environ)
+                 results_dir: str | os.PathLike[str] | None,
+                 devices: int) -> tuple[DeployPool, dict[str, Any]]:
     command = deploy_command(environ)
 
     def plan_for(settings: RunSettings) -> dict[str, Any]:

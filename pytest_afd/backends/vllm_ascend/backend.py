@@ -127,7 +127,7 @@ def npu_smi_list() -> str:
     return completed.stdout + completed.stderr
 
 
-def devices_per_node(environ: Mapping[str, str], smi_text: str = "") -> int:
+def node_device_count(environ: Mapping[str, str], smi_text: str = "") -> int:
     if environ.get(ENV_DEVICES_PER_NODE):
         return int(environ[ENV_DEVICES_PER_NODE])
     count = npu_count_from_smi(smi_text)
@@ -201,7 +201,10 @@ def local_launcher(topology: Topology, *, model: str, devices: int, log_dir: Pat
 
 
 def create_backend(*, topology: Topology, model_name: str, seed: int, results_dir: str | Path,
-                   environ: Mapping[str, str] | None = None) -> HttpBackend | WorkerEvidenceBackend:
+                   environ: Mapping[str, str] | None = None,
+                   devices_per_node: int | None = None) -> HttpBackend | WorkerEvidenceBackend:
+    """``devices_per_node``: the user's ``--afd-devices-per-node`` (None: ``$AFD_DEVICES_PER_NODE``,
+    then ``npu-smi`` when launching; a deploy command needs one of the first two)."""
     environ = os.environ if environ is None else environ
     describe: dict[str, Any] = {"model": {"name": model_name}, "seed": seed,
                                 "topology": topology.canonical}
@@ -209,7 +212,8 @@ def create_backend(*, topology: Topology, model_name: str, seed: int, results_di
     if environ.get(ENV_SERVER_URL) or environ.get(ENV_DEPLOYMENTS) or environ.get(ENV_DEPLOY_COMMAND):
         # A cluster deployment's API key, from the variable its plan reads (never logged).
         api_key = environ.get(API_KEY_ENV) or None
-        launcher, facts = attach_or_deploy(topology, model_name, environ, results_dir)
+        launcher, facts = attach_or_deploy(topology, model_name, environ, results_dir,
+                                           devices_per_node=devices_per_node)
         describe.update(facts)
         describe["model"] = {"name": model_name, **facts.get("model", {})}
     else:
@@ -218,7 +222,7 @@ def create_backend(*, topology: Topology, model_name: str, seed: int, results_di
             raise BackendUnavailable(f"{BACKEND_NAME}: cannot launch servers here: "
                                      f"{'; '.join(missing)}. Or {HINT}.")
         smi_text = npu_smi_list()
-        devices = devices_per_node(environ, smi_text)
+        devices = devices_per_node or node_device_count(environ, smi_text)
         device_type = npu_product_from_smi(smi_text)
         if device_type is not None:
             describe["device_type"] = device_type

@@ -31,7 +31,8 @@ from pytest_afd.backends.vllm_ascend.plan import (
     RoleShape,
     has_flag,
 )
-from pytest_afd.topology import Topology
+from pytest_afd.model_fit import DEEPSEEK_V3_2, experts_error, heads_error
+from pytest_afd.topology import RolePart, Topology
 
 # RFC 1123 host names: dot-separated labels of letters, digits and inner hyphens.
 _HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
@@ -208,3 +209,43 @@ def validate_plan(plan: LaunchPlan) -> None:
         raise LaunchPlanError(f"the afd objects differ across processes beyond 'role': {sorted(afd_objects)}")
 
 
+# -- role shapes ----------------------------------------------------------------
+
+def _reject_dims(part: RolePart, role: str, dims: Sequence[str], why: str) -> None:
+    for dim in dims:
+        if part.size(dim) > 1:
+            raise LaunchPlanError(f"{role} part {part.spec!r}: {dim}{part.size(dim)} {why}")
+
+
+def attention_shape(part: RolePart, role: str) -> RoleShape:
+    """The Attention (or baseline) role's shape; dims vLLM-Ascend cannot launch are refused."""
+    _reject_dims(part, role, ("cp",), "shares the TP group; vLLM-Ascend has no such flag (use pcp)")
+    _reject_dims(part, role, ("dcp",), "is rejected by CAM async and not part of prefill launch plans")
+    if role == ROLE_ATTENTION:
+        _reject_dims(part, role, ("pp",), "is not supported with an AFD connector")
+    else:
+        _reject_dims(part, role, ("pp",), "needs a PP launch recipe, which is not frozen yet (Stage F)")
+    tp = max(part.size("tp"), part.size("sp"))
+    error = heads_error(DEEPSEEK_V3_2, tp, f"{role} part {part.spec!r}")
+    if error is not None:
+        raise LaunchPlanError(error)
+    shape = RoleShape(role, part.size("dp"), tp, part.size("pcp"), part.size("sp") > 1)
+    ep = part.size("ep")
+    if ep > 1 and ep != part.ranks:
+        raise LaunchPlanError(
+            f"{role} part {part.spec!r}: ep{ep} != its {part.ranks} ranks; vLLM's "
+            "--enable-expert-parallel spreads experts over all dp*tp*pcp ranks"
+        )
+    return shape
+
+
+def ffn_shape(part: RolePart) -> RoleShape:
+    """The FFN role's shape: TP replicas over its ranks, which must hold whole experts."""
+    _reject_dims(part, ROLE_FFN, ("pcp", "dcp", "cp", "pp"), "has no meaning on the FFN side")
+    tp = max(part.size("tp"), part.size("sp"))
+    if part.ranks % tp:
+        raise LaunchPlanError(f"ffn part {part.spec!r}: {part.ranks} ranks are not a multiple of tp{tp}")
+    error = experts_error(DEEPSEEK_V3_2, part.ranks, f"ffn part {part.spec!r}")
+    if error is not None:  # the FFN ranks hold the experts, with or without an ep dim
+        raise LaunchPlanError(error)
+    return RoleShape(ROLE_FFN, part.ranks // tp, tp, 1, False)

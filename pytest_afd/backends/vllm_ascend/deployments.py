@@ -29,7 +29,6 @@ Every deployment is probed at start: one that does not answer raises
 
 from __future__ import annotations
 
-import dataclasses
 import http.client
 import json
 import os
@@ -43,7 +42,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pytest_afd.backends.base import CapabilityMissing, RunSettings
+from pytest_afd.backends.base import CapabilityMissing, RunSettings, run_settings_from
 from pytest_afd.serving.http_backend import AttachedServer, server_side_settings
 
 ENV_DEPLOYMENTS = "AFD_ASCEND_DEPLOYMENTS"
@@ -89,14 +88,12 @@ def key_text(key: Mapping[str, Any]) -> str:
 
 def settings_from(value: Any, where: str) -> RunSettings:
     """RunSettings from a JSON object (only the launch fields are kept)."""
-    if not isinstance(value, Mapping):
-        raise DeploymentConfigError(f"{where}: settings must be a JSON object, got {value!r}")
-    known = {item.name for item in dataclasses.fields(RunSettings)}
-    unknown = sorted(set(value) - known)
-    if unknown:
-        raise DeploymentConfigError(f"{where}: unknown RunSettings fields {unknown}")
     try:
-        return server_side_settings(RunSettings(**value), LAUNCH_FIELDS)
+        settings = run_settings_from(value, where)
+    except ValueError as error:
+        raise DeploymentConfigError(str(error)) from None
+    try:
+        return server_side_settings(settings, LAUNCH_FIELDS)
     except (TypeError, ValueError) as error:
         raise DeploymentConfigError(f"{where}: {error}") from None
 

@@ -23,9 +23,11 @@ from typing import Any
 
 from pytest_afd.backends.vllm_ascend import recipe
 from pytest_afd.backends.vllm_ascend.checks import (
+    attention_shape,
     check_addresses,
     check_api_key,
     check_options,
+    ffn_shape,
     resolve_split,
     validate_plan,
 )
@@ -61,55 +63,14 @@ from pytest_afd.backends.vllm_ascend.plan import (  # noqa: F401  (re-exported)
     flag_values,
     has_flag,
 )
-from pytest_afd.model_fit import DEEPSEEK_V3_2, experts_error, heads_error
 from pytest_afd.profiling import cli_launch as profile_cli
 from pytest_afd.topology import (
     DEFAULT_DEVICES_PER_NODE,
     RankInfo,
-    RolePart,
     Topology,
     TopologyError,
     parse_topology,
 )
-
-
-def _reject_dims(part: RolePart, role: str, dims: Sequence[str], why: str) -> None:
-    for dim in dims:
-        if part.size(dim) > 1:
-            raise LaunchPlanError(f"{role} part {part.spec!r}: {dim}{part.size(dim)} {why}")
-
-
-def _attention_shape(part: RolePart, role: str) -> RoleShape:
-    _reject_dims(part, role, ("cp",), "shares the TP group; vLLM-Ascend has no such flag (use pcp)")
-    _reject_dims(part, role, ("dcp",), "is rejected by CAM async and not part of prefill launch plans")
-    if role == ROLE_ATTENTION:
-        _reject_dims(part, role, ("pp",), "is not supported with an AFD connector")
-    else:
-        _reject_dims(part, role, ("pp",), "needs a PP launch recipe, which is not frozen yet (Stage F)")
-    tp = max(part.size("tp"), part.size("sp"))
-    error = heads_error(DEEPSEEK_V3_2, tp, f"{role} part {part.spec!r}")
-    if error is not None:
-        raise LaunchPlanError(error)
-    shape = RoleShape(role, part.size("dp"), tp, part.size("pcp"), part.size("sp") > 1)
-    ep = part.size("ep")
-    if ep > 1 and ep != part.ranks:
-        raise LaunchPlanError(
-            f"{role} part {part.spec!r}: ep{ep} != its {part.ranks} ranks; vLLM's "
-            "--enable-expert-parallel spreads experts over all dp*tp*pcp ranks"
-        )
-    return shape
-
-
-def _ffn_shape(part: RolePart) -> RoleShape:
-    _reject_dims(part, ROLE_FFN, ("pcp", "dcp", "cp", "pp"), "has no meaning on the FFN side")
-    tp = max(part.size("tp"), part.size("sp"))
-    if part.ranks % tp:
-        raise LaunchPlanError(f"ffn part {part.spec!r}: {part.ranks} ranks are not a multiple of tp{tp}")
-    error = experts_error(DEEPSEEK_V3_2, part.ranks, f"ffn part {part.spec!r}")
-    if error is not None:  # the FFN ranks hold the experts, with or without an ep dim
-        raise LaunchPlanError(error)
-    return RoleShape(ROLE_FFN, part.ranks // tp, tp, 1, False)
-
 
 # -- building -----------------------------------------------------------------
 
@@ -295,9 +256,9 @@ def build_launch_plan(topology: Topology | str, options: LaunchOptions) -> Launc
             raise LaunchPlanError(str(error)) from error
     check_options(options)
     attention_role = ROLE_ATTENTION if topology.is_afd else ROLE_BASELINE
-    attention = _attention_shape(topology.attention, attention_role)
+    attention = attention_shape(topology.attention, attention_role)
     split = resolve_split(options, topology, attention)
-    shapes = [attention] if topology.ffn is None else [attention, _ffn_shape(topology.ffn)]
+    shapes = [attention] if topology.ffn is None else [attention, ffn_shape(topology.ffn)]
     layout = topology.rank_layout(options.devices_per_node)
     num_nodes = max(info.node for info in layout) + 1
     addresses = options.node_addresses

@@ -31,6 +31,7 @@ from afd_split.integrations.worker_evidence import (
     EvidenceSettings,
 )
 from pytest_afd.backends.base import PromptRequest, RunOutputs, RunSettings
+from pytest_afd.backends.vllm_ascend.request_join import join_requests
 
 STEP_FIELDS_REQUIRED = ("policy", "split_token", "ubatches", "imbalance", "ranks", "step")
 EXPERT_LOAD_FIELDS_REQUIRED = ("step", "ranks", "routing", "layers", "expert_per_rank",
@@ -49,10 +50,14 @@ class WorkerEvidence:
     @property
     def leader_records(self) -> list[dict[str, Any]]:
         """One record per step per DP replica (TP rank 0, PCP rank 0), in DP-rank order, its
-        per-step expert load joined over the replica's PCP ranks (``join_pcp_ranks``)."""
+        per-step expert load joined over the replica's PCP ranks (``join_pcp_ranks``).
+
+        Within a replica the lines stay in append order, which is step order: a server
+        that ran the case as several batches numbers each batch's steps from 0.
+        """
         leaders = [r for r in self.records
                    if r["ranks"]["tp_rank"] == 0 and r["ranks"]["pcp_rank"] == 0]
-        return join_pcp_ranks(sorted(leaders, key=lambda r: (r["ranks"]["dp_rank"], r["step"])),
+        return join_pcp_ranks(sorted(leaders, key=lambda r: r["ranks"]["dp_rank"]),
                               self.expert_load_records)
 
     @property
@@ -314,6 +319,8 @@ class WorkerEvidenceBackend:
         offsets = snapshot_offsets(self.directory)
         outputs = self._inner.run(prompts, settings)
         evidence = read_new_records(self.directory, offsets, max_read_bytes=self.max_read_bytes)
+        join_requests(evidence.records, [prompt.request_id for prompt in prompts],
+                      evidence.problems)
         joined = with_worker_evidence(outputs, evidence, settings.routing)
         self.last_problems = evidence.problems
         return joined
