@@ -146,8 +146,9 @@ def _compare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from pytest_afd.report import ReportError
-    from pytest_afd.report.compare import Side, render_comparison
+    from pytest_afd.report.compare_report import render_comparison
     from pytest_afd.report.noise import default_calibration_path, read_calibration
+    from pytest_afd.report.selection import Side
 
     if args.calibrate is not None:
         return _calibrate(args)

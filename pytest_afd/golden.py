@@ -22,16 +22,12 @@ the comparisons live in :mod:`pytest_afd.golden_compare`.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as _dt
-import fcntl
 import hashlib
-import io
 import json
-import os
 import re
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,11 +52,24 @@ from pytest_afd.golden_compare import (
     get_profile,
     to_numpy,
 )
-from pytest_afd.manifest import manifest_differences
+from pytest_afd.golden_files import (
+    GOLDEN_FORMATS,
+    GoldenCorruptError,
+    GoldenError,
+    GoldenManifestError,
+    GoldenManifestWarning,
+    GoldenMissingError,
+    GoldenProfileError,
+    check_sidecar_describes,
+    deserialize,
+    directory_lock,
+    manifest_body,
+    named_differences,
+    serialize,
+)
 from pytest_afd.results import atomic_write_bytes, atomic_write_json
 
 GOLDEN_FORMAT_VERSION = 1
-NPZ_KEY = "value"
 # What fixes a missing or corrupt golden: rerun with --afd-update-golden, or, for the
 # references a check phase reads, the record phase (docs/gates.md).
 UPDATE_GOLDEN_COMMAND = "--afd-update-golden"
@@ -68,10 +77,6 @@ RECORD_PHASE_COMMAND = ("the record phase (--afd-reference-phase record, against
                         "deployment, into the same --afd-golden-dir)")
 DEFAULT_PROFILE = "float32"
 """Profile of a save, or of a live-reference check, that names none."""
-LOCK_FILE_NAME = ".afd-golden.lock"
-LOCK_FILE_MODE = 0o644
-MANIFEST_DIFFERENCES_SHOWN = 8
-"""How many differing manifest fields a message lists (the count is always given)."""
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*$")
 
 __all__ = [
@@ -81,111 +86,6 @@ __all__ = [
     "GoldenMismatchError", "GoldenMissingError", "GoldenProfileError", "GoldenStore",
     "ToleranceProfile", "assert_matches", "check_metadata", "compare", "get_profile", "to_numpy",
 ]  # fmt: skip
-
-
-class GoldenError(Exception):
-    """Base of golden-store errors that are never a pass."""
-
-
-class GoldenMissingError(GoldenError):
-    """No golden stored under that name (record it with ``--afd-update-golden``)."""
-
-
-class GoldenCorruptError(GoldenError):
-    """The stored golden cannot be trusted (unreadable, checksum or sidecar mismatch)."""
-
-
-class GoldenProfileError(GoldenError):
-    """The check asked for another profile than the golden was recorded with."""
-
-
-class GoldenManifestError(GoldenError):
-    """``strict_manifest``: the golden was recorded under another manifest (fields named)."""
-
-
-class GoldenManifestWarning(UserWarning):
-    """The golden was recorded under another manifest; the message names the differing fields."""
-
-
-@contextlib.contextmanager
-def directory_lock(directory: Path, *, exclusive: bool) -> Iterator[None]:
-    """``flock`` on the store's lock file: exclusive for a save, shared for a load.
-
-    A reader that can neither open nor create the lock file (a read-only
-    checkout of recorded goldens) reads unlocked: nobody can write there either.
-    """
-    path = Path(directory) / LOCK_FILE_NAME
-    if exclusive:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW, LOCK_FILE_MODE)
-    except OSError:
-        if exclusive:
-            raise
-        fd = -1
-    try:
-        if fd >= 0:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        yield
-    finally:
-        if fd >= 0:
-            os.close(fd)  # closing releases the lock
-
-
-def _manifest_body(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in manifest.items() if key != "digest"}
-
-
-def _named_differences(recorded: Mapping[str, Any] | None, current: Mapping[str, Any] | None,
-                       recorded_digest: str, current_digest: str) -> str:
-    """``"N fields differ: /a/b (recorded x, this run y), ..."``, or the two digests when
-    either side's manifest is not stored (goldens recorded before manifests were kept)."""
-    if not isinstance(recorded, Mapping) or current is None:
-        return (f"manifest {recorded_digest} (its fields were not recorded) vs this run's "
-                f"{current_digest}")
-    differences = manifest_differences(_manifest_body(recorded), _manifest_body(current))
-    shown = ", ".join(f"{path} (recorded {old!r}, this run {new!r})"
-                      for path, old, new in differences[:MANIFEST_DIFFERENCES_SHOWN])
-    more = len(differences) - MANIFEST_DIFFERENCES_SHOWN
-    return (f"{len(differences)} manifest field(s) differ: {shown}"
-            + (f", and {more} more" if more > 0 else ""))
-
-
-GOLDEN_FORMATS = ("npz", "safetensors")
-
-
-def _serialize(array: np.ndarray, file_format: str) -> bytes:
-    if file_format == "safetensors":
-        from safetensors.numpy import save  # optional dependency, imported on use
-
-        return save({NPZ_KEY: np.ascontiguousarray(array)})
-    buffer = io.BytesIO()
-    np.savez(buffer, **{NPZ_KEY: array})
-    return buffer.getvalue()
-
-
-def _deserialize(data: bytes, file_format: str) -> np.ndarray:
-    if file_format == "safetensors":
-        from safetensors.numpy import load
-
-        return load(data)[NPZ_KEY]
-    with np.load(io.BytesIO(data), allow_pickle=False) as archive:
-        return archive[NPZ_KEY]
-
-
-def _check_sidecar_describes(
-    name: str, sidecar: dict[str, Any], array: np.ndarray, data_path: Path, record_with: str
-) -> None:
-    """The sidecar's dtype and shape must be the stored array's: a checksum alone cannot
-    tell a golden re-recorded from another tensor under a stale sidecar."""
-    recorded = {"dtype": sidecar.get("dtype"), "shape": sidecar.get("shape")}
-    stored = {"dtype": str(array.dtype), "shape": list(array.shape)}
-    for key, value in recorded.items():
-        if value != stored[key]:
-            raise GoldenCorruptError(
-                f"golden {name!r}: sidecar {key} {value!r} does not match {data_path}'s "
-                f"{stored[key]!r}; re-record with {record_with}"
-            )
 
 
 @dataclass
@@ -248,7 +148,7 @@ class GoldenStore:
         """
         prof = get_profile(profile)
         array = to_numpy(value)
-        payload = _serialize(array, self.file_format)
+        payload = serialize(array, self.file_format)
         data_path, json_path = self.paths(name)
         manifest = self._manifest()
         sidecar = {
@@ -263,7 +163,7 @@ class GoldenStore:
             "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(),
         }
         if manifest is not None:
-            sidecar["manifest"] = _manifest_body(manifest)
+            sidecar["manifest"] = manifest_body(manifest)
         if metadata is not None:
             sidecar["metadata"] = dict(metadata)
         with directory_lock(Path(self.directory), exclusive=True):
@@ -316,10 +216,10 @@ class GoldenStore:
                 f"{str(sidecar['sha256'])[:12]}… (edited or torn write); re-record with {self.record_with}"
             )
         try:
-            array = _deserialize(data, file_format)
+            array = deserialize(data, file_format)
         except Exception as exc:  # any reader failure means the file cannot be trusted
             raise GoldenCorruptError(f"golden {name!r}: cannot read {data_path}: {exc}") from exc
-        _check_sidecar_describes(name, sidecar, array, data_path, self.record_with)
+        check_sidecar_describes(name, sidecar, array, data_path, self.record_with)
         return array, sidecar
 
     def _recorded_profile(self, name: str, sidecar: Mapping[str, Any],
@@ -343,7 +243,7 @@ class GoldenStore:
         if not recorded_digest or not current_digest or recorded_digest == current_digest:
             return ""
         note = (f"golden {name!r} was recorded under another manifest: "
-                + _named_differences(sidecar.get("manifest"), self._manifest(),
+                + named_differences(sidecar.get("manifest"), self._manifest(),
                                      recorded_digest, current_digest))
         if self.strict_manifest:
             raise GoldenManifestError(note + "; re-record it with --afd-update-golden")

@@ -10,6 +10,7 @@ server log under the request id. See ``docs/serving.md``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -19,25 +20,23 @@ import time
 import uuid
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pytest_afd.backends.base import PromptRequest, RequestOutput
 from pytest_afd.serving.connections import WRITE_TIMEOUT_S, DeadlineReader, peer_closed
-from pytest_afd.serving.engine import EngineStopped, RequestAborted
+from pytest_afd.serving.engine import EngineStopped, PrefillEngine, RequestAborted
 from pytest_afd.serving.logprobs import MAX_NUM_LOGPROBS, completion_logprobs
 from pytest_afd.serving.requests import (
     INSTRUMENT_HEADER,
     INSTRUMENT_ON,
     PREFILL_MAX_TOKENS,
     BadRequest,
+    ServingLimits,
     check_prompt,
     parse_completion_request,
     parse_json_body,
     read_body,
 )
-
-if TYPE_CHECKING:
-    from pytest_afd.serving.server import AfdHTTPServer
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SSE_DONE = b"data: [DONE]\n\n"
@@ -45,6 +44,24 @@ SSE_DONE = b"data: [DONE]\n\n"
 MAX_CLIENT_ERROR_CHARS = 300
 # An absolute path (a source file, a checkout) in an error text: never sent to clients.
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:[\w.+~-]+/)+[\w.+~-]*")
+
+
+class HandlerServer(Protocol):
+    """What the handler needs of its server (``server.AfdHTTPServer``), so the two
+    modules meet here instead of importing each other."""
+
+    limits: ServingLimits
+    engine: PrefillEngine
+    served_model_name: str
+    stopping: bool
+
+    @property
+    def schedulable_prompt_tokens(self) -> int: ...
+
+    def metrics_text(self) -> str: ...
+
+    def answering(self) -> contextlib.AbstractContextManager[None]: ...
+
 RETRY_AFTER_S = "5"
 
 
@@ -104,7 +121,7 @@ def with_logprobs(choice: dict[str, Any], output: RequestOutput, k: int | None) 
 
 
 class Handler(BaseHTTPRequestHandler):
-    server: AfdHTTPServer  # type: ignore[assignment]
+    server: HandlerServer  # type: ignore[assignment]
     protocol_version = "HTTP/1.1"
 
     def setup(self) -> None:

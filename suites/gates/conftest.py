@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from gate_case import GateCase
 from gate_lib import (
     CPU_BACKEND,
     SUPPORTED_CPU_TOPOLOGIES,
@@ -153,3 +154,10 @@ def gate_references(
     """``--afd-reference-phase`` (live, record or check) bound to the golden store."""
     return GateReferences(reference_phase(pytestconfig), golden, afd_options.model,
                           afd_options.backend)
+
+
+@pytest.fixture
+def gate_case(afd_results, gate_references: GateReferences, golden: GoldenStore,
+              afd_options: AfdOptions) -> GateCase:
+    """The comparison protocol every gate case runs (``gate_case.GateCase``)."""
+    return GateCase(afd_results, gate_references, golden, afd_options.seed)

@@ -22,16 +22,11 @@ from dataclasses import dataclass, replace
 import pytest
 from gate_lib import (
     SPLIT_POLICY,
-    TOLERANCE_PROFILES,
     UNSPLIT_POLICY,
     PageScale,
     SplitStep,
     gate_settings,
-    judge,
     make_prompts,
-    record_gate_result,
-    record_reference_case,
-    run_measured,
     shape_unverified,
     split_steps,
     step_derived,
@@ -143,85 +138,50 @@ WORKLOADS = (
 @pytest.mark.gate
 @pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.name)
 def test_gate_1_token_balanced_matches_unsplit(
-    gate_topology_obj,
-    gate_quantization,
-    gate_backend,
-    gate_manifest,
-    gate_pages,
-    workload,
-    golden,
-    gate_references,
-    afd_results,
-    afd_options,
+    gate_topology_obj, gate_quantization, gate_backend, gate_manifest, gate_pages, workload,
+    gate_case, afd_options,
 ):
-    topology = gate_topology_obj
-    quantization = gate_quantization
-    profile = TOLERANCE_PROFILES[quantization]
     settings = gate_settings(
-        topology,
+        gate_topology_obj,
         gate_pages,
         split_policy=SPLIT_POLICY,
-        quantization=quantization,
+        quantization=gate_quantization,
         chunk_size=gate_pages.tokens(workload.chunk_size),
         prefix_caching=bool(workload.shared_prefix),
         max_num_seqs=workload.max_num_seqs or RunSettings.max_num_seqs,
     )
     prompts, seeds = workload.prompts(afd_options.seed, gate_pages)
-    stored = gate_references.name(f"gate1/{workload.name}", topology.canonical, quantization)
-    if gate_references.recording:
-        record_reference_case(
-            afd_results, gate_references, stored, gate_backend, prompts, settings,
-            manifest=gate_manifest,
-            topology=topology, gate={"gate": 1, "case": workload.name},
-            dataset=f"gate1/{workload.name}", seed=afd_options.seed,
-        )  # fmt: skip
+    run = gate_case.run(
+        gate=1, case=workload.name, name=f"gate1/{workload.name}",
+        dataset=f"gate1/{workload.name}", backend=gate_backend, manifest=gate_manifest,
+        topology=gate_topology_obj, quantization=gate_quantization, prompts=prompts,
+        settings=settings, seed_prompts=seeds,
+        reference_settings=replace(settings, split_policy=UNSPLIT_POLICY),
+        reference_seed_prompts=seeds,
+        live_reference="same prompts, schedule and cached prefix with split_policy=none",
+    )  # fmt: skip
+    if run is None:  # the reference phase
         return
-    candidate, splits = run_measured(
-        gate_backend, prompts, settings, seed_prompts=seeds,
-        seed_split=gate_references.seed_split(settings),
-    )
-    if gate_references.checking:
-        reference = gate_references.load(stored, prompts, settings)
-    else:
-        reference, _ = run_measured(
-            gate_backend, prompts, replace(settings, split_policy=UNSPLIT_POLICY),
-            seed_prompts=seeds,
-        )  # fmt: skip
-    lengths = [p.num_prompt_tokens for p in prompts]
-    steps = split_steps(candidate, lengths)
-    verdict = judge(golden, f"gate1/{workload.name}", candidate, reference, profile, splits)
+    candidate, reference = run.candidate, run.reference
+    steps = split_steps(candidate, [p.num_prompt_tokens for p in prompts])
     unverified = shape_unverified(candidate)
     shape_problem = None if unverified else workload.expect(steps, candidate)
     count_problems = steps_count_problems(candidate.steps, workload.name)
-    record_gate_result(
-        afd_results,
-        manifest=gate_manifest,
-        settings=settings,
-        topology=topology,
-        prompts=prompts,
-        outputs=candidate,
-        dataset=f"gate1/{workload.name}",
-        seed=afd_options.seed,
-        gate={
-            "gate": 1,
-            "case": workload.name,
-            "reference": gate_references.describe(stored) if gate_references.checking
-            else "same prompts, schedule and cached prefix with split_policy=none",
-            "split_forwards": step_derived(candidate, len(steps)),
-            "split_shapes": step_derived(candidate, [step.__dict__ for step in steps]),
-            "shape_problem": shape_problem,
-            "shape_unverified": unverified,
-            "step_count_problems": count_problems,
-            "verdict": verdict.to_json(),
-        },
+    gate_case.record(
+        run,
+        split_forwards=step_derived(candidate, len(steps)),
+        split_shapes=step_derived(candidate, [step.__dict__ for step in steps]),
+        shape_problem=shape_problem,
+        shape_unverified=unverified,
+        step_count_problems=count_problems,
     )
-    if gate_references.live:  # a stored reference is uncached by definition
+    if gate_case.live:  # a stored reference is uncached by definition
         assert [r.num_cached_tokens for r in candidate.requests] == [
             r.num_cached_tokens for r in reference.requests
         ], "candidate and reference must start from the same cached prefix"
     assert shape_problem is None, f"{workload.name}: {shape_problem}"
     assert not count_problems, count_problems
-    verdict.raise_if_rejected()
+    run.verdict.raise_if_rejected()
 
 
 # ---- the AFD topology: Attention and FFN as separate processes ------------------------
@@ -239,7 +199,7 @@ AFD_WORKLOADS = tuple(
 @pytest.mark.gate
 @pytest.mark.parametrize("workload", AFD_WORKLOADS, ids=lambda w: w.name)
 def test_gate_1_afd_runtime_split_matches_unsplit(
-    gate_afd_topology, gate_backends, gate_pages, workload, golden, afd_results, afd_options
+    gate_afd_topology, gate_backends, gate_pages, workload, gate_case, afd_options
 ):
     """The token split on separate Attention/FFN processes vs the unsplit in-process forward.
 
@@ -260,36 +220,29 @@ def test_gate_1_afd_runtime_split_matches_unsplit(
         afd_processes=True,
     )
     prompts, seeds = workload.prompts(afd_options.seed, gate_pages)
-    candidate, splits = run_measured(backend, prompts, settings, seed_prompts=seeds)
-    reference, _ = run_measured(
-        backend, prompts, replace(settings, split_policy=UNSPLIT_POLICY, afd_processes=False),
-        seed_prompts=seeds,
+    # No stored reference: the reference is another deployment (in-process), live in any phase.
+    run = gate_case.run(
+        gate=1, case=workload.name, name=f"gate1/afd/{workload.name}",
+        dataset=f"gate1/afd/{workload.name}", backend=backend,
+        manifest=gate_backends.manifest(gate_afd_topology), topology=topology,
+        quantization=settings.quantization, profile="float32", prompts=prompts,
+        settings=settings, seed_prompts=seeds, stored=False,
+        reference_settings=replace(settings, split_policy=UNSPLIT_POLICY, afd_processes=False),
+        reference_seed_prompts=seeds,
+        live_reference="in-process direct whole-batch forward (split_policy=none), same "
+        "prompts, schedule and cached prefix",
     )  # fmt: skip
+    candidate = run.candidate
     steps = split_steps(candidate, [p.num_prompt_tokens for p in prompts])
-    verdict = judge(golden, f"gate1/afd/{workload.name}", candidate, reference, "float32", splits)
     shape_problem = workload.expect(steps, candidate)
     count_problems = steps_count_problems(candidate.steps, f"afd/{workload.name}")
     count_problems += agreement_problems(candidate.steps, f"afd/{workload.name}")
-    record_gate_result(
-        afd_results,
-        manifest=gate_backends.manifest(gate_afd_topology),
-        settings=settings,
-        topology=topology,
-        prompts=prompts,
-        outputs=candidate,
-        dataset=f"gate1/afd/{workload.name}",
-        seed=afd_options.seed,
-        gate={
-            "gate": 1,
-            "case": workload.name,
-            "reference": "in-process direct whole-batch forward (split_policy=none), same "
-            "prompts, schedule and cached prefix",
-            "split_shapes": [step.__dict__ for step in steps],
-            "shape_problem": shape_problem,
-            "step_count_problems": count_problems,
-            "verdict": verdict.to_json(),
-        },
+    gate_case.record(
+        run,
+        split_shapes=[step.__dict__ for step in steps],
+        shape_problem=shape_problem,
+        step_count_problems=count_problems,
     )
     assert shape_problem is None, f"{workload.name}: {shape_problem}"
     assert not count_problems, count_problems
-    verdict.raise_if_rejected()
+    run.verdict.raise_if_rejected()

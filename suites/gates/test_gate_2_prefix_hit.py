@@ -14,15 +14,10 @@ from dataclasses import dataclass, replace
 import pytest
 from gate_lib import (
     SPLIT_POLICY,
-    TOLERANCE_PROFILES,
     UNSPLIT_POLICY,
     PageScale,
     gate_settings,
-    judge,
     make_prompts,
-    record_gate_result,
-    record_reference_case,
-    run_measured,
 )
 
 from pytest_afd.backends.base import PromptRequest
@@ -77,73 +72,39 @@ WORKLOADS = (
 @pytest.mark.gate
 @pytest.mark.parametrize("workload", WORKLOADS, ids=lambda w: w.name)
 def test_gate_2_prefix_hit_matches_uncached(
-    gate_topology_obj,
-    gate_quantization,
-    gate_backend,
-    gate_manifest,
-    gate_pages,
-    workload,
-    golden,
-    gate_references,
-    afd_results,
-    afd_options,
+    gate_topology_obj, gate_quantization, gate_backend, gate_manifest, gate_pages, workload,
+    gate_case, afd_options,
 ):
-    topology = gate_topology_obj
-    profile = TOLERANCE_PROFILES[gate_quantization]
     settings = gate_settings(
-        topology,
+        gate_topology_obj,
         gate_pages,
         split_policy=SPLIT_POLICY,
         quantization=gate_quantization,
         prefix_caching=True,
     )
     prompts, seeds = workload.prompts(afd_options.seed, gate_pages)
-    stored = gate_references.name(f"gate2/{workload.name}", topology.canonical, gate_quantization)
-    if gate_references.recording:
-        record_reference_case(
-            afd_results, gate_references, stored, gate_backend, prompts, settings,
-            manifest=gate_manifest,
-            topology=topology, gate={"gate": 2, "case": workload.name},
-            dataset=f"gate2/{workload.name}", seed=afd_options.seed,
-        )  # fmt: skip
-        return
-    warm, splits = run_measured(
-        gate_backend, prompts, settings, seed_prompts=seeds,
-        seed_split=gate_references.seed_split(settings),
-    )
-    if gate_references.checking:
-        uncached = gate_references.load(stored, prompts, settings)
-    else:
+    run = gate_case.run(
+        gate=2, case=workload.name, name=f"gate2/{workload.name}",
+        dataset=f"gate2/{workload.name}", backend=gate_backend, manifest=gate_manifest,
+        topology=gate_topology_obj, quantization=gate_quantization, prompts=prompts,
+        settings=settings, seed_prompts=seeds,
         # The reference is cold AND unsplit: a direct whole-batch forward per step.
-        uncached, _ = run_measured(
-            gate_backend, prompts,
-            replace(settings, prefix_caching=False, split_policy=UNSPLIT_POLICY),
-        )
+        reference_settings=replace(settings, prefix_caching=False, split_policy=UNSPLIT_POLICY),
+        live_reference="same prompts, cold (prefix caching off), unsplit direct forward",
+    )  # fmt: skip
+    if run is None:  # the reference phase
+        return
+    warm, uncached = run.candidate, run.reference
     hits = [r.num_cached_tokens for r in warm.requests]
     missing = [prompts[i].request_id for i in workload.expected_hits() if hits[i] <= 0]
-    verdict = judge(golden, f"gate2/{workload.name}", warm, uncached, profile, splits)
-    record_gate_result(
-        afd_results,
-        manifest=gate_manifest,
-        settings=settings,
-        topology=topology,
-        prompts=prompts,
-        outputs=warm,
-        dataset=f"gate2/{workload.name}",
-        seed=afd_options.seed,
-        gate={
-            "gate": 2,
-            "case": workload.name,
-            "reference": gate_references.describe(stored) if gate_references.checking
-            else "same prompts, cold (prefix caching off), unsplit direct forward",
-            "realized_hit_tokens": hits,
-            "reference_hit_tokens": [r.num_cached_tokens for r in uncached.requests],
-            "requests_without_expected_hit": missing,
-            "verdict": verdict.to_json(),
-        },
+    gate_case.record(
+        run,
+        realized_hit_tokens=hits,
+        reference_hit_tokens=[r.num_cached_tokens for r in uncached.requests],
+        requests_without_expected_hit=missing,
     )
     assert sum(hits) > 0 and not missing, (
         f"the warm run realized hits {hits}; {missing} should have hit the seeded prefix"
     )
     assert all(r.num_cached_tokens == 0 for r in uncached.requests), "the reference was not cold"
-    verdict.raise_if_rejected()
+    run.verdict.raise_if_rejected()

@@ -17,13 +17,10 @@ from gate_lib import (
     QUANT_NONE,
     QUANT_W8A8,
     SPLIT_POLICY,
-    TOLERANCE_PROFILES,
     UNSPLIT_POLICY,
     PageScale,
     gate_settings,
-    judge,
     make_prompts,
-    record_gate_result,
     run_measured,
 )
 
@@ -100,8 +97,8 @@ def references(full_backend, gate_pages, afd_options):
 @pytest.mark.parametrize("quantization", (QUANT_NONE, QUANT_W8A8))
 @pytest.mark.parametrize("candidate", sorted(CANDIDATES))
 def test_gate_4_full_natural_greedy_tokens_match_unsplit(
-    full_backend, references, gate_backends, gate_pages, candidate, quantization, golden,
-    afd_results, afd_options,
+    full_backend, references, gate_backends, gate_pages, candidate, quantization, gate_case,
+    afd_options,
 ):
     topology = afd_options.topology
     prompts, reference_for = references
@@ -113,32 +110,23 @@ def test_gate_4_full_natural_greedy_tokens_match_unsplit(
         chunk_size=gate_pages.tokens(CANDIDATES[candidate]),
     )
     assert settings.routing == NATURAL_ROUTING and not settings.synthetic
-    outputs, splits = run_measured(full_backend, prompts, settings)
-    reference = reference_for(quantization)
-    verdict = judge(
-        golden, f"gate4/{candidate}", outputs, reference, TOLERANCE_PROFILES[quantization], splits
-    )
-    record_gate_result(
-        afd_results,
-        manifest=gate_backends.manifest(afd_options.topology.canonical, FULL_MODEL),
-        settings=settings,
-        topology=topology,
-        prompts=prompts,
-        outputs=outputs,
-        dataset="gate4/fixed-prompt-set",
+    # No stored reference: the module's unsplit full-model run, computed once per quantization.
+    run = gate_case.run(
+        gate=4, case=candidate, name=f"gate4/{candidate}", dataset="gate4/fixed-prompt-set",
+        backend=full_backend, manifest=gate_backends.manifest(topology.canonical, FULL_MODEL),
+        topology=topology, quantization=quantization, prompts=prompts, settings=settings,
+        reference_source=lambda: reference_for(quantization), stored=False,
         seed=afd_options.seed + PROMPT_SET_SEED_OFFSET,
-        gate={
-            "gate": 4,
-            "case": candidate,
-            "model": FULL_MODEL,
-            "routing": settings.routing,
-            "reference": "same full model and prompts, unsplit and unchunked, natural routing",
-            "next_tokens": [r.next_token for r in outputs.requests],
-            "reference_top2_margins": top2_margins(reference),
-            "reference_next_tokens": [r.next_token for r in reference.requests],
-            "split_forwards": splits.num_split,
-            "verdict": verdict.to_json(),
-        },
+        live_reference="same full model and prompts, unsplit and unchunked, natural routing",
+    )  # fmt: skip
+    outputs, reference, splits, verdict = run.candidate, run.reference, run.splits, run.verdict
+    gate_case.record(
+        run,
+        lead={"model": FULL_MODEL, "routing": settings.routing},
+        next_tokens=[r.next_token for r in outputs.requests],
+        reference_top2_margins=top2_margins(reference),
+        reference_next_tokens=[r.next_token for r in reference.requests],
+        split_forwards=splits.num_split,
     )
     assert splits.num_split > 0 or not splits.active, "no forward was split"
     assert not verdict.violations, verdict.violations

@@ -6,7 +6,7 @@ import pytest
 from afd_runtime_helpers import SEED, make_batch, plan_for
 
 from pytest_afd.backends.cpu.afd import AfdRuntime
-from pytest_afd.backends.cpu.afd.runtime import allowed_cores, cpu_affinity
+from pytest_afd.backends.cpu.afd.cores import allowed_cores, cpu_affinity
 
 
 def test_cpu_affinity_is_round_robin_over_allowed_cores():

@@ -85,15 +85,14 @@ def test_gate_skip_reasons_name_what_differs(tmp_path):
     assert "--npu-topology dp3pcp8-ep8 (this session" not in output
 
 
-def test_worker_counts_reach_the_controller_under_xdist(pytester, no_deployment):
-    """A stand-in backend run in each xdist worker is counted once, in the controller."""
-    pytest.importorskip("xdist")
-    pytester.makeconftest('''
-from pytest_afd.backends.base import RequestOutput, RunOutputs
+STAND_IN_CONFTEST = '''
+from pytest_afd.backends.base import RunOutputs
 from pytest_afd.serving.http_backend import HttpBackend
 
 
-class CountingBackend(HttpBackend):
+class StandInBackend(HttpBackend):
+    """Counts as the harness's own CPU server standing in (it says device cpu)."""
+
     def __init__(self):
         super().__init__("vllm-ascend", frozenset(), launcher=None)
 
@@ -115,8 +114,14 @@ class CountingBackend(HttpBackend):
 
 
 def pytest_afd_create_backend(config, name, topology, model_name, seed, results_dir):
-    return CountingBackend()
-''')
+    return StandInBackend()
+'''
+
+
+def test_worker_counts_reach_the_controller_under_xdist(pytester, no_deployment):
+    """A stand-in backend run in each xdist worker is counted once, in the controller."""
+    pytest.importorskip("xdist")
+    pytester.makeconftest(STAND_IN_CONFTEST)
     pytester.makepyfile("""
 import pytest
 
@@ -131,34 +136,6 @@ def test_runs_once(afd_backend, case):
     assert summary_of(pytester)["hardware"]["cases_on_stand_in"] == 4
 
 
-STAND_IN_CONFTEST = '''
-from pytest_afd.backends.base import RunOutputs
-from pytest_afd.serving.http_backend import HttpBackend
-
-
-class StandInBackend(HttpBackend):
-    """Counts as the harness's own CPU server standing in (it says device cpu)."""
-
-    def __init__(self):
-        super().__init__("vllm-ascend", frozenset(), launcher=None)
-
-    def run(self, prompts, settings):
-        self.completed_runs += 1
-        return RunOutputs(requests=[])
-
-    def stand_in_device(self):
-        return "cpu"
-
-    def describe(self):
-        return {}
-
-    def close(self):
-        pass
-
-
-def pytest_afd_create_backend(config, name, topology, model_name, seed, results_dir):
-    return StandInBackend()
-'''
 PHASE_CASES = '''
 import os
 import pytest

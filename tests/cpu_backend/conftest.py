@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from cpu_runner import PCP_LENGTHS, Runner, make_prompts
 
 from pytest_afd.backends.cpu import build_model, named_config
 
@@ -16,3 +17,16 @@ def reduced_model():
 def sparse_model():
     """Reduced model whose indexer selects 48 keys, so short prompts exercise sparse attention."""
     return build_model(named_config("reduced", index_topk=48), seed=0)
+
+
+@pytest.fixture(scope="session")
+def pcp_prompts():
+    """The PCP tests' prompts (``PCP_LENGTHS``)."""
+    return make_prompts(PCP_LENGTHS)
+
+
+@pytest.fixture(scope="session")
+def pcp_unsplit(reduced_model, pcp_prompts):
+    """The unsplit run every PCP split and seeded PCP fault is compared with (run once)."""
+    out, _ = Runner(reduced_model).whole(pcp_prompts)
+    return out

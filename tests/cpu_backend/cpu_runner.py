@@ -11,6 +11,8 @@ from afd_split.checks.metadata import BatchMetadata
 from pytest_afd.backends.cpu import BlockPool, Executor, PagedKVCache
 
 SMALL_BLOCK = 16
+PCP_LENGTHS = [150, 37, 260]
+"""The PCP tests' batch: token_balanced cuts inside a request, off the PCP unit for pcp=2."""
 
 
 def make_prompts(lengths, seed=0, vocab=2048):

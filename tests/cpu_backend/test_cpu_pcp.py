@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from cpu_runner import Runner, make_prompts
+from cpu_runner import Runner
 
 from afd_split import SplitConstraints
 from afd_split.engine.rows import gather_ubatch_rows
@@ -16,38 +16,27 @@ from afd_split.pcp import stage as pcp_stage
 from pytest_afd.backends.cpu.pcp import PcpEmulation
 from pytest_afd.faults import PCP_ROW_FAULTS, get_fault
 
-LENGTHS = [150, 37, 260]
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    return make_prompts(LENGTHS)
-
-
-@pytest.fixture(scope="module")
-def unsplit(reduced_model, prompts):
-    out, _ = Runner(reduced_model).whole(prompts)
-    return out
-
 
 @pytest.mark.parametrize("pcp", [2, 8])
-def test_pcp_split_cut_inside_a_request_matches_unsplit(reduced_model, prompts, unsplit, pcp):
-    out, plan = Runner(reduced_model).whole(prompts, "token_balanced",
+def test_pcp_split_cut_inside_a_request_matches_unsplit(reduced_model, pcp_prompts, pcp_unsplit,
+                                                        pcp):
+    out, plan = Runner(reduced_model).whole(pcp_prompts, "token_balanced",
                                             SplitConstraints(pcp_size=pcp))
     assert plan.boundary_request is not None  # the cut is inside a request
-    torch.testing.assert_close(out.last_logits, unsplit.last_logits)
+    torch.testing.assert_close(out.last_logits, pcp_unsplit.last_logits)
 
 
-def test_a_wrong_restore_index_is_caught_by_the_outputs(reduced_model, prompts, unsplit,
-                                                        monkeypatch):
+def test_a_wrong_restore_index_is_caught_by_the_outputs(reduced_model, pcp_prompts,
+                                                        pcp_unsplit, monkeypatch):
     honest = pcp_stage.ZigzagLayout.allgather_restore_idx.fget
 
     def shifted(layout):  # fault: every restored row one place off
         return np.roll(honest(layout), 1)
 
     monkeypatch.setattr(pcp_stage.ZigzagLayout, "allgather_restore_idx", property(shifted))
-    out, _ = Runner(reduced_model).whole(prompts, "token_balanced", SplitConstraints(pcp_size=2))
-    assert not torch.allclose(out.last_logits, unsplit.last_logits, atol=1e-3)
+    out, _ = Runner(reduced_model).whole(pcp_prompts, "token_balanced",
+                                         SplitConstraints(pcp_size=2))
+    assert not torch.allclose(out.last_logits, pcp_unsplit.last_logits, atol=1e-3)
 
 
 def _batch(lengths, computed):
@@ -103,21 +92,22 @@ def _position_off_by_one(relayout):
     return replace(relayout, stage_positions=positions)
 
 
-def test_a_wrong_relaid_position_is_caught_by_the_outputs(reduced_model, prompts, unsplit,
-                                                          monkeypatch):
+def test_a_wrong_relaid_position_is_caught_by_the_outputs(reduced_model, pcp_prompts,
+                                                          pcp_unsplit, monkeypatch):
     """Fault injection in the glue, on every rank: one relaid row's position off by one."""
     honest = pcp_relayout.all_rank_relayouts
     monkeypatch.setattr("pytest_afd.backends.cpu.pcp.all_rank_relayouts",
                         lambda plan, computed: [_position_off_by_one(relayout)
                                                 for relayout in honest(plan, computed)])
-    out, _ = Runner(reduced_model).whole(prompts, "token_balanced", SplitConstraints(pcp_size=2))
-    assert not torch.allclose(out.last_logits, unsplit.last_logits, atol=1e-3)
+    out, _ = Runner(reduced_model).whole(pcp_prompts, "token_balanced",
+                                         SplitConstraints(pcp_size=2))
+    assert not torch.allclose(out.last_logits, pcp_unsplit.last_logits, atol=1e-3)
 
 
 @pytest.mark.parametrize("name", PCP_ROW_FAULTS)
-def test_the_seeded_relayout_faults_are_caught_by_the_outputs(reduced_model, prompts, unsplit,
-                                                              name):
+def test_the_seeded_relayout_faults_are_caught_by_the_outputs(reduced_model, pcp_prompts,
+                                                              pcp_unsplit, name):
     with get_fault(name).applied():
-        out, _ = Runner(reduced_model).whole(prompts, "token_balanced",
+        out, _ = Runner(reduced_model).whole(pcp_prompts, "token_balanced",
                                              SplitConstraints(pcp_size=2))
-    assert not torch.allclose(out.last_logits, unsplit.last_logits, atol=1e-3)
+    assert not torch.allclose(out.last_logits, pcp_unsplit.last_logits, atol=1e-3)

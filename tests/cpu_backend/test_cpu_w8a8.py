@@ -3,7 +3,7 @@
 import torch
 
 from pytest_afd.backends.cpu import Linear
-from pytest_afd.backends.cpu.model import INT8_MAX, GroupedLinear, quantize_rows
+from pytest_afd.backends.cpu.ops import INT8_MAX, GroupedLinear, quantize_rows
 
 
 def test_quantize_rows_is_symmetric_int8_per_row():

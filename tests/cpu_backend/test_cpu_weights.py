@@ -14,7 +14,7 @@ from pytest_afd.backends.cpu import (
     load_pretrained,
     save_pretrained,
 )
-from pytest_afd.backends.cpu.backend import weights_digest
+from pytest_afd.backends.cpu.weights import weights_digest
 
 
 def test_same_seed_same_bits_other_seed_differs():

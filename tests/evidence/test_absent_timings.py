@@ -1,7 +1,7 @@
 """Absent timings are absent records with their reason, never an empty table."""
 
 from pytest_afd.backends.base import RunOutputs
-from pytest_afd.backends.cpu.backend import timings_document
+from pytest_afd.backends.cpu.run_evidence import timings_document
 from pytest_afd.result_parts import EMPTY_TIMINGS_REASON, evidence_from_outputs, timings_or_absent
 from pytest_afd.results import is_absent
 

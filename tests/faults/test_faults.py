@@ -8,10 +8,10 @@ import pytest
 import afd_split
 from afd_split import SplitInvariantError, plan_split
 from afd_split.checks.metadata import BatchMetadata, validate_split
-from pytest_afd import faults
+from pytest_afd import faults, split_faults
 from pytest_afd.backends.cpu import engine_glue, executor
 from pytest_afd.backends.cpu import pcp as pcp_emulation
-from pytest_afd.backends.cpu.afd import roles
+from pytest_afd.backends.cpu.afd import attention
 
 REQUIRED = {
     "tail_computed_unadjusted", "positions_not_sliced", "slot_mapping_shifted",
@@ -39,7 +39,7 @@ def test_registry_has_every_required_class():
 
 def _bindings():
     return ({m: (m.split_engine_metadata, m.gather_ubatch_rows, m.merge_outputs)
-             for m in (executor, roles)}, executor.Executor.execute,
+             for m in (executor, attention)}, executor.Executor.execute,
             pcp_emulation.all_rank_relayouts)
 
 
@@ -50,7 +50,7 @@ def test_fault_patches_only_inside_the_block(name):
     with fault.applied():
         assert _bindings() != before
     assert _bindings() == before
-    assert not hasattr(afd_split.checks.metadata, faults.RETAINED_ATTRIBUTE)
+    assert not hasattr(afd_split.checks.metadata, split_faults.RETAINED_ATTRIBUTE)
 
 
 @pytest.mark.parametrize("name", faults.PCP_ROW_FAULTS)
@@ -88,7 +88,7 @@ def test_retained_reference_keeps_the_split_alive():
     plan, metadata = _split_batch()
     with faults.get_fault("retained_reference").applied():
         parts = executor.split_engine_metadata(plan, metadata)
-        retained = getattr(afd_split.checks.metadata, faults.RETAINED_ATTRIBUTE)
+        retained = getattr(afd_split.checks.metadata, split_faults.RETAINED_ATTRIBUTE)
         assert retained == [(plan, metadata, parts)]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pytest_afd.backends.cpu.afd.runtime import DEFAULT_PEER_TIMEOUT_S
-from pytest_afd.backends.cpu.backend import CAPABILITIES, CpuBackend, load_per_rank, split_layout
+from pytest_afd.backends.cpu.backend import CAPABILITIES, CpuBackend
 from pytest_afd.backends.cpu.config import (
     FULL,
     NAMED_CONFIGS,
@@ -24,13 +24,9 @@ from pytest_afd.backends.cpu.config import (
 )
 from pytest_afd.backends.cpu.executor import ExecOutput, Executor
 from pytest_afd.backends.cpu.kv_cache import DEFAULT_BLOCK_SIZE, BlockPool, PagedKVCache
-from pytest_afd.backends.cpu.model import (
-    DecoderLayer,
-    DeepseekV32Model,
-    Linear,
-    build_model,
-    select_topk,
-)
+from pytest_afd.backends.cpu.model import DecoderLayer, DeepseekV32Model, build_model
+from pytest_afd.backends.cpu.ops import Linear, select_topk
+from pytest_afd.backends.cpu.run_evidence import load_per_rank, split_layout
 from pytest_afd.backends.cpu.weights import init_weights, load_pretrained, save_pretrained
 
 

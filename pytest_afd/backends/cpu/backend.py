@@ -10,7 +10,6 @@ tokens come from what the run actually reused, not from the workload spec.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import platform
 import time
@@ -60,9 +59,19 @@ from pytest_afd.backends.cpu.memory import (
     NO_PROC_REASON,
     case_peak_bytes,
     current_rss_bytes,
+    peak_rss_bytes,
+    reset_peak_rss,
     tensors_bytes,
 )
 from pytest_afd.backends.cpu.model import DeepseekV32Model, num_parameters
+from pytest_afd.backends.cpu.run_evidence import (
+    add_layer_seconds,
+    afd_step_fields,
+    load_per_rank,
+    split_layout,
+    timings_document,
+)
+from pytest_afd.backends.cpu.weights import weights_digest
 from pytest_afd.profiling import cpu_run
 from pytest_afd.scheduling import PrefixCacheIndex, SchedulerConfig, schedule
 
@@ -73,102 +82,8 @@ CAPABILITIES = frozenset({
     CAP_SPLIT, CAP_PREFIX_CACHE, CAP_CHUNKED_PREFILL, CAP_W8A8, CAP_FORCED_ROUTING, CAP_LOGITS,
     CAP_INSTRUMENTATION, CAP_AFD, CAP_SPLIT_OBSERVER,
 })  # fmt: skip
-# AFD-runtime step evidence lifted to the top level of each step (Stage A reads them).
 CPU_STEP_RANKS = StepRanks(global_rank=0)
 """The in-process CPU model is one Attention rank (TP/PCP are emulated in the layout)."""
-AFD_STEP_SUMMARY_KEYS = ("overlap_fraction", "straggler_s", "exposed_bubble_s", "ffn_idle_s")
-
-
-@dataclass(frozen=True)
-class SplitLayout:
-    """The split constraints and EP accounting one run uses, and where they came from."""
-
-    split_align: int
-    pcp_size: int
-    num_ep_ranks: int
-    source: str
-
-
-def split_layout(settings: RunSettings, topology) -> SplitLayout:
-    """Explicit settings win; ``None`` takes the topology's documented CPU
-    emulation (``Topology.cpu_emulation()``) for align / PCP; EP always comes from it."""
-    if topology is None:
-        return SplitLayout(settings.split_align or 1, settings.pcp_size or 1, 1, "settings")
-    emulation = topology.cpu_emulation()
-    align = emulation.split_align if settings.split_align is None else settings.split_align
-    pcp = emulation.pcp_size if settings.pcp_size is None else settings.pcp_size
-    return SplitLayout(align, pcp, emulation.num_ep_ranks, f"topology {topology.canonical}")
-
-
-def load_per_rank(load: np.ndarray, num_ep_ranks: int) -> np.ndarray:
-    """[layers, experts] -> [layers, ranks]: rank r owns the r-th contiguous expert range."""
-    if num_ep_ranks < 1:
-        raise ValueError(f"num_ep_ranks={num_ep_ranks}; expected >= 1")
-    bounds = [part[0] for part in np.array_split(np.arange(load.shape[1]), num_ep_ranks) if len(part)]
-    return np.add.reduceat(load, bounds, axis=1)
-
-
-def add_layer_seconds(total: list[list[dict[str, float]]],
-                      step: list[list[dict[str, float]]]) -> None:
-    """Accumulate one forward's [layer][ubatch] {component: s} into the run's total."""
-    for layer, ubatches in enumerate(step):
-        if layer == len(total):
-            total.append([])
-        for ubatch, components in enumerate(ubatches):
-            if ubatch == len(total[layer]):
-                total[layer].append({})
-            slot = total[layer][ubatch]
-            for component, seconds in components.items():
-                slot[component] = slot.get(component, 0.0) + seconds
-
-
-def timings_document(per_ubatch: list[list[dict[str, float]]]) -> dict[str, Any]:
-    """``RunOutputs.timings``: per layer {component: s} (ubatches summed) + the per-ubatch split."""
-    layers = []
-    for ubatches in per_ubatch:
-        merged: dict[str, float] = {}
-        for components in ubatches:
-            for component, seconds in components.items():
-                merged[component] = merged.get(component, 0.0) + seconds
-        layers.append(dict(sorted(merged.items())))
-    return {"unit": "s", "layers": layers, "ubatches": per_ubatch,
-            "note": "in-process executor, summed over forward steps; perf_counter spans"}
-
-
-PROC_CLEAR_REFS = Path("/proc/self/clear_refs")
-PROC_STATUS = Path("/proc/self/status")
-# Writing this to clear_refs resets the process's peak RSS (VmHWM), Linux >= 4.0.
-RESET_PEAK_RSS = "5"
-BYTES_PER_KIB = 1024
-
-
-def reset_peak_rss() -> bool:
-    """Start a per-run peak-memory window; False where the kernel offers none."""
-    try:
-        PROC_CLEAR_REFS.write_text(RESET_PEAK_RSS)
-    except OSError:
-        return False
-    return True
-
-
-def peak_rss_bytes() -> int | None:
-    """This process's peak resident memory since the last reset (VmHWM)."""
-    try:
-        status = PROC_STATUS.read_text()
-    except OSError:
-        return None
-    for line in status.splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * BYTES_PER_KIB
-    return None
-
-
-def weights_digest(weights: dict[str, torch.Tensor]) -> str:
-    digest = hashlib.sha256()
-    for name in sorted(weights):
-        digest.update(name.encode())
-        digest.update(weights[name].numpy().tobytes())
-    return digest.hexdigest()
 
 
 @dataclass
@@ -176,11 +91,6 @@ class _CacheState:
     cache: PagedKVCache | RankKVCache
     pool: BlockPool
     index: PrefixCacheIndex
-
-
-def afd_step_fields(evidence: dict[str, Any]) -> dict[str, Any]:
-    """A step's AFD-runtime evidence in full, plus its overlap summary at the top level."""
-    return {"afd": evidence, **{k: evidence[k] for k in AFD_STEP_SUMMARY_KEYS if k in evidence}}
 
 
 class CpuBackend:

@@ -15,6 +15,9 @@ from pathlib import Path
 import torch
 
 PROC_STATUS = Path("/proc/self/status")
+PROC_CLEAR_REFS = Path("/proc/self/clear_refs")
+# Writing this to clear_refs resets the process's peak RSS (VmHWM), Linux >= 4.0.
+RESET_PEAK_RSS = "5"
 BYTES_PER_KIB = 1024
 PEAK_METHOD = (
     "case's model weights + KV cache + (VmHWM since the run's reset - VmRSS at its start)"
@@ -51,3 +54,18 @@ def case_peak_bytes(hwm_bytes: int | None, rss_at_start: int | None, resident_by
     if hwm_bytes is None or rss_at_start is None:
         return None
     return resident_bytes + max(0, hwm_bytes - rss_at_start)
+
+
+def reset_peak_rss() -> bool:
+    """Start a per-run peak-memory window; False where the kernel offers none."""
+    try:
+        PROC_CLEAR_REFS.write_text(RESET_PEAK_RSS)
+    except OSError:
+        return False
+    return True
+
+
+def peak_rss_bytes() -> int | None:
+    """This process's peak resident memory since the last reset (VmHWM)."""
+    kib = _status_kib("VmHWM")
+    return None if kib is None else kib * BYTES_PER_KIB

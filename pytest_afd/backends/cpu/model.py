@@ -12,7 +12,6 @@ that token selection does not depend on how a batch was cut.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -20,6 +19,24 @@ import torch.nn.functional as F
 
 from pytest_afd.backends.cpu.config import GROUP_SCORE_TOP, ModelConfig
 from pytest_afd.backends.cpu.kv_cache import PagedKVCache, context_slots
+from pytest_afd.backends.cpu.ops import (
+    KEY_BLOCK,
+    QUANT_NONE,
+    QUANTIZATIONS,
+    QUERY_BLOCK,
+    GroupedLinear,
+    Linear,
+    pad_keys,
+    pad_rows,
+    rms_norm,
+    rope_half_split,
+    rope_interleaved,
+    rope_tables,
+    round_up,
+    row_linear,
+    select_topk,
+    swiglu,
+)
 from pytest_afd.backends.cpu.weights import (
     Weights,
     check_weights,
@@ -28,135 +45,11 @@ from pytest_afd.backends.cpu.weights import (
     layer_prefix,
 )
 
-QUANT_NONE = "none"
-QUANT_W8A8 = "w8a8"
-QUANTIZATIONS = (QUANT_NONE, QUANT_W8A8)
 ROUTING_NATURAL = "natural"
 ROUTING_FORCED = "forced_balanced"
 ROUTINGS = (ROUTING_NATURAL, ROUTING_FORCED)
-
-INT8_MAX = 127.0
-# Smallest scale a zero row/channel is quantized with (avoids 0/0).
-MIN_QUANT_SCALE = 1e-12
 ROUTER_DENOMINATOR_EPS = 1e-20
 INDEXER_KEY_NORM_EPS = 1e-6
-# Query rows attended per block: bounds the score matrix and skips the
-# causally masked half of long prefills.
-QUERY_BLOCK = 512
-# CPU GEMM / attention kernels take another code path (other rounding) for
-# few rows: below 4 rows, and with 2 or 8 threads also for 5-7 and 9-11 rows
-# (measured, torch 2.13). Padding to this keeps every row's result independent
-# of how many rows share the call, so split, chunked and cached runs are
-# bitwise equal to the unsplit one (which keeps W8A8 rounding decisions equal).
-MIN_KERNEL_ROWS = 16
-# CPU attention rounds differently for some key lengths; attending over a
-# multiple of this many keys (zero keys masked out) keeps a query row's result
-# independent of how much context its block happens to span.
-KEY_BLOCK = 512
-
-
-def pad_rows(x: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, int]:
-    """``x`` with zero rows appended along ``dim`` up to MIN_KERNEL_ROWS, and its real row count."""
-    rows = x.shape[dim]
-    if rows >= MIN_KERNEL_ROWS:
-        return x, rows
-    pad_shape = list(x.shape)
-    pad_shape[dim] = MIN_KERNEL_ROWS - rows
-    return torch.cat([x, x.new_zeros(pad_shape)], dim=dim), rows
-
-
-def row_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``F.linear`` whose per-row result does not depend on the row count."""
-    padded, rows = pad_rows(x)
-    return F.linear(padded, weight)[:rows]
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    variance = x.pow(2).mean(-1, keepdim=True)
-    return weight * (x * torch.rsqrt(variance + eps))
-
-
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric int8 per row of the last dim (values kept as integral float32)."""
-    scale = x.abs().amax(-1, keepdim=True).clamp_min(MIN_QUANT_SCALE) / INT8_MAX
-    return torch.round(x / scale).clamp(-INT8_MAX, INT8_MAX), scale
-
-
-class Linear:
-    """``y = x W^T``, or its W8A8 emulation: int8 per-output-channel weights and
-    dynamic per-token int8 activations, integer products accumulated exactly in
-    float32 (exact while in_features * 127**2 < 2**24), then rescaled."""
-
-    def __init__(self, weight: torch.Tensor, quantization: str = QUANT_NONE) -> None:
-        self.weight = weight
-        self.quantized = quantization == QUANT_W8A8
-        if self.quantized:
-            self.qweight, scale = quantize_rows(weight)
-            self.weight_scale = scale.squeeze(-1)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.quantized:
-            return row_linear(x, self.weight)
-        qx, x_scale = quantize_rows(x)
-        return row_linear(qx, self.qweight) * x_scale * self.weight_scale
-
-
-class GroupedLinear:
-    """One :class:`Linear` per expert, applied to every expert's rows in one batched matmul.
-
-    ``weight`` is [experts, out, in]; inputs are [experts, rows, in] (rows padded
-    to the busiest expert). Quantization is per expert and output channel.
-    """
-
-    def __init__(self, weight: torch.Tensor, quantization: str = QUANT_NONE) -> None:
-        self.weight_t = weight.transpose(1, 2)
-        self.quantized = quantization == QUANT_W8A8
-        if self.quantized:
-            qweight, scale = quantize_rows(weight)
-            self.qweight_t = qweight.transpose(1, 2)
-            self.weight_scale = scale.transpose(1, 2)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        padded, rows = pad_rows(x, dim=1)
-        if not self.quantized:
-            return torch.bmm(padded, self.weight_t)[:, :rows]
-        qx, x_scale = quantize_rows(padded)
-        return (torch.bmm(qx, self.qweight_t) * x_scale * self.weight_scale)[:, :rows]
-
-
-def rope_tables(config: ModelConfig, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of each position's rotary angles, shape [N, qk_rope_head_dim / 2]."""
-    dim = config.qk_rope_head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    freqs = positions.float()[:, None] * inv_freq[None, :]
-    return freqs.cos(), freqs.sin()
-
-
-def rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """MLA's RoPE on interleaved pairs; output in half-split layout (as transformers)."""
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
-def rope_half_split(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """The indexer's non-interleaved (rotate-half) RoPE; ``cos``/``sin`` hold one angle per pair."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
-def select_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Boolean mask of the top ``k`` per row: higher score first, then lower position.
-
-    ``torch.topk`` breaks exact ties differently for different shapes, and the
-    indexer's ReLU scores tie often; this rule makes the selection of a row a
-    function of its scores alone, whatever batch it was computed in.
-    """
-    kth = scores.topk(k, dim=-1, sorted=False).values.amin(-1, keepdim=True)
-    above = scores > kth
-    ties = scores == kth
-    tie_budget = k - above.sum(-1, keepdim=True)
-    return above | (ties & (ties.cumsum(-1) <= tie_budget))
 
 
 class DecoderLayer:
@@ -259,7 +152,7 @@ class DecoderLayer:
         kv = self.kv_b_proj(ctx_latent).view(len(ctx), c.num_attention_heads, -1)
         k_nope, value = kv.split([c.qk_nope_head_dim, c.v_head_dim], dim=-1)
         key = torch.cat([k_nope, ctx_rope[:, None, :].expand(-1, c.num_attention_heads, -1)], -1)
-        key, value = _pad_keys(key).transpose(0, 1), _pad_keys(value).transpose(0, 1)
+        key, value = pad_keys(key).transpose(0, 1), pad_keys(value).transpose(0, 1)
         for start in range(0, len(request_rows), QUERY_BLOCK):
             block_rows = request_rows[start:start + QUERY_BLOCK]
             block_pos = positions[block_rows]
@@ -268,7 +161,7 @@ class DecoderLayer:
             if key_end > c.index_topk:
                 mask = self._sparse_mask(index_query[block_rows], index_weights[block_rows],
                                          ctx_index_key[:key_end], mask)
-            padded_end = _round_up(key_end, KEY_BLOCK)
+            padded_end = round_up(key_end, KEY_BLOCK)
             mask, _ = pad_rows(F.pad(mask, (0, padded_end - key_end), value=False))
             block_query, num_block_rows = pad_rows(query[block_rows])
             mask[num_block_rows:, 0] = True  # padded query rows attend one key
@@ -372,11 +265,11 @@ class DecoderLayer:
     def shared_experts(self, normed: torch.Tensor) -> torch.Tensor:
         if self.shared is None:
             return torch.zeros_like(normed)
-        return _swiglu(self.shared, normed)
+        return swiglu(self.shared, normed)
 
     def mlp(self, normed: torch.Tensor) -> torch.Tensor:
         """Dense MLP of the first ``first_k_dense_replace`` layers."""
-        return _swiglu(self.dense, normed)
+        return swiglu(self.dense, normed)
 
     def ffn(self, hidden: torch.Tensor, positions: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -388,20 +281,6 @@ class DecoderLayer:
         moe = self.experts(normed, topk_ids, topk_weights) + self.shared_experts(normed)
         return hidden + moe, topk_ids
 
-
-def _round_up(value: int, multiple: int) -> int:
-    return -(-value // multiple) * multiple
-
-
-def _pad_keys(keys: torch.Tensor) -> torch.Tensor:
-    """Zero keys appended up to a multiple of KEY_BLOCK (always masked out)."""
-    extra = _round_up(len(keys), KEY_BLOCK) - len(keys)
-    return F.pad(keys, (0, 0, 0, 0, 0, extra)) if extra else keys
-
-
-def _swiglu(projections: Sequence[Linear], x: torch.Tensor) -> torch.Tensor:
-    gate, up, down = projections
-    return down(F.silu(gate(x)) * up(x))
 
 
 def _real_rows(metadata, real_rows: np.ndarray | None, num_rows: int) -> torch.Tensor:

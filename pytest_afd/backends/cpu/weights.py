@@ -220,3 +220,11 @@ def save_pretrained(config: ModelConfig, weights: Weights, directory: str | Path
     (directory / CONFIG_FILE).write_text(json.dumps(config.to_hf_dict(), indent=2, sort_keys=True))
     save_file({k: v.contiguous() for k, v in weights.items()}, str(directory / WEIGHTS_FILE))
     return directory
+
+
+def weights_digest(weights: dict[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        digest.update(name.encode())
+        digest.update(weights[name].numpy().tobytes())
+    return digest.hexdigest()

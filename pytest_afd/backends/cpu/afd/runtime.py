@@ -30,6 +30,7 @@ from afd_split.checks.support import (
     prepare_split_runtime,
 )
 from afd_split.integrations.engine_step import agreement_enabled
+from pytest_afd.backends.cpu.afd.cores import cpu_affinity, default_threads_per_rank
 from pytest_afd.backends.cpu.afd.evidence import Span, as_spans
 from pytest_afd.backends.cpu.afd.procs import (
     ADDRESS_IN_USE,
@@ -40,14 +41,14 @@ from pytest_afd.backends.cpu.afd.procs import (
     ProcessGroupHandle,
     RankSpec,
 )
-from pytest_afd.backends.cpu.afd.roles import (
+from pytest_afd.backends.cpu.afd.rank import (
     COMMAND_COPY_KV,
     COMMAND_FORWARD,
     COMMAND_RESET_KV,
     FAULT_MODES,
-    Topology,
-    make_role,
+    RankLayout,
 )
+from pytest_afd.backends.cpu.afd.roles import make_role
 from pytest_afd.backends.cpu.afd.step_evidence import step_evidence
 from pytest_afd.backends.cpu.config import ModelConfig
 
@@ -75,24 +76,6 @@ class AfdForwardResult:
     wall_time_s: float = 0.0
     # Instrumented runs: every rank's raw spans by global rank (Attention ranks first).
     spans: dict[int, list[Span]] = field(default_factory=dict)
-
-
-def default_threads_per_rank(world_size: int) -> int:
-    """Split the visible cores between the ranks so both roles really run at once."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, (cores or 1) // world_size)
-
-
-def allowed_cores() -> list[int]:
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
-
-
-def cpu_affinity(world_size: int) -> list[int]:
-    """Core of each global rank: the allowed cores, round robin."""
-    cores = allowed_cores()
-    return [cores[rank % len(cores)] for rank in range(world_size)]
 
 
 class AfdRuntime:
@@ -151,7 +134,7 @@ class AfdRuntime:
         self.check_agreement = (
             agreement_enabled(os.environ) if check_agreement is None else bool(check_agreement)
         )
-        self.topology = Topology(num_attention, num_ffn, config.n_routed_experts)
+        self.topology = RankLayout(num_attention, num_ffn, config.n_routed_experts)
         world = num_attention + num_ffn
         self.threads_per_rank = threads_per_rank or default_threads_per_rank(world)
         self.peer_timeout_s = peer_timeout_s
