@@ -5,7 +5,6 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
-from adapter_batches import BLOCK, PREFIX_HIT_TOKENS, attn_state_enum, build_common, standin_class
 
 from afd_split import SplitConstraints, UnsupportedSplitError, plan_split
 from afd_split.engine.ascend import (
@@ -16,6 +15,13 @@ from afd_split.engine.ascend import (
     split_ascend_common_metadata,
 )
 from afd_split.engine.layout import field_names
+from tests.support.adapter_batches import (
+    BLOCK,
+    PREFIX_HIT_TOKENS,
+    attn_state_enum,
+    build_common,
+    standin_class,
+)
 
 PLAN = plan_split(PREFIX_HIT_TOKENS, policy="token_balanced", constraints=SplitConstraints(align=8))
 LAYOUT_IDS = [layout.version for layout in ASCEND_LAYOUTS]

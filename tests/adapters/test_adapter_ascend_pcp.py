@@ -18,7 +18,7 @@ from afd_split.engine.ascend_pcp import pcp_stage_metadata
 from afd_split.engine.standins import attn_state_enum
 from afd_split.pcp.relayout import rank_relayout
 from afd_split.pcp.stage import stage_tokens
-from tests.adapters.pcp_runner_model import LAYOUT, runner_batch
+from tests.support.pcp_runner_model import LAYOUT, runner_batch
 
 BLOCK = 16
 REQUEST_FIELDS = ("query_start_loc", "query_start_loc_cpu", "seq_lens", "_seq_lens_cpu",

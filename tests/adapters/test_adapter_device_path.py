@@ -11,13 +11,19 @@ from types import MappingProxyType
 
 import pytest
 import torch
-from adapter_batches import BLOCK, PREFIX_HIT_TOKENS, attn_state_enum, build_common, standin_class
-from device_guard import DEVICE, DeviceSyncError, DeviceSyncGuard
 
 from afd_split import SplitConstraints, plan_split
 from afd_split.engine import slicing, vllm
 from afd_split.engine.ascend import ASCEND_LAYOUTS, split_ascend_common_metadata
 from afd_split.engine.vllm import VLLM_LAYOUTS, split_common_metadata
+from tests.support.adapter_batches import (
+    BLOCK,
+    PREFIX_HIT_TOKENS,
+    attn_state_enum,
+    build_common,
+    standin_class,
+)
+from tests.support.device_guard import DEVICE, DeviceSyncError, DeviceSyncGuard
 
 ALLOWED_DEVICE_OPS = {
     "aten.slice.Tensor",

@@ -10,7 +10,6 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from adapter_batches import BLOCK, PREFIX_HIT_TOKENS, build_common, standin_class
 
 from afd_split import SplitConstraints, plan_split
 from afd_split.engine.common import plain_field_names, replaced
@@ -23,6 +22,7 @@ from afd_split.engine.slicing import (
 )
 from afd_split.engine.vllm import VLLM_LAYOUTS, split_common_metadata, vllm_field_program
 from afd_split.errors import UnsupportedSplitError
+from tests.support.adapter_batches import BLOCK, PREFIX_HIT_TOKENS, build_common, standin_class
 
 PLAN = plan_split(PREFIX_HIT_TOKENS, policy="token_balanced", constraints=SplitConstraints(align=8))
 

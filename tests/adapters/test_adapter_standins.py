@@ -5,15 +5,6 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from adapter_batches import (
-    BLOCK,
-    PREFIX_HIT_TOKENS,
-    assert_ubatches,
-    attn_state_enum,
-    build_common,
-    snapshot,
-    standin_class,
-)
 
 from afd_split import SplitConstraints, SplitInvariantError, UnsupportedSplitError, plan_split
 from afd_split.engine.ascend import (
@@ -23,6 +14,15 @@ from afd_split.engine.ascend import (
 )
 from afd_split.engine.layout import FieldRule
 from afd_split.engine.vllm import VLLM_FIELD_RULES, VLLM_LAYOUTS, split_common_metadata
+from tests.support.adapter_batches import (
+    BLOCK,
+    PREFIX_HIT_TOKENS,
+    assert_ubatches,
+    attn_state_enum,
+    build_common,
+    snapshot,
+    standin_class,
+)
 
 PLAN = plan_split(PREFIX_HIT_TOKENS, policy="token_balanced", constraints=SplitConstraints(align=8))
 PADDED_PLAN = plan_split(

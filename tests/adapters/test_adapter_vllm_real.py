@@ -19,8 +19,6 @@ if importlib.util.find_spec("vllm") is None:
     )
 
 import torch
-from adapter_batches import BLOCK, PREFIX_HIT_TOKENS, assert_ubatches, build_common, snapshot
-from device_guard import DEVICE, DeviceSyncGuard
 
 from afd_split import SplitConstraints, UnsupportedSplitError, plan_split
 from afd_split.engine.layout import field_names
@@ -31,6 +29,14 @@ from afd_split.engine.vllm import (
     common_layout,
     split_common_metadata,
 )
+from tests.support.adapter_batches import (
+    BLOCK,
+    PREFIX_HIT_TOKENS,
+    assert_ubatches,
+    build_common,
+    snapshot,
+)
+from tests.support.device_guard import DEVICE, DeviceSyncGuard
 
 PLAN = plan_split(PREFIX_HIT_TOKENS, policy="token_balanced", constraints=SplitConstraints(align=8))
 

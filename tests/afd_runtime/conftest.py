@@ -1,10 +1,10 @@
 """Fixtures of the AFD runtime tests: one 1 + 1 runtime per module."""
 
 import pytest
-from afd_runtime_helpers import SEED, THREADS_PER_RANK, child_pids
 
 from pytest_afd.backends.cpu import build_model, named_config
 from pytest_afd.backends.cpu.afd import AfdRuntime
+from tests.support.afd_runtime_helpers import SEED, THREADS_PER_RANK, child_pids
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,11 @@
 """The CPU AFD runtime's debug-mode fingerprint agreement: every step, every rank, fail closed."""
 
 import pytest
-from afd_runtime_helpers import SEED, THREADS_PER_RANK, make_batch
 
 from afd_split import SplitConstraints
 from afd_split.integrations.engine_step import plan_engine_step
 from pytest_afd.backends.cpu.afd import AfdRuntime, AfdRuntimeError
+from tests.support.afd_runtime_helpers import SEED, THREADS_PER_RANK, make_batch
 
 TOKENS = [100, 100, 100, 100]
 

@@ -7,11 +7,11 @@ prefix caching working on the Attention rank's cache, and leave no process behin
 
 import numpy as np
 import pytest
-from afd_runtime_helpers import child_pids
 
 from pytest_afd.backends.base import CAP_AFD, PromptRequest, RunSettings
 from pytest_afd.backends.cpu import create
 from pytest_afd.topology import parse_topology
+from tests.support.afd_runtime_helpers import child_pids
 
 # The reduced model's shape with fewer layers (as the other runtime tests use).
 MODEL_NAME = "reduced:num_hidden_layers=5,first_k_dense_replace=2"

@@ -13,10 +13,10 @@ import signal
 import time
 
 import pytest
-from afd_runtime_helpers import SEED, child_pids, make_batch, plan_for
 
 from pytest_afd.backends.cpu import named_config
 from pytest_afd.backends.cpu.afd import AfdRankFailure, AfdRuntime
+from tests.support.afd_runtime_helpers import SEED, child_pids, make_batch, plan_for
 
 PEER_TIMEOUT_S = 2.0
 FAILURE_BOUND_S = 60.0

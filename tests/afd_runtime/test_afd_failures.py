@@ -8,10 +8,10 @@ import threading
 import time
 
 import pytest
-from afd_runtime_helpers import SEED, child_pids, make_batch, plan_for
 
 from pytest_afd.backends.cpu import named_config
 from pytest_afd.backends.cpu.afd import AfdRankFailure, AfdRuntime, AfdRuntimeError
+from tests.support.afd_runtime_helpers import SEED, child_pids, make_batch, plan_for
 
 # Failure must surface well inside this bound (the default peer timeout is minutes).
 FAILURE_BOUND_S = 20.0

@@ -3,10 +3,10 @@
 import os
 
 import pytest
-from afd_runtime_helpers import SEED, make_batch, plan_for
 
 from pytest_afd.backends.cpu.afd import AfdRuntime
 from pytest_afd.backends.cpu.afd.cores import allowed_cores, cpu_affinity
+from tests.support.afd_runtime_helpers import SEED, make_batch, plan_for
 
 
 def test_cpu_affinity_is_round_robin_over_allowed_cores():

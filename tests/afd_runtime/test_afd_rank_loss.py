@@ -11,12 +11,12 @@ import threading
 
 import numpy as np
 import pytest
-from afd_runtime_helpers import SEED, child_pids, make_batch, plan_for
 
 from pytest_afd.backends.base import PromptRequest, RunSettings
 from pytest_afd.backends.cpu import create, named_config
 from pytest_afd.backends.cpu.afd import AfdRankFailure, AfdRuntime, AfdRuntimeError
 from pytest_afd.backends.cpu.afd.procs import ROLE_ATTENTION, ProcessGroupHandle, RankSpec
+from tests.support.afd_runtime_helpers import SEED, child_pids, make_batch, plan_for
 
 SMALL_MODEL = "reduced:num_hidden_layers=4,first_k_dense_replace=1"
 KILL_AFTER_SEND_S = 1.0

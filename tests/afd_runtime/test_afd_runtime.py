@@ -4,10 +4,10 @@ import itertools
 
 import numpy as np
 import pytest
-from afd_runtime_helpers import make_batch, plan_for, reference_forward
 
 from afd_split import SplitConstraints
 from pytest_afd.backends.cpu.afd.evidence import ATTENTION, ROUTED_MOE, WAIT
+from tests.support.afd_runtime_helpers import make_batch, plan_for, reference_forward
 
 LENGTHS = [90, 12, 20, 14]  # one long request: token_balanced cuts inside it
 POLICIES = ["none", "request_boundary", "token_balanced", "cost_balanced"]
@@ -76,10 +76,10 @@ def test_chunked_continuation_with_padding_reads_earlier_kv(runtime_1p1, referen
 def test_copied_prefix_block_is_read_by_the_next_step(runtime_1p1, reference_model, afd_config):
     """copy_kv_slots lets a parent-side BlockPool reuse a partial prefix block on the rank."""
     import torch
-    from afd_runtime_helpers import BLOCK_SIZE, THREADS_PER_RANK
 
     from afd_split.checks.metadata import BatchMetadata
     from pytest_afd.backends.cpu import Executor, PagedKVCache
+    from tests.support.afd_runtime_helpers import BLOCK_SIZE, THREADS_PER_RANK
 
     seed_ids, _ = make_batch(afd_config, [40], seed=12)
     seeded = BatchMetadata.from_requests([40], [0], np.array([[0, 1, 2]]), BLOCK_SIZE)
@@ -182,9 +182,8 @@ def _prefix_cached_steps(executor, pool, config):
 
     The half block is BlockPool's partial reuse: copied into a fresh block first.
     """
-    from afd_runtime_helpers import BLOCK_SIZE
-
     from afd_split.checks.metadata import BatchMetadata
+    from tests.support.afd_runtime_helpers import BLOCK_SIZE
 
     rng = np.random.default_rng(40)
     prompt_a = rng.integers(0, config.vocab_size, 64).tolist()
@@ -205,10 +204,10 @@ def test_afd_executor_and_rank_cache_drive_prefix_caching_like_the_executor(
     runtime_1p1, reference_model, afd_config
 ):
     import torch
-    from afd_runtime_helpers import BLOCK_SIZE, THREADS_PER_RANK
 
     from pytest_afd.backends.cpu import BlockPool, Executor, PagedKVCache
     from pytest_afd.backends.cpu.afd.adapter import AfdExecutor, RankKVCache
+    from tests.support.afd_runtime_helpers import BLOCK_SIZE, THREADS_PER_RANK
 
     runtime_1p1.reset_kv_cache()
     afd = AfdExecutor(runtime_1p1, instrument=True)

@@ -2,7 +2,9 @@
 
 import numpy as np
 import pytest
-from afd_runtime_helpers import (
+
+from pytest_afd.backends.cpu.afd import AfdRuntime
+from tests.support.afd_runtime_helpers import (
     SEED,
     THREADS_PER_RANK,
     child_pids,
@@ -10,8 +12,6 @@ from afd_runtime_helpers import (
     plan_for,
     reference_forward,
 )
-
-from pytest_afd.backends.cpu.afd import AfdRuntime
 
 BATCHES = ([70, 10, 16], [24, 24, 30])
 

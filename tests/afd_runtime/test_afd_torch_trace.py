@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 import pytest
-from afd_runtime_helpers import SEED, THREADS_PER_RANK, make_batch, plan_for
 
 from afd_split.ranges import parse_range
 from pytest_afd.backends.cpu.afd import AfdRuntime
 from pytest_afd.backends.cpu.afd.evidence import FFN_IDLE
 from pytest_afd.backends.cpu.afd.tracing import trace_path
+from tests.support.afd_runtime_helpers import SEED, THREADS_PER_RANK, make_batch, plan_for
 
 pytest.importorskip("msprof_analyze", reason="msprof-analyze not installed (extra [profile])")
 

@@ -22,9 +22,9 @@ from afd_split.pcp.relayout import (
     restore_rows,
 )
 from afd_split.pcp.stage import stage_tokens
-from tests.adapters.pcp_runner_model import rank_positions
-from tests.afd_split.pcp_helper_reference import helper_layout
-from tests.afd_split.thread_group import ThreadGroup
+from tests.support.pcp_helper_reference import helper_layout
+from tests.support.pcp_runner_model import rank_positions
+from tests.support.thread_group import ThreadGroup
 
 
 def _plan(counts, computed, pcp, align=1):

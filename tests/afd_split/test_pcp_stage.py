@@ -16,7 +16,7 @@ from afd_split.pcp.stage import (
     token_ranks,
     zigzag_layout,
 )
-from tests.afd_split.pcp_helper_reference import (
+from tests.support.pcp_helper_reference import (
     helper_layout,
     helper_metadata,
     helper_padded_slots,

@@ -1,21 +1,8 @@
 """Gate references in the golden store: round trip, and refusal when recorded for other inputs."""
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "suites" / "gates"))
-
-from gate_reference import (
-    KIND_LOGITS,
-    KIND_TOPK,
-    GateReferences,
-    comparable_outputs,
-    from_array,
-    to_array,
-)
 
 from pytest_afd.backends.base import PromptRequest, RequestOutput, RunOutputs, RunSettings
 from pytest_afd.golden import (
@@ -23,6 +10,14 @@ from pytest_afd.golden import (
     GoldenMismatchError,
     GoldenStore,
     check_metadata,
+)
+from suites.gates.gate_reference import (
+    KIND_LOGITS,
+    KIND_TOPK,
+    GateReferences,
+    comparable_outputs,
+    from_array,
+    to_array,
 )
 
 PROMPTS = [PromptRequest("r0", (1, 2, 3)), PromptRequest("r1", (4, 5))]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from cpu_runner import PCP_LENGTHS, Runner, make_prompts
 
 from pytest_afd.backends.cpu import build_model, named_config
+from tests.support.cpu_runner import PCP_LENGTHS, Runner, make_prompts
 
 
 @pytest.fixture(scope="session")

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 import torch
-from cpu_runner import SMALL_BLOCK, Runner, make_prompts
 
 from afd_split import SplitConstraints
+from tests.support.cpu_runner import SMALL_BLOCK, Runner, make_prompts
 
 LENGTHS = [150, 37, 260]
 

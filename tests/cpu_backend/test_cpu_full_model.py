@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from cpu_runner import Runner, make_prompts
 
 from pytest_afd.backends.cpu import FULL, build_model
+from tests.support.cpu_runner import Runner, make_prompts
 
 pytestmark = pytest.mark.slow
 

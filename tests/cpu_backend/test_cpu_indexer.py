@@ -1,9 +1,9 @@
 """V3.2 lightning indexer: deterministic top-k ties, dense reduction, split-invariant selection."""
 
 import torch
-from cpu_runner import Runner, make_prompts
 
 from pytest_afd.backends.cpu import build_model, named_config, select_topk
+from tests.support.cpu_runner import Runner, make_prompts
 
 
 def test_ties_prefer_higher_score_then_lower_position():

@@ -7,7 +7,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from cpu_runner import Runner
 
 from afd_split import SplitConstraints
 from afd_split.engine.rows import gather_ubatch_rows
@@ -15,6 +14,7 @@ from afd_split.pcp import relayout as pcp_relayout
 from afd_split.pcp import stage as pcp_stage
 from pytest_afd.backends.cpu.pcp import PcpEmulation
 from pytest_afd.faults import PCP_ROW_FAULTS, get_fault
+from tests.support.cpu_runner import Runner
 
 
 @pytest.mark.parametrize("pcp", [2, 8])

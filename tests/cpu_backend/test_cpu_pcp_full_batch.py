@@ -4,11 +4,11 @@ into the full batch's slots loses real tokens' KV in the dense layers and moves 
 
 import numpy as np
 import torch
-from cpu_runner import PCP_LENGTHS, Runner
 
 from afd_split import SplitConstraints, plan_split
 from afd_split.pcp.stage import stage_tokens
 from pytest_afd.faults import get_fault
+from tests.support.cpu_runner import PCP_LENGTHS, Runner
 
 PCP = 2
 

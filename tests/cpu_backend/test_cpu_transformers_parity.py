@@ -10,9 +10,9 @@ and checks our executor's tie-breaking keeps selections identical.
 import numpy as np
 import pytest
 import torch
-from cpu_runner import Runner, make_prompts
 
 from pytest_afd.backends.cpu import build_model, named_config
+from tests.support.cpu_runner import Runner, make_prompts
 
 transformers = pytest.importorskip("transformers")
 

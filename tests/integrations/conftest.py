@@ -3,7 +3,8 @@
 import sys
 
 import pytest
-from hook_standins import load_standin_plugin
+
+from tests.support.hook_standins import load_standin_plugin
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import tomllib
 import torch
-from hook_standins import BLOCK_SIZE, ascend_common
 
 from afd_split import SplitInvariantError
 from afd_split.engine.ascend import ASCEND_LAYOUTS
@@ -43,6 +42,7 @@ from afd_split.integrations.afd_plugin.stages import (
 )
 from afd_split.integrations.engine_step import StepRanks
 from afd_split.integrations.worker_evidence import EvidenceWriter
+from tests.support.hook_standins import BLOCK_SIZE, ascend_common
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULED = [40, 7, 9]  # a long request: the request-boundary split cannot balance it

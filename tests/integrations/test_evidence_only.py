@@ -18,8 +18,6 @@ from types import ModuleType, SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from evidence_only_standins import deciding_runner_source
-from hook_standins import _load, standin_connector_source, standin_forward_source
 
 from afd_split.integrations.afd_plugin import evidence_only
 from afd_split.integrations.afd_plugin.dispatch_patch import install_dispatch
@@ -40,6 +38,8 @@ from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
 from pytest_afd.backends.vllm_ascend.worker_evidence import read_new_records, with_worker_evidence
 from pytest_afd.manifest import collect_manifest
 from pytest_afd.topology import parse_topology
+from tests.support.evidence_only_standins import deciding_runner_source
+from tests.support.hook_standins import _load, standin_connector_source, standin_forward_source
 
 NUM_LAYERS, FIRST_MOE_LAYER, HIDDEN = 4, 1, 8
 NUM_EXPERTS, TOP_K, EXPERT_PER_RANK = 16, 2, 2

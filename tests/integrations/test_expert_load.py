@@ -13,7 +13,6 @@ import sys
 import numpy as np
 import pytest
 import torch
-from hook_standins import _load, standin_connector_source
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from afd_split.integrations.afd_plugin.dispatch_patch import (
@@ -33,6 +32,7 @@ from afd_split.integrations.expert_load import (
     ExpertLoadRecorder,
     routing_label,
 )
+from tests.support.hook_standins import _load, standin_connector_source
 
 NUM_LAYERS, NUM_EXPERTS, TOP_K, EXPERT_PER_RANK = 4, 16, 3, 4
 RANKS = StepRanks(global_rank=0).to_dict()
@@ -142,15 +142,10 @@ class CopyCounter(TorchDispatchMode):
 
 
 def _device_guard():
-    """tests/adapters/device_guard.py (meta tensors stand for the device), loaded by path."""
-    import importlib.util
-    from pathlib import Path
+    """The meta-device guard (``tests.support.device_guard``)."""
+    from tests.support.device_guard import DeviceSyncGuard
 
-    path = Path(__file__).resolve().parents[1] / "adapters" / "device_guard.py"
-    spec = importlib.util.spec_from_file_location("afd_split_expert_load_device_guard", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.DeviceSyncGuard
+    return DeviceSyncGuard
 
 
 def test_counting_makes_no_host_read_and_the_step_one_copy():

@@ -10,7 +10,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from hook_standins import BLOCK_SIZE, _load, ascend_common, standin_connector_source
 
 from afd_split.engine.ascend import ASCEND_LAYOUTS
 from afd_split.integrations.afd_plugin.dispatch_patch import install_dispatch
@@ -27,6 +26,7 @@ from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
 from pytest_afd.backends.vllm_ascend.worker_evidence import read_new_records, with_worker_evidence
 from pytest_afd.manifest import collect_manifest
 from pytest_afd.topology import parse_topology
+from tests.support.hook_standins import BLOCK_SIZE, _load, ascend_common, standin_connector_source
 
 SCHEDULED = [40, 7, 9]
 COMPUTED = [24, 0, 5]

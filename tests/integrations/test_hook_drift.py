@@ -22,7 +22,6 @@ import subprocess
 import sys
 
 import pytest
-from registration_standins import ROOT, write_tree
 
 from afd_split.integrations.afd_plugin.pinned import (
     DISPATCH,
@@ -34,6 +33,7 @@ from afd_split.integrations.afd_plugin.pinned import (
     seams_for,
     variant_for_branch,
 )
+from tests.support.registration_standins import ROOT, write_tree
 
 BRANCHES = ("main", "release/v0.19.1rc1")
 SEAMS = (VALIDATOR, PLANNER, SLICER, DISPATCH, FORWARD)

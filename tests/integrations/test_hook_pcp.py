@@ -18,8 +18,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from hook_standins import BLOCK_SIZE, REQUEST_SPLIT, StandInUBatchSlice
-from pcp_standins import StandInPcpManager, block_tables
 
 from afd_split import UnsupportedSplitError
 from afd_split.integrations.afd_plugin.patches import install, install_runner
@@ -34,8 +32,10 @@ from afd_split.integrations.engine_step import StepRanks
 from afd_split.integrations.worker_evidence import EvidenceWriter
 from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.stage import stage_tokens
-from tests.adapters.pcp_runner_model import runner_batch
-from tests.afd_split.pcp_helper_reference import helper_metadata, helper_padded_slots
+from tests.support.hook_standins import BLOCK_SIZE, REQUEST_SPLIT, StandInUBatchSlice
+from tests.support.pcp_helper_reference import helper_metadata, helper_padded_slots
+from tests.support.pcp_runner_model import runner_batch
+from tests.support.pcp_standins import StandInPcpManager, block_tables
 
 RELEASE = "release/v0.19.1rc1"
 PCP = 4

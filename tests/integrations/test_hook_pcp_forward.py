@@ -16,7 +16,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from hook_standins import StandInUBatchSlice
 
 from afd_split import SplitConstraints, plan_split
 from afd_split.integrations.afd_plugin.forward_patch import (
@@ -28,9 +27,10 @@ from afd_split.integrations.afd_plugin.forward_patch import (
 from afd_split.integrations.afd_plugin.patches import PATCH_MARKER, PluginDriftError
 from afd_split.integrations.afd_plugin.pcp_seam import PcpStages
 from afd_split.integrations.afd_plugin.stages import PlannedUBatchSlices
-from tests.adapters.pcp_runner_model import rank_positions
-from tests.afd_split.pcp_helper_reference import helper_layout
-from tests.afd_split.thread_group import ThreadGroup
+from tests.support.hook_standins import StandInUBatchSlice
+from tests.support.pcp_helper_reference import helper_layout
+from tests.support.pcp_runner_model import rank_positions
+from tests.support.thread_group import ThreadGroup
 
 RELEASE = "release/v0.19.1rc1"
 FIRST_MOE_LAYER = 2

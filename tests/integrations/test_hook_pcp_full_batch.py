@@ -19,7 +19,6 @@ import copy
 import numpy as np
 import pytest
 import torch
-from pcp_standins import MAX_NUM_TOKENS
 from test_hook_pcp import RELEASE, _pcp_runner, _session_factory
 
 from afd_split.engine.standin_builders import (
@@ -36,6 +35,7 @@ from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.stage import stage_tokens, zigzag_layout
 from pytest_afd.backends.cpu.pcp_builders import changed_fields, full_batch_fields
 from pytest_afd.faults import get_fault
+from tests.support.pcp_standins import MAX_NUM_TOKENS
 
 FULL_BATCH_CASES = [
     # (scheduled, computed, pcps): the examples (lost slots per rank before the fix:

@@ -7,7 +7,6 @@ worker: only the validation module).
 """
 
 import pytest
-from registration_standins import run_process, write_tree
 
 from afd_split.integrations.afd_plugin.pinned import (
     DISPATCH,
@@ -17,6 +16,7 @@ from afd_split.integrations.afd_plugin.pinned import (
     VALIDATOR,
     variant_for_branch,
 )
+from tests.support.registration_standins import run_process, write_tree
 
 ORDERS = ("afd>afd_split", "afd_split>afd")
 BRANCHES = ("main", "release/v0.19.1rc1")

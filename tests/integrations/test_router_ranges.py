@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from evidence_only_standins import deciding_runner_source
-from hook_standins import _load
 
 from afd_split.integrations.afd_plugin import layer_ranges
 from afd_split.integrations.afd_plugin.evidence_only import install_evidence_only
 from afd_split.integrations.afd_plugin.pinned import BRANCHES
+from tests.support.evidence_only_standins import deciding_runner_source
+from tests.support.hook_standins import _load
 
 
 class Layer(torch.nn.Module):

@@ -10,10 +10,9 @@ import pytest
 
 pytest.importorskip("msprof_analyze", reason="msprof-analyze not installed (extra [profile])")
 
-import make_fixtures
-
 from afd_split.ranges import parse_range, range_name
 from pytest_afd.profiling import ascend, components, kernels, msprof
+from tests.support import make_fixtures
 
 DATA = Path(make_fixtures.DATA_DIR)
 ROLE_DIRS = {"attention": DATA / "attention", "ffn": DATA / "ffn"}

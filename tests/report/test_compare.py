@@ -1,7 +1,6 @@
 """compare A B: shared cases side by side, ratio, interval and a noise-aware call."""
 
 import pytest
-from report_builders import SMALL, make_manifest, make_result, stamped, write
 
 from pytest_afd import report
 from pytest_afd.__main__ import main
@@ -11,6 +10,7 @@ from pytest_afd.report.compare import (
     significance_call,
 )
 from pytest_afd.workloads import make_workload
+from tests.support.report_builders import SMALL, make_manifest, make_result, stamped, write
 
 NODE = "suites/stage_a/test_stage_a_policies.py::test_stage_a_policy_matrix[stage]"
 

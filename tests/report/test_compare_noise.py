@@ -11,7 +11,6 @@ import json
 
 import numpy as np
 import pytest
-from report_builders import SMALL, make_result, write
 
 from pytest_afd import host, perf_fault, session_noise
 from pytest_afd.__main__ import main
@@ -25,6 +24,7 @@ from pytest_afd.report.noise import (
 )
 from pytest_afd.results import validate_result
 from pytest_afd.workloads import make_workload
+from tests.support.report_builders import SMALL, make_result, write
 
 NODE = "suites/stage_d/test_stage_d_chunking.py::test_stage_d_chunk_sweep_then_best_two"
 POLICIES = ("request_boundary", "token_balanced")

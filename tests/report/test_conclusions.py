@@ -7,10 +7,10 @@ condition" table of the same report, and both against the numbers fed in.
 """
 
 import pytest
-from report_builders import SMALL, make_result, stamped, write
 
 from pytest_afd import conclusions, report, session_noise, verdicts
 from pytest_afd.workloads import make_workload
+from tests.support.report_builders import SMALL, make_result, stamped, write
 
 STAGE_D = "suites/stage_d/test_stage_d_chunking.py::test_stage_d_chunk_sweep_then_best_two"
 STAGE_A = "suites/stage_a/test_stage_a_policies.py::test_stage_a_policy_matrix[smallest]"

@@ -8,9 +8,7 @@ tick labels under three squashed panels).
 """
 
 import pytest
-from layout_check import layout_problems
 from matplotlib.figure import Figure
-from report_builders import SMALL, make_manifest, make_result
 
 from pytest_afd import results
 from pytest_afd.report import LoadedResult
@@ -19,6 +17,8 @@ from pytest_afd.report.point_plots import imbalance_key, imbalance_points, key_o
 from pytest_afd.report.sidebyside import draw_side_by_side
 from pytest_afd.report.values import mean_imbalance
 from pytest_afd.workloads import make_workload
+from tests.support.layout_check import layout_problems
+from tests.support.report_builders import SMALL, make_manifest, make_result
 
 STAGE_D_NODE = "suites/stage_d/test_stage_d_chunking.py::test_stage_d_chunk_sweep_then_best_two"
 POLICIES = ("none", "request_boundary", "token_balanced")

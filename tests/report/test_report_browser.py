@@ -8,10 +8,10 @@ test skips and says which part is missing.
 import shutil
 
 import pytest
-from report_builders import SMALL, make_result, stamped, write
 
 from pytest_afd import report
 from pytest_afd.workloads import make_workload
+from tests.support.report_builders import SMALL, make_result, stamped, write
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 DRIVER = "chromedriver"

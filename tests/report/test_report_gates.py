@@ -1,10 +1,9 @@
 """Gates get their own section: logit error against tolerance per case, one figure, no perf plots."""
 
-from report_builders import SMALL, make_result, stamped, write
-
 from pytest_afd import report
 from pytest_afd.golden import PROFILES
 from pytest_afd.workloads import make_workload
+from tests.support.report_builders import SMALL, make_result, stamped, write
 
 NODE = "suites/gates/test_gate_1_token_split.py::test_gate_1_token_split"
 LATE = "2026-12-01T12:00:00+00:00"

@@ -1,9 +1,8 @@
 """Captions say what a plot leaves out; numbered imbalance points have a key; tails that repeat p50."""
 
-from report_builders import NUM_LAYERS, SMALL, make_result, write
-
 from pytest_afd import report
 from pytest_afd.workloads import make_workload
+from tests.support.report_builders import NUM_LAYERS, SMALL, make_result, write
 
 TIMINGS = {"layers": [{"attention_s": 0.01, "moe_s": 0.02} for _ in range(NUM_LAYERS)]}
 

@@ -6,13 +6,13 @@ import sys
 
 import pytest
 from matplotlib import image as mpimg
-from report_builders import NUM_LAYERS, SMALL, make_manifest, make_result, write
 
 from pytest_afd import report, results
 from pytest_afd.__main__ import main
 from pytest_afd.manifest import stack_digest
 from pytest_afd.scheduling import SchedulerConfig, schedule
 from pytest_afd.workloads import make_workload
+from tests.support.report_builders import NUM_LAYERS, SMALL, make_manifest, make_result, write
 
 
 @pytest.fixture(scope="module")

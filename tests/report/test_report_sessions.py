@@ -4,11 +4,11 @@ import base64
 import json
 
 import pytest
-from report_builders import SMALL, make_result, stamped, write
 
 from pytest_afd import report
 from pytest_afd.__main__ import main
 from pytest_afd.workloads import make_workload
+from tests.support.report_builders import SMALL, make_result, stamped, write
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 EARLY, LATE = "2026-12-01T10:00:00+00:00", "2026-12-01T12:00:00+00:00"

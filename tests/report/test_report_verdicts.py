@@ -1,9 +1,8 @@
 """Verdicts first: Stage A's ranking and every stage's conclusion lead the report; noise marked."""
 
-from report_builders import SMALL, make_result, stamped, write
-
 from pytest_afd import report, verdicts
 from pytest_afd.workloads import make_workload
+from tests.support.report_builders import SMALL, make_result, stamped, write
 
 NODE = "suites/stage_a/test_stage_a_policies.py::test_stage_a_policy_matrix[smallest]"
 RANKING = {

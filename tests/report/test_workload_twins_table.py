@@ -1,11 +1,10 @@
 """The workloads table shows both distributions of a hit-ratio twin: whole prompts (equal to
 the hit-0 twin's) and what a warm cache leaves to compute."""
 
-from report_builders import SMALL, make_result, stamped, write
-
 from pytest_afd import report
 from pytest_afd.results import prompt_length_summary
 from pytest_afd.workloads import make_workload
+from tests.support.report_builders import SMALL, make_result, stamped, write
 
 NODE = "suites/stage_d/test_stage_d_chunking.py::test_stage_d_chunk_sweep_then_best_two"
 

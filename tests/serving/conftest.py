@@ -1,10 +1,10 @@
 """The real CPU backend (reduced model) the in-process serving tests serve, one per module."""
 
 import pytest
-from serving_test_helpers import MODEL
 
 from pytest_afd.backends import create_backend
 from pytest_afd.topology import parse_topology
+from tests.support.serving_test_helpers import MODEL
 
 
 @pytest.fixture(scope="module")

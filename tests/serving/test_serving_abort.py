@@ -14,7 +14,12 @@ import threading
 import time
 
 import pytest
-from serving_test_helpers import (
+
+from pytest_afd.backends.base import PromptRequest, RunSettings
+from pytest_afd.serving.engine import EngineStopped, PrefillEngine
+from pytest_afd.serving.prometheus import ServerCounters, parse_prometheus, sum_metric
+from pytest_afd.serving.requests import ServingLimits
+from tests.support.serving_test_helpers import (
     CLIENT_TIMEOUT_S,
     MODEL,
     VOCAB,
@@ -23,11 +28,6 @@ from serving_test_helpers import (
     prompt,
     serving,
 )
-
-from pytest_afd.backends.base import PromptRequest, RunSettings
-from pytest_afd.serving.engine import EngineStopped, PrefillEngine
-from pytest_afd.serving.prometheus import ServerCounters, parse_prometheus, sum_metric
-from pytest_afd.serving.requests import ServingLimits
 
 ABANDONED = 6
 ABANDONED_TOKENS = 2048

@@ -9,12 +9,12 @@ accept order (a FCFS scheduler's view of arrival).
 from __future__ import annotations
 
 import numpy as np
-from serving_test_helpers import MODEL, VOCAB, RecordingBackend, serving
 
 from pytest_afd.backends.base import PromptRequest, RunSettings
 from pytest_afd.serving.client import CompletionsClient
 from pytest_afd.serving.engine import PrefillEngine
 from pytest_afd.serving.requests import ServingLimits
+from tests.support.serving_test_helpers import MODEL, VOCAB, RecordingBackend, serving
 
 BURST = 8
 

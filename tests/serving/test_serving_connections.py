@@ -19,10 +19,15 @@ import subprocess
 import time
 
 import pytest
-from serving_test_helpers import CLIENT_TIMEOUT_S, VOCAB, serving, start_server_process
 
 from pytest_afd.serving.prometheus import parse_prometheus, sum_metric
 from pytest_afd.serving.requests import ServingLimits
+from tests.support.serving_test_helpers import (
+    CLIENT_TIMEOUT_S,
+    VOCAB,
+    serving,
+    start_server_process,
+)
 
 READ_TIMEOUT_S = 2.0
 TRICKLE_INTERVAL_S = 0.5

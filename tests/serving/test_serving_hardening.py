@@ -10,7 +10,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from serving_test_helpers import (
+
+from pytest_afd.backends.base import RunSettings
+from pytest_afd.serving.requests import DEFAULT_REQUEST_QUEUE_SIZE, MAX_JSON_DEPTH, ServingLimits
+from pytest_afd.serving.server import described_vocab_size
+from tests.support.serving_test_helpers import (
     MODEL,
     VOCAB,
     RecordingBackend,
@@ -21,10 +25,6 @@ from serving_test_helpers import (
     request_bytes,
     serving,
 )
-
-from pytest_afd.backends.base import RunSettings
-from pytest_afd.serving.requests import DEFAULT_REQUEST_QUEUE_SIZE, MAX_JSON_DEPTH, ServingLimits
-from pytest_afd.serving.server import described_vocab_size
 
 
 def test_the_vocabulary_comes_from_the_backend_description(backend):

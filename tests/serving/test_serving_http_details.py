@@ -7,9 +7,16 @@ import http.client
 import json
 
 import pytest
-from serving_test_helpers import CLIENT_TIMEOUT_S, MODEL, VOCAB, post, raw_exchange, serving
 
 from pytest_afd.serving.requests import ServingLimits
+from tests.support.serving_test_helpers import (
+    CLIENT_TIMEOUT_S,
+    MODEL,
+    VOCAB,
+    post,
+    raw_exchange,
+    serving,
+)
 
 BODY = json.dumps({"model": MODEL, "prompt": [1, 2, 3]}).encode()
 

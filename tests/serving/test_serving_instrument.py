@@ -3,11 +3,10 @@ marks (``X-AFD-Instrument``) run in an instrumented batch, unmarked ones never d
 
 from __future__ import annotations
 
-from serving_test_helpers import MODEL, VOCAB, RecordingBackend, prompt, serving
-
 from pytest_afd.backends.base import PromptRequest
 from pytest_afd.serving.client import CompletionsClient
 from pytest_afd.serving.requests import ServingLimits
+from tests.support.serving_test_helpers import MODEL, VOCAB, RecordingBackend, prompt, serving
 
 
 class SettingsRecordingBackend(RecordingBackend):

@@ -14,9 +14,8 @@ import subprocess
 import threading
 import time
 
-from serving_test_helpers import CLIENT_TIMEOUT_S, prompt, start_server_process
-
 from pytest_afd.serving.prometheus import parse_prometheus, sum_metric
+from tests.support.serving_test_helpers import CLIENT_TIMEOUT_S, prompt, start_server_process
 
 # Long enough that three more requests queue behind it; the batch budget keeps them out of
 # its batch (a 4,096-token prompt held the engine ~15 s in the reproducer).

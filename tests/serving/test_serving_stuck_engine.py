@@ -17,11 +17,11 @@ import threading
 import time
 
 import pytest
-from serving_test_helpers import CLIENT_TIMEOUT_S, post, prompt, serving
 
 from pytest_afd.backends import create_backend
 from pytest_afd.backends.base import RunSettings
 from pytest_afd.serving.requests import ServingLimits
+from tests.support.serving_test_helpers import CLIENT_TIMEOUT_S, post, prompt, serving
 
 SMALL_MODEL = "reduced:num_hidden_layers=4,first_k_dense_replace=1"
 PEER_TIMEOUT_S = 3.0

@@ -23,8 +23,6 @@ object the plugin builds with and without the hook, bit for bit.
 
 from __future__ import annotations
 
-from hook_standins import _body, _indent
-
 from afd_split.integrations.afd_plugin.pinned import (
     PLANNER,
     ROUTER,
@@ -32,6 +30,7 @@ from afd_split.integrations.afd_plugin.pinned import (
     normalize_header,
     variant_for_branch,
 )
+from tests.support.hook_standins import _body, _indent
 
 ARG_NAMES = ("num_tokens", "num_reqs", "max_query_len", "num_tokens_padded", "num_reqs_padded",
              "ubatch_slices", "logits_indices", "use_spec_decode", "for_cudagraph_capture",

@@ -244,15 +244,10 @@ def _load(path: Path, source: str):
 
 
 def _adapter_batches():
-    """tests/adapters/adapter_batches.py (adapt's stand-in builders), loaded by path."""
-    path = Path(__file__).resolve().parents[1] / "adapters" / "adapter_batches.py"
-    name = "afd_split_hook_adapter_batches"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
+    """The adapters' stand-in builders (``tests.support.adapter_batches``)."""
+    from tests.support import adapter_batches
+
+    return adapter_batches
 
 
 def ascend_common(layout, num_scheduled, num_computed):

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from afd_split.engine.standin_builders import PaddedSlotBuffer
-from tests.adapters.pcp_runner_model import rank_positions
-from tests.afd_split.pcp_helper_reference import helper_layout, helper_metadata
+from tests.support.pcp_helper_reference import helper_layout, helper_metadata
+from tests.support.pcp_runner_model import rank_positions
 
 MAX_NUM_REQS = 32
 MAX_NUM_TOKENS = 8192

@@ -35,7 +35,7 @@ import torch
 from afd_split.checks.metadata import BatchMetadata
 from afd_split.engine.ascend import ASCEND_LAYOUTS
 from afd_split.engine.standins import attn_state_enum, standin_class
-from tests.afd_split.pcp_helper_reference import helper_layout, helper_metadata
+from tests.support.pcp_helper_reference import helper_layout, helper_metadata
 
 VLLM_ASCEND_TAG = "v0.19.1rc1"
 LAYOUT = next(layout for layout in ASCEND_LAYOUTS if layout.version == VLLM_ASCEND_TAG)

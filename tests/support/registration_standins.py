@@ -18,7 +18,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hook_standins import standin_connector_source, standin_forward_source, standin_source
+from tests.support.hook_standins import (
+    standin_connector_source,
+    standin_forward_source,
+    standin_source,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 FUTURE = "from __future__ import annotations\n\n"

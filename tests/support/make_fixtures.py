@@ -1,6 +1,6 @@
 """Write the small ``*_ascend_pt`` fixture trees the profiling tests analyse (seeded).
 
-``python tests/profiling/make_fixtures.py`` rewrites ``tests/profiling/data``;
+``python tests/support/make_fixtures.py`` rewrites ``tests/profiling/data``;
 ``test_fixtures_are_generated`` fails when the committed trees differ from what
 this script writes, so they cannot drift.
 
@@ -43,7 +43,7 @@ from msprof_analyze.cluster_analyse.common_func.utils import double_hash
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from afd_split.ranges import range_name
 
-DATA_DIR = Path(__file__).with_name("data")
+DATA_DIR = Path(__file__).resolve().parents[1] / "profiling" / "data"
 SEED = 31
 STEPS = (1, 2)
 DENSE_LAYERS = (0,)
