@@ -163,6 +163,8 @@ CONNECTOR = "afd_plugin.connectors.npu.async_cam"
 if CONNECTOR in sys.modules:
     dispatch = vars(sys.modules[CONNECTOR].CAMAsyncAFDConnector)["send_attn_output"]
     report["dispatch"] = [getattr(dispatch, PATCH_MARKER, None), function_header(dispatch)]
+    parse = vars(sys.modules[CONNECTOR].CAMAsyncAFDConnector)["parse_extra_config"].__func__
+    report["extra_info"] = [getattr(parse, PATCH_MARKER, None), function_header(parse)]
 if RUNNER in sys.modules:
     runner = sys.modules[RUNNER]
     planner = vars(runner.AFDNPUAttentionModelRunner)["_build_attention_metadata_with_async_moe_ubatches"]

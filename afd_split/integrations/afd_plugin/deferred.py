@@ -29,18 +29,27 @@ from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
-from afd_split.integrations.afd_plugin.dispatch_patch import install_dispatch
+from afd_split.integrations.afd_plugin.dispatch_patch import (
+    DISPATCH_NAME,
+    PATCH_MARKER,
+    install_dispatch,
+)
 from afd_split.integrations.afd_plugin.drift_guard import DriftLog, guarded
 from afd_split.integrations.afd_plugin.evidence_only import install_evidence_only
+from afd_split.integrations.afd_plugin.extra_info_patch import extra_info_seam, install_extra_info
 from afd_split.integrations.afd_plugin.forward_patch import install_forward
 from afd_split.integrations.afd_plugin.patches import (
     install_runner,
     install_validator,
+    installed_branch,
     plugin_request_split,
     runner_pcp_unavailable,
     seams_of,
 )
 from afd_split.integrations.afd_plugin.pinned import (
+    CONNECTOR_CLASS,
+    DISPATCH,
+    EXTRA_INFO,
     EXTRA_INFO_MODULE,
     FORWARD_MODULE,
     PLANNER,
@@ -120,8 +129,18 @@ def seam_patches(new_session: Callable[[Any], HookSession],
     def patch_validation(module: ModuleType) -> bool:
         return install_validator(module, plugin_request_split, pcp_unavailable, drift.reasons)
 
+    def patch_connector(module: ModuleType) -> bool:
+        # Both seams drift-checked before either is patched (the module stays whole).
+        dispatch = vars(vars(module)[CONNECTOR_CLASS])[DISPATCH_NAME]
+        if getattr(dispatch, PATCH_MARKER, None) != DISPATCH:
+            installed_branch(DISPATCH, dispatch)
+        parse = extra_info_seam(module)
+        if getattr(parse, PATCH_MARKER, None) != EXTRA_INFO:
+            installed_branch(EXTRA_INFO, parse)
+        return install_dispatch(module) | install_extra_info(module, drift.reasons)
+
     patches = {VALIDATION_MODULE: patch_validation, RUNNER_MODULE: patch_runner,
-               EXTRA_INFO_MODULE: install_dispatch, FORWARD_MODULE: install_forward}
+               EXTRA_INFO_MODULE: patch_connector, FORWARD_MODULE: install_forward}
     return {name: guarded(patch, drift) for name, patch in patches.items()}
 
 

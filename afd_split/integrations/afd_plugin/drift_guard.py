@@ -53,6 +53,12 @@ class DriftLog:
                      f"unpatched ({message})" for seam, message in self.drifted.items())
 
 
+def drift_refusal(reasons: tuple[str, ...]) -> PluginDriftError:
+    """The error refusing ``token_balanced`` after seams drifted (``DriftLog.reasons``)."""
+    return PluginDriftError(f"async_moe_split={TOKEN_BALANCED_SPLIT!r} is refused: "
+                            + "; ".join(reasons))
+
+
 def guarded(patch: Callable[[ModuleType], Any], log: DriftLog) -> Callable[[ModuleType], Any]:
     """``patch`` that leaves a drifted module unpatched and records the drift instead of
     raising out of the plugin's import."""

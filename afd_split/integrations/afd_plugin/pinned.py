@@ -66,8 +66,8 @@ def normalize_header(source: str) -> str:
 
 
 def function_header(function) -> str:
-    """The normalised ``def`` header of a live function, from its source."""
-    return normalize_header(inspect.getsource(function))
+    """The normalised ``def`` header of a live function (or classmethod), from its source."""
+    return normalize_header(inspect.getsource(getattr(function, "__func__", function)))
 
 
 VALIDATOR = "validator"
@@ -76,6 +76,7 @@ SLICER = "slicer"
 DISPATCH = "dispatch"
 FORWARD = "forward"
 ROUTER = "router"
+EXTRA_INFO = "extra_info"
 CONNECTOR_CLASS = "CAMAsyncAFDConnector"
 
 _VALIDATOR_HEADER = (
@@ -119,6 +120,10 @@ _FORWARD_HEADER = (
     "-> tuple[torch.Tensor, torch.Tensor | None]: ..."
 )
 
+_EXTRA_INFO_HEADER = (
+    "def parse_extra_config(cls, raw: Mapping[str, Any] | None) -> AFDAsyncExtraInfo: ..."
+)
+
 _ROUTER_HEADER_MAIN = (
     "def _build_attention_metadata(self, num_tokens: int, num_reqs: int, max_query_len: int, "
     "num_tokens_padded: int | None = None, num_reqs_padded: int | None = None, "
@@ -155,6 +160,12 @@ PINNED_SEAMS: tuple[PinnedSeam, ...] = (
                _DISPATCH_HEADER),
     PinnedSeam(DISPATCH, EXTRA_INFO_MODULE, f"{CONNECTOR_CLASS}.send_attn_output",
                *RELEASE_V0_19_1RC1, _DISPATCH_HEADER),
+    # Where afd-plugin parses the connector's extra config (async_moe_split among it), before
+    # its validator judges the value (fail_if_unsupported_npu_afd_features); a classmethod.
+    PinnedSeam(EXTRA_INFO, EXTRA_INFO_MODULE, f"{CONNECTOR_CLASS}.parse_extra_config", *MAIN,
+               _EXTRA_INFO_HEADER),
+    PinnedSeam(EXTRA_INFO, EXTRA_INFO_MODULE, f"{CONNECTOR_CLASS}.parse_extra_config",
+               *RELEASE_V0_19_1RC1, _EXTRA_INFO_HEADER),
     # The async-MoE stage pipeline: dense layers on the whole batch, then the stages sliced by
     # UBatchSlice.token_slice (looked up as a module attribute by AFDDeepseekV2Model).
     PinnedSeam(FORWARD, FORWARD_MODULE, "run_async_moe_ubatch_afd_forward", *MAIN,
