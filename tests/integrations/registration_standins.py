@@ -122,11 +122,12 @@ def register_afd_split():
     if registration == "register":
         hook.register()
     else:  # "eager": what register() did before (import the runner module at registration)
-        from afd_split.integrations.afd_plugin.patches import install, resolve_seams
+        from afd_split.integrations.afd_plugin.deferred import install_deferred
         try:
-            install(resolve_seams(), new_session=hook.engine_session)
+            importlib.import_module(RUNNER)
         except ImportError as error:
             attempted.append(f"ImportError: {error}")
+        install_deferred(new_session=hook.engine_session)
 
 
 def register_afd():

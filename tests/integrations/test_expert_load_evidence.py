@@ -13,8 +13,8 @@ import torch
 from hook_standins import BLOCK_SIZE, _load, ascend_common, standin_connector_source
 
 from afd_split.adapters.ascend import ASCEND_LAYOUTS
+from afd_split.integrations.afd_plugin.deferred import install_deferred
 from afd_split.integrations.afd_plugin.dispatch_patch import install_dispatch
-from afd_split.integrations.afd_plugin.patches import install
 from afd_split.integrations.afd_plugin.stages import (
     TOKEN_BALANCED_SPLIT,
     HookSession,
@@ -115,7 +115,7 @@ def result_of(outputs, routing="natural"):
 def test_per_stage_counts_round_trip_into_a_schema_valid_result(standin_plugin, connector_class,
                                                                tmp_path):
     seams = standin_plugin("main")
-    install(seams, new_session=new_session_factory(tmp_path))
+    install_deferred(new_session=new_session_factory(tmp_path))
     runner = make_runner(seams, connector_class)
     expected = run_step(runner, 0) + run_step(runner, 1)
     evidence = read_new_records(tmp_path, {}, max_read_bytes=1 << 20)
@@ -142,7 +142,7 @@ def test_a_case_whose_workers_routed_otherwise_gets_no_expert_load(standin_plugi
     """The workers ran forced-balanced routing but the case says natural: the reader refuses
     the case's evidence, naming the mismatch, so a synthetic run cannot pass as natural."""
     seams = standin_plugin("main")
-    install(seams, new_session=new_session_factory(tmp_path, routing="forced_balanced"))
+    install_deferred(new_session=new_session_factory(tmp_path, routing="forced_balanced"))
     run_step(make_runner(seams, connector_class), 0)
     evidence = read_new_records(tmp_path, {}, max_read_bytes=1 << 20)
     over_http = RunOutputs(requests=[RequestOutput("r0", sum(SCHEDULED), 0, 1, ttft_s=0.1)])
@@ -154,7 +154,7 @@ def test_a_case_whose_workers_routed_otherwise_gets_no_expert_load(standin_plugi
 def test_a_line_of_an_earlier_step_is_counted_not_joined(standin_plugin, connector_class,
                                                         tmp_path):
     seams = standin_plugin("main")
-    install(seams, new_session=new_session_factory(tmp_path))
+    install_deferred(new_session=new_session_factory(tmp_path))
     run_step(make_runner(seams, connector_class), 0)
     lines = (tmp_path / "attention-rank0.jsonl").read_bytes().splitlines(keepends=True)
     (tmp_path / "attention-rank0.jsonl").write_bytes(lines[1])  # the step line is gone

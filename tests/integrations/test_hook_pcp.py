@@ -18,13 +18,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from hook_standins import BLOCK_SIZE, REQUEST_SPLIT, StandInUBatchSlice
+from hook_standins import BLOCK_SIZE, StandInUBatchSlice
 from pcp_standins import StandInPcpManager, block_tables
 
 from afd_split import UnsupportedSplitError
 from afd_split.engine_alignment import EngineAlignment
-from afd_split.integrations.afd_plugin.patches import install, install_runner
+from afd_split.integrations.afd_plugin.deferred import install_deferred
+from afd_split.integrations.afd_plugin.patches import PATCH_MARKER
 from afd_split.integrations.afd_plugin.pcp_seam import PCP_STAGE_RULE, StageBlockTables
+from afd_split.integrations.afd_plugin.pinned import PLANNER, VALIDATOR
 from afd_split.integrations.afd_plugin.rules import token_balanced_unsupported_reasons
 from afd_split.integrations.afd_plugin.stages import (
     TOKEN_BALANCED_SPLIT,
@@ -83,7 +85,7 @@ def _pcp_runner(seams, scheduled, computed, pcp, rank):
 
 
 def _plan_step(seams, scheduled, computed, pcp, rank, evidence_dir=None):
-    install(seams, new_session=_session_factory(
+    install_deferred(new_session=_session_factory(
         evidence_dir, EngineAlignment(tp_size=1, sequence_parallel=False, pcp_size=pcp), rank))
     runner, batch = _pcp_runner(seams, scheduled, computed, pcp, rank)
     rank_rows = np.array(batch.rank_rows, dtype=np.int32)  # what _prepare_inputs leaves
@@ -227,7 +229,7 @@ def test_validator_rules_for_pcp():
 def test_validator_patch_accepts_pcp_only_on_the_release_seams(standin_plugin):
     for branch, accepted in ((RELEASE, True), ("main", False)):
         seams = standin_plugin(branch)
-        install(seams, new_session=_session_factory(None, None))
+        install_deferred(new_session=_session_factory(None, None))
         validate = seams.validation_module._fail_if_unsupported_npu_async_moe_ubatching_features
         if accepted:
             validate(_config(8), GATE, num_ubatches=2, split=TOKEN_BALANCED_SPLIT)
@@ -302,7 +304,7 @@ def test_a_drifted_stage_pcp_rebuild_refuses_pcp_at_start(standin_plugin):
         return method(self, *args, **kwargs)
 
     seams.runner_class._build_attention_metadata_with_ubatches = drifted
-    install(seams, new_session=_session_factory(None, None))
+    install_deferred(new_session=_session_factory(None, None))
     validate = seams.validation_module._fail_if_unsupported_npu_async_moe_ubatching_features
     with pytest.raises(RuntimeError, match="per-stage PCP rebuild drifted"):
         validate(_config(8), GATE, num_ubatches=2, split=TOKEN_BALANCED_SPLIT)
@@ -312,7 +314,7 @@ def test_a_drifted_stage_pcp_rebuild_refuses_pcp_at_start(standin_plugin):
 def test_pcp_with_sequence_parallelism_fails_closed_naming_it(standin_plugin, tmp_path):
     seams = standin_plugin(RELEASE)
     alignment = EngineAlignment(tp_size=2, sequence_parallel=True, pcp_size=PCP)
-    install(seams, new_session=_session_factory(tmp_path, alignment))
+    install_deferred(new_session=_session_factory(tmp_path, alignment))
     runner, batch = _pcp_runner(seams, GLOBAL_SCHEDULED, COMPUTED, PCP, 1)
     rank_local = np.array(batch.rank_rows, dtype=np.int32)
     kwargs = {"num_tokens": int(rank_local.sum()), "num_tokens_padded": int(rank_local.sum()),
@@ -348,26 +350,20 @@ def test_deferred_validator_judges_pcp_from_the_runner_loaded_when_it_runs(stand
                                                                            monkeypatch):
     """Deferred registration patches the validation module when it loads, before the
     Attention worker loads the runner module: PCP is judged when the validator runs."""
-    from afd_split.integrations.afd_plugin.deferred import seam_patches
-    from afd_split.integrations.afd_plugin.pinned import (
-        EXTRA_INFO_MODULE,
-        RUNNER_MODULE,
-        VALIDATION_MODULE,
-    )
+    from afd_split.integrations.afd_plugin.pinned import RUNNER_MODULE
 
-    monkeypatch.setitem(sys.modules, EXTRA_INFO_MODULE,  # what plugin_request_split reads
-                        SimpleNamespace(ASYNC_MOE_REQUEST_SPLIT=REQUEST_SPLIT))
     for branch, accepted in ((RELEASE, True), ("main", False)):
         seams = standin_plugin(branch)
-        monkeypatch.delitem(sys.modules, RUNNER_MODULE, raising=False)
-        patches = seam_patches(_session_factory(None, None))
-        assert patches[VALIDATION_MODULE](seams.validation_module)  # runner not loaded yet
+        monkeypatch.delitem(sys.modules, RUNNER_MODULE)  # the runner module is not loaded yet
+        install_deferred(new_session=_session_factory(None, None))
         validate = seams.validation_module._fail_if_unsupported_npu_async_moe_ubatching_features
+        assert getattr(validate, PATCH_MARKER) == VALIDATOR
         with pytest.raises(RuntimeError, match="runner module is not loaded"):
             validate(_config(8), GATE, num_ubatches=2, split=TOKEN_BALANCED_SPLIT)
         monkeypatch.setitem(sys.modules, RUNNER_MODULE, seams.runner_module)  # the runner loads
-        # what the hook's runner patch does (seams_of needs the real vLLM package)
-        assert install_runner(seams, new_session=_session_factory(None, None)) == branch
+        install_deferred(new_session=_session_factory(None, None))  # as the import hook does
+        planner = vars(seams.runner_class)["_build_attention_metadata_with_async_moe_ubatches"]
+        assert getattr(planner, PATCH_MARKER) == PLANNER
         if accepted:
             validate(_config(8), GATE, num_ubatches=2, split=TOKEN_BALANCED_SPLIT)
         else:

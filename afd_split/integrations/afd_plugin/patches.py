@@ -89,10 +89,8 @@ class PluginDriftError(RuntimeError):
 class PluginSeams:
     """The upstream objects the hook patches (modules of the installed plugin, or stand-ins)."""
 
-    validation_module: ModuleType
     runner_module: ModuleType
     runner_class: type
-    request_split: str
     slice_type: type
     forward_module: ModuleType | None = None
     """The async-MoE pipeline's module (PCP stages); None: imported at the first PCP step."""
@@ -101,31 +99,14 @@ class PluginSeams:
     read when a step is planned); None: no import hook watches the seams."""
 
 
-def resolve_seams() -> PluginSeams:
-    """The installed plugin's seams (imports afd_plugin, vLLM and vLLM-Ascend)."""
-    import importlib
-
-    from afd_split.integrations.afd_plugin.pinned import RUNNER_MODULE
-
-    return seams_of(importlib.import_module(RUNNER_MODULE))
-
-
 def seams_of(runner_module: ModuleType) -> PluginSeams:
     """The seams around a loaded runner module (whose own imports loaded the rest)."""
-    import importlib
-
-    from afd_plugin.connectors.npu.async_cam import ASYNC_MOE_REQUEST_SPLIT
     from vllm.v1.worker.ubatch_utils import UBatchSlice
 
-    from afd_split.integrations.afd_plugin.pinned import RUNNER_CLASS, VALIDATION_MODULE
+    from afd_split.integrations.afd_plugin.pinned import RUNNER_CLASS
 
-    return PluginSeams(
-        validation_module=importlib.import_module(VALIDATION_MODULE),
-        runner_module=runner_module,
-        runner_class=vars(runner_module)[RUNNER_CLASS],
-        request_split=ASYNC_MOE_REQUEST_SPLIT,
-        slice_type=UBatchSlice,
-    )
+    return PluginSeams(runner_module=runner_module, runner_class=vars(runner_module)[RUNNER_CLASS],
+                       slice_type=UBatchSlice)
 
 
 def plugin_request_split() -> str:
@@ -422,17 +403,3 @@ def install_runner(seams: PluginSeams, *, new_session: Callable[[Any], HookSessi
     setattr(seams.runner_module, SLICER_NAME, make_slicer_patch(slicer))
     setattr(seams.runner_class, PLANNER_NAME, PLANNER_PATCHES[branch](planner, seams, new_session))
     return branch
-
-
-def install(seams: PluginSeams, *, new_session: Callable[[Any], HookSession]) -> str:
-    """Patch the three seams (all drift-checked before any is patched; idempotent);
-    returns the branch recognised."""
-    planner = vars(seams.runner_class)[PLANNER_NAME]
-    if getattr(planner, PATCH_MARKER, None) == PLANNER:
-        return "already-installed"
-    branch = installed_branch(PLANNER, planner)
-    installed_branch(VALIDATOR, vars(seams.validation_module)[VALIDATOR_NAME])
-    installed_branch(SLICER, vars(seams.runner_module)[SLICER_NAME])
-    install_validator(seams.validation_module, lambda: seams.request_split,
-                      lambda: pcp_seam_unavailable(seams.runner_class, branch))
-    return install_runner(seams, new_session=new_session)
