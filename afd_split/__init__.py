@@ -1,28 +1,28 @@
 """Token-balanced two-ubatch split path for AFD prefill (framework-neutral).
 
 Imports numpy only at import time; torch is imported by the functions that
-exchange or return tensors, and vLLM only by ``afd_split.adapters``.
+exchange or return tensors, and vLLM only by ``afd_split.engine``.
 """
 
-from afd_split.agree import agree_on_split
-from afd_split.constraints import SplitConstraints, SplitPolicy
+from afd_split.checks.metadata import BatchMetadata, split_metadata, validate_split
+from afd_split.checks.requests import RequestFields, split_request_fields, validate_split_requests
+from afd_split.checks.support import (
+    SplitSupportConfig,
+    prepare_split_runtime,
+    unsupported_reasons,
+    validate_split_support,
+)
+from afd_split.engine.rows import gather_ubatch_rows, merge_outputs
+from afd_split.engine.state import AllBindings, BufferContents, preserved_state
 from afd_split.errors import (
     SplitInvariantError,
     SplitMismatchError,
     SplitRejectedError,
     UnsupportedSplitError,
 )
-from afd_split.metadata import BatchMetadata, split_metadata, validate_split
-from afd_split.plan import SplitPlan, UBatch, plan_split
-from afd_split.requests import RequestFields, split_request_fields, validate_split_requests
-from afd_split.rows import gather_ubatch_rows, merge_outputs
-from afd_split.state import AllBindings, BufferContents, preserved_state
-from afd_split.support import (
-    SplitSupportConfig,
-    prepare_split_runtime,
-    unsupported_reasons,
-    validate_split_support,
-)
+from afd_split.plan.agree import agree_on_split
+from afd_split.plan.constraints import SplitConstraints, SplitPolicy
+from afd_split.plan.planner import SplitPlan, UBatch, plan_split
 
 __all__ = [
     "AllBindings",

@@ -14,10 +14,10 @@ import argparse
 import json
 import sys
 
-from afd_split.constraints import SplitConstraints, SplitPolicy, checked_int
-from afd_split.metadata import DEFAULT_BLOCK_SIZE
-from afd_split.plan import SplitPlan, as_token_counts, plan_split
-from afd_split.requests import RequestFields, split_request_fields, validate_split_requests
+from afd_split.checks.metadata import DEFAULT_BLOCK_SIZE
+from afd_split.checks.requests import RequestFields, split_request_fields, validate_split_requests
+from afd_split.plan.constraints import SplitConstraints, SplitPolicy, checked_int
+from afd_split.plan.planner import SplitPlan, as_token_counts, plan_split
 
 EXIT_BAD_INPUT = 2
 """Same status argparse uses for usage errors."""

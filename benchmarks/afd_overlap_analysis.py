@@ -8,7 +8,7 @@ import numpy as np
 from afd_overlap_evidence import span_cost_s, summarize_instrumented
 from afd_overlap_stats import dispersion
 
-from afd_split.cost import modelled_plan_cost
+from afd_split.plan.cost import modelled_plan_cost
 
 
 def case_entry(plan, lengths, cost_model, runs, instrumented_runs) -> dict:

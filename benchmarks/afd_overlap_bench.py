@@ -74,7 +74,7 @@ from afd_overlap_stats import (
 from afd_overlap_table import print_summary
 
 from afd_split import BatchMetadata, plan_split
-from afd_split.cost import fit_cost_model, use_cost_model
+from afd_split.plan.cost import fit_cost_model, use_cost_model
 from pytest_afd.backends.cpu import named_config
 from pytest_afd.backends.cpu.afd import AfdRuntime
 from pytest_afd.progress import Progress, stream_emitter

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from afd_split.cost import StageSample, attended_keys_per_row
+from afd_split.plan.cost import StageSample, attended_keys_per_row
 from pytest_afd.backends.cpu.afd.evidence import ATTENTION, SENDER_KIND, WAIT_KINDS, Timeline
 
 

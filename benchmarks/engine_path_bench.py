@@ -33,7 +33,7 @@ Targets (issue 24): engine_path <= 1.0x plugin_style_path at every layout and
 size, on the median of per-round paired ratios in thread CPU time
 (``time.thread_time_ns``: steadier on a loaded host; wall time is reported
 beside it). Context: the per-step host cost as a fraction of the cost model's
-(``afd_split.cost``) modelled prefill step of the same batch, 140K tokens at 512
+(``afd_split.plan.cost``) modelled prefill step of the same batch, 140K tokens at 512
 requests. A run above load 2 is repeated (``bench_load``); the JSON says
 ``load_ok``. JSON: one ``met`` flag per target, p10/median/p90 over rounds per
 path; one summary line on stdout.
@@ -58,13 +58,13 @@ from engine_path_metadata import build_layout_batch, layout_kinds_here, plugin_s
 from engine_path_parts import aten_ops, part_callables
 from engine_path_timing import PASSES, spread, time_interleaved
 
-from afd_split.cost import DEFAULT_COST_MODEL, modelled_plan_cost
 from afd_split.integrations.afd_plugin.stages import (
     HookSession,
     ascend_splitter,
     plan_stages,
 )
 from afd_split.integrations.engine_step import StepRanks
+from afd_split.plan.cost import DEFAULT_COST_MODEL, modelled_plan_cost
 
 BATCH_SIZES = (1, 8, 32, 128, 512)
 MAX_RATIO_TO_PLUGIN = 1.0

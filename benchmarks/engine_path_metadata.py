@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from afd_split.adapters.layout import PinnedLayout, load_layout, match_layout
-from afd_split.adapters.standins import standin_class
+from afd_split.engine.layout import PinnedLayout, load_layout, match_layout
+from afd_split.engine.standins import standin_class
 
 ASCEND_STANDIN = "vllm-ascend-v0.19.1rc1"
 
@@ -110,7 +110,7 @@ def _values(layout: PinnedLayout, lengths: np.ndarray, computed: np.ndarray, blo
 
 
 def _vllm_splitter(positions):
-    from afd_split.adapters.vllm import split_common_metadata
+    from afd_split.engine.vllm import split_common_metadata
 
     def splitter(plan, common, block):
         return [stage for stage, _ in split_common_metadata(plan, common, positions, block)]
@@ -134,7 +134,7 @@ def build_layout_batch(kind: str, lengths: np.ndarray, computed: np.ndarray,
                            StandInUBatchSlice)
     from vllm.v1.worker.ubatch_utils import UBatchSlice
 
-    from afd_split.adapters.vllm import VLLM_LAYOUTS, common_attention_metadata_type
+    from afd_split.engine.vllm import VLLM_LAYOUTS, common_attention_metadata_type
 
     cls = common_attention_metadata_type()
     layout = match_layout(cls, VLLM_LAYOUTS)

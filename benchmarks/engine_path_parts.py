@@ -23,27 +23,27 @@ from collections import Counter
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from afd_split.adapters.common import parent_arrays_of, produced_arrays, split_fields
-from afd_split.request_checks import check_split_arrays
+from afd_split.checks.request_checks import check_split_arrays
+from afd_split.engine.common import parent_arrays_of, produced_arrays, split_fields
 
 
 def field_program(batch):
     """The adapter's field program of the batch's metadata class (vLLM or Ascend)."""
     if batch.splitter is None:
-        from afd_split.adapters.ascend import ascend_field_program
+        from afd_split.engine.ascend import ascend_field_program
 
         return ascend_field_program(type(batch.common))
-    from afd_split.adapters.vllm import vllm_field_program
+    from afd_split.engine.vllm import vllm_field_program
 
     return vllm_field_program(type(batch.common))
 
 
 def _recompute_table(batch):
     if batch.splitter is None:
-        from afd_split.adapters.ascend import ASCEND_RECOMPUTE_BY_MODE
+        from afd_split.engine.ascend import ASCEND_RECOMPUTE_BY_MODE
 
         return ASCEND_RECOMPUTE_BY_MODE[True, False]
-    from afd_split.adapters.vllm import VLLM_RECOMPUTE
+    from afd_split.engine.vllm import VLLM_RECOMPUTE
 
     return VLLM_RECOMPUTE
 

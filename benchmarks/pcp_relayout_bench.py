@@ -36,12 +36,12 @@ import torch
 from bench_load import add_load_arguments, emit_report, load_note, run_until_quiet
 
 from afd_split import BatchMetadata, SplitConstraints, plan_split
-from afd_split.adapters.ascend_pcp import pcp_stage_metadata
-from afd_split.pcp_relayout import rank_relayout
+from afd_split.engine.ascend_pcp import pcp_stage_metadata
+from afd_split.pcp.relayout import rank_relayout
 from pytest_afd.backends.cpu.pcp import PcpEmulation
 
 PCP = 8
-ALIGN = 2 * PCP  # the engine's PCP alignment (afd_split.engine_alignment)
+ALIGN = 2 * PCP  # the engine's PCP alignment (afd_split.pcp.alignment)
 RANK = 3
 BLOCK_SIZE = 128
 HIDDEN = 7168

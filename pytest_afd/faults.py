@@ -41,9 +41,9 @@ ROLES_MODULE = "pytest_afd.backends.cpu.afd.roles"
 # The modules that bind the afd_split functions the CPU backend calls: the
 # in-process executor and the AFD runtime's Attention role.
 SPLIT_CALLERS = (EXECUTOR_MODULE, ROLES_MODULE)
-METADATA_MODULE = "afd_split.metadata"
+METADATA_MODULE = "afd_split.checks.metadata"
 RETAINED_ATTRIBUTE = "_retained_splits"
-"""Module attribute the leak fault adds to afd_split.metadata (what the soak's scan must see)."""
+"""Module attribute the leak fault adds to afd_split.checks.metadata (what the soak's scan must see)."""
 MODEL_LEAK_ATTRIBUTE = "forward_metadata_log"
 """Attribute the executor-leak fault adds to the model (a list of every forward's metadata)."""
 
@@ -274,7 +274,7 @@ PCP_ROW_FAULTS = ("relaid_rows_swapped", "restore_rows_shifted")
 """Faults on the PCP path's rows; they reach only a split with pcp_size > 1."""
 NON_PCP_ROW_FAULTS = ("merge_order_swapped", "rows_shifted_in_gather")
 """Faults in ``gather_ubatch_rows`` / ``merge_outputs``, which a PCP split does not call
-(its rows move through ``afd_split.pcp_relayout``, as on the engine)."""
+(its rows move through ``afd_split.pcp.relayout``, as on the engine)."""
 
 
 def fault_reaches(name: str, pcp_size: int) -> bool:

@@ -18,15 +18,15 @@ import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-ADAPTER_COMMON_MODULE = "afd_split.adapters.common"
-ADAPTER_VLLM_MODULE = "afd_split.adapters.vllm"
-ADAPTER_ASCEND_MODULE = "afd_split.adapters.ascend"
-ADAPTER_COMPILED_MODULE = "afd_split.adapters.compiled"
+ADAPTER_COMMON_MODULE = "afd_split.engine.common"
+ADAPTER_VLLM_MODULE = "afd_split.engine.vllm"
+ADAPTER_ASCEND_MODULE = "afd_split.engine.ascend"
+ADAPTER_COMPILED_MODULE = "afd_split.engine.compiled"
 ENGINE_STEP_MODULE = "afd_split.integrations.engine_step"
 ENGINE_GLUE_MODULE = "pytest_afd.backends.cpu.engine_glue"
 ROLES_MODULE = "pytest_afd.backends.cpu.afd.roles"
-REQUEST_CHECKS_MODULE = "afd_split.request_checks"
-PLAN_TYPES_MODULE = "afd_split.plan_types"
+REQUEST_CHECKS_MODULE = "afd_split.checks.request_checks"
+PLAN_TYPES_MODULE = "afd_split.plan.types"
 BACKEND_MODULE = "pytest_afd.backends.cpu.backend"
 
 
@@ -55,10 +55,10 @@ def _patched_in(modules: tuple[str, ...], name: str,
 @contextlib.contextmanager
 def _recompiled() -> Iterator[None]:
     """The adapters generate each class's split once and bind its helpers by value
-    (``afd_split.adapters.compiled``): a fault patched into a helper reaches that
+    (``afd_split.engine.compiled``): a fault patched into a helper reaches that
     code only if the split is generated again while the fault is in place, and no
     faulty split may stay cached after it."""
-    from afd_split.adapters import ascend, vllm
+    from afd_split.engine import ascend, vllm
 
     def clear() -> None:
         vllm.vllm_compiled_split.cache_clear()
@@ -77,7 +77,7 @@ def _recompute_entry_swapped(field_name: str, entry: Callable[..., Any]) -> Iter
     single source both the compiled and the field-by-field split read)."""
     from types import MappingProxyType
 
-    from afd_split.adapters import ascend, vllm
+    from afd_split.engine import ascend, vllm
 
     vllm_table = MappingProxyType({**vllm.VLLM_RECOMPUTE, field_name: entry})
     ascend_tables = MappingProxyType({
@@ -135,8 +135,8 @@ def head_device_seq_lens_full() -> contextlib.AbstractContextManager[None]:
 
         return faulty
 
-    from afd_split.adapters import vllm
-    from afd_split.adapters.compiled import recompute_expr
+    from afd_split.engine import vllm
+    from afd_split.engine.compiled import recompute_expr
 
     entry = recompute_expr("cut_seq_lens(c.common.seq_lens, c.ubatch, c.left_over)",
                            cut_seq_lens=make(vllm.cut_seq_lens))
@@ -168,8 +168,8 @@ def tail_host_computed_plus_one() -> contextlib.AbstractContextManager[None]:
 
 def check_reads_plan() -> contextlib.AbstractContextManager[None]:
     """The adapter's check compares the plan's own split of the parent, not what it produced."""
-    from afd_split.adapters.slicing import check_split
-    from afd_split.requests import cut_request_arrays
+    from afd_split.checks.requests import cut_request_arrays
+    from afd_split.engine.slicing import check_split
 
     def make(_original):
         def faulty(plan, common, positions, block_size, program, parent, per_ubatch, results,
@@ -212,7 +212,7 @@ def readback_unchecked() -> contextlib.AbstractContextManager[None]:
 
 def engine_check_unchecked() -> contextlib.AbstractContextManager[None]:
     """``check_engine_step`` hands back its parts (or the plan's own split) unchecked."""
-    from afd_split.requests import split_request_fields
+    from afd_split.checks.requests import split_request_fields
 
     def make(_original):
         def faulty(plan, parent, parts=None):

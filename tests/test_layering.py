@@ -1,7 +1,12 @@
 """Layering rules from the design: afd_split stays framework-neutral."""
 
+import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 FORBIDDEN_AT_IMPORT = ("pytest", "vllm", "vllm_ascend", "torch_npu", "pytest_afd")
 
@@ -25,8 +30,6 @@ def test_markers_registered(pytestconfig):
 def test_no_test_directory_shadows_an_optional_package():
     """Test dirs land on sys.path (rootdir import mode): one named like an optional
     package would make find_spec() report it installed, and hardware probes lie."""
-    from pathlib import Path
-
     root = Path(__file__).resolve().parent.parent
     optional = {"vllm", "vllm_ascend", "torch_npu", "transformers"}
     shadows = [
@@ -36,3 +39,67 @@ def test_no_test_directory_shadows_an_optional_package():
         if path.is_dir() and path.name in optional
     ]
     assert shadows == []
+
+
+# ---- import-linter contracts (pyproject [tool.importlinter]) ------------------------------------
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LAYERS_CONTRACT = "afd_split layers: plan < checks | pcp < engine < hook"
+BASE_CONTRACT = "afd_split never imports pytest_afd, suites or tests"
+
+
+def run_import_linter(root):
+    """``lint-imports`` on the tree at ``root`` with the pyproject there; (exit code, report)."""
+    code = "import sys\nfrom importlinter.cli import lint_imports\nsys.exit(lint_imports(no_cache=True))\n"
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300
+    )
+    return out.returncode, out.stdout + out.stderr
+
+
+def test_import_linter_contracts_are_kept():
+    """The layers CI enforces: this test IS that enforcement, so a missing linter fails it."""
+    returncode, report = run_import_linter(REPO_ROOT)
+    assert "No module named 'importlinter'" not in report, "install the test extra: pip install -e .[test]"
+    assert returncode == 0, report
+    assert f"{LAYERS_CONTRACT} KEPT" in report, report
+    assert f"{BASE_CONTRACT} KEPT" in report, report
+
+
+def copy_packages(tmp_path):
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for package in ("afd_split", "pytest_afd"):
+        shutil.copytree(REPO_ROOT / package, tmp_path / package, ignore=skip)
+    shutil.copy(REPO_ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+
+
+VIOLATIONS = {
+    # The plan layer reaching up into the engine glue.
+    "plan_imports_engine": (
+        "afd_split/plan/planner.py",
+        "import afd_split.engine.rows  # noqa: F401\n",
+        LAYERS_CONTRACT,
+        "afd_split.plan.planner -> afd_split.engine.rows",
+    ),
+    # The framework-neutral base reaching into the harness.
+    "checks_import_harness": (
+        "afd_split/checks/support.py",
+        "import pytest_afd.faults  # noqa: F401\n",
+        BASE_CONTRACT,
+        "afd_split.checks.support -> pytest_afd.faults",
+    ),
+}
+
+
+@pytest.mark.parametrize("violation", sorted(VIOLATIONS))
+def test_an_import_that_breaks_a_contract_fails_the_linter(tmp_path, violation):
+    """One wrong-way import in a copy of the tree: the same config reports that contract broken."""
+    path, line, contract, chain = VIOLATIONS[violation]
+    copy_packages(tmp_path)
+    target = tmp_path / path
+    target.write_text(target.read_text() + line)
+    returncode, report = run_import_linter(tmp_path)
+    assert returncode != 0, report
+    assert f"{contract} BROKEN" in report, report
+    assert chain in report, report

@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from afd_split.agree import agree_on_split
-from afd_split.constraints import SplitConstraints, SplitPolicy
+from afd_split.checks.request_checks import validate_split_requests
+from afd_split.checks.requests import RequestFields, split_request_fields
 from afd_split.integrations.worker_evidence import EVIDENCE_FORMAT, RECORD_KIND
-from afd_split.plan import SplitPlan, plan_split
-from afd_split.request_checks import validate_split_requests
-from afd_split.requests import RequestFields, split_request_fields
+from afd_split.plan.agree import agree_on_split
+from afd_split.plan.constraints import SplitConstraints, SplitPolicy
+from afd_split.plan.planner import SplitPlan, plan_split
 
 AGREE_DEBUG_ENV = "AFD_SPLIT_DEBUG_AGREE"
 """Set to 1: every step all-gathers the plan fingerprint over the engine's TP/PCP groups."""

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from afd_split.constraints import SplitConstraints, SplitPolicy
-from afd_split.plan_types import built_plan, ubatch_record
+from afd_split.plan.constraints import SplitConstraints, SplitPolicy
+from afd_split.plan.types import built_plan, ubatch_record
 
 OBSERVED_CONSTRAINTS = SplitConstraints()
 """An observed plan was made without afd_split's constraints: recorded as the defaults."""

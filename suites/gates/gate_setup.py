@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from afd_split import SplitSupportConfig
-from afd_split.support import CPU_REFERENCE_BUILDER
+from afd_split.checks.support import CPU_REFERENCE_BUILDER
 from pytest_afd.backends import create_backend
 from pytest_afd.backends.base import (
     Backend,

@@ -84,7 +84,7 @@ def steps_count_problems(steps: Sequence[dict[str, Any]], case: str) -> list[str
 
 def agreement_problems(steps: Sequence[dict[str, Any]], case: str) -> list[str]:
     """AFD-process steps whose ranks did not all record one agreed plan fingerprint
-    (the debug-mode agreement, ``afd_split.agree``, must run on every step)."""
+    (the debug-mode agreement, ``afd_split.plan.agree``, must run on every step)."""
     problems = []
     for index, record in enumerate(steps):
         agreed = record.get("afd", {}).get("agreed_fingerprints")

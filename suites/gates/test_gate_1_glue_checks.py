@@ -34,11 +34,11 @@ from gate_lib import (
 )
 
 from afd_split import SplitConstraints, SplitInvariantError
-from afd_split.adapters.ascend import ASCEND_LAYOUTS
-from afd_split.adapters.vllm import VLLM_LAYOUTS
-from afd_split.agree import fingerprint_words
+from afd_split.checks.request_checks import LIST_CHECK_MAX_REQUESTS
+from afd_split.engine.ascend import ASCEND_LAYOUTS
+from afd_split.engine.vllm import VLLM_LAYOUTS
 from afd_split.integrations.engine_step import plan_engine_step
-from afd_split.request_checks import LIST_CHECK_MAX_REQUESTS
+from afd_split.plan.agree import fingerprint_words
 from pytest_afd.faults import get_fault
 from pytest_afd.topology import parse_topology
 
@@ -48,7 +48,7 @@ SHARED_PREFIX_TOKENS = 96
 PREFIX_SEED_SUFFIX = 8
 SMALL_LENGTHS = (40, 150)  # the second is a 96-token prefix hit; the cut falls inside it
 MANY_LENGTHS = (3,) * 20 + (60,) + (3,) * 20
-ADAPTERS_PATH = "afd_split/adapters/"
+ADAPTERS_PATH = "afd_split/engine/"
 ENGINE_STEP_PATH = "afd_split/integrations/engine_step.py"
 
 
@@ -155,7 +155,7 @@ def _engine_parent(layout, metadata):
     ``layout``, filled as the model runner fills it (the gate's own build)."""
     import torch
 
-    from afd_split.adapters.standins import attn_state_enum, standin_class
+    from afd_split.engine.standins import attn_state_enum, standin_class
 
     def device(array, dtype=torch.int32):
         return torch.tensor(np.asarray(array), dtype=dtype)
@@ -183,9 +183,9 @@ def _engine_parent(layout, metadata):
 
 
 def _field_by_field_split(layout, tokens, computed):
-    from afd_split.adapters.ascend import split_ascend_common_metadata
-    from afd_split.adapters.vllm import split_common_metadata
-    from afd_split.metadata import BatchMetadata
+    from afd_split.checks.metadata import BatchMetadata
+    from afd_split.engine.ascend import split_ascend_common_metadata
+    from afd_split.engine.vllm import split_common_metadata
 
     metadata = BatchMetadata.from_requests(list(tokens), list(computed),
                                            block_size=READBACK_BLOCK_SIZE)

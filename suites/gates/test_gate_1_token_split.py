@@ -38,7 +38,7 @@ from gate_lib import (
 )
 from step_evidence_checks import agreement_problems, steps_count_problems
 
-from afd_split.request_checks import LIST_CHECK_MAX_REQUESTS
+from afd_split.checks.request_checks import LIST_CHECK_MAX_REQUESTS
 from pytest_afd.backends.base import (
     CAP_AFD,
     PromptRequest,
@@ -116,7 +116,7 @@ class SplitWorkload:
         return prompts, [seed_prompt]
 
 
-# Above afd_split.request_checks.LIST_CHECK_MAX_REQUESTS (32): the request check's bytes
+# Above afd_split.checks.request_checks.LIST_CHECK_MAX_REQUESTS (32): the request check's bytes
 # path runs. Small requests keep the CPU forward cheap; the cut falls inside the 60.
 MANY_SMALL_REQUESTS = (3,) * 20 + (60,) + (3,) * 20
 

@@ -274,17 +274,17 @@ def test_gate_5_detectors_see_contamination():
     twice = plan_split([5, 3], policy="token_balanced")  # one plan logged under two labels
     holder.refs += [("first", soak_lib.lifetime_ref(twice)), ("second", soak_lib.lifetime_ref(twice))]
     assert holder.alive_after_run() == ["first", "second"]
-    module = soak_lib.sys.modules["afd_split.plan"]
-    before = soak_lib.module_state(["afd_split.plan"])
+    module = soak_lib.sys.modules["afd_split.plan.planner"]
+    before = soak_lib.module_state(["afd_split.plan.planner"])
     module.soak_probe_cache = []
     try:
-        assert soak_lib.module_state_changes(before, soak_lib.module_state(["afd_split.plan"])) == [
-            "added afd_split.plan.soak_probe_cache"
+        assert soak_lib.module_state_changes(before, soak_lib.module_state(["afd_split.plan.planner"])) == [
+            "added afd_split.plan.planner.soak_probe_cache"
         ]
-        with_list = soak_lib.module_state(["afd_split.plan"])
+        with_list = soak_lib.module_state(["afd_split.plan.planner"])
         module.soak_probe_cache.append(kept)
-        changes = soak_lib.module_state_changes(with_list, soak_lib.module_state(["afd_split.plan"]))
-        assert changes == ["afd_split.plan.soak_probe_cache changed size 0 -> 1"]
+        changes = soak_lib.module_state_changes(with_list, soak_lib.module_state(["afd_split.plan.planner"]))
+        assert changes == ["afd_split.plan.planner.soak_probe_cache changed size 0 -> 1"]
     finally:
         del module.soak_probe_cache
 

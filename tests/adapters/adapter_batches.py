@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from afd_split import BatchMetadata
-from afd_split.adapters.standins import attn_state_enum, standin_class  # noqa: F401 (re-exported)
+from afd_split.engine.standins import attn_state_enum, standin_class  # noqa: F401 (re-exported)
 
 BLOCK = 16
 PREFIX_HIT_TOKENS = (40, 100, 20, 36)

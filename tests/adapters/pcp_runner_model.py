@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from afd_split import BatchMetadata
-from afd_split.adapters.ascend import ASCEND_LAYOUTS
-from afd_split.adapters.standins import attn_state_enum, standin_class
+from afd_split.engine.ascend import ASCEND_LAYOUTS
+from afd_split.engine.standins import attn_state_enum, standin_class
 from tests.afd_split.pcp_helper_reference import helper_layout, helper_metadata
 
 VLLM_ASCEND_TAG = "v0.19.1rc1"

@@ -8,14 +8,14 @@ import torch
 from adapter_batches import BLOCK, PREFIX_HIT_TOKENS, attn_state_enum, build_common, standin_class
 
 from afd_split import SplitConstraints, UnsupportedSplitError, plan_split
-from afd_split.adapters.ascend import (
+from afd_split.engine.ascend import (
     ASCEND_LAYOUTS,
     PcpStage,
     check_ascend_pcp_startup,
     check_ascend_split_support,
     split_ascend_common_metadata,
 )
-from afd_split.adapters.layout import field_names
+from afd_split.engine.layout import field_names
 
 PLAN = plan_split(PREFIX_HIT_TOKENS, policy="token_balanced", constraints=SplitConstraints(align=8))
 LAYOUT_IDS = [layout.version for layout in ASCEND_LAYOUTS]

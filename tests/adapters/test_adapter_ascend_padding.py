@@ -12,8 +12,8 @@ import torch
 from adapter_batches import BLOCK, attn_state_enum, build_common, standin_class
 
 from afd_split import SplitConstraints, UnsupportedSplitError, plan_split
-from afd_split.adapters import common as adapter_common
-from afd_split.adapters.ascend import ASCEND_LAYOUTS, FIA_PADDING, split_ascend_common_metadata
+from afd_split.engine import common as adapter_common
+from afd_split.engine.ascend import ASCEND_LAYOUTS, FIA_PADDING, split_ascend_common_metadata
 
 LAYOUT_IDS = [layout.version for layout in ASCEND_LAYOUTS]
 V026 = next(layout for layout in ASCEND_LAYOUTS if layout.version == "v0.26.0rc")

@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from afd_split import SplitConstraints, SplitInvariantError, UnsupportedSplitError, plan_split
-from afd_split.adapters import ascend_pcp
-from afd_split.adapters.ascend import ASCEND_LAYOUTS
-from afd_split.adapters.ascend_pcp import pcp_stage_metadata
-from afd_split.adapters.standins import attn_state_enum
-from afd_split.pcp_relayout import rank_relayout
-from afd_split.pcp_stage import stage_tokens
+from afd_split.engine import ascend_pcp
+from afd_split.engine.ascend import ASCEND_LAYOUTS
+from afd_split.engine.ascend_pcp import pcp_stage_metadata
+from afd_split.engine.standins import attn_state_enum
+from afd_split.pcp.relayout import rank_relayout
+from afd_split.pcp.stage import stage_tokens
 from tests.adapters.pcp_runner_model import LAYOUT, runner_batch
 
 BLOCK = 16
@@ -158,7 +158,7 @@ def test_a_decode_only_parent_is_not_split():
 
 
 def test_the_v0_26_layout_is_refused_under_pcp():
-    from afd_split.adapters.standins import standin_class
+    from afd_split.engine.standins import standin_class
 
     later = ASCEND_LAYOUTS[-1]
     assert later.version != LAYOUT.version

@@ -20,13 +20,13 @@ import torch
 from adapter_batches import attn_state_enum, build_common, standin_class
 
 from afd_split import SplitConstraints, plan_split
-from afd_split.adapters.ascend import (
+from afd_split.engine.ascend import (
     ASCEND_LAYOUTS,
     ascend_compiled_split,
     ascend_field_program,
     split_ascend_common_metadata,
 )
-from afd_split.adapters.vllm import (
+from afd_split.engine.vllm import (
     VLLM_LAYOUTS,
     split_common_metadata,
     vllm_compiled_split,
@@ -45,7 +45,7 @@ def _layout_cases():
     cases = [pytest.param(layout, standin_class(layout), id=f"standin-{layout.name}")
              for layout in (*VLLM_LAYOUTS, *ASCEND_LAYOUTS)]
     if importlib.util.find_spec("vllm") is not None:
-        from afd_split.adapters.vllm import common_attention_metadata_type, common_layout
+        from afd_split.engine.vllm import common_attention_metadata_type, common_layout
 
         cls = common_attention_metadata_type()
         layout = common_layout(cls.__new__(cls))
@@ -193,10 +193,10 @@ def test_a_rule_table_change_flows_into_the_generated_code():
     """The compiler reads the rule table: a field moved to another rule is compiled so."""
     from types import MappingProxyType
 
-    from afd_split.adapters.common import compile_fields
-    from afd_split.adapters.compiled import compiled_split
-    from afd_split.adapters.layout import FieldRule
-    from afd_split.adapters.vllm import VLLM_FIELD_RULES, VLLM_HOST_SOURCES, VLLM_RECOMPUTE
+    from afd_split.engine.common import compile_fields
+    from afd_split.engine.compiled import compiled_split
+    from afd_split.engine.layout import FieldRule
+    from afd_split.engine.vllm import VLLM_FIELD_RULES, VLLM_HOST_SOURCES, VLLM_RECOMPUTE
 
     layout = VLLM_LAYOUTS[0]
     cls = standin_class(layout)
@@ -255,7 +255,7 @@ def test_a_class_with_post_init_goes_through_its_constructor_and_stays_identical
 def test_host_copy_read_is_the_memory_of_the_made_copy(like):
     """The compiled check reads a made host copy through host_like_read's array: it must be
     the copy's own memory (a write to the copy shows in it), also after a dtype conversion."""
-    from afd_split.adapters.slicing import host_like, host_like_read
+    from afd_split.engine.slicing import host_like, host_like_read
 
     array = np.array([3, 5, 9], dtype=np.int32)
     made, read = host_like_read(array, like)

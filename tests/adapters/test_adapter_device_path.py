@@ -15,9 +15,9 @@ from adapter_batches import BLOCK, PREFIX_HIT_TOKENS, attn_state_enum, build_com
 from device_guard import DEVICE, DeviceSyncError, DeviceSyncGuard
 
 from afd_split import SplitConstraints, plan_split
-from afd_split.adapters import slicing, vllm
-from afd_split.adapters.ascend import ASCEND_LAYOUTS, split_ascend_common_metadata
-from afd_split.adapters.vllm import VLLM_LAYOUTS, split_common_metadata
+from afd_split.engine import slicing, vllm
+from afd_split.engine.ascend import ASCEND_LAYOUTS, split_ascend_common_metadata
+from afd_split.engine.vllm import VLLM_LAYOUTS, split_common_metadata
 
 ALLOWED_DEVICE_OPS = {
     "aten.slice.Tensor",

@@ -13,15 +13,15 @@ import torch
 from adapter_batches import BLOCK, PREFIX_HIT_TOKENS, build_common, standin_class
 
 from afd_split import SplitConstraints, plan_split
-from afd_split.adapters.common import plain_field_names, replaced
-from afd_split.adapters.layout import match_layout
-from afd_split.adapters.slicing import (
+from afd_split.engine.common import plain_field_names, replaced
+from afd_split.engine.layout import match_layout
+from afd_split.engine.slicing import (
     SCALAR_MAX_REQUESTS,
     host_max,
     max_query_len,
     rebased_query_start_loc,
 )
-from afd_split.adapters.vllm import VLLM_LAYOUTS, split_common_metadata, vllm_field_program
+from afd_split.engine.vllm import VLLM_LAYOUTS, split_common_metadata, vllm_field_program
 from afd_split.errors import UnsupportedSplitError
 
 PLAN = plan_split(PREFIX_HIT_TOKENS, policy="token_balanced", constraints=SplitConstraints(align=8))

@@ -16,13 +16,13 @@ from adapter_batches import (
 )
 
 from afd_split import SplitConstraints, SplitInvariantError, UnsupportedSplitError, plan_split
-from afd_split.adapters.ascend import (
+from afd_split.engine.ascend import (
     ASCEND_FIELD_RULES,
     ASCEND_LAYOUTS,
     split_ascend_common_metadata,
 )
-from afd_split.adapters.layout import FieldRule
-from afd_split.adapters.vllm import VLLM_FIELD_RULES, VLLM_LAYOUTS, split_common_metadata
+from afd_split.engine.layout import FieldRule
+from afd_split.engine.vllm import VLLM_FIELD_RULES, VLLM_LAYOUTS, split_common_metadata
 
 PLAN = plan_split(PREFIX_HIT_TOKENS, policy="token_balanced", constraints=SplitConstraints(align=8))
 PADDED_PLAN = plan_split(
@@ -201,7 +201,7 @@ def _head_not_cut(plan, parent, head, tail):
 def recompiled():
     """The vLLM adapter compiles each class again (after a test patched its rules), and
     again after the test (so no patched split stays cached)."""
-    from afd_split.adapters import vllm
+    from afd_split.engine import vllm
 
     vllm.vllm_compiled_split.cache_clear()
     yield
@@ -218,7 +218,7 @@ def test_default_check_catches_an_injected_split_bug(
     layout, fault, compiled, monkeypatch, recompiled
 ):
     """Fault injection into the request split the adapter uses: the per-step check fails."""
-    from afd_split.requests import cut_request_arrays
+    from afd_split.checks.requests import cut_request_arrays
 
     if fault is _not_advanced and "_num_computed_tokens_cpu" not in layout.field_set:
         pytest.skip(f"vLLM {layout.version} holds no computed-tokens copy to get wrong")
@@ -227,8 +227,8 @@ def test_default_check_catches_an_injected_split_bug(
         parent = (qsl, seq_lens, computed)
         return list(fault(plan, parent, *cut_request_arrays(plan, qsl, seq_lens, computed)))
 
-    monkeypatch.setattr("afd_split.adapters.common.cut_request_arrays", buggy_split)
-    monkeypatch.setattr("afd_split.adapters.compiled.cut_request_arrays", buggy_split)
+    monkeypatch.setattr("afd_split.engine.common.cut_request_arrays", buggy_split)
+    monkeypatch.setattr("afd_split.engine.compiled.cut_request_arrays", buggy_split)
     common, positions, _ = vllm_case(layout)
     with pytest.raises(SplitInvariantError):
         split_common_metadata(PLAN, common, positions, BLOCK, compiled=compiled)
@@ -252,7 +252,7 @@ def test_default_check_reads_the_produced_host_fields(
     """Fault injection after the request split: one produced host field is built wrong (off by
     one in its last entry). The check reads the ubatches' fields, every host copy of a field
     (0.26.0 has two of seq_lens), so it sees the bug."""
-    from afd_split.adapters import vllm
+    from afd_split.engine import vllm
 
     if field not in layout.field_set:
         pytest.skip(f"vLLM {layout.version} has no {field}")
@@ -273,7 +273,7 @@ def test_default_check_reads_the_produced_host_fields(
 @pytest.mark.parametrize("fault", ["query_start_loc", "seq_lens"])
 def test_full_check_catches_a_device_side_bug(fault, compiled, monkeypatch, recompiled):
     """Fault injection into the device arithmetic: only check="full" reads it back."""
-    from afd_split.adapters import vllm
+    from afd_split.engine import vllm
 
     real = vllm.VLLM_RECOMPUTE[fault]
 

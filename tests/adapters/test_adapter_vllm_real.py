@@ -23,8 +23,8 @@ from adapter_batches import BLOCK, PREFIX_HIT_TOKENS, assert_ubatches, build_com
 from device_guard import DEVICE, DeviceSyncGuard
 
 from afd_split import SplitConstraints, UnsupportedSplitError, plan_split
-from afd_split.adapters.layout import field_names
-from afd_split.adapters.vllm import (
+from afd_split.engine.layout import field_names
+from afd_split.engine.vllm import (
     SUPPORTED_VLLM_VERSIONS,
     VLLM_LAYOUTS,
     common_attention_metadata_type,

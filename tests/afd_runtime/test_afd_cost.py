@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from afd_split import SplitConstraints, SplitRejectedError
-from afd_split.cost import (
+from afd_split.plan.cost import (
     MIN_MODELLED_GAIN,
     CostModel,
     StageSample,

@@ -27,7 +27,7 @@ da421afad719 (``vllm_ascend/worker/pcp_utils.py``, class ``PCPManager``):
   random split batches at pcp 2/4/8, every rank, decodes included.
 
 Written per request and per rank with Python lists so it shares no code with
-``afd_split.pcp_stage``.
+``afd_split.pcp.stage``.
 """
 
 from __future__ import annotations

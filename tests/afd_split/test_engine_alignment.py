@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from afd_split import UnsupportedSplitError, plan_split
-from afd_split.engine_alignment import EngineAlignment, stage_rank_rows
+from afd_split.pcp.alignment import EngineAlignment, stage_rank_rows
 
 
 def runner_sp_padding(num_tokens: int, tp_size: int, sequence_parallel: bool) -> int:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from afd_split import SplitConstraints, plan_split
-from afd_split.pcp_relayout import (
+from afd_split.pcp.relayout import (
     NO_SOURCE,
     all_rank_relayouts,
     rank_relayout,
@@ -21,7 +21,7 @@ from afd_split.pcp_relayout import (
     restore_all_ranks,
     restore_rows,
 )
-from afd_split.pcp_stage import stage_tokens
+from afd_split.pcp.stage import stage_tokens
 from tests.adapters.pcp_runner_model import rank_positions
 from tests.afd_split.pcp_helper_reference import helper_layout
 from tests.afd_split.thread_group import ThreadGroup

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from afd_split import SplitConstraints, UnsupportedSplitError, plan_split
-from afd_split.pcp_stage import (
+from afd_split.pcp.stage import (
     PAD_TOKEN,
     check_pcp_stage_support,
     padded_slot_mapping,
@@ -181,7 +181,7 @@ def test_unmodelled_pcp_settings_fail_closed_by_name():
 
 @pytest.mark.parametrize("pcp", PCP_SIZES)
 def test_rank_rows_all_gathered_and_restored_are_the_stage_in_order(pcp):
-    from afd_split.pcp_rows import gathered_stage_rows, rank_rows
+    from afd_split.pcp.rows import gathered_stage_rows, rank_rows
 
     layout = zigzag_layout([1, 37, 64, 5], pcp)
     tokens = np.arange(107) + 1000

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from afd_split import BatchMetadata, SplitConstraints, SplitInvariantError, plan_split
-from afd_split.request_checks import LIST_CHECK_MAX_REQUESTS, check_split_arrays
-from afd_split.requests import cut_request_arrays, split_request_arrays
+from afd_split.checks.request_checks import LIST_CHECK_MAX_REQUESTS, check_split_arrays
+from afd_split.checks.requests import cut_request_arrays, split_request_arrays
 
 SIZES = (3, LIST_CHECK_MAX_REQUESTS, LIST_CHECK_MAX_REQUESTS + 1, 150)
 """Both sides of the list/bytes switch."""

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from afd_split import BatchMetadata, SplitInvariantError, token_runs
-from afd_split.token_checks import name_token_violation
-from afd_split.token_runs import token_fields_hold
+from afd_split.checks.token_runs import token_fields_hold
+from afd_split.checks.tokens import name_token_violation
 
 FIELDS = ("slot_mapping", "positions", "block_table")
 

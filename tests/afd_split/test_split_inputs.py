@@ -15,7 +15,7 @@ from afd_split import (
     split_metadata,
 )
 from afd_split.cli import EXIT_BAD_INPUT, main
-from afd_split.plan_scalar import SCALAR_PATH_MAX_REQUESTS
+from afd_split.plan.scalar import SCALAR_PATH_MAX_REQUESTS
 
 TB = "token_balanced"
 HUGE_REQUEST = 2**31

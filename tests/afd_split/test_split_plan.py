@@ -269,7 +269,7 @@ def test_evidence_validates_against_the_result_schema_step(plan):
 
 
 def test_every_splitting_policy_has_a_cut_selector():
-    from afd_split.policies import CUT_SELECTORS
+    from afd_split.plan.policies import CUT_SELECTORS
 
     assert set(CUT_SELECTORS) == set(SplitPolicy) - {SplitPolicy.NONE}
     with pytest.raises(TypeError):

@@ -6,9 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from afd_split import SplitConstraints, SplitPolicy, plan_split
-from afd_split.constraints import round_up
-from afd_split.plan_scalar import SCALAR_PATH_MAX_REQUESTS, plan_scalar, scalar_counts
-from afd_split.plan_vector import plan_vectorised
+from afd_split.plan.constraints import round_up
+from afd_split.plan.scalar import SCALAR_PATH_MAX_REQUESTS, plan_scalar, scalar_counts
+from afd_split.plan.vector import plan_vectorised
 
 SCALAR_POLICIES = (SplitPolicy.NONE, SplitPolicy.REQUEST_BOUNDARY, SplitPolicy.TOKEN_BALANCED)
 

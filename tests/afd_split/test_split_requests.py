@@ -18,8 +18,8 @@ from afd_split import (
     split_request_fields,
     validate_split_requests,
 )
-from afd_split.plan_scalar import SCALAR_PATH_MAX_REQUESTS
-from afd_split.requests import INVARIANTS
+from afd_split.checks.requests import INVARIANTS
+from afd_split.plan.scalar import SCALAR_PATH_MAX_REQUESTS
 
 TB = "token_balanced"
 # A boundary request (1) cut by the token-balanced split, >= 3 requests in each ubatch.

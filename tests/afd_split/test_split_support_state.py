@@ -12,7 +12,7 @@ from afd_split import (
     unsupported_reasons,
     validate_split_support,
 )
-from afd_split.support import CPU_REFERENCE_BUILDER
+from afd_split.checks.support import CPU_REFERENCE_BUILDER
 
 SUPPORTED = SplitSupportConfig(attention_builder="AscendSFAMetadataBuilder", pcp_size=8)
 

@@ -1,6 +1,6 @@
 """The CPU backend's PCP emulation runs every split through the hook's PCP glue on every rank:
-the relayout of the rows (``afd_split.pcp_relayout``) and the relaid stage metadata
-(``afd_split.adapters.ascend_pcp``), so their faults reach the logits."""
+the relayout of the rows (``afd_split.pcp.relayout``) and the relaid stage metadata
+(``afd_split.engine.ascend_pcp``), so their faults reach the logits."""
 
 from dataclasses import replace
 

@@ -8,7 +8,7 @@ import torch
 from cpu_runner import Runner, make_prompts
 
 from afd_split import SplitConstraints, plan_split
-from afd_split.pcp_stage import stage_tokens
+from afd_split.pcp.stage import stage_tokens
 from pytest_afd.faults import get_fault
 
 LENGTHS = [150, 37, 260]

@@ -49,7 +49,7 @@ def test_fault_patches_only_inside_the_block(name):
     with fault.applied():
         assert _bindings() != before
     assert _bindings() == before
-    assert not hasattr(afd_split.metadata, faults.RETAINED_ATTRIBUTE)
+    assert not hasattr(afd_split.checks.metadata, faults.RETAINED_ATTRIBUTE)
 
 
 @pytest.mark.parametrize("name", faults.PCP_ROW_FAULTS)
@@ -87,7 +87,7 @@ def test_retained_reference_keeps_the_split_alive():
     plan, metadata = _split_batch()
     with faults.get_fault("retained_reference").applied():
         parts = executor.split_engine_metadata(plan, metadata)
-        retained = getattr(afd_split.metadata, faults.RETAINED_ATTRIBUTE)
+        retained = getattr(afd_split.checks.metadata, faults.RETAINED_ATTRIBUTE)
         assert retained == [(plan, metadata, parts)]
 
 

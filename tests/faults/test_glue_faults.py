@@ -19,10 +19,10 @@ from afd_split import (
     split_metadata,
     validate_split,
 )
-from afd_split.agree import fingerprint_words
+from afd_split.checks.request_checks import LIST_CHECK_MAX_REQUESTS, validate_split_requests
+from afd_split.checks.requests import RequestFields, split_request_fields
 from afd_split.integrations.engine_step import check_engine_step, plan_engine_step, step_record
-from afd_split.request_checks import LIST_CHECK_MAX_REQUESTS, validate_split_requests
-from afd_split.requests import RequestFields, split_request_fields
+from afd_split.plan.agree import fingerprint_words
 from pytest_afd import faults
 from pytest_afd.backends.cpu import backend, engine_glue
 from pytest_afd.backends.cpu.engine_glue import (
@@ -106,7 +106,7 @@ def test_tail_host_plus_one_is_rejected_by_the_adapters_check(layout, batch):
     with faults.get_fault("adapter_tail_host_computed_plus_one").applied(), \
             pytest.raises(SplitInvariantError) as raised:
         _stages(plan, metadata, layout)
-    assert any("afd_split/adapters/" in str(entry.path) for entry in raised.traceback)
+    assert any("afd_split/engine/" in str(entry.path) for entry in raised.traceback)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -117,7 +117,7 @@ def test_check_reads_plan_lets_a_wrong_host_copy_through(layout):
         pairs, _ = _stages(plan, metadata, layout)  # the adapter's check no longer sees it
         with pytest.raises(SplitInvariantError) as raised:  # the backend's read-back does
             split_engine_metadata(plan, metadata, layout_name=layout)
-    assert not any("afd_split/adapters/" in str(entry.path) for entry in raised.traceback)
+    assert not any("afd_split/engine/" in str(entry.path) for entry in raised.traceback)
     tail = pairs[1][0]
     expected = metadata.num_computed_tokens[plan.boundary_request] + plan.ubatches[0].num_real_tokens \
         - metadata.query_start_loc[plan.boundary_request]
@@ -216,8 +216,8 @@ READBACK_GATE = "test_gate_1_glue_checks.py::test_gate_1_the_read_back_check_rej
 def test_readback_unchecked_lets_a_wrong_host_copy_through_the_field_by_field_path(layout):
     """The fault is live: with it, the field-by-field adapters (``compiled=False``) hand back
     a tail host copy one too high that ``checked_results`` rejects without it."""
-    from afd_split.adapters.ascend import split_ascend_common_metadata
-    from afd_split.adapters.vllm import split_common_metadata
+    from afd_split.engine.ascend import split_ascend_common_metadata
+    from afd_split.engine.vllm import split_common_metadata
 
     plan, metadata = _batch(*SMALL)
 

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from afd_split.adapters.standin_builders import PaddedSlotBuffer
+from afd_split.engine.standin_builders import PaddedSlotBuffer
 from tests.adapters.pcp_runner_model import rank_positions
 from tests.afd_split.pcp_helper_reference import helper_layout, helper_metadata
 

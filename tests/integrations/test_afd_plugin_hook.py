@@ -16,7 +16,7 @@ import torch
 from hook_standins import BLOCK_SIZE, ascend_common
 
 from afd_split import SplitInvariantError
-from afd_split.adapters.ascend import ASCEND_LAYOUTS
+from afd_split.engine.ascend import ASCEND_LAYOUTS
 from afd_split.integrations import afd_plugin
 from afd_split.integrations.afd_plugin.deferred import SeamImportHook, install_deferred, seams_of
 from afd_split.integrations.afd_plugin.patches import (

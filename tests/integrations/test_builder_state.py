@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from afd_split import BufferContents, preserved_state
-from afd_split.adapters.standin_builders import (
+from afd_split.engine.standin_builders import (
     PaddedSlotBuffer,
     StandInAttentionGroup,
     StandInSfaCpBuilder,

@@ -12,7 +12,7 @@ import pytest
 import torch
 from hook_standins import BLOCK_SIZE, _load, ascend_common, standin_connector_source
 
-from afd_split.adapters.ascend import ASCEND_LAYOUTS
+from afd_split.engine.ascend import ASCEND_LAYOUTS
 from afd_split.integrations.afd_plugin.deferred import install_deferred
 from afd_split.integrations.afd_plugin.dispatch_patch import install_dispatch
 from afd_split.integrations.afd_plugin.stages import (

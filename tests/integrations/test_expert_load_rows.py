@@ -20,15 +20,15 @@ import pytest
 import torch
 from hook_standins import StandInUBatchSlice, _load, standin_connector_source
 
-from afd_split.engine_alignment import EngineAlignment
 from afd_split.integrations.afd_plugin.dispatch_patch import attach_recorder, install_dispatch
 from afd_split.integrations.afd_plugin.load_rows import pcp_stage_rows
 from afd_split.integrations.afd_plugin.pcp_seam import plan_pcp_step
 from afd_split.integrations.afd_plugin.stages import HookSession, plan_stages
 from afd_split.integrations.engine_step import StepRanks
 from afd_split.integrations.expert_load import NATURAL, ExpertLoadRecorder
-from afd_split.pcp_relayout import rank_relayout
-from afd_split.pcp_stage import PAD_TOKEN, stage_tokens, zigzag_layout
+from afd_split.pcp.alignment import EngineAlignment
+from afd_split.pcp.relayout import rank_relayout
+from afd_split.pcp.stage import PAD_TOKEN, stage_tokens, zigzag_layout
 
 NUM_EXPERTS, TOP_K, EXPERT_PER_RANK = 256, 8, 32
 NUM_DENSE, NUM_LAYERS = 1, 4  # one dense layer, three MoE layers (the example)

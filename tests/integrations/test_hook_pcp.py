@@ -22,7 +22,6 @@ from hook_standins import BLOCK_SIZE, StandInUBatchSlice
 from pcp_standins import StandInPcpManager, block_tables
 
 from afd_split import UnsupportedSplitError
-from afd_split.engine_alignment import EngineAlignment
 from afd_split.integrations.afd_plugin.deferred import install_deferred
 from afd_split.integrations.afd_plugin.patches import PATCH_MARKER
 from afd_split.integrations.afd_plugin.pcp_seam import PCP_STAGE_RULE, StageBlockTables
@@ -35,7 +34,8 @@ from afd_split.integrations.afd_plugin.stages import (
 )
 from afd_split.integrations.engine_step import StepRanks
 from afd_split.integrations.worker_evidence import EvidenceWriter
-from afd_split.pcp_stage import stage_tokens
+from afd_split.pcp.alignment import EngineAlignment
+from afd_split.pcp.stage import stage_tokens
 from tests.adapters.pcp_runner_model import runner_batch
 from tests.afd_split.pcp_helper_reference import helper_metadata, helper_padded_slots
 

@@ -4,7 +4,7 @@ The release stand-in runner builds the full batch with builder 0 of a two-builde
 attention group (vllm-ascend v0.19.1rc1 da421af ``_build_attention_metadata``) on
 the PCP manager's persistent padded-slot buffer, and the stages with
 ``get_metadata_builder(ubid or 0)`` (afd-plugin release/v0.19.1rc1 2f4f462), through
-the stand-in SFA-CP / MLA-CP builders (``afd_split.adapters.standin_builders``),
+the stand-in SFA-CP / MLA-CP builders (``afd_split.engine.standin_builders``),
 which keep persistent buffers and return views as the pinned builders do. The
 issue's cases (a head piece not a multiple of 2 * pcp): on every rank at PCP 2 and
 8, the full batch's slot mapping, positions and PCP metadata are bit-identical
@@ -22,18 +22,18 @@ import torch
 from pcp_standins import MAX_NUM_TOKENS
 from test_hook_pcp import RELEASE, _pcp_runner, _session_factory
 
-from afd_split.adapters.standin_builders import (
+from afd_split.engine.standin_builders import (
     StandInAttentionGroup,
     StandInMlaCpBuilder,
     StandInSfaCpBuilder,
 )
-from afd_split.engine_alignment import EngineAlignment
 from afd_split.integrations.afd_plugin.builder_state import (
     metadata_builders,
     stage_written_buffers,
 )
 from afd_split.integrations.afd_plugin.deferred import install_deferred
-from afd_split.pcp_stage import stage_tokens, zigzag_layout
+from afd_split.pcp.alignment import EngineAlignment
+from afd_split.pcp.stage import stage_tokens, zigzag_layout
 from pytest_afd.backends.cpu.pcp_builders import changed_fields, full_batch_fields
 from pytest_afd.faults import get_fault
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from afd_split.constraints import SplitPolicy
 from afd_split.integrations.observed_plan import observed_plan
-from afd_split.plan import plan_split
+from afd_split.plan.constraints import SplitPolicy
+from afd_split.plan.planner import plan_split
 
 COUNTS = [40, 7, 9]
 

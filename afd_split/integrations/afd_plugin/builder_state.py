@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from afd_split.state import AllBindings, BufferContents
+from afd_split.engine.state import AllBindings, BufferContents
 
 STAGE_WRITTEN_BUILDER_BUFFERS = ("slot_mapping_buf", "actual_seq_lengths_query",
                                  "actual_seq_lengths_key")

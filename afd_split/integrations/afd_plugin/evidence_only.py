@@ -34,7 +34,6 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from afd_split.constraints import SplitPolicy
 from afd_split.integrations.afd_plugin.dispatch_patch import attach_recorder
 from afd_split.integrations.afd_plugin.patches import (
     PATCH_MARKER,
@@ -54,6 +53,7 @@ from afd_split.integrations.worker_evidence import (
     EVIDENCE_FORMAT,
     UNRECORDED_KIND,
 )
+from afd_split.plan.constraints import SplitPolicy
 
 if TYPE_CHECKING:  # names of the pinned headers; never imported at run time
     import numpy as np

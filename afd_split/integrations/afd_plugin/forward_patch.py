@@ -1,4 +1,4 @@
-"""The fifth patch: PCP stages run on their own zigzag rows (``afd_split.pcp_relayout``).
+"""The fifth patch: PCP stages run on their own zigzag rows (``afd_split.pcp.relayout``).
 
 Written to the AFD plugin's AGENTS.md rules like ``patches``: the pinned header
 exactly (``pinned.FORWARD``), the reason and behaviour in the comment above,
@@ -37,7 +37,7 @@ from afd_split.errors import UnsupportedSplitError
 from afd_split.integrations.afd_plugin.patches import PATCH_MARKER, installed_branch
 from afd_split.integrations.afd_plugin.pinned import FORWARD, FORWARD_MODULE
 from afd_split.integrations.afd_plugin.stages import PlannedUBatchSlices
-from afd_split.pcp_relayout import relay_rows, restore_rows
+from afd_split.pcp.relayout import relay_rows, restore_rows
 
 if TYPE_CHECKING:  # names of the pinned header; never imported at run time
     import torch

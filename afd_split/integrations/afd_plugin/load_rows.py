@@ -15,9 +15,9 @@ from __future__ import annotations
 import numpy as np
 
 from afd_split.integrations.expert_load import StageRows
-from afd_split.pcp_relayout import RankRelayout
-from afd_split.pcp_stage import PAD_TOKEN, num_decode_requests, stage_tokens, zigzag_layout
-from afd_split.plan import SplitPlan
+from afd_split.pcp.relayout import RankRelayout
+from afd_split.pcp.stage import PAD_TOKEN, num_decode_requests, stage_tokens, zigzag_layout
+from afd_split.plan.planner import SplitPlan
 
 COUNTING_PCP_RANK = 0
 """The rank whose copy of a decode row is counted (the engine's unpad mask keeps it)."""

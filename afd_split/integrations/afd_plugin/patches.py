@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from afd_split.engine.state import preserved_state
 from afd_split.integrations.afd_plugin.builder_state import (
     builder_state_targets,
     metadata_builders,
@@ -54,7 +55,6 @@ from afd_split.integrations.afd_plugin.stages import (
     PlannedUBatchSlices,
     plan_stages,
 )
-from afd_split.state import preserved_state
 
 if TYPE_CHECKING:  # names of the pinned headers; never imported at run time
     import torch

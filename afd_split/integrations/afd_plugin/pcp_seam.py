@@ -25,10 +25,10 @@ v0.19.1rc1 da421afad719, ``worker/pcp_utils.py`` and ``worker/model_runner_v1.py
   ``UBatchSlice.token_slice``.
 
 So the hook plans token_balanced on the global counts (a cut may fall inside a
-request), lays each stage out as its own zigzag (``afd_split.pcp_relayout``:
+request), lays each stage out as its own zigzag (``afd_split.pcp.relayout``:
 the forward patch moves the rows of the requests whose layout differs, by one
 PCP all-to-all each way), builds each stage's metadata for its relaid rows
-(``afd_split.adapters.ascend_pcp``), and lets the plugin's own stage rebuild
+(``afd_split.engine.ascend_pcp``), and lets the plugin's own stage rebuild
 regenerate the PCP metadata and slots from the stage's own counts: while it
 iterates, ``query_lens_pcp_full`` holds the stage's pieces (zero elsewhere) and
 ``input_batch`` is a stage-local view whose computed tokens are the pieces' (the
@@ -46,9 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from afd_split.adapters.slicing import host_numpy
-from afd_split.constraints import MIN_PCP_FOR_ZIGZAG, SplitPolicy
-from afd_split.engine_alignment import EngineAlignment
+from afd_split.engine.slicing import host_numpy
 from afd_split.errors import UnsupportedSplitError
 from afd_split.integrations.afd_plugin.stages import (
     HookSession,
@@ -56,14 +54,16 @@ from afd_split.integrations.afd_plugin.stages import (
     record_step,
 )
 from afd_split.integrations.engine_step import plan_engine_step
-from afd_split.pcp_relayout import AllToAll, RankRelayout, rank_relayout
-from afd_split.pcp_stage import PcpStageTokens, num_decode_requests, stage_tokens
-from afd_split.plan import SplitPlan
+from afd_split.pcp.alignment import EngineAlignment
+from afd_split.pcp.relayout import AllToAll, RankRelayout, rank_relayout
+from afd_split.pcp.stage import PcpStageTokens, num_decode_requests, stage_tokens
+from afd_split.plan.constraints import MIN_PCP_FOR_ZIGZAG, SplitPolicy
+from afd_split.plan.planner import SplitPlan
 
 PCP_STAGE_RULE = (
     "token_balanced under PCP: every stage laid out as its own zigzag (the head of a cut "
     "request scheduled alone, its tail as a continuation); rows of requests whose layout "
-    "differs move by one PCP all-to-all each way (afd_split.pcp_relayout)"
+    "differs move by one PCP all-to-all each way (afd_split.pcp.relayout)"
 )
 """Recorded in every PCP step's evidence line (``pcp_stage_rule``)."""
 
@@ -218,7 +218,7 @@ class PcpStages:
 
     def split(self, common) -> StageLocalInputBatches:
         """Each stage's metadata for its relaid rows, iterated with its stage-local rebuild."""
-        from afd_split.adapters.ascend_pcp import pcp_stage_metadata  # lazy: engine glue
+        from afd_split.engine.ascend_pcp import pcp_stage_metadata  # lazy: engine glue
 
         stages = pcp_stage_metadata(self.plan, common, self.num_computed_tokens, self.relayout,
                                     self.positions_on(common.query_start_loc.device),

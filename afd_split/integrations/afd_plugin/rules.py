@@ -1,6 +1,6 @@
 """Which deployments may run ``async_moe_split="token_balanced"`` (the validator patch's rules).
 
-afd_split's support rules (``afd_split.support``), the stage alignment of the
+afd_split's support rules (``afd_split.checks.support``), the stage alignment of the
 engine's TP/SP/PCP path, and PCP: accepted only where the installed plugin has
 the per-stage PCP rebuild (release/v0.19.1rc1) and on the path that is modelled
 (DCP 1, no speculative decoding, no hybrid attention).
@@ -8,14 +8,14 @@ the per-stage PCP rebuild (release/v0.19.1rc1) and on the path that is modelled
 
 from __future__ import annotations
 
-from afd_split.adapters.ascend import check_ascend_pcp_startup
-from afd_split.engine_alignment import EngineAlignment
+from afd_split.checks.support import SplitSupportConfig, unsupported_reasons
+from afd_split.engine.ascend import check_ascend_pcp_startup
 from afd_split.errors import UnsupportedSplitError
 from afd_split.integrations.afd_plugin.pcp_drift import PCP_SEAM_BRANCH
 from afd_split.integrations.afd_plugin.pcp_seam import pcp_enabled
 from afd_split.integrations.afd_plugin.stages import TOKEN_BALANCED_SPLIT
-from afd_split.pcp_stage import check_pcp_stage_support
-from afd_split.support import SplitSupportConfig, unsupported_reasons
+from afd_split.pcp.alignment import EngineAlignment
+from afd_split.pcp.stage import check_pcp_stage_support
 
 SPARSE_ATTENTION_CONFIG_KEY = "index_topk"
 """HF text-config key of DeepSeek V3.2 sparse attention (the plugin's own SFA test)."""
@@ -85,7 +85,7 @@ def token_balanced_unsupported_reasons(vllm_config, afd_config, num_ubatches: in
         native_dbo=parallel.enable_dbo,
     ))
     if pcp_enabled(parallel.prefill_context_parallel_size):
-        # PCP stages are built by afd_split.adapters.ascend_pcp with the plugin's own
+        # PCP stages are built by afd_split.engine.ascend_pcp with the plugin's own
         # stage-PCP rebuild (pcp_seam), not the adapter's PCP builder hook, so the
         # adapter's start-up check does not apply.
         return reasons + pcp_unsupported_reasons(vllm_config, pcp_unavailable)

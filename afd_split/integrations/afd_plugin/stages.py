@@ -16,8 +16,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from afd_split.constraints import SplitPolicy
-from afd_split.engine_alignment import EngineAlignment
 from afd_split.integrations.engine_step import (
     StepRanks,
     agree_across_groups,
@@ -27,8 +25,10 @@ from afd_split.integrations.engine_step import (
 )
 from afd_split.integrations.expert_load import NATURAL, ExpertLoadRecorder, StageRows
 from afd_split.integrations.worker_evidence import EvidenceWriter
-from afd_split.pcp_relayout import AllToAll
-from afd_split.plan import SplitPlan
+from afd_split.pcp.alignment import EngineAlignment
+from afd_split.pcp.relayout import AllToAll
+from afd_split.plan.constraints import SplitPolicy
+from afd_split.plan.planner import SplitPlan
 
 if TYPE_CHECKING:
     from afd_split.integrations.afd_plugin.pcp_seam import PcpStages
@@ -196,7 +196,7 @@ def ascend_splitter(*, chunked_prefill: bool) -> Splitter:
     stage-PCP rebuild (``pcp_seam``), never by this adapter.
     """
 
-    from afd_split.adapters.ascend import split_ascend_common_metadata  # lazy: engine glue
+    from afd_split.engine.ascend import split_ascend_common_metadata  # lazy: engine glue
 
     def split(plan: SplitPlan, common, block_size: int) -> list:
         pairs = split_ascend_common_metadata(plan, common, common.positions, block_size,

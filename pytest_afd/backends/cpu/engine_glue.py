@@ -4,11 +4,11 @@ the per-step checks on what was produced, then the ubatches the CPU kernels read
 One path: where the AFD-plugin hook hands ``CommonAttentionMetadata`` to
 afd_split's adapters, the CPU backend does the same with an engine-layout
 object built from its ``BatchMetadata`` (a structural stand-in of the pinned
-class, :mod:`afd_split.adapters.standins`, filled as the model runner fills
+class, :mod:`afd_split.engine.standins`, filled as the model runner fills
 the real one: int32 device fields, host copies, slot_mapping, block table).
 
 * ``vllm`` layout (vLLM 0.19.1 ``CommonAttentionMetadata``): split with
-  ``afd_split.adapters.vllm.split_common_metadata``, the vLLM adapter's entry
+  ``afd_split.engine.vllm.split_common_metadata``, the vLLM adapter's entry
   point (the in-process executor, a vLLM GPU model runner's stand-in).
 * ``ascend`` layout (vLLM-Ascend v0.26.0rc ``AscendCommonAttentionMetadata``):
   split through the hook's own seam, ``stages.PlannedUBatchSlices.split`` with
@@ -24,7 +24,7 @@ so a slicing bug in the adapter reaches the outputs and the gates' checker.
 
 A plan with ``pcp_size > 1`` goes through the hook's PCP glue instead
 (``pcp.PcpEmulation``): every emulated rank's v0.19.1rc1 metadata built per
-relaid stage by ``afd_split.adapters.ascend_pcp``, whose computed tokens, block
+relaid stage by ``afd_split.engine.ascend_pcp``, whose computed tokens, block
 table rows and positions the kernels read.
 """
 
@@ -36,9 +36,10 @@ import numpy as np
 import torch
 
 from afd_split import BatchMetadata, SplitPlan
-from afd_split.adapters.ascend import ASCEND_LAYOUTS
-from afd_split.adapters.standins import attn_state_enum, standin_class
-from afd_split.adapters.vllm import VLLM_LAYOUTS, split_common_metadata
+from afd_split.checks.requests import RequestFields
+from afd_split.engine.ascend import ASCEND_LAYOUTS
+from afd_split.engine.standins import attn_state_enum, standin_class
+from afd_split.engine.vllm import VLLM_LAYOUTS, split_common_metadata
 from afd_split.integrations.afd_plugin.stages import (
     HookSession,
     PlannedUBatchSlices,
@@ -46,7 +47,6 @@ from afd_split.integrations.afd_plugin.stages import (
     ubatch_slices_for,
 )
 from afd_split.integrations.engine_step import StepRanks, check_engine_step
-from afd_split.requests import RequestFields
 from pytest_afd.backends.cpu.pcp import PcpEmulation, pcp_enabled
 
 VLLM_ENGINE_LAYOUT = "vllm"

@@ -3,14 +3,14 @@
 One process stands for the ``pcp_size`` ranks, and the split runs the code the
 AFD-plugin hook runs on each Attention rank under PCP:
 
-* rows (``afd_split.pcp_relayout``): every rank's rows of the whole batch (one
+* rows (``afd_split.pcp.relayout``): every rank's rows of the whole batch (one
   zigzag per whole request, as the runner lays them out) move to each stage's own
   zigzag (``relay_all_ranks``; the all-gather is the ranks' contributions
   concatenated), each stage's rows are all-gathered and put back in padded
   request order with the stage's restore index, which is what the CPU model runs;
   its outputs go the opposite way (``restore_all_ranks``, then the whole batch's
   restore index and unpad mask, as the runner's final PCP restore);
-* metadata (``afd_split.adapters.ascend_pcp.pcp_stage_metadata``): every rank's
+* metadata (``afd_split.engine.ascend_pcp.pcp_stage_metadata``): every rank's
   vLLM-Ascend v0.19.1rc1 metadata of the batch, filled as the runner fills it
   under PCP, is built per stage for the relaid rows; the ubatch the CPU kernels
   read takes its computed tokens, block table rows and positions (all ranks'
@@ -32,13 +32,13 @@ import numpy as np
 import torch
 
 from afd_split import BatchMetadata, SplitInvariantError, split_metadata
-from afd_split.adapters.ascend import ASCEND_LAYOUTS
-from afd_split.adapters.ascend_pcp import PCP_LAYOUT_TAG, pcp_stage_metadata
-from afd_split.adapters.standins import attn_state_enum, standin_class
-from afd_split.constraints import MIN_PCP_FOR_ZIGZAG
-from afd_split.pcp_relayout import all_rank_relayouts, relay_all_ranks, restore_all_ranks
-from afd_split.pcp_rows import rank_rows
-from afd_split.pcp_stage import rank_positions, stage_rows, stage_tokens, zigzag_layout
+from afd_split.engine.ascend import ASCEND_LAYOUTS
+from afd_split.engine.ascend_pcp import PCP_LAYOUT_TAG, pcp_stage_metadata
+from afd_split.engine.standins import attn_state_enum, standin_class
+from afd_split.pcp.relayout import all_rank_relayouts, relay_all_ranks, restore_all_ranks
+from afd_split.pcp.rows import rank_rows
+from afd_split.pcp.stage import rank_positions, stage_rows, stage_tokens, zigzag_layout
+from afd_split.plan.constraints import MIN_PCP_FOR_ZIGZAG
 from pytest_afd.backends.cpu.pcp_builders import (
     SFA_CP,
     RankPcpState,

@@ -21,19 +21,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from afd_split.adapters.standin_builders import (
+from afd_split.engine.standin_builders import (
     PaddedSlotBuffer,
     StandInAttentionGroup,
     StandInMlaCpBuilder,
     StandInSfaCpBuilder,
 )
+from afd_split.engine.state import preserved_state
 from afd_split.integrations.afd_plugin.builder_state import (
     builder_state_targets,
     own_stage_views,
     stage_written_buffers,
 )
-from afd_split.pcp_stage import PcpStageTokens, stage_metadata, zigzag_layout
-from afd_split.state import preserved_state
+from afd_split.pcp.stage import PcpStageTokens, stage_metadata, zigzag_layout
 
 SFA_CP = "sfa_cp"
 """DeepSeek V3.2's builder (``AscendSFACPMetadataBuilder``): the CPU model's."""

@@ -38,7 +38,7 @@ EVIDENCE_ONLY_SPLITS = ("none", "request")
 # release/v0.19.1rc1 has the per-stage PCP rebuild the hook uses (its validator
 # refuses PCP elsewhere, afd_split.integrations.afd_plugin.rules); there each
 # stage is laid out as its own zigzag, a cut request's rows moved between the PCP
-# ranks (afd_split.pcp_relayout, the hook's forward patch).
+# ranks (afd_split.pcp.relayout, the hook's forward patch).
 TOKEN_BALANCED_MAX_PCP = 1
 TOKEN_BALANCED_PCP_STACK = recipe.STACK_V019
 PLACEHOLDER_ADDRESS = re.compile(r"^node\d+$")

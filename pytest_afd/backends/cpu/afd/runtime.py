@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from afd_split import BatchMetadata, SplitPlan, SplitSupportConfig, prepare_split_runtime
+from afd_split.checks.support import CPU_REFERENCE_BUILDER
 from afd_split.integrations.engine_step import agreement_enabled
-from afd_split.support import CPU_REFERENCE_BUILDER
 from pytest_afd.backends.cpu.afd.evidence import Span, as_spans
 from pytest_afd.backends.cpu.afd.procs import (
     ADDRESS_IN_USE,
@@ -120,7 +120,7 @@ class AfdRuntime:
         ranks' scheduling niceness (-20..19; negative needs CAP_SYS_NICE), so a
         benchmark can measure the ranks' own schedule on a host shared with
         other work; 0 leaves it as inherited. ``check_agreement``: every rank
-        all-gathers each step's plan fingerprints (``afd_split.agree``) before
+        all-gathers each step's plan fingerprints (``afd_split.plan.agree``) before
         any ubatch is exchanged; None: on when ``AFD_SPLIT_DEBUG_AGREE=1``.
         ``rendezvous_port``: the port rank
         0's store binds (default: any free one, picked by the kernel at bind
