@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from hook_standins import _body, _indent
 
-from afd_split.integrations.afd_plugin.pinned import (
+from afd_split.hook.facts.pinned import (
     PLANNER,
     ROUTER,
     SLICER,

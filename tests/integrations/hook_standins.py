@@ -22,9 +22,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from afd_split.integrations.afd_plugin.deferred import SeamImportHook
-from afd_split.integrations.afd_plugin.pcp_drift import STAGE_PCP_REBUILD_HEADER
-from afd_split.integrations.afd_plugin.pinned import (
+from afd_split.hook.facts.pcp_drift import STAGE_PCP_REBUILD_HEADER
+from afd_split.hook.facts.pinned import (
     DISPATCH,
     EXTRA_INFO,
     EXTRA_INFO_MODULE,
@@ -38,6 +37,7 @@ from afd_split.integrations.afd_plugin.pinned import (
     normalize_header,
     variant_for_branch,
 )
+from afd_split.hook.install import SeamImportHook
 
 BLOCK_SIZE = 16
 """adapter_batches.BLOCK: the stand-in batches' KV block size."""

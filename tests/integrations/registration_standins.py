@@ -118,11 +118,11 @@ FORWARD = "afd_plugin.model_executor.models.npu.deepseek_v2_async_cam_forward"
 
 
 def register_afd_split():
-    from afd_split.integrations import afd_plugin as hook
+    from afd_split.hook import install as hook
     if registration == "register":
         hook.register()
     else:  # "eager": what register() did before (import the runner module at registration)
-        from afd_split.integrations.afd_plugin.deferred import install_deferred
+        from afd_split.hook.install import install_deferred
         try:
             importlib.import_module(RUNNER)
         except ImportError as error:
@@ -147,10 +147,10 @@ for name in loads:
         for plugin in order.split(">"):
             plugins[plugin]()
 
-from afd_split.integrations.afd_plugin.patches import PATCH_MARKER
-from afd_split.integrations.afd_plugin.pinned import function_header
+from afd_split.hook.patches.planner import PATCH_MARKER
+from afd_split.hook.facts.pinned import function_header
 
-from afd_split.integrations.afd_plugin.deferred import SeamImportHook
+from afd_split.hook.install import SeamImportHook
 
 report = {"attempted": attempted, "loaded": sorted(m for m in (RUNNER, VALIDATION) if m in sys.modules),
           "hooks": sum(isinstance(finder, SeamImportHook) for finder in sys.meta_path)}

@@ -17,16 +17,8 @@ from hook_standins import BLOCK_SIZE, ascend_common
 
 from afd_split import SplitInvariantError
 from afd_split.engine.ascend import ASCEND_LAYOUTS
-from afd_split.integrations import afd_plugin
-from afd_split.integrations.afd_plugin.deferred import SeamImportHook, install_deferred, seams_of
-from afd_split.integrations.afd_plugin.patches import (
-    PATCH_MARKER,
-    PLANNER_PATCHES,
-    installed_branch,
-    make_slicer_patch,
-    make_validator_patch,
-)
-from afd_split.integrations.afd_plugin.pinned import (
+from afd_split.hook import install as afd_plugin
+from afd_split.hook.facts.pinned import (
     BRANCHES,
     PINNED_SEAMS,
     PLANNER,
@@ -34,15 +26,23 @@ from afd_split.integrations.afd_plugin.pinned import (
     function_header,
     variant_for_branch,
 )
-from afd_split.integrations.afd_plugin.stages import (
+from afd_split.hook.install import SeamImportHook, install_deferred, seams_of
+from afd_split.hook.patches.planner import (
+    PATCH_MARKER,
+    PLANNER_PATCHES,
+    installed_branch,
+    make_slicer_patch,
+    make_validator_patch,
+)
+from afd_split.hook.planning.engine_step import StepRanks
+from afd_split.hook.planning.stages import (
     SESSION_ATTRIBUTE,
     TOKEN_BALANCED_SPLIT,
     HookSession,
     PlannedUBatchSlices,
     ascend_splitter,
 )
-from afd_split.integrations.engine_step import StepRanks
-from afd_split.integrations.worker_evidence import EvidenceWriter
+from afd_split.hook.planning.worker_evidence import EvidenceWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULED = [40, 7, 9]  # a long request: the request-boundary split cannot balance it
@@ -271,8 +271,8 @@ def test_installed_afd_plugin_matches_a_pinned_variant():  # pragma: no cover - 
         headers = {s.normalized_header for s in PINNED_SEAMS if s.key == seam.key}
         assert function_header(owner) in headers, f"{seam.module}.{seam.qualname} drifted"
     # The installed plugin's own seams against the patch functions, by inspect.signature.
-    from afd_split.integrations.afd_plugin.patches import plugin_request_split
-    from afd_split.integrations.afd_plugin.pinned import RUNNER_MODULE, VALIDATION_MODULE
+    from afd_split.hook.facts.pinned import RUNNER_MODULE, VALIDATION_MODULE
+    from afd_split.hook.patches.planner import plugin_request_split
 
     seams = seams_of(importlib.import_module(RUNNER_MODULE))
     branch = installed_branch(PLANNER, vars(seams.runner_class)[
@@ -288,9 +288,9 @@ def test_installed_afd_plugin_matches_a_pinned_variant():  # pragma: no cover - 
         assert [(p.name, p.kind, p.default) for p in inspect.signature(installed).parameters.values()] == [
             (p.name, p.kind, p.default) for p in inspect.signature(patched).parameters.values()]
     # The facts the PCP path relies on, read from the installed bodies.
-    from afd_split.integrations.afd_plugin.forward_patch import forward_drift
-    from afd_split.integrations.afd_plugin.pcp_drift import pcp_seam_unavailable
-    from afd_split.integrations.afd_plugin.pinned import FORWARD_MODULE
+    from afd_split.hook.facts.pcp_drift import pcp_seam_unavailable
+    from afd_split.hook.facts.pinned import FORWARD_MODULE
+    from afd_split.hook.patches.forward import forward_drift
 
     forward = vars(importlib.import_module(FORWARD_MODULE))["run_async_moe_ubatch_afd_forward"]
     assert forward_drift(forward) is None
@@ -301,7 +301,7 @@ def test_installed_afd_plugin_matches_a_pinned_variant():  # pragma: no cover - 
 def test_entry_point_is_declared_and_register_is_safe_without_afd_plugin():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     plugins = project["project"]["entry-points"]["vllm.general_plugins"]
-    assert plugins == {afd_plugin.PLUGIN_NAME: "afd_split.integrations.afd_plugin:register"}
+    assert plugins == {afd_plugin.PLUGIN_NAME: "afd_split.hook.install:register"}
     if importlib.util.find_spec("afd_plugin") is None:
         assert afd_plugin.register() is None  # nothing to patch; the validator stays upstream's
 

@@ -26,16 +26,7 @@ from hook_standins import (
     standin_forward_source,
 )
 
-from afd_split.integrations.afd_plugin import evidence_only
-from afd_split.integrations.afd_plugin.deferred import install_deferred
-from afd_split.integrations.afd_plugin.evidence_only import (
-    DISABLED_ATTRIBUTE,
-    PLANNER_LABEL,
-    install_evidence_only,
-    observe,
-)
-from afd_split.integrations.afd_plugin.patches import PATCH_MARKER
-from afd_split.integrations.afd_plugin.pinned import (
+from afd_split.hook.facts.pinned import (
     BRANCHES,
     EXTRA_INFO_MODULE,
     FORWARD_MODULE,
@@ -44,9 +35,18 @@ from afd_split.integrations.afd_plugin.pinned import (
     RUNNER_MODULE,
     variant_for_branch,
 )
-from afd_split.integrations.afd_plugin.stages import SESSION_ATTRIBUTE, HookSession
-from afd_split.integrations.engine_step import StepRanks
-from afd_split.integrations.worker_evidence import EVIDENCE_DIR_ENV
+from afd_split.hook.install import install_deferred
+from afd_split.hook.patches import router as evidence_only
+from afd_split.hook.patches.planner import PATCH_MARKER
+from afd_split.hook.patches.router import (
+    DISABLED_ATTRIBUTE,
+    PLANNER_LABEL,
+    install_evidence_only,
+    observe,
+)
+from afd_split.hook.planning.engine_step import StepRanks
+from afd_split.hook.planning.stages import SESSION_ATTRIBUTE, HookSession
+from afd_split.hook.planning.worker_evidence import EVIDENCE_DIR_ENV
 from pytest_afd import results
 from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
 from pytest_afd.backends.vllm_ascend.worker_evidence import read_new_records, with_worker_evidence

@@ -13,15 +13,15 @@ import torch
 from hook_standins import BLOCK_SIZE, _load, ascend_common, standin_connector_source
 
 from afd_split.engine.ascend import ASCEND_LAYOUTS
-from afd_split.integrations.afd_plugin.deferred import install_deferred
-from afd_split.integrations.afd_plugin.dispatch_patch import install_dispatch
-from afd_split.integrations.afd_plugin.stages import (
+from afd_split.hook.install import install_deferred
+from afd_split.hook.patches.dispatch import install_dispatch
+from afd_split.hook.planning.engine_step import StepRanks
+from afd_split.hook.planning.stages import (
     TOKEN_BALANCED_SPLIT,
     HookSession,
     ascend_splitter,
 )
-from afd_split.integrations.engine_step import StepRanks
-from afd_split.integrations.worker_evidence import EVIDENCE_DIR_ENV
+from afd_split.hook.planning.worker_evidence import EVIDENCE_DIR_ENV
 from pytest_afd import results
 from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
 from pytest_afd.backends.vllm_ascend.worker_evidence import read_new_records, with_worker_evidence

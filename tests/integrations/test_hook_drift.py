@@ -25,7 +25,7 @@ import sys
 import pytest
 from registration_standins import ROOT, write_tree
 
-from afd_split.integrations.afd_plugin.pinned import (
+from afd_split.hook.facts.pinned import (
     DISPATCH,
     EXTRA_INFO,
     FORWARD,
@@ -139,7 +139,7 @@ for step in steps:
             import afd_plugin
             afd_plugin.register_afd()
         else:
-            from afd_split.integrations import afd_plugin as hook
+            from afd_split.hook import install as hook
             hook.register()
     elif step.startswith("import_"):
         module = {"import_runner": RUNNER, "import_validation": VALIDATION,
@@ -153,8 +153,8 @@ for step in steps:
                           for split in ("request", "token_balanced")}
         report["calls"] = [call[0] for call in sys.modules[RUNNER].CALLS]
 
-from afd_split.integrations.afd_plugin.patches import PATCH_MARKER
-from afd_split.integrations.afd_plugin.pinned import function_header
+from afd_split.hook.patches.planner import PATCH_MARKER
+from afd_split.hook.facts.pinned import function_header
 
 functions = {
     "validator": vars(sys.modules[VALIDATION])[VALIDATOR_NAME],

@@ -22,18 +22,18 @@ from hook_standins import BLOCK_SIZE, StandInUBatchSlice
 from pcp_standins import StandInPcpManager, block_tables
 
 from afd_split import UnsupportedSplitError
-from afd_split.integrations.afd_plugin.deferred import install_deferred
-from afd_split.integrations.afd_plugin.patches import PATCH_MARKER
-from afd_split.integrations.afd_plugin.pcp_seam import PCP_STAGE_RULE, StageBlockTables
-from afd_split.integrations.afd_plugin.pinned import PLANNER, VALIDATOR
-from afd_split.integrations.afd_plugin.rules import token_balanced_unsupported_reasons
-from afd_split.integrations.afd_plugin.stages import (
+from afd_split.hook.facts.pinned import PLANNER, VALIDATOR
+from afd_split.hook.glue.pcp_seam import PCP_STAGE_RULE, StageBlockTables
+from afd_split.hook.install import install_deferred
+from afd_split.hook.patches.planner import PATCH_MARKER
+from afd_split.hook.planning.engine_step import StepRanks
+from afd_split.hook.planning.rules import token_balanced_unsupported_reasons
+from afd_split.hook.planning.stages import (
     TOKEN_BALANCED_SPLIT,
     HookSession,
     plan_stages,
 )
-from afd_split.integrations.engine_step import StepRanks
-from afd_split.integrations.worker_evidence import EvidenceWriter
+from afd_split.hook.planning.worker_evidence import EvidenceWriter
 from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.stage import stage_tokens
 from tests.adapters.pcp_runner_model import runner_batch
@@ -153,7 +153,7 @@ def test_the_upstream_rebuild_without_the_stage_local_batch_is_caught(standin_pl
                                                                       monkeypatch):
     """Fault injection: upstream's whole-batch input_batch (stage 1 reads requests 0..'s cached
     lengths from index 0) makes the rebuilt context differ, and the step fails closed."""
-    from afd_split.integrations.afd_plugin import pcp_seam
+    from afd_split.hook.glue import pcp_seam
 
     monkeypatch.setattr(pcp_seam, "stage_input_batch",
                         lambda batch, stage: SimpleNamespace(
@@ -166,7 +166,7 @@ def test_the_upstream_rebuild_without_the_stage_local_batch_is_caught(standin_pl
 
 def test_whole_request_counts_in_the_rebuild_are_caught(standin_plugin, monkeypatch):
     """Fault injection: the rebuild reading its requests' whole counts, not the pieces'."""
-    from afd_split.integrations.afd_plugin import pcp_seam
+    from afd_split.hook.glue import pcp_seam
 
     def whole_requests(stage, num_reqs):
         counts = np.zeros(num_reqs, dtype=np.int64)
@@ -270,7 +270,7 @@ def test_an_unaligned_parent_fails_closed_before_any_agreement(tmp_path):
 
 
 def test_the_stage_pcp_rebuild_is_drift_checked(standin_plugin):
-    from afd_split.integrations.afd_plugin.pcp_drift import (
+    from afd_split.hook.facts.pcp_drift import (
         STAGE_BUILD_METHOD,
         pcp_seam_unavailable,
         stage_pcp_rebuild_drift_in,
@@ -331,7 +331,7 @@ def test_runner_alignment_reads_vllm_ascends_sp_switches(monkeypatch, sp, by_pas
     import sys
     import types
 
-    from afd_split.integrations.afd_plugin.rules import runner_alignment
+    from afd_split.hook.planning.rules import runner_alignment
 
     utils = types.ModuleType("vllm_ascend.utils")
     seen = []
@@ -350,7 +350,7 @@ def test_deferred_validator_judges_pcp_from_the_runner_loaded_when_it_runs(stand
                                                                            monkeypatch):
     """Deferred registration patches the validation module when it loads, before the
     Attention worker loads the runner module: PCP is judged when the validator runs."""
-    from afd_split.integrations.afd_plugin.pinned import RUNNER_MODULE
+    from afd_split.hook.facts.pinned import RUNNER_MODULE
 
     for branch, accepted in ((RELEASE, True), ("main", False)):
         seams = standin_plugin(branch)

@@ -19,15 +19,15 @@ import torch
 from hook_standins import StandInUBatchSlice
 
 from afd_split import SplitConstraints, plan_split
-from afd_split.integrations.afd_plugin.forward_patch import (
+from afd_split.hook.glue.pcp_seam import PcpStages
+from afd_split.hook.patches.forward import (
     LayerRange,
     ensure_forward_patched,
     forward_drift_in,
     install_forward,
 )
-from afd_split.integrations.afd_plugin.patches import PATCH_MARKER, PluginDriftError
-from afd_split.integrations.afd_plugin.pcp_seam import PcpStages
-from afd_split.integrations.afd_plugin.stages import PlannedUBatchSlices
+from afd_split.hook.patches.planner import PATCH_MARKER, PluginDriftError
+from afd_split.hook.planning.stages import PlannedUBatchSlices
 from tests.adapters.pcp_runner_model import rank_positions
 from tests.afd_split.pcp_helper_reference import helper_layout
 from tests.afd_split.thread_group import ThreadGroup

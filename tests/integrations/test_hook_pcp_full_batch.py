@@ -27,11 +27,11 @@ from afd_split.engine.standin_builders import (
     StandInMlaCpBuilder,
     StandInSfaCpBuilder,
 )
-from afd_split.integrations.afd_plugin.builder_state import (
+from afd_split.hook.glue.builder_state import (
     metadata_builders,
     stage_written_buffers,
 )
-from afd_split.integrations.afd_plugin.deferred import install_deferred
+from afd_split.hook.install import install_deferred
 from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.stage import stage_tokens, zigzag_layout
 from pytest_afd.backends.cpu.pcp_builders import changed_fields, full_batch_fields

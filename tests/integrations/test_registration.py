@@ -9,7 +9,7 @@ worker: only the validation module).
 import pytest
 from registration_standins import run_process, write_tree
 
-from afd_split.integrations.afd_plugin.pinned import (
+from afd_split.hook.facts.pinned import (
     DISPATCH,
     EXTRA_INFO,
     FORWARD,

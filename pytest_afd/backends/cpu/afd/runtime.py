@@ -24,7 +24,7 @@ import numpy as np
 
 from afd_split import BatchMetadata, SplitPlan, SplitSupportConfig, prepare_split_runtime
 from afd_split.checks.support import CPU_REFERENCE_BUILDER
-from afd_split.integrations.engine_step import agreement_enabled
+from afd_split.hook.planning.engine_step import agreement_enabled
 from pytest_afd.backends.cpu.afd.evidence import Span, as_spans
 from pytest_afd.backends.cpu.afd.procs import (
     ADDRESS_IN_USE,

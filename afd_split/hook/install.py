@@ -1,4 +1,15 @@
-"""Deferred seam patching: registration imports nothing of afd_plugin's NPU stack.
+"""The vLLM general plugin's entry point and the hook's one install path.
+
+Entry point (pyproject ``[project.entry-points."vllm.general_plugins"]``):
+``afd_split = "afd_split.hook.install:register"``. Without afd_plugin it does
+nothing, and a process where the hook is not installed still refuses
+``token_balanced`` through the plugin's own validator, so the value can never run
+unplanned. Enable per deployment with
+``connector_extra_config.async_moe_split="token_balanced"`` and add ``afd_split``
+to ``VLLM_PLUGINS`` where that list is set. This module is the only importer of
+``afd_split.hook.patches``.
+
+Deferred seam patching: registration imports nothing of afd_plugin's NPU stack.
 
 vLLM calls general plugins in every process. In the API server,
 ``AsyncEngineArgs.add_cli_args`` calls ``load_general_plugins()`` before
@@ -23,30 +34,16 @@ metadata router also gets the evidence-only recorder (``evidence_only``).
 from __future__ import annotations
 
 import importlib.abc
+import importlib.util
+import logging
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
-from afd_split.integrations.afd_plugin.dispatch_patch import (
-    DISPATCH_NAME,
-    PATCH_MARKER,
-    install_dispatch,
-)
-from afd_split.integrations.afd_plugin.drift_guard import DriftLog, guarded
-from afd_split.integrations.afd_plugin.evidence_only import install_evidence_only
-from afd_split.integrations.afd_plugin.extra_info_patch import extra_info_seam, install_extra_info
-from afd_split.integrations.afd_plugin.forward_patch import install_forward
-from afd_split.integrations.afd_plugin.patches import (
-    install_runner,
-    install_validator,
-    installed_branch,
-    plugin_request_split,
-    runner_pcp_unavailable,
-    seams_of,
-)
-from afd_split.integrations.afd_plugin.pinned import (
+from afd_split.hook.facts.drift_guard import DriftLog, guarded
+from afd_split.hook.facts.pinned import (
     CONNECTOR_CLASS,
     DISPATCH,
     EXTRA_INFO,
@@ -57,9 +54,28 @@ from afd_split.integrations.afd_plugin.pinned import (
     SLICER,
     VALIDATION_MODULE,
 )
-from afd_split.integrations.afd_plugin.stages import HookSession
+from afd_split.hook.glue.session import engine_session
+from afd_split.hook.patches.dispatch import (
+    DISPATCH_NAME,
+    PATCH_MARKER,
+    install_dispatch,
+)
+from afd_split.hook.patches.extra_info import extra_info_seam, install_extra_info
+from afd_split.hook.patches.forward import install_forward
+from afd_split.hook.patches.planner import (
+    install_runner,
+    install_validator,
+    installed_branch,
+    plugin_request_split,
+    runner_pcp_unavailable,
+    seams_of,
+)
+from afd_split.hook.patches.router import install_evidence_only
+from afd_split.hook.planning.stages import TOKEN_BALANCED_SPLIT, HookSession
 
 ModulePatch = Callable[[ModuleType], Any]
+
+logger = logging.getLogger(__name__)
 
 
 class PatchingLoader(importlib.abc.Loader):
@@ -157,3 +173,21 @@ def install_deferred(new_session: Callable[[Any], HookSession]) -> SeamImportHoo
         if module is not None:
             patch(module)
     return hook
+
+
+PLUGIN_NAME = "afd_split"
+"""Entry-point name (what ``VLLM_PLUGINS`` lists)."""
+
+
+def register() -> None:
+    """``vllm.general_plugins`` entry point: install the hook where afd_plugin is installed.
+
+    Imports nothing of afd_plugin, vLLM-Ascend or torch_npu: each seam module is
+    patched when it is already loaded, else right after it first loads.
+    """
+    if importlib.util.find_spec("afd_plugin") is None:
+        logger.debug("%s: afd_plugin is not installed; nothing to patch", PLUGIN_NAME)
+        return
+    install_deferred(new_session=engine_session)
+    logger.info("%s: async_moe_split=%r will be routed through afd_split when afd_plugin's "
+                "seam modules load", PLUGIN_NAME, TOKEN_BALANCED_SPLIT)

@@ -48,12 +48,12 @@ import numpy as np
 
 from afd_split.engine.slicing import host_numpy
 from afd_split.errors import UnsupportedSplitError
-from afd_split.integrations.afd_plugin.stages import (
+from afd_split.hook.planning.engine_step import plan_engine_step
+from afd_split.hook.planning.stages import (
     HookSession,
     PlannedUBatchSlices,
     record_step,
 )
-from afd_split.integrations.engine_step import plan_engine_step
 from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.relayout import AllToAll, RankRelayout, rank_relayout
 from afd_split.pcp.stage import PcpStageTokens, num_decode_requests, stage_tokens
@@ -311,13 +311,13 @@ def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, computed
                          session.alignment)
     pcp = None
     if plan.is_split:
-        from afd_split.integrations.afd_plugin.forward_patch import ensure_forward_patched
+        from afd_split.hook.patches.forward import ensure_forward_patched
 
         ensure_forward_patched(forward_module)  # relaid rows never reach upstream slicing
         pcp = PcpStages.for_rank(plan, computed, session.ranks.pcp_rank,
                                  session.pcp_all_to_all, runner,
                                  chunked_prefill=session.chunked_prefill)
-    from afd_split.integrations.afd_plugin.load_rows import pcp_parent_rows, pcp_stage_rows
+    from afd_split.hook.glue.load_rows import pcp_parent_rows, pcp_stage_rows
 
     record_step(session, plan, alignment=session.alignment.describe(),
                 stage_rows=(pcp_parent_rows(plan, session.ranks.pcp_rank) if pcp is None

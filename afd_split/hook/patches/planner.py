@@ -24,19 +24,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from afd_split.engine.state import preserved_state
-from afd_split.integrations.afd_plugin.builder_state import (
-    builder_state_targets,
-    metadata_builders,
-    own_stage_views,
-    stage_written_buffers,
-)
-from afd_split.integrations.afd_plugin.pcp_drift import pcp_seam_unavailable
-from afd_split.integrations.afd_plugin.pcp_seam import (
-    check_rebuilt_stages,
-    pcp_enabled,
-    plan_pcp_runner_stages,
-)
-from afd_split.integrations.afd_plugin.pinned import (
+from afd_split.hook.facts.pcp_drift import pcp_seam_unavailable
+from afd_split.hook.facts.pinned import (
     PLANNER,
     RELEASE_V0_19_1RC1,
     SLICER,
@@ -44,11 +33,22 @@ from afd_split.integrations.afd_plugin.pinned import (
     function_header,
     seams_for,
 )
-from afd_split.integrations.afd_plugin.rules import (
+from afd_split.hook.glue.builder_state import (
+    builder_state_targets,
+    metadata_builders,
+    own_stage_views,
+    stage_written_buffers,
+)
+from afd_split.hook.glue.pcp_seam import (
+    check_rebuilt_stages,
+    pcp_enabled,
+    plan_pcp_runner_stages,
+)
+from afd_split.hook.planning.rules import (
     NO_PCP_SEAM,
     token_balanced_unsupported_reasons,
 )
-from afd_split.integrations.afd_plugin.stages import (
+from afd_split.hook.planning.stages import (
     SESSION_ATTRIBUTE,
     TOKEN_BALANCED_SPLIT,
     HookSession,
@@ -103,7 +103,7 @@ def seams_of(runner_module: ModuleType) -> PluginSeams:
     """The seams around a loaded runner module (whose own imports loaded the rest)."""
     from vllm.v1.worker.ubatch_utils import UBatchSlice
 
-    from afd_split.integrations.afd_plugin.pinned import RUNNER_CLASS
+    from afd_split.hook.facts.pinned import RUNNER_CLASS
 
     return PluginSeams(runner_module=runner_module, runner_class=vars(runner_module)[RUNNER_CLASS],
                        slice_type=UBatchSlice)
@@ -191,7 +191,7 @@ def runner_session(runner, new_session: Callable[[Any], HookSession]) -> HookSes
     """The runner's ``HookSession``, created on its first token_balanced step."""
     session = vars(runner).get(SESSION_ATTRIBUTE)
     if session is None:
-        from afd_split.integrations.afd_plugin.dispatch_patch import attach_recorder
+        from afd_split.hook.patches.dispatch import attach_recorder
 
         session = new_session(runner)
         vars(runner)[SESSION_ATTRIBUTE] = session
@@ -382,7 +382,7 @@ RUNNER_NOT_LOADED = "the afd-plugin runner module is not loaded, so no per-stage
 def runner_pcp_unavailable(runner_module: ModuleType | None) -> str | None:
     """Why PCP cannot run with this runner module (None: the pinned release seam is there);
     the planner's pinned header names the branch, patched or not (the patch keeps it)."""
-    from afd_split.integrations.afd_plugin.pinned import RUNNER_CLASS
+    from afd_split.hook.facts.pinned import RUNNER_CLASS
 
     if runner_module is None:
         return RUNNER_NOT_LOADED

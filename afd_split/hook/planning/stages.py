@@ -16,22 +16,22 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from afd_split.integrations.engine_step import (
+from afd_split.hook.planning.engine_step import (
     StepRanks,
     agree_across_groups,
     agreement_enabled,
     plan_engine_step,
     step_record,
 )
-from afd_split.integrations.expert_load import NATURAL, ExpertLoadRecorder, StageRows
-from afd_split.integrations.worker_evidence import EvidenceWriter
+from afd_split.hook.planning.expert_load import NATURAL, ExpertLoadRecorder, StageRows
+from afd_split.hook.planning.worker_evidence import EvidenceWriter
 from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.relayout import AllToAll
 from afd_split.plan.constraints import SplitPolicy
 from afd_split.plan.planner import SplitPlan
 
 if TYPE_CHECKING:
-    from afd_split.integrations.afd_plugin.pcp_seam import PcpStages
+    from afd_split.hook.glue.pcp_seam import PcpStages
 
 TOKEN_BALANCED_SPLIT = "token_balanced"
 """The ``async_moe_split`` value this hook adds; distinct from PR #203's ``"token"``."""

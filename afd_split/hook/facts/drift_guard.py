@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from afd_split.integrations.afd_plugin.patches import PluginDriftError
-from afd_split.integrations.afd_plugin.stages import TOKEN_BALANCED_SPLIT
+from afd_split.hook.patches.planner import PluginDriftError
+from afd_split.hook.planning.stages import TOKEN_BALANCED_SPLIT
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from afd_split.integrations.afd_plugin.patches import PATCH_MARKER, installed_branch
-from afd_split.integrations.afd_plugin.pinned import CONNECTOR_CLASS, DISPATCH
+from afd_split.hook.facts.pinned import CONNECTOR_CLASS, DISPATCH
+from afd_split.hook.patches.planner import PATCH_MARKER, installed_branch
 
 if TYPE_CHECKING:  # names of the pinned header; never imported at run time
     from afd_plugin.connectors.base import AFDTransferContext

@@ -34,9 +34,9 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from afd_split.errors import UnsupportedSplitError
-from afd_split.integrations.afd_plugin.patches import PATCH_MARKER, installed_branch
-from afd_split.integrations.afd_plugin.pinned import FORWARD, FORWARD_MODULE
-from afd_split.integrations.afd_plugin.stages import PlannedUBatchSlices
+from afd_split.hook.facts.pinned import FORWARD, FORWARD_MODULE
+from afd_split.hook.patches.planner import PATCH_MARKER, installed_branch
+from afd_split.hook.planning.stages import PlannedUBatchSlices
 from afd_split.pcp.relayout import relay_rows, restore_rows
 
 if TYPE_CHECKING:  # names of the pinned header; never imported at run time
@@ -188,7 +188,7 @@ def install_forward(forward_module: ModuleType) -> bool:
     installed_branch(FORWARD, forward)
     drift = forward_drift(forward)
     if drift is not None:
-        from afd_split.integrations.afd_plugin.patches import PluginDriftError
+        from afd_split.hook.patches.planner import PluginDriftError
 
         raise PluginDriftError(f"afd_plugin {FORWARD_NAME} drifted: {drift}; re-pin it "
                                "(AGENTS.md) before token_balanced can run under PCP",

@@ -11,9 +11,9 @@ from __future__ import annotations
 from afd_split.checks.support import SplitSupportConfig, unsupported_reasons
 from afd_split.engine.ascend import check_ascend_pcp_startup
 from afd_split.errors import UnsupportedSplitError
-from afd_split.integrations.afd_plugin.pcp_drift import PCP_SEAM_BRANCH
-from afd_split.integrations.afd_plugin.pcp_seam import pcp_enabled
-from afd_split.integrations.afd_plugin.stages import TOKEN_BALANCED_SPLIT
+from afd_split.hook.facts.pcp_drift import PCP_SEAM_BRANCH
+from afd_split.hook.glue.pcp_seam import pcp_enabled
+from afd_split.hook.planning.stages import TOKEN_BALANCED_SPLIT
 from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.stage import check_pcp_stage_support
 

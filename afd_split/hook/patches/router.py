@@ -34,21 +34,21 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from afd_split.integrations.afd_plugin.dispatch_patch import attach_recorder
-from afd_split.integrations.afd_plugin.patches import (
+from afd_split.hook.facts.pinned import MAIN, ROUTER, RUNNER_CLASS
+from afd_split.hook.patches.dispatch import attach_recorder
+from afd_split.hook.patches.planner import (
     PATCH_MARKER,
     PluginDriftError,
     installed_branch,
 )
-from afd_split.integrations.afd_plugin.pinned import MAIN, ROUTER, RUNNER_CLASS
-from afd_split.integrations.afd_plugin.stages import (
+from afd_split.hook.planning.engine_step import step_record
+from afd_split.hook.planning.observed_plan import observed_plan
+from afd_split.hook.planning.stages import (
     SESSION_ATTRIBUTE,
     TOKEN_BALANCED_SPLIT,
     HookSession,
 )
-from afd_split.integrations.engine_step import step_record
-from afd_split.integrations.observed_plan import observed_plan
-from afd_split.integrations.worker_evidence import (
+from afd_split.hook.planning.worker_evidence import (
     EVIDENCE_DIR_ENV,
     EVIDENCE_FORMAT,
     UNRECORDED_KIND,

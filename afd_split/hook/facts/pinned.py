@@ -155,7 +155,7 @@ PINNED_SEAMS: tuple[PinnedSeam, ...] = (
     PinnedSeam(SLICER, RUNNER_MODULE, "split_attn_metadata", *RELEASE_V0_19_1RC1,
                _SLICER_HEADER),
     # Where each stage's routed top-k ids meet its layer and stage, right before the CAM
-    # dispatch (the expert-load counts; afd_split.integrations.expert_load).
+    # dispatch (the expert-load counts; afd_split.hook.planning.expert_load).
     PinnedSeam(DISPATCH, EXTRA_INFO_MODULE, f"{CONNECTOR_CLASS}.send_attn_output", *MAIN,
                _DISPATCH_HEADER),
     PinnedSeam(DISPATCH, EXTRA_INFO_MODULE, f"{CONNECTOR_CLASS}.send_attn_output",

@@ -27,10 +27,10 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from afd_split.integrations.afd_plugin.drift_guard import drift_refusal
-from afd_split.integrations.afd_plugin.patches import PATCH_MARKER, installed_branch
-from afd_split.integrations.afd_plugin.pinned import CONNECTOR_CLASS, EXTRA_INFO
-from afd_split.integrations.afd_plugin.stages import TOKEN_BALANCED_SPLIT
+from afd_split.hook.facts.drift_guard import drift_refusal
+from afd_split.hook.facts.pinned import CONNECTOR_CLASS, EXTRA_INFO
+from afd_split.hook.patches.planner import PATCH_MARKER, installed_branch
+from afd_split.hook.planning.stages import TOKEN_BALANCED_SPLIT
 
 if TYPE_CHECKING:  # names of the pinned header; never imported at run time
     from collections.abc import Mapping
