@@ -33,6 +33,7 @@ metadata router also gets the evidence-only recorder (``evidence_only``).
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.util
 import logging
@@ -42,36 +43,42 @@ from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
-from afd_split.hook.facts.drift_guard import DriftLog, guarded
+from afd_split.hook.facts.drift_guard import (
+    PATCH_MARKER,
+    TOKEN_BALANCED_SPLIT,
+    DriftLog,
+    guarded,
+    installed_branch,
+)
 from afd_split.hook.facts.pinned import (
     CONNECTOR_CLASS,
     DISPATCH,
+    DISPATCH_NAME,
     EXTRA_INFO,
     EXTRA_INFO_MODULE,
     FORWARD_MODULE,
     PLANNER,
+    PLANNER_NAME,
     RUNNER_MODULE,
     SLICER,
+    SLICER_NAME,
     VALIDATION_MODULE,
 )
-from afd_split.hook.glue.session import engine_session
-from afd_split.hook.patches.dispatch import (
-    DISPATCH_NAME,
-    PATCH_MARKER,
-    install_dispatch,
-)
-from afd_split.hook.patches.extra_info import extra_info_seam, install_extra_info
-from afd_split.hook.patches.forward import install_forward
-from afd_split.hook.patches.planner import (
-    install_runner,
-    install_validator,
-    installed_branch,
+from afd_split.hook.glue.runner import (
+    PluginSeams,
     plugin_request_split,
     runner_pcp_unavailable,
     seams_of,
 )
+from afd_split.hook.glue.session import engine_session
+from afd_split.hook.patches.dispatch import install_dispatch
+from afd_split.hook.patches.extra_info import extra_info_seam, install_extra_info
+from afd_split.hook.patches.forward import install_forward
+from afd_split.hook.patches.planner import PLANNER_PATCHES
 from afd_split.hook.patches.router import install_evidence_only
-from afd_split.hook.planning.stages import TOKEN_BALANCED_SPLIT, HookSession
+from afd_split.hook.patches.slicer import make_slicer_patch
+from afd_split.hook.patches.validator import install_validator
+from afd_split.hook.planning.stages import HookSession
 
 ModulePatch = Callable[[ModuleType], Any]
 
@@ -122,6 +129,28 @@ class SeamImportHook(importlib.abc.MetaPathFinder):
         return spec
 
 
+def install_runner(seams: PluginSeams, *, new_session: Callable[[Any], HookSession]) -> str:
+    """Patch the planner and slicer seams of a loaded runner module (both drift-checked
+    before either is patched; idempotent); returns the branch recognised."""
+    planner = vars(seams.runner_class)[PLANNER_NAME]
+    slicer = vars(seams.runner_module)[SLICER_NAME]
+    if getattr(planner, PATCH_MARKER, None) == PLANNER:  # our own attribute, set below
+        return "already-installed"
+    branch = installed_branch(PLANNER, planner)
+    installed_branch(SLICER, slicer)
+    setattr(seams.runner_module, SLICER_NAME, make_slicer_patch(slicer))
+    setattr(seams.runner_class, PLANNER_NAME, PLANNER_PATCHES[branch](planner, seams, new_session))
+    return branch
+
+
+def ensure_forward_patched() -> None:
+    """Before the first relaid PCP stage: the pipeline that runs it must be the patched one,
+    or upstream would slice the relaid rows as the parent's. Importing it runs the import
+    hook (which patches it, or leaves a drifted one alone); the check here then patches a
+    module loaded before the hook, or raises ``PluginDriftError`` naming the drift."""
+    install_forward(importlib.import_module(FORWARD_MODULE))
+
+
 def seam_patches(new_session: Callable[[Any], HookSession],
                  drift: DriftLog | None = None) -> dict[str, ModulePatch]:
     """Module name -> what to patch in it once loaded (a drifted module is left unpatched
@@ -131,7 +160,8 @@ def seam_patches(new_session: Callable[[Any], HookSession],
     def patch_runner(module: ModuleType) -> str:
         # Evidence-only mode first: it never raises, so a drifted planner seam cannot skip it.
         install_evidence_only(module, new_session, plugin_request_split)
-        return install_runner(replace(seams_of(module), drifted=drift.reasons),
+        return install_runner(replace(seams_of(module), drifted=drift.reasons,
+                                      ensure_forward=ensure_forward_patched),
                               new_session=new_session)
 
     def pcp_unavailable() -> str | None:

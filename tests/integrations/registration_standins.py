@@ -147,7 +147,7 @@ for name in loads:
         for plugin in order.split(">"):
             plugins[plugin]()
 
-from afd_split.hook.patches.planner import PATCH_MARKER
+from afd_split.hook.facts.drift_guard import PATCH_MARKER
 from afd_split.hook.facts.pinned import function_header
 
 from afd_split.hook.install import SeamImportHook

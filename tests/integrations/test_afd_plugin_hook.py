@@ -18,6 +18,7 @@ from hook_standins import BLOCK_SIZE, ascend_common
 from afd_split import SplitInvariantError
 from afd_split.engine.ascend import ASCEND_LAYOUTS
 from afd_split.hook import install as afd_plugin
+from afd_split.hook.facts.drift_guard import PATCH_MARKER, TOKEN_BALANCED_SPLIT, installed_branch
 from afd_split.hook.facts.pinned import (
     BRANCHES,
     PINNED_SEAMS,
@@ -26,18 +27,14 @@ from afd_split.hook.facts.pinned import (
     function_header,
     variant_for_branch,
 )
-from afd_split.hook.install import SeamImportHook, install_deferred, seams_of
-from afd_split.hook.patches.planner import (
-    PATCH_MARKER,
-    PLANNER_PATCHES,
-    installed_branch,
-    make_slicer_patch,
-    make_validator_patch,
-)
+from afd_split.hook.glue.runner import seams_of
+from afd_split.hook.install import SeamImportHook, install_deferred
+from afd_split.hook.patches.planner import PLANNER_PATCHES
+from afd_split.hook.patches.slicer import make_slicer_patch
+from afd_split.hook.patches.validator import make_validator_patch
 from afd_split.hook.planning.engine_step import StepRanks
 from afd_split.hook.planning.stages import (
     SESSION_ATTRIBUTE,
-    TOKEN_BALANCED_SPLIT,
     HookSession,
     PlannedUBatchSlices,
     ascend_splitter,
@@ -272,7 +269,7 @@ def test_installed_afd_plugin_matches_a_pinned_variant():  # pragma: no cover - 
         assert function_header(owner) in headers, f"{seam.module}.{seam.qualname} drifted"
     # The installed plugin's own seams against the patch functions, by inspect.signature.
     from afd_split.hook.facts.pinned import RUNNER_MODULE, VALIDATION_MODULE
-    from afd_split.hook.patches.planner import plugin_request_split
+    from afd_split.hook.glue.runner import plugin_request_split
 
     seams = seams_of(importlib.import_module(RUNNER_MODULE))
     branch = installed_branch(PLANNER, vars(seams.runner_class)[

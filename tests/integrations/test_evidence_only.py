@@ -26,6 +26,7 @@ from hook_standins import (
     standin_forward_source,
 )
 
+from afd_split.hook.facts.drift_guard import PATCH_MARKER
 from afd_split.hook.facts.pinned import (
     BRANCHES,
     EXTRA_INFO_MODULE,
@@ -37,7 +38,6 @@ from afd_split.hook.facts.pinned import (
 )
 from afd_split.hook.install import install_deferred
 from afd_split.hook.patches import router as evidence_only
-from afd_split.hook.patches.planner import PATCH_MARKER
 from afd_split.hook.patches.router import (
     DISABLED_ATTRIBUTE,
     PLANNER_LABEL,

@@ -16,13 +16,10 @@ import torch
 from hook_standins import _load, standin_connector_source
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from afd_split.hook.facts.drift_guard import PluginDriftError
 from afd_split.hook.facts.pinned import DISPATCH, function_header, variant_for_branch
-from afd_split.hook.patches.dispatch import (
-    attach_recorder,
-    install_dispatch,
-    make_dispatch_patch,
-)
-from afd_split.hook.patches.planner import PluginDriftError
+from afd_split.hook.glue.runner import attach_recorder
+from afd_split.hook.patches.dispatch import install_dispatch, make_dispatch_patch
 from afd_split.hook.planning.engine_step import StepRanks
 from afd_split.hook.planning.expert_load import (
     EXPERT_LOAD_KIND,

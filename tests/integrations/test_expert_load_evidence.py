@@ -13,14 +13,11 @@ import torch
 from hook_standins import BLOCK_SIZE, _load, ascend_common, standin_connector_source
 
 from afd_split.engine.ascend import ASCEND_LAYOUTS
+from afd_split.hook.facts.drift_guard import TOKEN_BALANCED_SPLIT
 from afd_split.hook.install import install_deferred
 from afd_split.hook.patches.dispatch import install_dispatch
 from afd_split.hook.planning.engine_step import StepRanks
-from afd_split.hook.planning.stages import (
-    TOKEN_BALANCED_SPLIT,
-    HookSession,
-    ascend_splitter,
-)
+from afd_split.hook.planning.stages import HookSession, ascend_splitter
 from afd_split.hook.planning.worker_evidence import EVIDENCE_DIR_ENV
 from pytest_afd import results
 from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings

@@ -22,7 +22,8 @@ from hook_standins import StandInUBatchSlice, _load, standin_connector_source
 
 from afd_split.hook.glue.load_rows import pcp_stage_rows
 from afd_split.hook.glue.pcp_seam import plan_pcp_step
-from afd_split.hook.patches.dispatch import attach_recorder, install_dispatch
+from afd_split.hook.glue.runner import attach_recorder
+from afd_split.hook.patches.dispatch import install_dispatch
 from afd_split.hook.planning.engine_step import StepRanks
 from afd_split.hook.planning.expert_load import NATURAL, ExpertLoadRecorder
 from afd_split.hook.planning.stages import HookSession, plan_stages

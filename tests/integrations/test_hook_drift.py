@@ -153,7 +153,7 @@ for step in steps:
                           for split in ("request", "token_balanced")}
         report["calls"] = [call[0] for call in sys.modules[RUNNER].CALLS]
 
-from afd_split.hook.patches.planner import PATCH_MARKER
+from afd_split.hook.facts.drift_guard import PATCH_MARKER
 from afd_split.hook.facts.pinned import function_header
 
 functions = {

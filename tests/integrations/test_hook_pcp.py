@@ -22,17 +22,13 @@ from hook_standins import BLOCK_SIZE, StandInUBatchSlice
 from pcp_standins import StandInPcpManager, block_tables
 
 from afd_split import UnsupportedSplitError
+from afd_split.hook.facts.drift_guard import PATCH_MARKER, TOKEN_BALANCED_SPLIT
 from afd_split.hook.facts.pinned import PLANNER, VALIDATOR
 from afd_split.hook.glue.pcp_seam import PCP_STAGE_RULE, StageBlockTables
 from afd_split.hook.install import install_deferred
-from afd_split.hook.patches.planner import PATCH_MARKER
 from afd_split.hook.planning.engine_step import StepRanks
 from afd_split.hook.planning.rules import token_balanced_unsupported_reasons
-from afd_split.hook.planning.stages import (
-    TOKEN_BALANCED_SPLIT,
-    HookSession,
-    plan_stages,
-)
+from afd_split.hook.planning.stages import HookSession, plan_stages
 from afd_split.hook.planning.worker_evidence import EvidenceWriter
 from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.stage import stage_tokens

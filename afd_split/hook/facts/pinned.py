@@ -79,6 +79,14 @@ ROUTER = "router"
 EXTRA_INFO = "extra_info"
 CONNECTOR_CLASS = "CAMAsyncAFDConnector"
 
+VALIDATOR_NAME = "_fail_if_unsupported_npu_async_moe_ubatching_features"
+PLANNER_NAME = "_build_attention_metadata_with_async_moe_ubatches"
+SLICER_NAME = "split_attn_metadata"
+DISPATCH_NAME = "send_attn_output"
+EXTRA_INFO_NAME = "parse_extra_config"
+FORWARD_NAME = "run_async_moe_ubatch_afd_forward"
+ROUTER_NAME = "_build_attention_metadata"
+
 _VALIDATOR_HEADER = (
     "def _fail_if_unsupported_npu_async_moe_ubatching_features(vllm_config: VllmConfig, "
     "afd_config: AFDConfig, *, num_ubatches: int, split: str) -> None: ..."

@@ -27,18 +27,18 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from afd_split.hook.facts.drift_guard import drift_refusal
-from afd_split.hook.facts.pinned import CONNECTOR_CLASS, EXTRA_INFO
-from afd_split.hook.patches.planner import PATCH_MARKER, installed_branch
-from afd_split.hook.planning.stages import TOKEN_BALANCED_SPLIT
+from afd_split.hook.facts.drift_guard import (
+    PATCH_MARKER,
+    TOKEN_BALANCED_SPLIT,
+    drift_refusal,
+    installed_branch,
+)
+from afd_split.hook.facts.pinned import CONNECTOR_CLASS, EXTRA_INFO, EXTRA_INFO_NAME
 
 if TYPE_CHECKING:  # names of the pinned header; never imported at run time
     from collections.abc import Mapping
 
     from afd_plugin.connectors.npu.async_cam import AFDAsyncExtraInfo
-
-EXTRA_INFO_NAME = "parse_extra_config"
-
 
 def make_extra_info_patch(original: Callable,
                           drifted: Callable[[], tuple[str, ...]]) -> classmethod:

@@ -34,8 +34,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from afd_split.errors import UnsupportedSplitError
-from afd_split.hook.facts.pinned import FORWARD, FORWARD_MODULE
-from afd_split.hook.patches.planner import PATCH_MARKER, installed_branch
+from afd_split.hook.facts.drift_guard import PATCH_MARKER, PluginDriftError, installed_branch
+from afd_split.hook.facts.pinned import FORWARD, FORWARD_NAME
 from afd_split.hook.planning.stages import PlannedUBatchSlices
 from afd_split.pcp.relayout import relay_rows, restore_rows
 
@@ -47,7 +47,6 @@ if TYPE_CHECKING:  # names of the pinned header; never imported at run time
         AFDForwardContextMetadata,
     )
 
-FORWARD_NAME = "run_async_moe_ubatch_afd_forward"
 MODEL_ATTRIBUTES_READ = frozenset({"config", "start_layer", "end_layer", "layers"})
 """What upstream's pipeline reads of ``model`` at both pinned commits (``LayerRange`` gives
 exactly these)."""
@@ -188,22 +187,8 @@ def install_forward(forward_module: ModuleType) -> bool:
     installed_branch(FORWARD, forward)
     drift = forward_drift(forward)
     if drift is not None:
-        from afd_split.hook.patches.planner import PluginDriftError
-
         raise PluginDriftError(f"afd_plugin {FORWARD_NAME} drifted: {drift}; re-pin it "
                                "(AGENTS.md) before token_balanced can run under PCP",
                                seam=FORWARD)
     setattr(forward_module, FORWARD_NAME, make_forward_patch(forward))
     return True
-
-
-def ensure_forward_patched(forward_module: ModuleType | None) -> None:
-    """Before the first relaid PCP stage: the pipeline that runs it must be the patched one
-    (the import hook patches it when it loads; a process without the hook, or a module
-    loaded before it, is patched here), or upstream would slice the relaid rows as the
-    parent's."""
-    if forward_module is None:
-        import importlib
-
-        forward_module = importlib.import_module(FORWARD_MODULE)
-    install_forward(forward_module)

@@ -34,20 +34,17 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from afd_split.hook.facts.pinned import MAIN, ROUTER, RUNNER_CLASS
-from afd_split.hook.patches.dispatch import attach_recorder
-from afd_split.hook.patches.planner import (
+from afd_split.hook.facts.drift_guard import (
     PATCH_MARKER,
+    TOKEN_BALANCED_SPLIT,
     PluginDriftError,
     installed_branch,
 )
+from afd_split.hook.facts.pinned import MAIN, ROUTER, ROUTER_NAME, RUNNER_CLASS
+from afd_split.hook.glue.runner import attach_recorder
 from afd_split.hook.planning.engine_step import step_record
 from afd_split.hook.planning.observed_plan import observed_plan
-from afd_split.hook.planning.stages import (
-    SESSION_ATTRIBUTE,
-    TOKEN_BALANCED_SPLIT,
-    HookSession,
-)
+from afd_split.hook.planning.stages import SESSION_ATTRIBUTE, HookSession
 from afd_split.hook.planning.worker_evidence import (
     EVIDENCE_DIR_ENV,
     EVIDENCE_FORMAT,
@@ -64,7 +61,6 @@ if TYPE_CHECKING:  # names of the pinned headers; never imported at run time
 
 logger = logging.getLogger(__name__)
 
-ROUTER_NAME = "_build_attention_metadata"
 VALUES_HELPER = "_attention_metadata_values"
 """release/v0.19.1rc1's own (args, kwargs) -> named values helper of the router."""
 
