@@ -285,9 +285,9 @@ def test_installed_afd_plugin_matches_a_pinned_variant():  # pragma: no cover - 
         assert [(p.name, p.kind, p.default) for p in inspect.signature(installed).parameters.values()] == [
             (p.name, p.kind, p.default) for p in inspect.signature(patched).parameters.values()]
     # The facts the PCP path relies on, read from the installed bodies.
+    from afd_split.hook.facts.forward_drift import forward_drift
     from afd_split.hook.facts.pcp_drift import pcp_seam_unavailable
     from afd_split.hook.facts.pinned import FORWARD_MODULE
-    from afd_split.hook.patches.forward import forward_drift
 
     forward = vars(importlib.import_module(FORWARD_MODULE))["run_async_moe_ubatch_afd_forward"]
     assert forward_drift(forward) is None

@@ -20,9 +20,10 @@ from hook_standins import StandInUBatchSlice
 
 from afd_split import SplitConstraints, plan_split
 from afd_split.hook.facts.drift_guard import PATCH_MARKER, PluginDriftError
+from afd_split.hook.facts.forward_drift import forward_drift_in
 from afd_split.hook.glue.pcp_seam import PcpStages
 from afd_split.hook.install import ensure_forward_patched
-from afd_split.hook.patches.forward import LayerRange, forward_drift_in, install_forward
+from afd_split.hook.patches.forward import LayerRange, install_forward
 from afd_split.hook.planning.stages import PlannedUBatchSlices
 from tests.adapters.pcp_runner_model import rank_positions
 from tests.afd_split.pcp_helper_reference import helper_layout

@@ -10,7 +10,7 @@ its layer range. Anything but a token_balanced PCP step delegates unchanged.
 
 Facts the delta relies on (afd-plugin main 2e4378f and release/v0.19.1rc1
 2f4f462, ``model_executor/models/npu/deepseek_v2_async_cam_forward.py``; checked
-by ``forward_drift``): the function reads only ``model.config``,
+by ``facts.forward_drift``): the function reads only ``model.config``,
 ``model.start_layer``, ``model.end_layer`` and ``model.layers``; it runs the
 layers before ``config.first_k_dense_replace`` on the whole batch and returns
 their output when no MoE layer follows (``dense_end_layer == model.end_layer``);
@@ -24,10 +24,7 @@ again and this seam is dropped.
 
 from __future__ import annotations
 
-import ast
 import functools
-import inspect
-import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -35,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from afd_split.errors import UnsupportedSplitError
 from afd_split.hook.facts.drift_guard import PATCH_MARKER, PluginDriftError, installed_branch
+from afd_split.hook.facts.forward_drift import forward_drift
 from afd_split.hook.facts.pinned import FORWARD, FORWARD_NAME
 from afd_split.hook.planning.stages import PlannedUBatchSlices
 from afd_split.pcp.relayout import relay_rows, restore_rows
@@ -47,9 +45,6 @@ if TYPE_CHECKING:  # names of the pinned header; never imported at run time
         AFDForwardContextMetadata,
     )
 
-MODEL_ATTRIBUTES_READ = frozenset({"config", "start_layer", "end_layer", "layers"})
-"""What upstream's pipeline reads of ``model`` at both pinned commits (``LayerRange`` gives
-exactly these)."""
 SLICES_KEY = "ubatch_slices"
 
 
@@ -155,28 +150,6 @@ def make_forward_patch(original: Callable) -> Callable:
 
     setattr(run_async_moe_ubatch_afd_forward, PATCH_MARKER, FORWARD)
     return run_async_moe_ubatch_afd_forward
-
-
-def forward_drift(function) -> str | None:
-    """Why the installed pipeline no longer reads as ``run_relaid`` relies on (None: it does)."""
-    return forward_drift_in(inspect.getsource(function))
-
-
-def forward_drift_in(source: str) -> str | None:
-    tree = ast.parse(textwrap.dedent(source))
-    function = next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef))
-    model = function.args.args[0].arg
-    read = {node.attr for node in ast.walk(function) if isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name) and node.value.id == model}
-    if not read <= MODEL_ATTRIBUTES_READ:
-        return f"it reads {sorted(read - MODEL_ATTRIBUTES_READ)} of the model"
-    text = {ast.unparse(node) for node in ast.walk(function)
-            if isinstance(node, ast.Attribute | ast.Compare)}
-    for needed in (f"{model}.config.first_k_dense_replace", f"dense_end_layer == {model}.end_layer",
-                   "ubatch_slice.token_slice"):
-        if needed not in text:
-            return f"it no longer reads {needed!r}"
-    return None
 
 
 def install_forward(forward_module: ModuleType) -> bool:
