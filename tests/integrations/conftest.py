@@ -10,7 +10,7 @@ from hook_standins import load_standin_plugin, register_standins
 def standin_plugin(tmp_path, monkeypatch):
     """Factory: freshly loaded stand-in modules of a branch, registered under the pinned
     module names with a seam-hook-free ``sys.meta_path`` (each call: a fresh worker), so
-    ``deferred.install_deferred`` installs the hook on them as registration does."""
+    ``install.install_deferred`` installs the hook on them as registration does."""
     loaded = []
 
     def build(branch: str = "main", header_overrides=None):

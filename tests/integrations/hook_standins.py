@@ -10,7 +10,7 @@ verbatim, and each body does what the fact sheet says upstream does at that
 seam (the validator refuses every split but ``request``; the stage builder
 calls the runner module's ``split_attn_metadata`` once per attention group).
 Tests register them under the pinned module names (``register_standins``) and install
-the hook with ``deferred.install_deferred``, exactly as a worker's registration does.
+the hook with ``install.install_deferred``, exactly as a worker's registration does.
 """
 
 from __future__ import annotations
@@ -291,7 +291,7 @@ def _load(path: Path, source: str):
 
 
 UBATCH_UTILS_MODULE = "vllm.v1.worker.ubatch_utils"
-"""Where the hook's runner patch reads vLLM's ``UBatchSlice`` (``deferred.seams_of``)."""
+"""Where the hook's runner patch reads vLLM's ``UBatchSlice`` (``glue.runner.seams_of``)."""
 
 
 def ubatch_utils_module(slice_type=StandInUBatchSlice) -> ModuleType:

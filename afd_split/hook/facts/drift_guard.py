@@ -2,7 +2,7 @@
 
 A drifted seam never breaks the plugin: it is left unpatched and token_balanced refused.
 
-vLLM calls general plugins first in every process, so the import hook (``deferred``)
+vLLM calls general plugins first in every process, so the import hook (``install``)
 patches afd_plugin's seam modules inside the plugin's own imports. A seam whose
 installed header (or pipeline body) matches no pinned variant must not turn that
 import into an error: every vLLM start would fail, also for users who never ask

@@ -1,6 +1,6 @@
 """The fourth patch: routed top-k ids counted where the Attention side dispatches them.
 
-Written to the AFD plugin's AGENTS.md rules like ``patches``: the pinned header
+Written to the AFD plugin's AGENTS.md rules like every patch file: the pinned header
 exactly (``pinned.DISPATCH``), the reason and behaviour in the comment above,
 the AFD-split-only delta between ``# ### PATCH START/END``, and the whole
 upstream body run through the ORIGINAL function object (this project does not

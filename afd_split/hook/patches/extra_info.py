@@ -10,7 +10,7 @@ connector module, not the validation module) before its validator judges the val
 2f4f462; also in ``AFDConnectorBase.__init__``), so this seam refuses an async-MoE
 ``token_balanced`` config first, naming every seam left unpatched.
 
-Written to the AFD plugin's AGENTS.md rules like ``patches``: the pinned header
+Written to the AFD plugin's AGENTS.md rules like every patch file: the pinned header
 exactly (``pinned.EXTRA_INFO``), the reason and behaviour in the comment above, the
 AFD-split-only delta between ``# ### PATCH START/END``, and the whole upstream body
 run through the ORIGINAL function first, its result returned unchanged. Nothing

@@ -1,6 +1,6 @@
 """The fifth patch: PCP stages run on their own zigzag rows (``afd_split.pcp.relayout``).
 
-Written to the AFD plugin's AGENTS.md rules like ``patches``: the pinned header
+Written to the AFD plugin's AGENTS.md rules like every patch file: the pinned header
 exactly (``pinned.FORWARD``), the reason and behaviour in the comment above,
 the AFD-split-only delta between ``# ### PATCH START/END``, and every line of
 upstream's pipeline run through the ORIGINAL function object (this project does

@@ -1,6 +1,6 @@
 """Evidence-only mode: step and expert-load evidence for ``none`` and ``request`` deployments.
 
-Written to the AFD plugin's AGENTS.md rules like ``patches``: the pinned header
+Written to the AFD plugin's AGENTS.md rules like every patch file: the pinned header
 exactly (``pinned.ROUTER``), the reason and behaviour in the comment above, the
 AFD-split-only delta between ``# ### PATCH START/END``, the whole upstream body
 run through the ORIGINAL function object first, and its result returned as is.
@@ -13,7 +13,7 @@ split, or no ubatching for ``none``); after the runner's metadata router returns
 the hook reads what the plugin decided (``_afd_async_moe_ubatch_metadata`` /
 ``ubatch_slices``) and writes the same step line ``token_balanced`` writes
 (``observed_plan``), and begins the step's expert-load count at the CAM dispatch
-(``dispatch_patch``). Nothing the plugin reads is written, so ``request`` and
+(``patches.dispatch``). Nothing the plugin reads is written, so ``request`` and
 ``none`` run exactly as the plugin alone. A step it cannot describe gets an
 ``afd_step_unrecorded`` line with the reason (the case's steps are then absent,
 named), and a failure of the evidence code never reaches the forward: it is
@@ -23,7 +23,7 @@ Drift: a router whose header matches no pinned variant is left unpatched
 (logged; the cases then have no step lines, so their evidence is absent).
 
 Removal plan (docs/ascend.md): with an upstream per-step observer on the runner
-(or the planner registry of ``patches``), this seam is dropped.
+(or the planner registry of ``patches.planner``), this seam is dropped.
 """
 
 from __future__ import annotations
