@@ -73,12 +73,12 @@ from engine_path_metadata import build_layout_batch, layout_kinds_here, plugin_s
 from engine_path_parts import aten_ops, part_callables
 from engine_path_timing import PASSES, spread, time_interleaved
 
-from afd_split.integrations.afd_plugin.stages import (
+from afd_split.hook.planning.engine_step import StepRanks
+from afd_split.hook.planning.stages import (
     HookSession,
     ascend_splitter,
     plan_stages,
 )
-from afd_split.integrations.engine_step import StepRanks
 from afd_split.plan.cost import DEFAULT_COST_MODEL, CostModel, modelled_plan_cost
 
 BATCH_SIZES = (1, 8, 32, 128, 512)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from afd_split.engine.standin_builders import StandInCpMetadata
 from afd_split.engine.state import preserved_state
-from afd_split.integrations.afd_plugin.builder_state import (
+from afd_split.hook.glue.builder_state import (
     builder_state_targets,
     metadata_builders,
     own_stage_views,

@@ -30,9 +30,9 @@ import numpy as np
 import torch
 from bench_load import emit_report
 
-from afd_split.integrations.engine_step import StepRanks
-from afd_split.integrations.expert_load import NATURAL, ExpertLoadRecorder
-from afd_split.integrations.worker_evidence import encode_line
+from afd_split.hook.planning.engine_step import StepRanks
+from afd_split.hook.planning.expert_load import NATURAL, ExpertLoadRecorder
+from afd_split.hook.planning.worker_evidence import encode_line
 
 NUM_LAYERS, NUM_EXPERTS, TOP_K, EP_RANKS = 61, 256, 8, 8
 FIRST_MOE_LAYER = 3

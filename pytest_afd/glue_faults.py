@@ -21,7 +21,7 @@ from typing import Any
 ADAPTER_COMMON_MODULE = "afd_split.engine.common"
 ADAPTER_VLLM_MODULE = "afd_split.engine.vllm"
 ADAPTER_ASCEND_MODULE = "afd_split.engine.ascend"
-ENGINE_STEP_MODULE = "afd_split.integrations.engine_step"
+ENGINE_STEP_MODULE = "afd_split.hook.planning.engine_step"
 ENGINE_GLUE_MODULE = "pytest_afd.backends.cpu.engine_glue"
 ROLES_MODULE = "pytest_afd.backends.cpu.afd.attention"  # the Attention role
 REQUEST_CHECKS_MODULE = "afd_split.checks.request_checks"
@@ -204,7 +204,7 @@ def padding_reported_as_real() -> contextlib.AbstractContextManager[None]:
 
 # ---- PCP builder buffers (the full batch's views) ----------------------------
 
-BUILDER_STATE_MODULE = "afd_split.integrations.afd_plugin.builder_state"
+BUILDER_STATE_MODULE = "afd_split.hook.glue.builder_state"
 
 
 def _buffers_left_out(name: str) -> contextlib.AbstractContextManager[None]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from afd_split.checks.metadata import BatchMetadata
-from afd_split.integrations.afd_plugin.pcp_seam import plan_pcp_step
+from afd_split.hook.glue.pcp_seam import plan_pcp_step
 from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.stage import stage_tokens
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from afd_split.integrations.worker_evidence import EvidenceSettings
+from afd_split.hook.planning.worker_evidence import EvidenceSettings
 from pytest_afd import (
     ab,
     deployment_plan,

@@ -5,7 +5,7 @@ batch is built with builder 0 and the stages with ``get_metadata_builder(ubid or
 0)``, through stand-ins of the pinned SFA-CP and MLA-CP builders and the PCP
 manager's padded-slot buffer, which keep persistent buffers and return views as
 vllm-ascend v0.19.1rc1 does, inside the hook's own guard
-(``afd_split.integrations.afd_plugin.builder_state``). For cuts whose head piece is
+(``afd_split.hook.glue.builder_state``). For cuts whose head piece is
 not a multiple of 2 * pcp (afd-plugin issue cases: 8, 8, 3 and 1 real tokens per
 rank lost their KV slot before the guard), the full batch's slot mapping,
 positions and PCP metadata must be bit-identical before and after the stage

@@ -37,7 +37,7 @@ from afd_split import SplitConstraints, SplitInvariantError
 from afd_split.checks.request_checks import LIST_CHECK_MAX_REQUESTS
 from afd_split.engine.ascend import ASCEND_LAYOUTS
 from afd_split.engine.vllm import VLLM_LAYOUTS
-from afd_split.integrations.engine_step import plan_engine_step
+from afd_split.hook.planning.engine_step import plan_engine_step
 from afd_split.plan.agree import fingerprint_words
 from pytest_afd.faults import get_fault
 from pytest_afd.topology import parse_topology
@@ -49,7 +49,7 @@ PREFIX_SEED_SUFFIX = 8
 SMALL_LENGTHS = (40, 150)  # the second is a 96-token prefix hit; the cut falls inside it
 MANY_LENGTHS = (3,) * 20 + (60,) + (3,) * 20
 ADAPTERS_PATH = "afd_split/engine/"
-ENGINE_STEP_PATH = "afd_split/integrations/engine_step.py"
+ENGINE_STEP_PATH = "afd_split/hook/planning/engine_step.py"
 
 
 def _settings(settings, lengths):

@@ -3,7 +3,7 @@
 import pytest
 
 from afd_split import SplitConstraints
-from afd_split.integrations.engine_step import plan_engine_step
+from afd_split.hook.planning.engine_step import plan_engine_step
 from pytest_afd.backends.cpu.afd import AfdRuntime, AfdRuntimeError
 from tests.support.afd_runtime_helpers import SEED, THREADS_PER_RANK, make_batch
 

@@ -15,7 +15,7 @@ from afd_split import SplitConstraints, SplitInvariantError, plan_split
 from afd_split.checks.metadata import BatchMetadata, split_metadata, validate_split
 from afd_split.checks.request_checks import LIST_CHECK_MAX_REQUESTS, validate_split_requests
 from afd_split.checks.requests import RequestFields, split_request_fields
-from afd_split.integrations.engine_step import check_engine_step, plan_engine_step, step_record
+from afd_split.hook.planning.engine_step import check_engine_step, plan_engine_step, step_record
 from afd_split.plan.agree import fingerprint_words
 from pytest_afd import faults
 from pytest_afd.backends.cpu import backend, engine_glue
@@ -190,7 +190,7 @@ def test_the_glue_faults_are_restored(layout):
 @pytest.mark.parametrize("name", ["stage_build_shares_builder_slot_buffer",
                                   "pcp_padded_slot_buffer_reused"])
 def test_the_builder_buffer_faults_reach_pcp_only_and_leave_the_guard_restored(name):
-    from afd_split.integrations.afd_plugin import builder_state
+    from afd_split.hook.glue import builder_state
 
     runner_manager = type("Manager", (), {})()
     runner_manager.pcp_padded_slot_mapping_list = [torch.zeros(4, dtype=torch.int32)]

@@ -4,20 +4,22 @@ import sys
 
 import pytest
 
-from tests.support.hook_standins import load_standin_plugin
+from tests.support.hook_standins import load_standin_plugin, register_standins
 
 
 @pytest.fixture
-def standin_plugin(tmp_path):
-    """Factory: PluginSeams over freshly loaded stand-in modules of a branch."""
+def standin_plugin(tmp_path, monkeypatch):
+    """Factory: freshly loaded stand-in modules of a branch, registered under the pinned
+    module names with a seam-hook-free ``sys.meta_path`` (each call: a fresh worker), so
+    ``install.install_deferred`` installs the hook on them as registration does."""
     loaded = []
 
     def build(branch: str = "main", header_overrides=None):
-        seams = load_standin_plugin(tmp_path / f"{branch.replace('/', '_')}_{len(loaded)}",
-                                    branch, header_overrides)
-        loaded.extend([seams.validation_module.__name__, seams.runner_module.__name__,
-                       seams.forward_module.__name__])
-        return seams
+        plugin = load_standin_plugin(tmp_path / f"{branch.replace('/', '_')}_{len(loaded)}",
+                                     branch, header_overrides)
+        loaded.extend(module.__name__ for module in plugin.by_pinned_name().values())
+        register_standins(monkeypatch, plugin.by_pinned_name())
+        return plugin
 
     yield build
     for name in loaded:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,17 +16,9 @@ import torch
 
 from afd_split import SplitInvariantError
 from afd_split.engine.ascend import ASCEND_LAYOUTS
-from afd_split.integrations import afd_plugin
-from afd_split.integrations.afd_plugin.patches import (
-    PATCH_MARKER,
-    PLANNER_PATCHES,
-    PluginDriftError,
-    install,
-    installed_branch,
-    make_slicer_patch,
-    make_validator_patch,
-)
-from afd_split.integrations.afd_plugin.pinned import (
+from afd_split.hook import install as afd_plugin
+from afd_split.hook.facts.drift_guard import PATCH_MARKER, TOKEN_BALANCED_SPLIT, installed_branch
+from afd_split.hook.facts.pinned import (
     BRANCHES,
     PINNED_SEAMS,
     PLANNER,
@@ -33,15 +26,19 @@ from afd_split.integrations.afd_plugin.pinned import (
     function_header,
     variant_for_branch,
 )
-from afd_split.integrations.afd_plugin.stages import (
+from afd_split.hook.glue.runner import seams_of
+from afd_split.hook.install import SeamImportHook, install_deferred
+from afd_split.hook.patches.planner import PLANNER_PATCHES
+from afd_split.hook.patches.slicer import make_slicer_patch
+from afd_split.hook.patches.validator import make_validator_patch
+from afd_split.hook.planning.engine_step import StepRanks
+from afd_split.hook.planning.stages import (
     SESSION_ATTRIBUTE,
-    TOKEN_BALANCED_SPLIT,
     HookSession,
     PlannedUBatchSlices,
     ascend_splitter,
 )
-from afd_split.integrations.engine_step import StepRanks
-from afd_split.integrations.worker_evidence import EvidenceWriter
+from afd_split.hook.planning.worker_evidence import EvidenceWriter
 from tests.support.hook_standins import BLOCK_SIZE, ascend_common
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,7 +92,8 @@ def test_patch_functions_carry_the_pinned_headers_exactly(branch, standin_plugin
     patched = {
         "validator": make_validator_patch(lambda *a, **k: None, lambda: "request"),
         "slicer": make_slicer_patch(lambda *a: None),
-        "planner": PLANNER_PATCHES[branch](lambda *a: None, seams, _session_factory(None)),
+        "planner": PLANNER_PATCHES[branch](lambda *a: None, seams_of(seams.runner_module),
+                                           _session_factory(None)),
     }
     originals = {
         "validator": vars(seams.validation_module)[
@@ -114,7 +112,7 @@ def test_patch_functions_carry_the_pinned_headers_exactly(branch, standin_plugin
 def test_token_balanced_routes_planning_and_slicing_through_afd_split(branch, layout,
                                                                       standin_plugin, tmp_path):
     seams = standin_plugin(branch)
-    assert install(seams, new_session=_session_factory(tmp_path)) == branch
+    install_deferred(new_session=_session_factory(tmp_path))
     runner = _runner(seams, TOKEN_BALANCED_SPLIT, layout=layout)
     assert _call_planner(runner, branch) == "full-metadata"
     calls = [name for name, *_ in seams.runner_module.CALLS]
@@ -146,7 +144,7 @@ def test_token_balanced_routes_planning_and_slicing_through_afd_split(branch, la
 @pytest.mark.parametrize("branch", BRANCHES)
 def test_other_split_values_run_the_plugin_unchanged(branch, standin_plugin):
     seams = standin_plugin(branch)
-    install(seams, new_session=_session_factory(None))
+    install_deferred(new_session=_session_factory(None))
     runner = _runner(seams, "request")
     assert _call_planner(runner, branch) == "plugin-full"
     assert [name for name, *_ in seams.runner_module.CALLS] == ["plugin_planner"]
@@ -173,7 +171,7 @@ def _vllm_config(*, pcp=1, tp=4, eager=True, speculative=None, sparse=True, dbo=
 
 def test_validator_accepts_token_balanced_on_a_supported_deployment(standin_plugin):
     seams = standin_plugin("main")
-    install(seams, new_session=_session_factory(None))
+    install_deferred(new_session=_session_factory(None))
     validate = seams.validation_module._fail_if_unsupported_npu_async_moe_ubatching_features
     validate(_vllm_config(), SimpleNamespace(compute_gate_on_attention=True), num_ubatches=2,
              split=TOKEN_BALANCED_SPLIT)
@@ -193,7 +191,7 @@ def test_validator_accepts_token_balanced_on_a_supported_deployment(standin_plug
 def test_validator_rejects_unsupported_token_balanced_deployments(standin_plugin, config, gate,
                                                                   stages, reason):
     seams = standin_plugin("main")
-    install(seams, new_session=_session_factory(None))
+    install_deferred(new_session=_session_factory(None))
     validate = seams.validation_module._fail_if_unsupported_npu_async_moe_ubatching_features
     with pytest.raises(RuntimeError, match="async_moe_split='token_balanced' is unsupported") as err:
         validate(config, SimpleNamespace(compute_gate_on_attention=gate), num_ubatches=stages,
@@ -203,7 +201,7 @@ def test_validator_rejects_unsupported_token_balanced_deployments(standin_plugin
 
 def test_validator_keeps_the_plugins_own_rejections(standin_plugin):
     seams = standin_plugin("main")
-    install(seams, new_session=_session_factory(None))
+    install_deferred(new_session=_session_factory(None))
     validate = seams.validation_module._fail_if_unsupported_npu_async_moe_ubatching_features
     with pytest.raises(RuntimeError, match="exactly two stages"):
         validate(_vllm_config(), SimpleNamespace(compute_gate_on_attention=True),
@@ -217,7 +215,7 @@ def test_token_balanced_is_not_a_pr_203_value():
 def test_metadata_that_breaks_an_invariant_fails_the_step(standin_plugin):
     """The per-step request-level check runs inside the hook's slicing (fault injected)."""
     seams = standin_plugin("main")
-    install(seams, new_session=_session_factory(None))
+    install_deferred(new_session=_session_factory(None))
     runner = _runner(seams, TOKEN_BALANCED_SPLIT)
     runner.common._num_computed_tokens_cpu[1] += 1  # host copy disagrees with seq_lens
     with pytest.raises(SplitInvariantError):
@@ -226,7 +224,7 @@ def test_metadata_that_breaks_an_invariant_fails_the_step(standin_plugin):
 
 def test_a_batch_that_cannot_split_runs_unsplit(standin_plugin, tmp_path):
     seams = standin_plugin("main")
-    install(seams, new_session=_session_factory(tmp_path))
+    install_deferred(new_session=_session_factory(tmp_path))
     runner = _runner(seams, TOKEN_BALANCED_SPLIT, scheduled=[1], computed=[0])
     assert _call_planner(runner, "main", scheduled=[1]) == "full-metadata"
     assert runner._afd_async_moe_ubatch_metadata is None
@@ -236,20 +234,25 @@ def test_a_batch_that_cannot_split_runs_unsplit(standin_plugin, tmp_path):
 
 def test_install_is_idempotent(standin_plugin):
     seams = standin_plugin("main")
-    install(seams, new_session=_session_factory(None))
+    hook = install_deferred(new_session=_session_factory(None))
     patched = vars(seams.runner_class)["_build_attention_metadata_with_async_moe_ubatches"]
-    assert install(seams, new_session=_session_factory(None)) == "already-installed"
+    assert install_deferred(new_session=_session_factory(None)) is hook
     assert vars(seams.runner_class)["_build_attention_metadata_with_async_moe_ubatches"] is patched
+    assert sum(isinstance(finder, SeamImportHook) for finder in sys.meta_path) == 1
 
 
-def test_a_drifted_seam_fails_closed_naming_it(standin_plugin):
+def test_a_drifted_seam_is_left_unpatched_and_refuses_token_balanced(standin_plugin, caplog):
     drifted = variant_for_branch(PLANNER, "main").header.replace(
         "use_spec_decode: bool", "use_spec_decode: bool, num_stage_pads: int")
     seams = standin_plugin("main", header_overrides={PLANNER: drifted})
     original = vars(seams.runner_class)["_build_attention_metadata_with_async_moe_ubatches"]
-    with pytest.raises(PluginDriftError, match="_build_attention_metadata_with_async_moe_ubatches"):
-        install(seams, new_session=_session_factory(None))
+    install_deferred(new_session=_session_factory(None))
     assert vars(seams.runner_class)["_build_attention_metadata_with_async_moe_ubatches"] is original
+    assert "_build_attention_metadata_with_async_moe_ubatches" in caplog.text
+    validate = seams.validation_module._fail_if_unsupported_npu_async_moe_ubatching_features
+    with pytest.raises(RuntimeError, match="afd_plugin seam 'planner' drifted"):
+        validate(_vllm_config(), SimpleNamespace(compute_gate_on_attention=True),
+                 num_ubatches=2, split=TOKEN_BALANCED_SPLIT)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("afd_plugin") is None,
@@ -265,25 +268,26 @@ def test_installed_afd_plugin_matches_a_pinned_variant():  # pragma: no cover - 
         headers = {s.normalized_header for s in PINNED_SEAMS if s.key == seam.key}
         assert function_header(owner) in headers, f"{seam.module}.{seam.qualname} drifted"
     # The installed plugin's own seams against the patch functions, by inspect.signature.
-    from afd_split.integrations.afd_plugin.patches import resolve_seams
+    from afd_split.hook.facts.pinned import RUNNER_MODULE, VALIDATION_MODULE
+    from afd_split.hook.glue.runner import plugin_request_split
 
-    seams = resolve_seams()
+    seams = seams_of(importlib.import_module(RUNNER_MODULE))
     branch = installed_branch(PLANNER, vars(seams.runner_class)[
         "_build_attention_metadata_with_async_moe_ubatches"])
-    validator = vars(seams.validation_module)[
+    validator = vars(importlib.import_module(VALIDATION_MODULE))[
         "_fail_if_unsupported_npu_async_moe_ubatching_features"]
     planner = vars(seams.runner_class)["_build_attention_metadata_with_async_moe_ubatches"]
     slicer = vars(seams.runner_module)["split_attn_metadata"]
-    pairs = [(validator, make_validator_patch(validator, lambda: seams.request_split)),
+    pairs = [(validator, make_validator_patch(validator, plugin_request_split)),
              (slicer, make_slicer_patch(slicer)),
              (planner, PLANNER_PATCHES[branch](planner, seams, _session_factory(None)))]
     for installed, patched in pairs:
         assert [(p.name, p.kind, p.default) for p in inspect.signature(installed).parameters.values()] == [
             (p.name, p.kind, p.default) for p in inspect.signature(patched).parameters.values()]
     # The facts the PCP path relies on, read from the installed bodies.
-    from afd_split.integrations.afd_plugin.forward_patch import forward_drift
-    from afd_split.integrations.afd_plugin.pcp_drift import pcp_seam_unavailable
-    from afd_split.integrations.afd_plugin.pinned import FORWARD_MODULE
+    from afd_split.hook.facts.forward_drift import forward_drift
+    from afd_split.hook.facts.pcp_drift import pcp_seam_unavailable
+    from afd_split.hook.facts.pinned import FORWARD_MODULE
 
     forward = vars(importlib.import_module(FORWARD_MODULE))["run_async_moe_ubatch_afd_forward"]
     assert forward_drift(forward) is None
@@ -294,7 +298,7 @@ def test_installed_afd_plugin_matches_a_pinned_variant():  # pragma: no cover - 
 def test_entry_point_is_declared_and_register_is_safe_without_afd_plugin():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     plugins = project["project"]["entry-points"]["vllm.general_plugins"]
-    assert plugins == {afd_plugin.PLUGIN_NAME: "afd_split.integrations.afd_plugin:register"}
+    assert plugins == {afd_plugin.PLUGIN_NAME: "afd_split.hook.install:register"}
     if importlib.util.find_spec("afd_plugin") is None:
         assert afd_plugin.register() is None  # nothing to patch; the validator stays upstream's
 
@@ -310,7 +314,7 @@ def test_hook_lines_round_trip_into_a_schema_valid_result(standin_plugin, tmp_pa
     from pytest_afd.topology import parse_topology
 
     seams = standin_plugin("main")
-    install(seams, new_session=_session_factory(tmp_path))
+    install_deferred(new_session=_session_factory(tmp_path))
     runner = _runner(seams, TOKEN_BALANCED_SPLIT)
     for _ in range(2):
         _call_planner(runner, "main")

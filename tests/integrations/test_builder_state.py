@@ -11,7 +11,7 @@ from afd_split.engine.standin_builders import (
     StandInSfaCpBuilder,
 )
 from afd_split.engine.state import BufferContents, preserved_state
-from afd_split.integrations.afd_plugin.builder_state import (
+from afd_split.hook.glue.builder_state import (
     builder_state_targets,
     metadata_builders,
     own_stage_views,

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from afd_split import SplitConstraints
-from afd_split.integrations.engine_step import StepRanks, plan_engine_step, step_record
-from afd_split.integrations.worker_evidence import (
+from afd_split.hook.planning.engine_step import StepRanks, plan_engine_step, step_record
+from afd_split.hook.planning.worker_evidence import (
     CAP_MARKER_KIND,
     EVIDENCE_DIR_ENV,
     MAX_BYTES_ENV,

@@ -13,33 +13,45 @@ from __future__ import annotations
 
 import logging
 import sys
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from afd_split.integrations.afd_plugin import evidence_only
-from afd_split.integrations.afd_plugin.dispatch_patch import install_dispatch
-from afd_split.integrations.afd_plugin.evidence_only import (
+from afd_split.hook.facts.drift_guard import PATCH_MARKER
+from afd_split.hook.facts.pinned import (
+    BRANCHES,
+    EXTRA_INFO_MODULE,
+    FORWARD_MODULE,
+    PLANNER,
+    ROUTER,
+    RUNNER_MODULE,
+    variant_for_branch,
+)
+from afd_split.hook.install import install_deferred
+from afd_split.hook.patches import router as evidence_only
+from afd_split.hook.patches.router import (
     DISABLED_ATTRIBUTE,
     PLANNER_LABEL,
     install_evidence_only,
     observe,
 )
-from afd_split.integrations.afd_plugin.forward_patch import install_forward
-from afd_split.integrations.afd_plugin.patches import PluginSeams, install_runner
-from afd_split.integrations.afd_plugin.pinned import BRANCHES, ROUTER, variant_for_branch
-from afd_split.integrations.afd_plugin.stages import SESSION_ATTRIBUTE, HookSession
-from afd_split.integrations.engine_step import StepRanks
-from afd_split.integrations.worker_evidence import EVIDENCE_DIR_ENV
+from afd_split.hook.planning.engine_step import StepRanks
+from afd_split.hook.planning.stages import SESSION_ATTRIBUTE, HookSession
+from afd_split.hook.planning.worker_evidence import EVIDENCE_DIR_ENV
 from pytest_afd import results
 from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
 from pytest_afd.backends.vllm_ascend.worker_evidence import read_new_records, with_worker_evidence
 from pytest_afd.manifest import collect_manifest
 from pytest_afd.topology import parse_topology
 from tests.support.evidence_only_standins import deciding_runner_source
-from tests.support.hook_standins import _load, standin_connector_source, standin_forward_source
+from tests.support.hook_standins import (
+    _load,
+    register_standins,
+    standin_connector_source,
+    standin_forward_source,
+)
 
 NUM_LAYERS, FIRST_MOE_LAYER, HIDDEN = 4, 1, 8
 NUM_EXPERTS, TOP_K, EXPERT_PER_RANK = 16, 2, 2
@@ -49,31 +61,31 @@ REQUEST = "request"
 BATCHES = (([40, 7, 9], 56), ([5, 6, 7, 8, 9, 10], 48), ([33], 33), ([12, 20, 3], 40))
 
 
-def load_plugin(folder, branch: str, hooked: bool, new_session=None):
-    """Fresh runner, connector and pipeline modules of ``branch``; with ``hooked`` the
-    whole hook is installed on them as registration would."""
+def load_plugin(folder, branch: str, hooked: bool, monkeypatch, new_session=None):
+    """Fresh runner, connector and pipeline modules of ``branch``; with ``hooked`` they are
+    registered under the pinned names and the whole hook installed as registration does."""
     folder.mkdir(parents=True)
     runner = _load(folder / "attention_model_runner.py", deciding_runner_source(branch))
     connector = _load(folder / "async_cam.py", standin_connector_source(branch))
     forward = _load(folder / "deepseek_v2_async_cam_forward.py", standin_forward_source(branch))
     if hooked:
-        assert install_evidence_only(runner, new_session, lambda: REQUEST) == branch
-        seams = PluginSeams(validation_module=ModuleType("unused"), runner_module=runner,
-                            runner_class=runner.AFDNPUAttentionModelRunner,
-                            request_split=REQUEST, slice_type=runner.UBatchSlice,
-                            forward_module=forward)
-        assert install_runner(seams, new_session=new_session) == branch
-        install_dispatch(connector)
-        install_forward(forward)
+        register_standins(monkeypatch, {RUNNER_MODULE: runner, EXTRA_INFO_MODULE: connector,
+                                        FORWARD_MODULE: forward}, slice_type=runner.UBatchSlice)
+        install_deferred(new_session=new_session)
+        runner_class = runner.AFDNPUAttentionModelRunner
+        for key, name in ((ROUTER, "_build_attention_metadata"),
+                          (PLANNER, "_build_attention_metadata_with_async_moe_ubatches")):
+            assert getattr(vars(runner_class)[name], PATCH_MARKER) == key
     return SimpleNamespace(runner=runner, connector=connector, forward=forward)
 
 
 @pytest.fixture
-def plugins(tmp_path):
+def plugins(tmp_path, monkeypatch):
     made = []
 
     def build(branch, hooked, new_session=None):
-        plugin = load_plugin(tmp_path / f"p{len(made)}", branch, hooked, new_session)
+        plugin = load_plugin(tmp_path / f"p{len(made)}", branch, hooked, monkeypatch,
+                             new_session)
         made.append(plugin)
         return plugin
 

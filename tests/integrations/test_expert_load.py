@@ -15,15 +15,12 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from afd_split.integrations.afd_plugin.dispatch_patch import (
-    attach_recorder,
-    install_dispatch,
-    make_dispatch_patch,
-)
-from afd_split.integrations.afd_plugin.patches import PluginDriftError
-from afd_split.integrations.afd_plugin.pinned import DISPATCH, function_header, variant_for_branch
-from afd_split.integrations.engine_step import StepRanks
-from afd_split.integrations.expert_load import (
+from afd_split.hook.facts.drift_guard import PluginDriftError
+from afd_split.hook.facts.pinned import DISPATCH, function_header, variant_for_branch
+from afd_split.hook.glue.runner import attach_recorder
+from afd_split.hook.patches.dispatch import install_dispatch, make_dispatch_patch
+from afd_split.hook.planning.engine_step import StepRanks
+from afd_split.hook.planning.expert_load import (
     EXPERT_LOAD_KIND,
     FLUSHED_AT_LAST_DISPATCH,
     FLUSHED_AT_NEXT_STEP,

@@ -12,15 +12,12 @@ import pytest
 import torch
 
 from afd_split.engine.ascend import ASCEND_LAYOUTS
-from afd_split.integrations.afd_plugin.dispatch_patch import install_dispatch
-from afd_split.integrations.afd_plugin.patches import install
-from afd_split.integrations.afd_plugin.stages import (
-    TOKEN_BALANCED_SPLIT,
-    HookSession,
-    ascend_splitter,
-)
-from afd_split.integrations.engine_step import StepRanks
-from afd_split.integrations.worker_evidence import EVIDENCE_DIR_ENV
+from afd_split.hook.facts.drift_guard import TOKEN_BALANCED_SPLIT
+from afd_split.hook.install import install_deferred
+from afd_split.hook.patches.dispatch import install_dispatch
+from afd_split.hook.planning.engine_step import StepRanks
+from afd_split.hook.planning.stages import HookSession, ascend_splitter
+from afd_split.hook.planning.worker_evidence import EVIDENCE_DIR_ENV
 from pytest_afd import results
 from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
 from pytest_afd.backends.vllm_ascend.worker_evidence import read_new_records, with_worker_evidence
@@ -115,7 +112,7 @@ def result_of(outputs, routing="natural"):
 def test_per_stage_counts_round_trip_into_a_schema_valid_result(standin_plugin, connector_class,
                                                                tmp_path):
     seams = standin_plugin("main")
-    install(seams, new_session=new_session_factory(tmp_path))
+    install_deferred(new_session=new_session_factory(tmp_path))
     runner = make_runner(seams, connector_class)
     expected = run_step(runner, 0) + run_step(runner, 1)
     evidence = read_new_records(tmp_path, {}, max_read_bytes=1 << 20)
@@ -142,7 +139,7 @@ def test_a_case_whose_workers_routed_otherwise_gets_no_expert_load(standin_plugi
     """The workers ran forced-balanced routing but the case says natural: the reader refuses
     the case's evidence, naming the mismatch, so a synthetic run cannot pass as natural."""
     seams = standin_plugin("main")
-    install(seams, new_session=new_session_factory(tmp_path, routing="forced_balanced"))
+    install_deferred(new_session=new_session_factory(tmp_path, routing="forced_balanced"))
     run_step(make_runner(seams, connector_class), 0)
     evidence = read_new_records(tmp_path, {}, max_read_bytes=1 << 20)
     over_http = RunOutputs(requests=[RequestOutput("r0", sum(SCHEDULED), 0, 1, ttft_s=0.1)])
@@ -154,7 +151,7 @@ def test_a_case_whose_workers_routed_otherwise_gets_no_expert_load(standin_plugi
 def test_a_line_of_an_earlier_step_is_counted_not_joined(standin_plugin, connector_class,
                                                         tmp_path):
     seams = standin_plugin("main")
-    install(seams, new_session=new_session_factory(tmp_path))
+    install_deferred(new_session=new_session_factory(tmp_path))
     run_step(make_runner(seams, connector_class), 0)
     lines = (tmp_path / "attention-rank0.jsonl").read_bytes().splitlines(keepends=True)
     (tmp_path / "attention-rank0.jsonl").write_bytes(lines[1])  # the step line is gone

@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 import torch
 
-from afd_split.integrations.afd_plugin.dispatch_patch import attach_recorder, install_dispatch
-from afd_split.integrations.afd_plugin.load_rows import pcp_stage_rows
-from afd_split.integrations.afd_plugin.pcp_seam import plan_pcp_step
-from afd_split.integrations.afd_plugin.stages import HookSession, plan_stages
-from afd_split.integrations.engine_step import StepRanks
-from afd_split.integrations.expert_load import NATURAL, ExpertLoadRecorder
+from afd_split.hook.glue.load_rows import pcp_stage_rows
+from afd_split.hook.glue.pcp_seam import plan_pcp_step
+from afd_split.hook.glue.runner import attach_recorder
+from afd_split.hook.patches.dispatch import install_dispatch
+from afd_split.hook.planning.engine_step import StepRanks
+from afd_split.hook.planning.expert_load import NATURAL, ExpertLoadRecorder
+from afd_split.hook.planning.stages import HookSession, plan_stages
 from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.relayout import rank_relayout
 from afd_split.pcp.stage import PAD_TOKEN, stage_tokens, zigzag_layout

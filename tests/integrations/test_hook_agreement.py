@@ -26,8 +26,8 @@ def _outcome(call):
 def _worker(rank, store_path, results):
     import torch.distributed as dist
 
-    from afd_split.integrations.afd_plugin.stages import HookSession, plan_stages
-    from afd_split.integrations.engine_step import AGREE_DEBUG_ENV, StepRanks
+    from afd_split.hook.planning.engine_step import AGREE_DEBUG_ENV, StepRanks
+    from afd_split.hook.planning.stages import HookSession, plan_stages
 
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
                             world_size=WORLD_SIZE, timeout=datetime.timedelta(seconds=60))

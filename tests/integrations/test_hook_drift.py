@@ -6,8 +6,9 @@ Each case is a fresh Python process over the stand-in tree of registration_stand
 differs from the pinned ones. vLLM calls general plugins first in every process, so the
 hook is registered and then the plugin's modules load as a worker loads them (or they
 were loaded before registration). The process then does what the runner does: its
-``__init__`` calls the validator (afd-plugin runs ``fail_if_unsupported_npu_afd_features``
-from ``AFDNPUAttentionModelRunner.__init__``), the first forward imports the pipeline
+``__init__`` validates (afd-plugin runs ``fail_if_unsupported_npu_afd_features`` from
+``AFDNPUAttentionModelRunner.__init__``: it parses the connector's extra config, then
+calls the async-MoE validator seam), the first forward imports the pipeline
 module, and each step calls the planner. Checked: every import finishes, the drifted
 module is left as the plugin built it, one error names the seam, the installed header
 and the pinned commits, ``request`` runs the plugin's own functions, and
@@ -23,8 +24,9 @@ import sys
 
 import pytest
 
-from afd_split.integrations.afd_plugin.pinned import (
+from afd_split.hook.facts.pinned import (
     DISPATCH,
+    EXTRA_INFO,
     FORWARD,
     PLANNER,
     SLICER,
@@ -36,7 +38,9 @@ from afd_split.integrations.afd_plugin.pinned import (
 from tests.support.registration_standins import ROOT, write_tree
 
 BRANCHES = ("main", "release/v0.19.1rc1")
-SEAMS = (VALIDATOR, PLANNER, SLICER, DISPATCH, FORWARD)
+SEAMS = (VALIDATOR, PLANNER, SLICER, DISPATCH, EXTRA_INFO, FORWARD)
+MODULE_SEAMS = ({PLANNER, SLICER}, {DISPATCH, EXTRA_INFO})
+"""Seams that share a module: a drift in one leaves the whole module unpatched."""
 
 LOAD_ORDERS = {
     # An Attention worker: plugins registered (either order), the runner module (which
@@ -107,9 +111,11 @@ def vllm_config():
 
 
 def validate(split):
-    validator = vars(sys.modules[VALIDATION])[VALIDATOR_NAME]
-    return validator(vllm_config(), SimpleNamespace(compute_gate_on_attention=True),
-                     num_ubatches=2, split=split)
+    config = vllm_config()
+    config.connector_extra_config = {"async_moe_ubatching": True, "async_moe_num_ubatches": 2,
+                                     "async_moe_split": split}
+    return sys.modules[VALIDATION].fail_if_unsupported_npu_afd_features(
+        config, afd_config=SimpleNamespace(compute_gate_on_attention=True))
 
 
 def plan(split):
@@ -133,7 +139,7 @@ for step in steps:
             import afd_plugin
             afd_plugin.register_afd()
         else:
-            from afd_split.integrations import afd_plugin as hook
+            from afd_split.hook import install as hook
             hook.register()
     elif step.startswith("import_"):
         module = {"import_runner": RUNNER, "import_validation": VALIDATION,
@@ -147,14 +153,15 @@ for step in steps:
                           for split in ("request", "token_balanced")}
         report["calls"] = [call[0] for call in sys.modules[RUNNER].CALLS]
 
-from afd_split.integrations.afd_plugin.patches import PATCH_MARKER
-from afd_split.integrations.afd_plugin.pinned import function_header
+from afd_split.hook.facts.drift_guard import PATCH_MARKER
+from afd_split.hook.facts.pinned import function_header
 
 functions = {
     "validator": vars(sys.modules[VALIDATION])[VALIDATOR_NAME],
     "planner": vars(sys.modules[RUNNER].AFDNPUAttentionModelRunner)[PLANNER_NAME],
     "slicer": vars(sys.modules[RUNNER])["split_attn_metadata"],
     "dispatch": vars(sys.modules[CONNECTOR].CAMAsyncAFDConnector)["send_attn_output"],
+    "extra_info": vars(sys.modules[CONNECTOR].CAMAsyncAFDConnector)["parse_extra_config"].__func__,
     "forward": vars(sys.modules[FORWARD])["run_async_moe_ubatch_afd_forward"],
 }
 report["seams"] = {key: [getattr(function, PATCH_MARKER, None), function_header(function)]
@@ -194,8 +201,8 @@ def test_a_drifted_seam_leaves_the_plugin_importable_and_refuses_token_balanced(
     report = run_drifted(drifted_trees[branch, seam], branch, LOAD_ORDERS[order])
     # Every import of the plugin finished.
     assert all(result[0] == "ok" for _, result in report["imports"]), report["imports"]
-    # The drifted seam is the plugin's own function; its module's other seam too.
-    left_alone = {PLANNER, SLICER} if seam in (PLANNER, SLICER) else {seam}
+    # The drifted seam is the plugin's own function; its module's other seams too.
+    left_alone = next((keys for keys in MODULE_SEAMS if seam in keys), {seam})
     for key, (marker, header) in report["seams"].items():
         if key in left_alone:
             assert marker is None, key
@@ -215,12 +222,12 @@ def test_a_drifted_seam_leaves_the_plugin_importable_and_refuses_token_balanced(
     validated, planned = report["validate"]["token_balanced"], report["plan"]["token_balanced"]
     assert planned[0] != "ok" or validated[0] != "ok"
     refusal = validated[1] if validated[0] != "ok" else planned[1]
-    if seam == VALIDATOR:  # the plugin's own (drifted) validator refuses the value itself
-        assert "async_moe_split='token_balanced'" in refusal
-        # ... and the patched planner would refuse it naming the seam.
-        assert planned[0] == "PluginDriftError" and repr(seam) in planned[1]
-    else:
-        assert f"afd_plugin seam {seam!r} drifted" in refusal
+    # Named by the seam, also when the validator's own module is the drifted one (the
+    # connector's extra-config parser refuses before the plugin's validator runs; a
+    # pipeline loaded after validation is refused by the planner).
+    assert f"afd_plugin seam {seam!r} drifted" in refusal
+    if seam == VALIDATOR:
+        assert validated[0] == "PluginDriftError", validated
     if seam not in (PLANNER, SLICER):
         assert planned[0] == "PluginDriftError" and repr(seam) in planned[1]
 

@@ -20,19 +20,17 @@ import pytest
 import torch
 
 from afd_split import UnsupportedSplitError
-from afd_split.integrations.afd_plugin.patches import install, install_runner
-from afd_split.integrations.afd_plugin.pcp_seam import PCP_STAGE_RULE, StageBlockTables
-from afd_split.integrations.afd_plugin.rules import token_balanced_unsupported_reasons
-from afd_split.integrations.afd_plugin.stages import (
-    TOKEN_BALANCED_SPLIT,
-    HookSession,
-    plan_stages,
-)
-from afd_split.integrations.engine_step import StepRanks
-from afd_split.integrations.worker_evidence import EvidenceWriter
+from afd_split.hook.facts.drift_guard import PATCH_MARKER, TOKEN_BALANCED_SPLIT
+from afd_split.hook.facts.pinned import PLANNER, VALIDATOR
+from afd_split.hook.glue.pcp_seam import PCP_STAGE_RULE, StageBlockTables
+from afd_split.hook.install import install_deferred
+from afd_split.hook.planning.engine_step import StepRanks
+from afd_split.hook.planning.rules import token_balanced_unsupported_reasons
+from afd_split.hook.planning.stages import HookSession, plan_stages
+from afd_split.hook.planning.worker_evidence import EvidenceWriter
 from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.stage import stage_tokens
-from tests.support.hook_standins import BLOCK_SIZE, REQUEST_SPLIT, StandInUBatchSlice
+from tests.support.hook_standins import BLOCK_SIZE, StandInUBatchSlice
 from tests.support.pcp_helper_reference import helper_metadata, helper_padded_slots
 from tests.support.pcp_runner_model import runner_batch
 from tests.support.pcp_standins import StandInPcpManager, block_tables
@@ -83,7 +81,7 @@ def _pcp_runner(seams, scheduled, computed, pcp, rank):
 
 
 def _plan_step(seams, scheduled, computed, pcp, rank, evidence_dir=None):
-    install(seams, new_session=_session_factory(
+    install_deferred(new_session=_session_factory(
         evidence_dir, EngineAlignment(tp_size=1, sequence_parallel=False, pcp_size=pcp), rank))
     runner, batch = _pcp_runner(seams, scheduled, computed, pcp, rank)
     rank_rows = np.array(batch.rank_rows, dtype=np.int32)  # what _prepare_inputs leaves
@@ -151,7 +149,7 @@ def test_the_upstream_rebuild_without_the_stage_local_batch_is_caught(standin_pl
                                                                       monkeypatch):
     """Fault injection: upstream's whole-batch input_batch (stage 1 reads requests 0..'s cached
     lengths from index 0) makes the rebuilt context differ, and the step fails closed."""
-    from afd_split.integrations.afd_plugin import pcp_seam
+    from afd_split.hook.glue import pcp_seam
 
     monkeypatch.setattr(pcp_seam, "stage_input_batch",
                         lambda batch, stage: SimpleNamespace(
@@ -164,7 +162,7 @@ def test_the_upstream_rebuild_without_the_stage_local_batch_is_caught(standin_pl
 
 def test_whole_request_counts_in_the_rebuild_are_caught(standin_plugin, monkeypatch):
     """Fault injection: the rebuild reading its requests' whole counts, not the pieces'."""
-    from afd_split.integrations.afd_plugin import pcp_seam
+    from afd_split.hook.glue import pcp_seam
 
     def whole_requests(stage, num_reqs):
         counts = np.zeros(num_reqs, dtype=np.int64)
@@ -227,7 +225,7 @@ def test_validator_rules_for_pcp():
 def test_validator_patch_accepts_pcp_only_on_the_release_seams(standin_plugin):
     for branch, accepted in ((RELEASE, True), ("main", False)):
         seams = standin_plugin(branch)
-        install(seams, new_session=_session_factory(None, None))
+        install_deferred(new_session=_session_factory(None, None))
         validate = seams.validation_module._fail_if_unsupported_npu_async_moe_ubatching_features
         if accepted:
             validate(_config(8), GATE, num_ubatches=2, split=TOKEN_BALANCED_SPLIT)
@@ -268,7 +266,7 @@ def test_an_unaligned_parent_fails_closed_before_any_agreement(tmp_path):
 
 
 def test_the_stage_pcp_rebuild_is_drift_checked(standin_plugin):
-    from afd_split.integrations.afd_plugin.pcp_drift import (
+    from afd_split.hook.facts.pcp_drift import (
         STAGE_BUILD_METHOD,
         pcp_seam_unavailable,
         stage_pcp_rebuild_drift_in,
@@ -302,7 +300,7 @@ def test_a_drifted_stage_pcp_rebuild_refuses_pcp_at_start(standin_plugin):
         return method(self, *args, **kwargs)
 
     seams.runner_class._build_attention_metadata_with_ubatches = drifted
-    install(seams, new_session=_session_factory(None, None))
+    install_deferred(new_session=_session_factory(None, None))
     validate = seams.validation_module._fail_if_unsupported_npu_async_moe_ubatching_features
     with pytest.raises(RuntimeError, match="per-stage PCP rebuild drifted"):
         validate(_config(8), GATE, num_ubatches=2, split=TOKEN_BALANCED_SPLIT)
@@ -312,7 +310,7 @@ def test_a_drifted_stage_pcp_rebuild_refuses_pcp_at_start(standin_plugin):
 def test_pcp_with_sequence_parallelism_fails_closed_naming_it(standin_plugin, tmp_path):
     seams = standin_plugin(RELEASE)
     alignment = EngineAlignment(tp_size=2, sequence_parallel=True, pcp_size=PCP)
-    install(seams, new_session=_session_factory(tmp_path, alignment))
+    install_deferred(new_session=_session_factory(tmp_path, alignment))
     runner, batch = _pcp_runner(seams, GLOBAL_SCHEDULED, COMPUTED, PCP, 1)
     rank_local = np.array(batch.rank_rows, dtype=np.int32)
     kwargs = {"num_tokens": int(rank_local.sum()), "num_tokens_padded": int(rank_local.sum()),
@@ -329,7 +327,7 @@ def test_runner_alignment_reads_vllm_ascends_sp_switches(monkeypatch, sp, by_pas
     import sys
     import types
 
-    from afd_split.integrations.afd_plugin.rules import runner_alignment
+    from afd_split.hook.planning.rules import runner_alignment
 
     utils = types.ModuleType("vllm_ascend.utils")
     seen = []
@@ -348,26 +346,20 @@ def test_deferred_validator_judges_pcp_from_the_runner_loaded_when_it_runs(stand
                                                                            monkeypatch):
     """Deferred registration patches the validation module when it loads, before the
     Attention worker loads the runner module: PCP is judged when the validator runs."""
-    from afd_split.integrations.afd_plugin.deferred import seam_patches
-    from afd_split.integrations.afd_plugin.pinned import (
-        EXTRA_INFO_MODULE,
-        RUNNER_MODULE,
-        VALIDATION_MODULE,
-    )
+    from afd_split.hook.facts.pinned import RUNNER_MODULE
 
-    monkeypatch.setitem(sys.modules, EXTRA_INFO_MODULE,  # what plugin_request_split reads
-                        SimpleNamespace(ASYNC_MOE_REQUEST_SPLIT=REQUEST_SPLIT))
     for branch, accepted in ((RELEASE, True), ("main", False)):
         seams = standin_plugin(branch)
-        monkeypatch.delitem(sys.modules, RUNNER_MODULE, raising=False)
-        patches = seam_patches(_session_factory(None, None))
-        assert patches[VALIDATION_MODULE](seams.validation_module)  # runner not loaded yet
+        monkeypatch.delitem(sys.modules, RUNNER_MODULE)  # the runner module is not loaded yet
+        install_deferred(new_session=_session_factory(None, None))
         validate = seams.validation_module._fail_if_unsupported_npu_async_moe_ubatching_features
+        assert getattr(validate, PATCH_MARKER) == VALIDATOR
         with pytest.raises(RuntimeError, match="runner module is not loaded"):
             validate(_config(8), GATE, num_ubatches=2, split=TOKEN_BALANCED_SPLIT)
         monkeypatch.setitem(sys.modules, RUNNER_MODULE, seams.runner_module)  # the runner loads
-        # what the hook's runner patch does (seams_of needs the real vLLM package)
-        assert install_runner(seams, new_session=_session_factory(None, None)) == branch
+        install_deferred(new_session=_session_factory(None, None))  # as the import hook does
+        planner = vars(seams.runner_class)["_build_attention_metadata_with_async_moe_ubatches"]
+        assert getattr(planner, PATCH_MARKER) == PLANNER
         if accepted:
             validate(_config(8), GATE, num_ubatches=2, split=TOKEN_BALANCED_SPLIT)
         else:

@@ -18,15 +18,12 @@ import pytest
 import torch
 
 from afd_split import SplitConstraints, plan_split
-from afd_split.integrations.afd_plugin.forward_patch import (
-    LayerRange,
-    ensure_forward_patched,
-    forward_drift_in,
-    install_forward,
-)
-from afd_split.integrations.afd_plugin.patches import PATCH_MARKER, PluginDriftError
-from afd_split.integrations.afd_plugin.pcp_seam import PcpStages
-from afd_split.integrations.afd_plugin.stages import PlannedUBatchSlices
+from afd_split.hook.facts.drift_guard import PATCH_MARKER, PluginDriftError
+from afd_split.hook.facts.forward_drift import forward_drift_in
+from afd_split.hook.glue.pcp_seam import PcpStages
+from afd_split.hook.install import ensure_forward_patched
+from afd_split.hook.patches.forward import LayerRange, install_forward
+from afd_split.hook.planning.stages import PlannedUBatchSlices
 from tests.support.hook_standins import StandInUBatchSlice
 from tests.support.pcp_helper_reference import helper_layout
 from tests.support.pcp_runner_model import rank_positions
@@ -184,11 +181,11 @@ def test_other_slices_run_the_original_unchanged(standin_plugin):
 
 def test_install_is_idempotent_and_ensure_patches_an_unpatched_module(standin_plugin):
     seams = standin_plugin(RELEASE)
-    ensure_forward_patched(seams.forward_module)
+    ensure_forward_patched()
     patched = seams.forward_module.run_async_moe_ubatch_afd_forward
     assert getattr(patched, PATCH_MARKER) == "forward"
     assert not install_forward(seams.forward_module)
-    ensure_forward_patched(seams.forward_module)
+    ensure_forward_patched()
     assert seams.forward_module.run_async_moe_ubatch_afd_forward is patched
 
 
@@ -219,7 +216,7 @@ def test_a_drifted_pipeline_refuses_relaid_stages(standin_plugin):
 
     module.run_async_moe_ubatch_afd_forward = run_async_moe_ubatch_afd_forward
     with pytest.raises(PluginDriftError):
-        ensure_forward_patched(module)
+        ensure_forward_patched()
 
 
 def test_layer_range_reads_only_what_upstream_reads():

@@ -26,11 +26,11 @@ from afd_split.engine.standin_builders import (
     StandInMlaCpBuilder,
     StandInSfaCpBuilder,
 )
-from afd_split.integrations.afd_plugin.builder_state import (
+from afd_split.hook.glue.builder_state import (
     metadata_builders,
     stage_written_buffers,
 )
-from afd_split.integrations.afd_plugin.patches import install
+from afd_split.hook.install import install_deferred
 from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.stage import stage_tokens, zigzag_layout
 from pytest_afd.backends.cpu.pcp_builders import changed_fields, full_batch_fields
@@ -100,7 +100,7 @@ def _built(standin_plugin, kind, scheduled, computed, pcp, rank, *, fail_stage_1
     """The planner patch's step on ``rank``; (runner, full metadata, its fields before the
     stage build, the stage metadata)."""
     seams = standin_plugin(RELEASE)
-    install(seams, new_session=_session_factory(
+    install_deferred(new_session=_session_factory(
         None, EngineAlignment(tp_size=1, sequence_parallel=False, pcp_size=pcp), rank))
     runner, batch = _pcp_runner(seams, scheduled, computed, pcp, rank)
     _configure(runner, kind, scheduled, pcp)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from afd_split.integrations.observed_plan import observed_plan
+from afd_split.hook.planning.observed_plan import observed_plan
 from afd_split.plan.constraints import SplitPolicy
 from afd_split.plan.planner import plan_split
 

@@ -8,8 +8,9 @@ worker: only the validation module).
 
 import pytest
 
-from afd_split.integrations.afd_plugin.pinned import (
+from afd_split.hook.facts.pinned import (
     DISPATCH,
+    EXTRA_INFO,
     FORWARD,
     PLANNER,
     SLICER,
@@ -51,14 +52,14 @@ def test_the_eager_registration_is_caught_importing_torch_npu(trees):
 @pytest.mark.parametrize("branch", BRANCHES)
 def test_both_plugin_orders_give_the_same_patched_seams(trees, branch):
     """An Attention worker: plugins registered, then the runner module loads. Either order
-    patches the five seams (pinned headers; the pipeline when the first forward imports it)
+    patches the six seams (pinned headers; the pipeline when the first forward imports it)
     and leaves afd_plugin's set_forward_context bound in the runner module."""
     reports = [run_process(trees[branch, True], order,
                            loads="plugins,import_runner,import_forward") for order in ORDERS]
     assert reports[0] == reports[1]
     report = reports[0]
     assert report["attempted"] == ["torch_npu"]  # by the worker's own runner import only
-    for key in (VALIDATOR, PLANNER, SLICER, DISPATCH, FORWARD):
+    for key in (VALIDATOR, PLANNER, SLICER, DISPATCH, EXTRA_INFO, FORWARD):
         assert report[key] == [key, variant_for_branch(key, branch).normalized_header]
     assert report["runner_set_forward_context_patched"] is True
 
@@ -74,7 +75,7 @@ def test_the_eager_registration_in_afd_split_first_order_is_caught(trees):
 @pytest.mark.parametrize("order", ORDERS)
 def test_a_seam_module_loaded_before_registration_is_patched_at_once(trees, order):
     report = run_process(trees["main", True], order, loads="import_runner,import_forward,plugins")
-    keys = (VALIDATOR, PLANNER, SLICER, DISPATCH, FORWARD)
+    keys = (VALIDATOR, PLANNER, SLICER, DISPATCH, EXTRA_INFO, FORWARD)
     assert [report[key][0] for key in keys] == list(keys)
 
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from afd_split.integrations.afd_plugin import layer_ranges
-from afd_split.integrations.afd_plugin.evidence_only import install_evidence_only
-from afd_split.integrations.afd_plugin.pinned import BRANCHES
+from afd_split.hook.facts.pinned import BRANCHES
+from afd_split.hook.glue import layer_ranges
+from afd_split.hook.patches.router import install_evidence_only
 from tests.support.evidence_only_standins import deciding_runner_source
 from tests.support.hook_standins import _load
 

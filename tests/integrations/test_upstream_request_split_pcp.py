@@ -34,16 +34,16 @@ from test_hook_pcp_full_batch import _configure
 
 from afd_split import plan_split
 from afd_split.engine.state import preserved_state
-from afd_split.integrations.afd_plugin.builder_state import (
+from afd_split.hook.glue.builder_state import (
     builder_state_targets,
     metadata_builders,
     stage_written_buffers,
 )
-from afd_split.integrations.afd_plugin.evidence_only import (
+from afd_split.hook.patches.router import (
     FULL_BATCH_CONTAMINATED,
     record_plugin_step,
 )
-from afd_split.integrations.engine_step import StepRanks
+from afd_split.hook.planning.engine_step import StepRanks
 from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.stage import zigzag_layout
 from pytest_afd.backends.cpu.pcp_builders import changed_fields, full_batch_fields, logical_slots

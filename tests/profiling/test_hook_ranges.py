@@ -24,7 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("msprof_analyze")
 
-from afd_split.integrations.afd_plugin import layer_ranges  # noqa: E402
+from afd_split.hook.glue import layer_ranges  # noqa: E402
 from afd_split.ranges import NO_INDEX, RangeTag, parse_range  # noqa: E402
 from pytest_afd.profiling import kernels, torch_trace  # noqa: E402
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from afd_split.integrations.worker_evidence import EVIDENCE_DIR_ENV
+from afd_split.hook.planning.worker_evidence import EVIDENCE_DIR_ENV
 from pytest_afd import results
 from pytest_afd.backends.base import PromptRequest, RunSettings
 from pytest_afd.backends.vllm_ascend.worker_evidence import WorkerEvidenceBackend

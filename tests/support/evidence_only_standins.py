@@ -23,7 +23,7 @@ object the plugin builds with and without the hook, bit for bit.
 
 from __future__ import annotations
 
-from afd_split.integrations.afd_plugin.pinned import (
+from afd_split.hook.facts.pinned import (
     PLANNER,
     ROUTER,
     SLICER,

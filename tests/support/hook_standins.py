@@ -9,7 +9,8 @@ so the hook is exercised against real Python modules written from
 verbatim, and each body does what the fact sheet says upstream does at that
 seam (the validator refuses every split but ``request``; the stage builder
 calls the runner module's ``split_attn_metadata`` once per attention group).
-The real patch function (``patches.install``) patches them.
+Tests register them under the pinned module names (``register_standins``) and install
+the hook with ``install.install_deferred``, exactly as a worker's registration does.
 """
 
 from __future__ import annotations
@@ -19,18 +20,24 @@ import importlib.util
 import itertools
 import sys
 from pathlib import Path
+from types import ModuleType
 
-from afd_split.integrations.afd_plugin.patches import PluginSeams
-from afd_split.integrations.afd_plugin.pcp_drift import STAGE_PCP_REBUILD_HEADER
-from afd_split.integrations.afd_plugin.pinned import (
+from afd_split.hook.facts.pcp_drift import STAGE_PCP_REBUILD_HEADER
+from afd_split.hook.facts.pinned import (
     DISPATCH,
+    EXTRA_INFO,
+    EXTRA_INFO_MODULE,
     FORWARD,
+    FORWARD_MODULE,
     PLANNER,
+    RUNNER_MODULE,
     SLICER,
+    VALIDATION_MODULE,
     VALIDATOR,
     normalize_header,
     variant_for_branch,
 )
+from afd_split.hook.install import SeamImportHook
 
 BLOCK_SIZE = 16
 """adapter_batches.BLOCK: the stand-in batches' KV block size."""
@@ -50,6 +57,28 @@ class StandInUBatchSlice:
         return self.token_slice.stop - self.token_slice.start
 
 
+ENTRY_VALIDATOR_HEADER = ("def fail_if_unsupported_npu_afd_features(vllm_config, *, "
+                          "afd_config=None) -> None: ...")
+"""afd-plugin's entry validator (``compat/npu/feature_validation.py``, what the runner's and
+workers' ``__init__`` call): the stand-in config carries ``connector_extra_config`` itself."""
+
+EXTRA_INFO_CLASS = '''
+@dataclasses.dataclass(frozen=True)
+class AFDAsyncExtraInfo:
+    async_moe_ubatching: bool = False
+    async_moe_num_ubatches: int = 2
+    async_moe_split: str = ASYNC_MOE_REQUEST_SPLIT
+
+    @classmethod
+    def from_mapping(cls, raw):
+        raw = raw or {}
+        return cls(async_moe_ubatching=bool(raw.get("async_moe_ubatching", False)),
+                   async_moe_num_ubatches=int(raw.get("async_moe_num_ubatches", 2)),
+                   async_moe_split=str(raw.get("async_moe_split", ASYNC_MOE_REQUEST_SPLIT)))
+'''
+"""The async-MoE fields of afd-plugin's ``AFDAsyncExtraInfo`` (2e4378f / 2f4f462)."""
+
+
 def _body(header: str, lines: list[str]) -> str:
     return header.rsplit("...", 1)[0] + "\n" + "".join(f"    {line}\n" for line in lines)
 
@@ -65,6 +94,16 @@ def standin_source(branch: str, header_overrides: dict[str, str] | None = None) 
     def header(key: str) -> str:
         return normalize_header(overrides.get(key, variant_for_branch(key, branch).header))
 
+    entry = _body(ENTRY_VALIDATOR_HEADER, [
+        "import importlib",
+        "",
+        f"connector = importlib.import_module({EXTRA_INFO_MODULE!r}).CAMAsyncAFDConnector",
+        "extra_info = connector.parse_extra_config(vllm_config.connector_extra_config)",
+        "if extra_info.async_moe_ubatching:",
+        "    _fail_if_unsupported_npu_async_moe_ubatching_features(",
+        "        vllm_config, afd_config, num_ubatches=extra_info.async_moe_num_ubatches,",
+        "        split=extra_info.async_moe_split)",
+    ])
     validation = _body(header(VALIDATOR), [
         "CALLS.append(('validator', split, num_ubatches))",
         f"if split != {REQUEST_SPLIT!r}:",
@@ -171,15 +210,22 @@ def standin_source(branch: str, header_overrides: dict[str, str] | None = None) 
         " num_tokens)\n"
     )
     future = "from __future__ import annotations\n\n"
-    return future + "CALLS = []\n\n" + validation, future + runner
+    return future + "CALLS = []\n\n" + entry + "\n\n" + validation, future + runner
 
 
 def standin_connector_source(branch: str, header_overrides: dict[str, str] | None = None) -> str:
     """Connector module source of ``branch``: ``CAMAsyncAFDConnector.send_attn_output`` with
     the pinned header, checking the top-k payload shape as upstream does, then recording the
-    dispatch (the CAM op upstream issues)."""
-    header = normalize_header((header_overrides or {}).get(
-        DISPATCH, variant_for_branch(DISPATCH, branch).header))
+    dispatch (the CAM op upstream issues); ``parse_extra_config`` (pinned header) parses the
+    async-MoE keys of ``connector_extra_config`` into ``AFDAsyncExtraInfo``, whose
+    ``async_moe_split`` is a free string (``coerce_extra_str`` at 2e4378f / 2f4f462)."""
+    overrides = header_overrides or {}
+    header = normalize_header(overrides.get(DISPATCH, variant_for_branch(DISPATCH, branch).header))
+    parse = _body(normalize_header(overrides.get(
+        EXTRA_INFO, variant_for_branch(EXTRA_INFO, branch).header)), [
+        "CALLS.append(('parse_extra_config',))",
+        "return AFDAsyncExtraInfo.from_mapping(raw)",
+    ])
     send = _body(header, [
         "topk_ids = kwargs.get('topk_ids')",
         "if topk_ids is None or tuple(topk_ids.shape) != (context.metadata.total_tokens, "
@@ -188,10 +234,11 @@ def standin_connector_source(branch: str, header_overrides: dict[str, str] | Non
         "CALLS.append(('dispatch', context.metadata.layer_idx, context.metadata.stage_idx))",
     ])
     return (
-        "from __future__ import annotations\n\n"
+        "from __future__ import annotations\n\nimport dataclasses\n\n"
         f"ASYNC_MOE_REQUEST_SPLIT = {REQUEST_SPLIT!r}\n"
-        "CALLS = []\n\n\n"
+        "CALLS = []\n\n\n" + EXTRA_INFO_CLASS + "\n\n"
         "class CAMAsyncAFDConnector:\n"
+        "    @classmethod\n" + _indent(parse) + "\n"
         "    def __init__(self, *, topk, num_routed_experts, expert_per_rank):\n"
         "        self.topk = topk\n"
         "        self.num_routed_experts = num_routed_experts\n"
@@ -243,6 +290,30 @@ def _load(path: Path, source: str):
     return module
 
 
+UBATCH_UTILS_MODULE = "vllm.v1.worker.ubatch_utils"
+"""Where the hook's runner patch reads vLLM's ``UBatchSlice`` (``glue.runner.seams_of``)."""
+
+
+def ubatch_utils_module(slice_type=StandInUBatchSlice) -> ModuleType:
+    module = ModuleType(UBATCH_UTILS_MODULE)
+    module.UBatchSlice = slice_type
+    return module
+
+
+def register_standins(monkeypatch, modules: dict[str, ModuleType],
+                      slice_type=StandInUBatchSlice) -> None:
+    """Put stand-in modules where afd_plugin's own would be loaded (``sys.modules`` under the
+    pinned names, vLLM's ``UBatchSlice`` beside them) and give the test a ``sys.meta_path``
+    without a seam import hook: ``install_deferred`` then runs exactly as in a fresh worker
+    (it patches the loaded modules at once). Undone when the test ends."""
+    monkeypatch.setattr(sys, "meta_path",
+                        [finder for finder in sys.meta_path
+                         if not isinstance(finder, SeamImportHook)])
+    monkeypatch.setitem(sys.modules, UBATCH_UTILS_MODULE, ubatch_utils_module(slice_type))
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+
+
 def _adapter_batches():
     """The adapters' stand-in builders (``tests.support.adapter_batches``)."""
     from tests.support import adapter_batches
@@ -261,16 +332,33 @@ def ascend_common(layout, num_scheduled, num_computed):
     return common, meta
 
 
+@dataclasses.dataclass(frozen=True)
+class StandinPlugin:
+    """Freshly loaded stand-in seam modules of one branch."""
+
+    validation_module: ModuleType
+    runner_module: ModuleType
+    connector_module: ModuleType
+    forward_module: ModuleType
+
+    @property
+    def runner_class(self) -> type:
+        return self.runner_module.AFDNPUAttentionModelRunner
+
+    def by_pinned_name(self) -> dict[str, ModuleType]:
+        return {VALIDATION_MODULE: self.validation_module, RUNNER_MODULE: self.runner_module,
+                EXTRA_INFO_MODULE: self.connector_module, FORWARD_MODULE: self.forward_module}
+
+
 def load_standin_plugin(folder: Path, branch: str = "main",
-                        header_overrides: dict[str, str] | None = None) -> PluginSeams:
-    """PluginSeams over freshly loaded stand-in modules of ``branch`` (written to ``folder``)."""
+                        header_overrides: dict[str, str] | None = None) -> StandinPlugin:
+    """Freshly loaded stand-in modules of ``branch`` (written to ``folder``)."""
     validation_source, runner_source = standin_source(branch, header_overrides)
     folder.mkdir(parents=True)
-    validation = _load(folder / "feature_validation.py", validation_source)
-    runner = _load(folder / "attention_model_runner.py", runner_source)
-    forward = _load(folder / "deepseek_v2_async_cam_forward.py",
-                    standin_forward_source(branch, header_overrides))
-    return PluginSeams(validation_module=validation, runner_module=runner,
-                       runner_class=runner.AFDNPUAttentionModelRunner,
-                       request_split=REQUEST_SPLIT, slice_type=StandInUBatchSlice,
-                       forward_module=forward)
+    return StandinPlugin(
+        validation_module=_load(folder / "feature_validation.py", validation_source),
+        runner_module=_load(folder / "attention_model_runner.py", runner_source),
+        connector_module=_load(folder / "async_cam.py",
+                               standin_connector_source(branch, header_overrides)),
+        forward_module=_load(folder / "deepseek_v2_async_cam_forward.py",
+                             standin_forward_source(branch, header_overrides)))

@@ -122,15 +122,16 @@ FORWARD = "afd_plugin.model_executor.models.npu.deepseek_v2_async_cam_forward"
 
 
 def register_afd_split():
-    from afd_split.integrations import afd_plugin as hook
+    from afd_split.hook import install as hook
     if registration == "register":
         hook.register()
     else:  # "eager": what register() did before (import the runner module at registration)
-        from afd_split.integrations.afd_plugin.patches import install, resolve_seams
+        from afd_split.hook.install import install_deferred
         try:
-            install(resolve_seams(), new_session=hook.engine_session)
+            importlib.import_module(RUNNER)
         except ImportError as error:
             attempted.append(f"ImportError: {error}")
+        install_deferred(new_session=hook.engine_session)
 
 
 def register_afd():
@@ -150,10 +151,10 @@ for name in loads:
         for plugin in order.split(">"):
             plugins[plugin]()
 
-from afd_split.integrations.afd_plugin.patches import PATCH_MARKER
-from afd_split.integrations.afd_plugin.pinned import function_header
+from afd_split.hook.facts.drift_guard import PATCH_MARKER
+from afd_split.hook.facts.pinned import function_header
 
-from afd_split.integrations.afd_plugin.deferred import SeamImportHook
+from afd_split.hook.install import SeamImportHook
 
 report = {"attempted": attempted, "loaded": sorted(m for m in (RUNNER, VALIDATION) if m in sys.modules),
           "hooks": sum(isinstance(finder, SeamImportHook) for finder in sys.meta_path)}
@@ -167,6 +168,8 @@ CONNECTOR = "afd_plugin.connectors.npu.async_cam"
 if CONNECTOR in sys.modules:
     dispatch = vars(sys.modules[CONNECTOR].CAMAsyncAFDConnector)["send_attn_output"]
     report["dispatch"] = [getattr(dispatch, PATCH_MARKER, None), function_header(dispatch)]
+    parse = vars(sys.modules[CONNECTOR].CAMAsyncAFDConnector)["parse_extra_config"].__func__
+    report["extra_info"] = [getattr(parse, PATCH_MARKER, None), function_header(parse)]
 if RUNNER in sys.modules:
     runner = sys.modules[RUNNER]
     planner = vars(runner.AFDNPUAttentionModelRunner)["_build_attention_metadata_with_async_moe_ubatches"]

@@ -23,12 +23,12 @@ import torch
 
 from afd_split import SplitConstraints
 from afd_split.checks.metadata import BatchMetadata
-from afd_split.integrations.engine_step import (
+from afd_split.hook.planning.engine_step import (
     StepRanks,
     plan_engine_step,
     step_record,
 )
-from afd_split.integrations.worker_evidence import EvidenceSettings
+from afd_split.hook.planning.worker_evidence import EvidenceSettings
 from pytest_afd.backends.base import (
     CAP_AFD,
     CAP_CHUNKED_PREFILL,

@@ -41,13 +41,13 @@ from afd_split.checks.requests import RequestFields
 from afd_split.engine.ascend import ASCEND_LAYOUTS
 from afd_split.engine.standins import attn_state_enum, standin_class
 from afd_split.engine.vllm import VLLM_LAYOUTS, split_common_metadata
-from afd_split.integrations.afd_plugin.stages import (
+from afd_split.hook.planning.engine_step import StepRanks, check_engine_step
+from afd_split.hook.planning.stages import (
     HookSession,
     PlannedUBatchSlices,
     ascend_splitter,
     ubatch_slices_for,
 )
-from afd_split.integrations.engine_step import StepRanks, check_engine_step
 from pytest_afd.backends.cpu.pcp import PcpEmulation, pcp_enabled
 
 VLLM_ENGINE_LAYOUT = "vllm"

@@ -28,7 +28,7 @@ from afd_split.engine.standin_builders import (
     StandInSfaCpBuilder,
 )
 from afd_split.engine.state import preserved_state
-from afd_split.integrations.afd_plugin.builder_state import (
+from afd_split.hook.glue.builder_state import (
     builder_state_targets,
     own_stage_views,
     stage_written_buffers,

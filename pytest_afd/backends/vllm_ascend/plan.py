@@ -21,7 +21,7 @@ CONNECTOR = "CAMAsyncAFDConnector"
 ASYNC_MOE_NUM_UBATCHES = 2
 # --split -> connector_extra_config.async_moe_split (None: no ubatching). "token" is
 # the plugin's own (PR #203); "token_balanced" is afd_split's, registered by the
-# afd_split vLLM general plugin (afd_split.integrations.afd_plugin).
+# afd_split vLLM general plugin (afd_split.hook.install).
 SPLIT_TO_ASYNC_MOE = {"none": None, "request": "request", "token": "token",
                       "token_balanced": "token_balanced"}
 POLICY_TO_SPLIT = {"none": "none", "request_boundary": "request",
@@ -31,12 +31,12 @@ SPLIT_TO_POLICY = {split: policy for policy, split in POLICY_TO_SPLIT.items()}
 PLUGIN_TOKEN_POLICY = "plugin_token"
 AFD_SPLIT_PLUGIN = "afd_split"
 # Splits the plugin plans itself, where afd_split is loaded on the Attention processes in
-# evidence-only mode (afd_split.integrations.afd_plugin.evidence_only): the plugin decides,
+# evidence-only mode (afd_split.hook.patches.router): the plugin decides,
 # the hook records step lines and expert load under AFD_EVIDENCE_DIR.
 EVIDENCE_ONLY_SPLITS = ("none", "request")
 # Beyond this PCP size token_balanced needs the v0.19.1rc1 stack: afd-plugin
 # release/v0.19.1rc1 has the per-stage PCP rebuild the hook uses (its validator
-# refuses PCP elsewhere, afd_split.integrations.afd_plugin.rules); there each
+# refuses PCP elsewhere, afd_split.hook.planning.rules); there each
 # stage is laid out as its own zigzag, a cut request's rows moved between the PCP
 # ranks (afd_split.pcp.relayout, the hook's forward patch).
 TOKEN_BALANCED_MAX_PCP = 1

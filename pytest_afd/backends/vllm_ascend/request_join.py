@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from afd_split.integrations.engine_step import REQUEST_IDS_FIELD
+from afd_split.hook.planning.engine_step import REQUEST_IDS_FIELD
 
 SCHEDULE_FIELD = "schedule"
 SCHEDULE_REQUESTS = "requests"

@@ -1,6 +1,6 @@
 """Collect the Attention ranks' evidence lines of one case into its RunOutputs.
 
-The hook (afd_split.integrations) appends one JSON line per prefill step to one
+The hook (afd_split.hook) appends one JSON line per prefill step to one
 file per Attention rank under ``AFD_EVIDENCE_DIR``, and one expert-load line per
 step (per-stage, per-layer, per-expert routed tokens) that is joined to its step
 line by step number. Around each case the
@@ -21,8 +21,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from afd_split.integrations.expert_load import EXPERT_LOAD_KIND
-from afd_split.integrations.worker_evidence import (
+from afd_split.hook.planning.expert_load import EXPERT_LOAD_KIND
+from afd_split.hook.planning.worker_evidence import (
     CAP_MARKER_KIND,
     EVIDENCE_FORMAT,
     FILE_SUFFIX,

@@ -18,7 +18,7 @@ import torch
 
 from afd_split.checks.requests import RequestFields
 from afd_split.engine.rows import gather_ubatch_rows, merge_outputs
-from afd_split.integrations.engine_step import check_engine_step
+from afd_split.hook.planning.engine_step import check_engine_step
 from pytest_afd.backends.cpu.afd import connector
 from pytest_afd.backends.cpu.afd.evidence import (
     ATTENTION,

@@ -29,7 +29,7 @@ from afd_split.checks.support import (
     SplitSupportConfig,
     prepare_split_runtime,
 )
-from afd_split.integrations.engine_step import agreement_enabled
+from afd_split.hook.planning.engine_step import agreement_enabled
 from pytest_afd.backends.cpu.afd.cores import cpu_affinity, default_threads_per_rank
 from pytest_afd.backends.cpu.afd.evidence import Span, as_spans
 from pytest_afd.backends.cpu.afd.procs import (

@@ -1,6 +1,6 @@
 """The fifth patch: PCP stages run on their own zigzag rows (``afd_split.pcp.relayout``).
 
-Written to the AFD plugin's AGENTS.md rules like ``patches``: the pinned header
+Written to the AFD plugin's AGENTS.md rules like every patch file: the pinned header
 exactly (``pinned.FORWARD``), the reason and behaviour in the comment above,
 the AFD-split-only delta between ``# ### PATCH START/END``, and every line of
 upstream's pipeline run through the ORIGINAL function object (this project does
@@ -10,7 +10,7 @@ its layer range. Anything but a token_balanced PCP step delegates unchanged.
 
 Facts the delta relies on (afd-plugin main 2e4378f and release/v0.19.1rc1
 2f4f462, ``model_executor/models/npu/deepseek_v2_async_cam_forward.py``; checked
-by ``forward_drift``): the function reads only ``model.config``,
+by ``facts.forward_drift``): the function reads only ``model.config``,
 ``model.start_layer``, ``model.end_layer`` and ``model.layers``; it runs the
 layers before ``config.first_k_dense_replace`` on the whole batch and returns
 their output when no MoE layer follows (``dense_end_layer == model.end_layer``);
@@ -24,19 +24,17 @@ again and this seam is dropped.
 
 from __future__ import annotations
 
-import ast
 import functools
-import inspect
-import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from afd_split.errors import UnsupportedSplitError
-from afd_split.integrations.afd_plugin.patches import PATCH_MARKER, installed_branch
-from afd_split.integrations.afd_plugin.pinned import FORWARD, FORWARD_MODULE
-from afd_split.integrations.afd_plugin.stages import PlannedUBatchSlices
+from afd_split.hook.facts.drift_guard import PATCH_MARKER, PluginDriftError, installed_branch
+from afd_split.hook.facts.forward_drift import forward_drift
+from afd_split.hook.facts.pinned import FORWARD, FORWARD_NAME
+from afd_split.hook.planning.stages import PlannedUBatchSlices
 from afd_split.pcp.relayout import relay_rows, restore_rows
 
 if TYPE_CHECKING:  # names of the pinned header; never imported at run time
@@ -47,10 +45,6 @@ if TYPE_CHECKING:  # names of the pinned header; never imported at run time
         AFDForwardContextMetadata,
     )
 
-FORWARD_NAME = "run_async_moe_ubatch_afd_forward"
-MODEL_ATTRIBUTES_READ = frozenset({"config", "start_layer", "end_layer", "layers"})
-"""What upstream's pipeline reads of ``model`` at both pinned commits (``LayerRange`` gives
-exactly these)."""
 SLICES_KEY = "ubatch_slices"
 
 
@@ -158,28 +152,6 @@ def make_forward_patch(original: Callable) -> Callable:
     return run_async_moe_ubatch_afd_forward
 
 
-def forward_drift(function) -> str | None:
-    """Why the installed pipeline no longer reads as ``run_relaid`` relies on (None: it does)."""
-    return forward_drift_in(inspect.getsource(function))
-
-
-def forward_drift_in(source: str) -> str | None:
-    tree = ast.parse(textwrap.dedent(source))
-    function = next(node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef))
-    model = function.args.args[0].arg
-    read = {node.attr for node in ast.walk(function) if isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name) and node.value.id == model}
-    if not read <= MODEL_ATTRIBUTES_READ:
-        return f"it reads {sorted(read - MODEL_ATTRIBUTES_READ)} of the model"
-    text = {ast.unparse(node) for node in ast.walk(function)
-            if isinstance(node, ast.Attribute | ast.Compare)}
-    for needed in (f"{model}.config.first_k_dense_replace", f"dense_end_layer == {model}.end_layer",
-                   "ubatch_slice.token_slice"):
-        if needed not in text:
-            return f"it no longer reads {needed!r}"
-    return None
-
-
 def install_forward(forward_module: ModuleType) -> bool:
     """Patch the async-MoE pipeline (header and body drift-checked, idempotent); True when now."""
     forward = vars(forward_module)[FORWARD_NAME]
@@ -188,22 +160,8 @@ def install_forward(forward_module: ModuleType) -> bool:
     installed_branch(FORWARD, forward)
     drift = forward_drift(forward)
     if drift is not None:
-        from afd_split.integrations.afd_plugin.patches import PluginDriftError
-
         raise PluginDriftError(f"afd_plugin {FORWARD_NAME} drifted: {drift}; re-pin it "
                                "(AGENTS.md) before token_balanced can run under PCP",
                                seam=FORWARD)
     setattr(forward_module, FORWARD_NAME, make_forward_patch(forward))
     return True
-
-
-def ensure_forward_patched(forward_module: ModuleType | None) -> None:
-    """Before the first relaid PCP stage: the pipeline that runs it must be the patched one
-    (the import hook patches it when it loads; a process without the hook, or a module
-    loaded before it, is patched here), or upstream would slice the relaid rows as the
-    parent's."""
-    if forward_module is None:
-        import importlib
-
-        forward_module = importlib.import_module(FORWARD_MODULE)
-    install_forward(forward_module)

@@ -11,11 +11,11 @@ from __future__ import annotations
 from afd_split.checks.support import SplitSupportConfig, unsupported_reasons
 from afd_split.engine.ascend import check_ascend_pcp_startup
 from afd_split.errors import UnsupportedSplitError
-from afd_split.integrations.afd_plugin.pcp_drift import PCP_SEAM_BRANCH
-from afd_split.integrations.afd_plugin.pcp_seam import pcp_enabled
-from afd_split.integrations.afd_plugin.stages import TOKEN_BALANCED_SPLIT
+from afd_split.hook.facts.drift_guard import TOKEN_BALANCED_SPLIT
+from afd_split.hook.facts.pcp_drift import PCP_SEAM_BRANCH
 from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.stage import check_pcp_stage_support
+from afd_split.plan.constraints import MIN_PCP_FOR_ZIGZAG
 
 SPARSE_ATTENTION_CONFIG_KEY = "index_topk"
 """HF text-config key of DeepSeek V3.2 sparse attention (the plugin's own SFA test)."""
@@ -30,6 +30,11 @@ PCP_REJECTION = "prefill_context_parallel_size={pcp} > 1: {why}"
 
 NO_PCP_SEAM = f"no afd-plugin per-stage PCP rebuild was checked ({PCP_SEAM_BRANCH} has one)"
 """Default: PCP is refused unless ``install`` found the pinned release seam."""
+
+
+def pcp_enabled(pcp_size: int) -> bool:
+    """PCP stages are planned (a PCP group of at least two ranks)."""
+    return pcp_size >= MIN_PCP_FOR_ZIGZAG
 
 
 def runner_alignment(vllm_config) -> EngineAlignment:

@@ -1,6 +1,6 @@
 """The fourth patch: routed top-k ids counted where the Attention side dispatches them.
 
-Written to the AFD plugin's AGENTS.md rules like ``patches``: the pinned header
+Written to the AFD plugin's AGENTS.md rules like every patch file: the pinned header
 exactly (``pinned.DISPATCH``), the reason and behaviour in the comment above,
 the AFD-split-only delta between ``# ### PATCH START/END``, and the whole
 upstream body run through the ORIGINAL function object (this project does not
@@ -17,17 +17,13 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from afd_split.integrations.afd_plugin.patches import PATCH_MARKER, installed_branch
-from afd_split.integrations.afd_plugin.pinned import CONNECTOR_CLASS, DISPATCH
+from afd_split.hook.facts.drift_guard import PATCH_MARKER, installed_branch
+from afd_split.hook.facts.pinned import CONNECTOR_CLASS, DISPATCH, DISPATCH_NAME
+from afd_split.hook.glue.runner import EXPERT_LOAD_ATTRIBUTE
 
 if TYPE_CHECKING:  # names of the pinned header; never imported at run time
     from afd_plugin.connectors.base import AFDTransferContext
     from torch import Tensor
-
-EXPERT_LOAD_ATTRIBUTE = "_afd_split_expert_load"
-"""AFD-only connector attribute holding the runner session's ``ExpertLoadRecorder``."""
-
-DISPATCH_NAME = "send_attn_output"
 
 
 def make_dispatch_patch(original: Callable) -> Callable:
@@ -66,8 +62,3 @@ def install_dispatch(connector_module: ModuleType) -> bool:
     installed_branch(DISPATCH, dispatch)
     setattr(connector_class, DISPATCH_NAME, make_dispatch_patch(dispatch))
     return True
-
-
-def attach_recorder(connector, recorder) -> None:
-    """Give the runner's connector its session's recorder (None: count nothing)."""
-    vars(connector)[EXPERT_LOAD_ATTRIBUTE] = recorder

@@ -16,7 +16,7 @@ import numpy as np
 
 from afd_split.checks.request_checks import validate_split_requests
 from afd_split.checks.requests import RequestFields, split_request_fields
-from afd_split.integrations.worker_evidence import EVIDENCE_FORMAT, RECORD_KIND
+from afd_split.hook.planning.worker_evidence import EVIDENCE_FORMAT, RECORD_KIND
 from afd_split.plan.agree import agree_on_split
 from afd_split.plan.constraints import SplitConstraints, SplitPolicy
 from afd_split.plan.planner import SplitPlan, plan_split

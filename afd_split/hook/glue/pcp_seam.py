@@ -40,7 +40,7 @@ against the pieces before any stage runs.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,16 +48,16 @@ import numpy as np
 
 from afd_split.engine.slicing import host_numpy
 from afd_split.errors import UnsupportedSplitError
-from afd_split.integrations.afd_plugin.stages import (
+from afd_split.hook.planning.engine_step import plan_engine_step
+from afd_split.hook.planning.stages import (
     HookSession,
     PlannedUBatchSlices,
     record_step,
 )
-from afd_split.integrations.engine_step import plan_engine_step
 from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.relayout import AllToAll, RankRelayout, rank_relayout
 from afd_split.pcp.stage import PcpStageTokens, num_decode_requests, stage_tokens
-from afd_split.plan.constraints import MIN_PCP_FOR_ZIGZAG, SplitPolicy
+from afd_split.plan.constraints import SplitPolicy
 from afd_split.plan.planner import SplitPlan
 
 PCP_STAGE_RULE = (
@@ -294,15 +294,13 @@ def check_rebuilt_stages(pcp: PcpStages) -> None:
                     "relayout: " + "; ".join(problems))
 
 
-def pcp_enabled(pcp_size: int) -> bool:
-    return pcp_size >= MIN_PCP_FOR_ZIGZAG
-
-
 def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, computed: np.ndarray,
-                           slice_type: type, forward_module=None) -> PlannedUBatchSlices | None:
+                           slice_type: type,
+                           ensure_forward: Callable[[], None]) -> PlannedUBatchSlices | None:
     """Token-balanced stages on the GLOBAL counts (``query_lens_pcp_full``; the rank-local
     ``num_scheduled_tokens_np`` is never planned on), each laid out as its own zigzag on
-    this rank (``pcp_seam.PcpStages``)."""
+    this rank (``pcp_seam.PcpStages``). ``ensure_forward()`` (from ``install``) makes sure
+    the pipeline that runs a relaid stage is the patched one before any is planned."""
     check_pcp_alignment(session.alignment)  # before any agreement collective
     if session.pcp_all_to_all is None:
         raise UnsupportedSplitError("PCP stages need the PCP group's all-to-all; the hook "
@@ -311,13 +309,11 @@ def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, computed
                          session.alignment)
     pcp = None
     if plan.is_split:
-        from afd_split.integrations.afd_plugin.forward_patch import ensure_forward_patched
-
-        ensure_forward_patched(forward_module)  # relaid rows never reach upstream slicing
+        ensure_forward()  # relaid rows never reach upstream slicing
         pcp = PcpStages.for_rank(plan, computed, session.ranks.pcp_rank,
                                  session.pcp_all_to_all, runner,
                                  chunked_prefill=session.chunked_prefill)
-    from afd_split.integrations.afd_plugin.load_rows import pcp_parent_rows, pcp_stage_rows
+    from afd_split.hook.glue.load_rows import pcp_parent_rows, pcp_stage_rows
 
     record_step(session, plan, alignment=session.alignment.describe(),
                 stage_rows=(pcp_parent_rows(plan, session.ranks.pcp_rank) if pcp is None

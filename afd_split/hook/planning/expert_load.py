@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from afd_split.integrations.worker_evidence import EVIDENCE_FORMAT
+from afd_split.hook.planning.worker_evidence import EVIDENCE_FORMAT
 
 EXPERT_LOAD_KIND = "afd_expert_load"
 """``kind`` of an expert-load line (one per step with MoE dispatches)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from afd_split.integrations.expert_load import StageRows
+from afd_split.hook.planning.expert_load import StageRows
 from afd_split.pcp.relayout import RankRelayout
 from afd_split.pcp.stage import PAD_TOKEN, num_decode_requests, stage_tokens, zigzag_layout
 from afd_split.plan.planner import SplitPlan

@@ -14,27 +14,21 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from afd_split.integrations.engine_step import (
+from afd_split.hook.planning.engine_step import (
     StepRanks,
     agree_across_groups,
     agreement_enabled,
     plan_engine_step,
     step_record,
 )
-from afd_split.integrations.expert_load import NATURAL, ExpertLoadRecorder, StageRows
-from afd_split.integrations.worker_evidence import EvidenceWriter
+from afd_split.hook.planning.expert_load import NATURAL, ExpertLoadRecorder, StageRows
+from afd_split.hook.planning.worker_evidence import EvidenceWriter
 from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.relayout import AllToAll
 from afd_split.plan.constraints import SplitPolicy
 from afd_split.plan.planner import SplitPlan
-
-if TYPE_CHECKING:
-    from afd_split.integrations.afd_plugin.pcp_seam import PcpStages
-
-TOKEN_BALANCED_SPLIT = "token_balanced"
-"""The ``async_moe_split`` value this hook adds; distinct from PR #203's ``"token"``."""
 
 NO_SP_NO_PCP = EngineAlignment(tp_size=1, sequence_parallel=False)
 """A session's alignment unless the engine gives one: stages unpadded (align 1). With SP
@@ -98,7 +92,7 @@ class PlannedUBatchSlices(list):
     """The plugin's ``UBatchSlices`` for a plan, carrying what the patched slicer needs."""
 
     def __init__(self, slices, *, plan: SplitPlan, block_size: int,
-                 session: HookSession, pcp: PcpStages | None = None) -> None:
+                 session: HookSession, pcp: Any = None) -> None:
         super().__init__(slices)
         self.plan = plan
         self.block_size = block_size

@@ -1,4 +1,15 @@
-"""Deferred seam patching: registration imports nothing of afd_plugin's NPU stack.
+"""The vLLM general plugin's entry point and the hook's one install path.
+
+Entry point (pyproject ``[project.entry-points."vllm.general_plugins"]``):
+``afd_split = "afd_split.hook.install:register"``. Without afd_plugin it does
+nothing, and a process where the hook is not installed still refuses
+``token_balanced`` through the plugin's own validator, so the value can never run
+unplanned. Enable per deployment with
+``connector_extra_config.async_moe_split="token_balanced"`` and add ``afd_split``
+to ``VLLM_PLUGINS`` where that list is set. This module is the only importer of
+``afd_split.hook.patches``.
+
+Deferred seam patching: registration imports nothing of afd_plugin's NPU stack.
 
 vLLM calls general plugins in every process. In the API server,
 ``AsyncEngineArgs.add_cli_args`` calls ``load_general_plugins()`` before
@@ -22,35 +33,56 @@ metadata router also gets the evidence-only recorder (``evidence_only``).
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
+import importlib.util
+import logging
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
-from afd_split.integrations.afd_plugin.dispatch_patch import install_dispatch
-from afd_split.integrations.afd_plugin.drift_guard import DriftLog, guarded
-from afd_split.integrations.afd_plugin.evidence_only import install_evidence_only
-from afd_split.integrations.afd_plugin.forward_patch import install_forward
-from afd_split.integrations.afd_plugin.patches import (
-    install_runner,
-    install_validator,
+from afd_split.hook.facts.drift_guard import (
+    PATCH_MARKER,
+    TOKEN_BALANCED_SPLIT,
+    DriftLog,
+    guarded,
+    installed_branch,
+)
+from afd_split.hook.facts.pinned import (
+    CONNECTOR_CLASS,
+    DISPATCH,
+    DISPATCH_NAME,
+    EXTRA_INFO,
+    EXTRA_INFO_MODULE,
+    FORWARD_MODULE,
+    PLANNER,
+    PLANNER_NAME,
+    RUNNER_MODULE,
+    SLICER,
+    SLICER_NAME,
+    VALIDATION_MODULE,
+)
+from afd_split.hook.glue.runner import (
+    PluginSeams,
     plugin_request_split,
     runner_pcp_unavailable,
     seams_of,
 )
-from afd_split.integrations.afd_plugin.pinned import (
-    EXTRA_INFO_MODULE,
-    FORWARD_MODULE,
-    PLANNER,
-    RUNNER_MODULE,
-    SLICER,
-    VALIDATION_MODULE,
-)
-from afd_split.integrations.afd_plugin.stages import HookSession
+from afd_split.hook.glue.session import engine_session
+from afd_split.hook.patches.dispatch import install_dispatch
+from afd_split.hook.patches.extra_info import extra_info_seam, install_extra_info
+from afd_split.hook.patches.forward import install_forward
+from afd_split.hook.patches.planner import PLANNER_PATCHES
+from afd_split.hook.patches.router import install_evidence_only
+from afd_split.hook.patches.slicer import make_slicer_patch
+from afd_split.hook.patches.validator import install_validator
+from afd_split.hook.planning.stages import HookSession
 
 ModulePatch = Callable[[ModuleType], Any]
+
+logger = logging.getLogger(__name__)
 
 
 class PatchingLoader(importlib.abc.Loader):
@@ -97,6 +129,28 @@ class SeamImportHook(importlib.abc.MetaPathFinder):
         return spec
 
 
+def install_runner(seams: PluginSeams, *, new_session: Callable[[Any], HookSession]) -> str:
+    """Patch the planner and slicer seams of a loaded runner module (both drift-checked
+    before either is patched; idempotent); returns the branch recognised."""
+    planner = vars(seams.runner_class)[PLANNER_NAME]
+    slicer = vars(seams.runner_module)[SLICER_NAME]
+    if getattr(planner, PATCH_MARKER, None) == PLANNER:  # our own attribute, set below
+        return "already-installed"
+    branch = installed_branch(PLANNER, planner)
+    installed_branch(SLICER, slicer)
+    setattr(seams.runner_module, SLICER_NAME, make_slicer_patch(slicer))
+    setattr(seams.runner_class, PLANNER_NAME, PLANNER_PATCHES[branch](planner, seams, new_session))
+    return branch
+
+
+def ensure_forward_patched() -> None:
+    """Before the first relaid PCP stage: the pipeline that runs it must be the patched one,
+    or upstream would slice the relaid rows as the parent's. Importing it runs the import
+    hook (which patches it, or leaves a drifted one alone); the check here then patches a
+    module loaded before the hook, or raises ``PluginDriftError`` naming the drift."""
+    install_forward(importlib.import_module(FORWARD_MODULE))
+
+
 def seam_patches(new_session: Callable[[Any], HookSession],
                  drift: DriftLog | None = None) -> dict[str, ModulePatch]:
     """Module name -> what to patch in it once loaded (a drifted module is left unpatched
@@ -106,7 +160,8 @@ def seam_patches(new_session: Callable[[Any], HookSession],
     def patch_runner(module: ModuleType) -> str:
         # Evidence-only mode first: it never raises, so a drifted planner seam cannot skip it.
         install_evidence_only(module, new_session, plugin_request_split)
-        return install_runner(replace(seams_of(module), drifted=drift.reasons),
+        return install_runner(replace(seams_of(module), drifted=drift.reasons,
+                                      ensure_forward=ensure_forward_patched),
                               new_session=new_session)
 
     def pcp_unavailable() -> str | None:
@@ -120,8 +175,18 @@ def seam_patches(new_session: Callable[[Any], HookSession],
     def patch_validation(module: ModuleType) -> bool:
         return install_validator(module, plugin_request_split, pcp_unavailable, drift.reasons)
 
+    def patch_connector(module: ModuleType) -> bool:
+        # Both seams drift-checked before either is patched (the module stays whole).
+        dispatch = vars(vars(module)[CONNECTOR_CLASS])[DISPATCH_NAME]
+        if getattr(dispatch, PATCH_MARKER, None) != DISPATCH:
+            installed_branch(DISPATCH, dispatch)
+        parse = extra_info_seam(module)
+        if getattr(parse, PATCH_MARKER, None) != EXTRA_INFO:
+            installed_branch(EXTRA_INFO, parse)
+        return install_dispatch(module) | install_extra_info(module, drift.reasons)
+
     patches = {VALIDATION_MODULE: patch_validation, RUNNER_MODULE: patch_runner,
-               EXTRA_INFO_MODULE: install_dispatch, FORWARD_MODULE: install_forward}
+               EXTRA_INFO_MODULE: patch_connector, FORWARD_MODULE: install_forward}
     return {name: guarded(patch, drift) for name, patch in patches.items()}
 
 
@@ -138,3 +203,21 @@ def install_deferred(new_session: Callable[[Any], HookSession]) -> SeamImportHoo
         if module is not None:
             patch(module)
     return hook
+
+
+PLUGIN_NAME = "afd_split"
+"""Entry-point name (what ``VLLM_PLUGINS`` lists)."""
+
+
+def register() -> None:
+    """``vllm.general_plugins`` entry point: install the hook where afd_plugin is installed.
+
+    Imports nothing of afd_plugin, vLLM-Ascend or torch_npu: each seam module is
+    patched when it is already loaded, else right after it first loads.
+    """
+    if importlib.util.find_spec("afd_plugin") is None:
+        logger.debug("%s: afd_plugin is not installed; nothing to patch", PLUGIN_NAME)
+        return
+    install_deferred(new_session=engine_session)
+    logger.info("%s: async_moe_split=%r will be routed through afd_split when afd_plugin's "
+                "seam modules load", PLUGIN_NAME, TOKEN_BALANCED_SPLIT)

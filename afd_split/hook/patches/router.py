@@ -1,6 +1,6 @@
 """Evidence-only mode: step and expert-load evidence for ``none`` and ``request`` deployments.
 
-Written to the AFD plugin's AGENTS.md rules like ``patches``: the pinned header
+Written to the AFD plugin's AGENTS.md rules like every patch file: the pinned header
 exactly (``pinned.ROUTER``), the reason and behaviour in the comment above, the
 AFD-split-only delta between ``# ### PATCH START/END``, the whole upstream body
 run through the ORIGINAL function object first, and its result returned as is.
@@ -13,7 +13,7 @@ split, or no ubatching for ``none``); after the runner's metadata router returns
 the hook reads what the plugin decided (``_afd_async_moe_ubatch_metadata`` /
 ``ubatch_slices``) and writes the same step line ``token_balanced`` writes
 (``observed_plan``), and begins the step's expert-load count at the CAM dispatch
-(``dispatch_patch``). Nothing the plugin reads is written, so ``request`` and
+(``patches.dispatch``). Nothing the plugin reads is written, so ``request`` and
 ``none`` run exactly as the plugin alone; where the plugin's own PCP stage build left
 the full batch's slots viewing a buffer it overwrote (release/v0.19.1rc1, MLA-CP), the
 step line says so (``full_batch_contaminated``; docs/ascend.md). A step it cannot describe gets an
@@ -25,7 +25,7 @@ Drift: a router whose header matches no pinned variant is left unpatched
 (logged; the cases then have no step lines, so their evidence is absent).
 
 Removal plan (docs/ascend.md): with an upstream per-step observer on the runner
-(or the planner registry of ``patches``), this seam is dropped.
+(or the planner registry of ``patches.planner``), this seam is dropped.
 """
 
 from __future__ import annotations
@@ -36,26 +36,20 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from afd_split.integrations.afd_plugin.builder_state import (
-    PCP_PADDED_SLOT_BUFFERS,
-    fields_viewing,
-)
-from afd_split.integrations.afd_plugin.dispatch_patch import attach_recorder
-from afd_split.integrations.afd_plugin.layer_ranges import ensure_runner_ranges
-from afd_split.integrations.afd_plugin.patches import (
+from afd_split.hook.facts.drift_guard import (
     PATCH_MARKER,
+    TOKEN_BALANCED_SPLIT,
     PluginDriftError,
     installed_branch,
 )
-from afd_split.integrations.afd_plugin.pinned import MAIN, ROUTER, RUNNER_CLASS
-from afd_split.integrations.afd_plugin.stages import (
-    SESSION_ATTRIBUTE,
-    TOKEN_BALANCED_SPLIT,
-    HookSession,
-)
-from afd_split.integrations.engine_step import step_record
-from afd_split.integrations.observed_plan import observed_plan
-from afd_split.integrations.worker_evidence import (
+from afd_split.hook.facts.pinned import MAIN, ROUTER, ROUTER_NAME, RUNNER_CLASS
+from afd_split.hook.glue.builder_state import PCP_PADDED_SLOT_BUFFERS, fields_viewing
+from afd_split.hook.glue.layer_ranges import ensure_runner_ranges
+from afd_split.hook.glue.runner import attach_recorder
+from afd_split.hook.planning.engine_step import step_record
+from afd_split.hook.planning.observed_plan import observed_plan
+from afd_split.hook.planning.stages import SESSION_ATTRIBUTE, HookSession
+from afd_split.hook.planning.worker_evidence import (
     EVIDENCE_DIR_ENV,
     EVIDENCE_FORMAT,
     UNRECORDED_KIND,
@@ -71,7 +65,6 @@ if TYPE_CHECKING:  # names of the pinned headers; never imported at run time
 
 logger = logging.getLogger(__name__)
 
-ROUTER_NAME = "_build_attention_metadata"
 VALUES_HELPER = "_attention_metadata_values"
 """release/v0.19.1rc1's own (args, kwargs) -> named values helper of the router."""
 

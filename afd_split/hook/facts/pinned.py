@@ -66,8 +66,8 @@ def normalize_header(source: str) -> str:
 
 
 def function_header(function) -> str:
-    """The normalised ``def`` header of a live function, from its source."""
-    return normalize_header(inspect.getsource(function))
+    """The normalised ``def`` header of a live function (or classmethod), from its source."""
+    return normalize_header(inspect.getsource(getattr(function, "__func__", function)))
 
 
 VALIDATOR = "validator"
@@ -76,7 +76,16 @@ SLICER = "slicer"
 DISPATCH = "dispatch"
 FORWARD = "forward"
 ROUTER = "router"
+EXTRA_INFO = "extra_info"
 CONNECTOR_CLASS = "CAMAsyncAFDConnector"
+
+VALIDATOR_NAME = "_fail_if_unsupported_npu_async_moe_ubatching_features"
+PLANNER_NAME = "_build_attention_metadata_with_async_moe_ubatches"
+SLICER_NAME = "split_attn_metadata"
+DISPATCH_NAME = "send_attn_output"
+EXTRA_INFO_NAME = "parse_extra_config"
+FORWARD_NAME = "run_async_moe_ubatch_afd_forward"
+ROUTER_NAME = "_build_attention_metadata"
 
 _VALIDATOR_HEADER = (
     "def _fail_if_unsupported_npu_async_moe_ubatching_features(vllm_config: VllmConfig, "
@@ -119,6 +128,10 @@ _FORWARD_HEADER = (
     "-> tuple[torch.Tensor, torch.Tensor | None]: ..."
 )
 
+_EXTRA_INFO_HEADER = (
+    "def parse_extra_config(cls, raw: Mapping[str, Any] | None) -> AFDAsyncExtraInfo: ..."
+)
+
 _ROUTER_HEADER_MAIN = (
     "def _build_attention_metadata(self, num_tokens: int, num_reqs: int, max_query_len: int, "
     "num_tokens_padded: int | None = None, num_reqs_padded: int | None = None, "
@@ -150,11 +163,17 @@ PINNED_SEAMS: tuple[PinnedSeam, ...] = (
     PinnedSeam(SLICER, RUNNER_MODULE, "split_attn_metadata", *RELEASE_V0_19_1RC1,
                _SLICER_HEADER),
     # Where each stage's routed top-k ids meet its layer and stage, right before the CAM
-    # dispatch (the expert-load counts; afd_split.integrations.expert_load).
+    # dispatch (the expert-load counts; afd_split.hook.planning.expert_load).
     PinnedSeam(DISPATCH, EXTRA_INFO_MODULE, f"{CONNECTOR_CLASS}.send_attn_output", *MAIN,
                _DISPATCH_HEADER),
     PinnedSeam(DISPATCH, EXTRA_INFO_MODULE, f"{CONNECTOR_CLASS}.send_attn_output",
                *RELEASE_V0_19_1RC1, _DISPATCH_HEADER),
+    # Where afd-plugin parses the connector's extra config (async_moe_split among it), before
+    # its validator judges the value (fail_if_unsupported_npu_afd_features); a classmethod.
+    PinnedSeam(EXTRA_INFO, EXTRA_INFO_MODULE, f"{CONNECTOR_CLASS}.parse_extra_config", *MAIN,
+               _EXTRA_INFO_HEADER),
+    PinnedSeam(EXTRA_INFO, EXTRA_INFO_MODULE, f"{CONNECTOR_CLASS}.parse_extra_config",
+               *RELEASE_V0_19_1RC1, _EXTRA_INFO_HEADER),
     # The async-MoE stage pipeline: dense layers on the whole batch, then the stages sliced by
     # UBatchSlice.token_slice (looked up as a module attribute by AFDDeepseekV2Model).
     PinnedSeam(FORWARD, FORWARD_MODULE, "run_async_moe_ubatch_afd_forward", *MAIN,

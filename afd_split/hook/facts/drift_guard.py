@@ -1,6 +1,8 @@
-"""A drifted seam never breaks the plugin: it is left unpatched and token_balanced refused.
+"""Drift facts: the patch marker, ``installed_branch``, ``PluginDriftError`` and the drift log.
 
-vLLM calls general plugins first in every process, so the import hook (``deferred``)
+A drifted seam never breaks the plugin: it is left unpatched and token_balanced refused.
+
+vLLM calls general plugins first in every process, so the import hook (``install``)
 patches afd_plugin's seam modules inside the plugin's own imports. A seam whose
 installed header (or pipeline body) matches no pinned variant must not turn that
 import into an error: every vLLM start would fail, also for users who never ask
@@ -22,12 +24,42 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from afd_split.integrations.afd_plugin.patches import PluginDriftError
-from afd_split.integrations.afd_plugin.stages import TOKEN_BALANCED_SPLIT
+from afd_split.hook.facts.pinned import function_header, seams_for
 
 logger = logging.getLogger(__name__)
 
 UNKNOWN_SEAM = "unknown"
+
+TOKEN_BALANCED_SPLIT = "token_balanced"
+"""The ``async_moe_split`` value this hook adds; distinct from PR #203's ``"token"``."""
+
+PATCH_MARKER = "__afd_split_patch__"
+"""Attribute on every patch function naming its seam; makes installation idempotent."""
+
+
+class PluginDriftError(RuntimeError):
+    """The installed afd_plugin's seam no longer reads as any pinned variant (``seam``: its
+    ``pinned`` key, so the import hook can leave the module unpatched and name it)."""
+
+    def __init__(self, message: str, *, seam: str | None = None) -> None:
+        super().__init__(message)
+        self.seam = seam
+
+
+def installed_branch(key: str, function: Callable) -> str:
+    """The pinned branch whose header ``function`` carries; PluginDriftError when none does."""
+    header = function_header(function)
+    variants = seams_for(key)
+    for seam in variants:
+        if seam.normalized_header == header:
+            return seam.branch
+    pinned = "; ".join(f"{seam.branch}@{seam.commit[:12]}: {seam.normalized_header}"
+                       for seam in variants)
+    raise PluginDriftError(
+        f"afd_plugin seam {variants[0].module}.{variants[0].qualname} drifted: installed "
+        f"header {header!r} matches no pinned variant ({pinned}); re-pin it (AGENTS.md) before "
+        f"async_moe_split={TOKEN_BALANCED_SPLIT!r} can run", seam=key,
+    )
 
 
 @dataclass
@@ -51,6 +83,12 @@ class DriftLog:
         """One refusal reason per drifted seam, naming it (empty: nothing drifted)."""
         return tuple(f"afd_plugin seam {seam!r} drifted from the pinned headers and was left "
                      f"unpatched ({message})" for seam, message in self.drifted.items())
+
+
+def drift_refusal(reasons: tuple[str, ...]) -> PluginDriftError:
+    """The error refusing ``token_balanced`` after seams drifted (``DriftLog.reasons``)."""
+    return PluginDriftError(f"async_moe_split={TOKEN_BALANCED_SPLIT!r} is refused: "
+                            + "; ".join(reasons))
 
 
 def guarded(patch: Callable[[ModuleType], Any], log: DriftLog) -> Callable[[ModuleType], Any]:

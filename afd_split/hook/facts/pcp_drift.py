@@ -14,7 +14,7 @@ import ast
 import inspect
 import textwrap
 
-from afd_split.integrations.afd_plugin.pinned import normalize_header
+from afd_split.hook.facts.pinned import normalize_header
 
 PCP_SEAM_BRANCH = "release/v0.19.1rc1"
 """The one pinned afd-plugin branch with a per-stage PCP rebuild."""

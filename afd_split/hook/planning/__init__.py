@@ -1,0 +1,1 @@
+"""Per-step planning for the engines, and the evidence lines each step writes."""
