@@ -56,10 +56,20 @@ def _builder(kind: str, pcp: int, max_tokens: int, max_seqs: int):
 
 
 @dataclass
+class PcpManagerBuffers:
+    """The PCP manager's padded-slot buffer (``pcp_padded_slot_mapping_list``) that the
+    builders view; one class for every rank and step (a class made per call grows the
+    interpreter's subclass registry, which the soak gate reads as a leak)."""
+
+    pad_buffer: PaddedSlotBuffer
+    pcp_padded_slot_mapping_list: list = field(default_factory=list)
+
+
+@dataclass
 class RankPcpState:
     """One emulated rank's PCP manager buffer and attention group (persist across builds)."""
 
-    pcp_manager: object
+    pcp_manager: PcpManagerBuffers
     group: StandInAttentionGroup
 
     @classmethod
@@ -68,9 +78,8 @@ class RankPcpState:
         the recipe's or the batch's requests if more; the padded buffer has
         ``max_tokens * pcp + 2 * pcp * max_num_seqs`` entries (``full_indices``)."""
         max_seqs = max(MAX_NUM_SEQS, num_reqs)
-        manager = type("PcpManagerBuffers", (), {})()
-        manager.pad_buffer = PaddedSlotBuffer(max_tokens * pcp + 2 * pcp * max_seqs)
-        manager.pcp_padded_slot_mapping_list = [manager.pad_buffer.buffer]
+        pad_buffer = PaddedSlotBuffer(max_tokens * pcp + 2 * pcp * max_seqs)
+        manager = PcpManagerBuffers(pad_buffer, [pad_buffer.buffer])
         builders = [_builder(kind, pcp, max_tokens, max_seqs)
                     for _ in range(NUM_METADATA_BUILDERS)]
         return cls(manager, StandInAttentionGroup(builders))
