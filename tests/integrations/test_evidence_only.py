@@ -139,12 +139,26 @@ class Context:
                                         total_tokens=total_tokens)
 
 
+def step_request_ids(seed: int, num_reqs: int) -> list[str]:
+    """The engine's ids of a step's requests in batch order (vLLM's ``cmpl-<id>-<n>``)."""
+    return [f"cmpl-s{seed}r{index}-0" for index in range(num_reqs)]
+
+
+def step_computed(seed: int, num_reqs: int) -> list[int]:
+    return [(seed + index) % 3 * 4 for index in range(num_reqs)]
+
+
 def run_step(plugin, runner, scheduled, padded_rows, seed):
     """One step as the plugin runs it: the router, the forward (the async pipeline when the
     plugin split, else every layer on the whole batch) and each MoE layer's dispatch per
     stage. Returns everything the plugin produced and the routed ids dispatched."""
     generator = torch.Generator().manual_seed(seed)
     tokens = np.asarray(scheduled, dtype=np.int64)
+    # The runner's persistent input batch (vLLM 0.19.1 gpu_input_batch.InputBatch): ids in
+    # batch order, host computed tokens padded past the real requests.
+    runner.input_batch = SimpleNamespace(
+        req_ids=step_request_ids(seed, len(tokens)),
+        num_computed_tokens_cpu_tensor=torch.tensor([*step_computed(seed, len(tokens)), 0, 0]))
     runner.common = {"rows": np.arange(padded_rows * 3).reshape(padded_rows, 3),
                      "requests": np.arange(len(tokens))}
     kwargs = {"num_tokens": int(tokens.sum()), "num_reqs": len(tokens),
@@ -235,6 +249,12 @@ def test_the_plugin_runs_bit_identical_with_the_evidence_only_hook(branch, split
     assert evidence.problems == [] and len(evidence.records) == len(BATCHES)
     for record, (scheduled, padded, staged, ids) in zip(evidence.records, plans, strict=True):
         assert record["planner"] == PLANNER_LABEL
+        seed = len([r for r in evidence.records if r["step"] < record["step"]])
+        assert record["request_ids"] == step_request_ids(seed, len(scheduled))
+        assert record["schedule"] == {
+            "requests": list(range(len(scheduled))), "num_scheduled_tokens": list(scheduled),
+            "num_computed_tokens": step_computed(seed, len(scheduled)),
+            "num_tokens": sum(scheduled)}
         assert record["policy"] == ("request_boundary" if split == REQUEST else "none")
         stages = [] if staged is None else staged["ubatch_slices"]
         if stages:  # the plugin's own stages, not a re-plan

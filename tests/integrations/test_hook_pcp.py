@@ -70,6 +70,7 @@ def _pcp_runner(seams, scheduled, computed, pcp, rank):
     computed_tensor = torch.tensor(computed, dtype=torch.int32)
     runner.input_batch = SimpleNamespace(num_computed_tokens_cpu_tensor=computed_tensor,
                                          num_computed_tokens_cpu=computed_tensor.numpy(),
+                                         req_ids=[f"cmpl-q{i}-0" for i in range(len(scheduled))],
                                          block_table=block_tables(batch.global_slots))
     runner.cache_config = SimpleNamespace(block_size=BLOCK_SIZE)
     runner.common = batch.common
@@ -139,6 +140,10 @@ def test_the_step_line_records_the_relayout(standin_plugin, tmp_path):
     _plan_step(seams, GLOBAL_SCHEDULED, COMPUTED, PCP, 1, evidence_dir=tmp_path)
     line = json.loads((tmp_path / "attention-rank0.jsonl").read_text().splitlines()[0])
     assert line["pcp_stage_rule"] == PCP_STAGE_RULE
+    # the ids in batch order, and the GLOBAL schedule the plan cut (never the rank's rows)
+    assert line["request_ids"] == [f"cmpl-q{i}-0" for i in range(len(GLOBAL_SCHEDULED))]
+    assert line["schedule"]["num_scheduled_tokens"] == GLOBAL_SCHEDULED
+    assert line["schedule"]["num_computed_tokens"] == COMPUTED
     assert line["constraints"]["pcp_size"] == PCP
     assert line["ranks"]["pcp_rank"] == 1
     assert line["pcp_relayout"]["exchanged_requests"] == [line["boundary_request"]]

@@ -48,6 +48,7 @@ import numpy as np
 
 from afd_split.engine.slicing import host_numpy
 from afd_split.errors import UnsupportedSplitError
+from afd_split.hook.glue.step_facts import runner_step_facts
 from afd_split.hook.planning.engine_step import plan_engine_step
 from afd_split.hook.planning.stages import (
     HookSession,
@@ -305,8 +306,8 @@ def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, computed
     if session.pcp_all_to_all is None:
         raise UnsupportedSplitError("PCP stages need the PCP group's all-to-all; the hook "
                                     "session has none")
-    plan = plan_pcp_step(global_scheduled_counts(runner.pcp_manager, num_reqs), computed,
-                         session.alignment)
+    global_counts = global_scheduled_counts(runner.pcp_manager, num_reqs)
+    plan = plan_pcp_step(global_counts, computed, session.alignment)
     pcp = None
     if plan.is_split:
         ensure_forward()  # relaid rows never reach upstream slicing
@@ -319,6 +320,7 @@ def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, computed
                 stage_rows=(pcp_parent_rows(plan, session.ranks.pcp_rank) if pcp is None
                             else pcp_stage_rows(plan, computed, pcp.relayout)),
                 pcp_stage_rule=PCP_STAGE_RULE,
+                **runner_step_facts(runner, global_counts, computed),
                 **({} if pcp is None else {"pcp_relayout": pcp.evidence()}))
     if pcp is None:
         return None

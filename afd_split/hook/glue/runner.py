@@ -26,6 +26,7 @@ from afd_split.hook.glue.builder_state import (
     stage_written_buffers,
 )
 from afd_split.hook.glue.pcp_seam import check_rebuilt_stages, plan_pcp_runner_stages
+from afd_split.hook.glue.step_facts import runner_step_facts
 from afd_split.hook.planning.rules import pcp_enabled
 from afd_split.hook.planning.stages import (
     SESSION_ATTRIBUTE,
@@ -123,6 +124,7 @@ def plan_runner_stages(runner, num_scheduled_tokens_np: np.ndarray, seams: Plugi
         block_size=runner.cache_config.block_size,
         slice_type=seams.slice_type,
         num_input_tokens=num_tokens_padded,
+        step_facts=runner_step_facts(runner, num_scheduled_tokens_np, computed),
     )
 
 

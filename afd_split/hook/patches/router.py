@@ -46,6 +46,7 @@ from afd_split.hook.facts.pinned import MAIN, ROUTER, ROUTER_NAME, RUNNER_CLASS
 from afd_split.hook.glue.builder_state import PCP_PADDED_SLOT_BUFFERS, fields_viewing
 from afd_split.hook.glue.layer_ranges import ensure_runner_ranges
 from afd_split.hook.glue.runner import attach_recorder
+from afd_split.hook.glue.step_facts import runner_step_facts
 from afd_split.hook.planning.engine_step import step_record
 from afd_split.hook.planning.observed_plan import observed_plan
 from afd_split.hook.planning.stages import SESSION_ATTRIBUTE, HookSession
@@ -153,9 +154,10 @@ def record_plugin_step(runner, session: HookSession, values: Mapping[str, Any], 
                                "reason": str(error)})
         return
     contaminated = upstream_contamination(runner, stages, full_result)
+    facts = runner_step_facts(runner, values["num_scheduled_tokens_np"])
     session.writer.append(step_record(
         plan, step=step, ranks=session.ranks, pid=os.getpid(), planner=PLANNER_LABEL,
-        alignment=session.alignment.describe(), parent_rows=num_rows,
+        alignment=session.alignment.describe(), parent_rows=num_rows, **facts,
         **({} if contaminated is None else {FULL_BATCH_CONTAMINATED: contaminated}),
         **({} if session.expert_load is not None
            else {"expert_load_absent_reason": GATE_NOT_ON_ATTENTION})))

@@ -162,18 +162,20 @@ def record_step(session: HookSession, plan: SplitPlan, *,
 
 def plan_stages(session: HookSession, num_scheduled_tokens, *, num_computed_tokens,
                 block_size: int, slice_type,
-                num_input_tokens: int | None = None) -> PlannedUBatchSlices | None:
+                num_input_tokens: int | None = None,
+                step_facts: dict | None = None) -> PlannedUBatchSlices | None:
     """Plan one step for the runner; None when it runs unsplit (its line says why).
 
     ``num_input_tokens`` is the parent's padded rows; the session's alignment
     turns it into the step's constraints, or fails closed (``UnsupportedSplitError``
     naming the rule) before any agreement collective when the parent is unaligned.
+    ``step_facts`` go into the step line as they are (the glue's request ids and schedule).
     """
     plan = plan_engine_step(num_scheduled_tokens, policy=SplitPolicy.TOKEN_BALANCED,
                             constraints=session.alignment.constraints(num_input_tokens),
                             num_computed_tokens=num_computed_tokens)
     record_step(session, plan, stage_rows=planned_stage_rows(plan, num_input_tokens),
-                alignment=session.alignment.describe())
+                alignment=session.alignment.describe(), **(step_facts or {}))
     if not plan.is_split:
         return None
     return PlannedUBatchSlices(ubatch_slices_for(plan, slice_type), plan=plan,
