@@ -4,7 +4,7 @@ of the patches; each shown breaking once on a copy of the tree."""
 
 import pytest
 
-from tests.test_layering import REPO_ROOT, copy_packages, run_import_linter
+from tests.support.import_contracts import REPO_ROOT, assert_violation_reported, run_import_linter
 
 HOOK_LAYERS = "hook layers: facts < planning < glue < patches < install"
 PATCHES_INDEPENDENT = "the hook's patch files never import each other (one file per upstream target)"
@@ -33,11 +33,4 @@ VIOLATIONS = {
 
 @pytest.mark.parametrize("violation", sorted(VIOLATIONS))
 def test_a_hook_import_that_breaks_a_contract_fails_the_linter(tmp_path, violation):
-    path, line, contract, chain = VIOLATIONS[violation]
-    copy_packages(tmp_path)
-    target = tmp_path / path
-    target.write_text(target.read_text() + line)
-    returncode, report = run_import_linter(tmp_path)
-    assert returncode != 0, report
-    assert f"{contract} BROKEN" in report, report
-    assert chain in report, report
+    assert_violation_reported(tmp_path, *VIOLATIONS[violation])

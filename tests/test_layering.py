@@ -1,12 +1,12 @@
 """Layering rules from the design: afd_split stays framework-neutral."""
 
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.import_contracts import REPO_ROOT, assert_violation_reported, run_import_linter
 
 FORBIDDEN_AT_IMPORT = ("pytest", "vllm", "vllm_ascend", "torch_npu", "pytest_afd")
 
@@ -43,19 +43,8 @@ def test_no_test_directory_shadows_an_optional_package():
 
 # ---- import-linter contracts (pyproject [tool.importlinter]) ------------------------------------
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 LAYERS_CONTRACT = "afd_split layers: plan < checks | pcp < engine < hook"
 BASE_CONTRACT = "afd_split never imports pytest_afd, suites or tests"
-
-
-def run_import_linter(root):
-    """``lint-imports`` on the tree at ``root`` with the pyproject there; (exit code, report)."""
-    code = "import sys\nfrom importlinter.cli import lint_imports\nsys.exit(lint_imports(no_cache=True))\n"
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300
-    )
-    return out.returncode, out.stdout + out.stderr
 
 
 def test_import_linter_contracts_are_kept():
@@ -65,13 +54,6 @@ def test_import_linter_contracts_are_kept():
     assert returncode == 0, report
     assert f"{LAYERS_CONTRACT} KEPT" in report, report
     assert f"{BASE_CONTRACT} KEPT" in report, report
-
-
-def copy_packages(tmp_path):
-    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for package in ("afd_split", "pytest_afd"):
-        shutil.copytree(REPO_ROOT / package, tmp_path / package, ignore=skip)
-    shutil.copy(REPO_ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
 
 
 VIOLATIONS = {
@@ -95,11 +77,4 @@ VIOLATIONS = {
 @pytest.mark.parametrize("violation", sorted(VIOLATIONS))
 def test_an_import_that_breaks_a_contract_fails_the_linter(tmp_path, violation):
     """One wrong-way import in a copy of the tree: the same config reports that contract broken."""
-    path, line, contract, chain = VIOLATIONS[violation]
-    copy_packages(tmp_path)
-    target = tmp_path / path
-    target.write_text(target.read_text() + line)
-    returncode, report = run_import_linter(tmp_path)
-    assert returncode != 0, report
-    assert f"{contract} BROKEN" in report, report
-    assert chain in report, report
+    assert_violation_reported(tmp_path, *VIOLATIONS[violation])
