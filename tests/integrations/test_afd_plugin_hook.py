@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import tomllib
 import torch
@@ -39,7 +38,7 @@ from afd_split.hook.planning.stages import (
     ascend_splitter,
 )
 from afd_split.hook.planning.worker_evidence import EvidenceWriter
-from tests.support.hook_standins import BLOCK_SIZE, ascend_common
+from tests.support.hook_standins import BLOCK_SIZE, ascend_common, call_planner
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULED = [40, 7, 9]  # a long request: the request-boundary split cannot balance it
@@ -73,17 +72,7 @@ def _runner(seams, split: str, scheduled=SCHEDULED, computed=COMPUTED,
 
 
 def _call_planner(runner, branch: str, scheduled=SCHEDULED):
-    tokens = np.asarray(scheduled, dtype=np.int64)
-    kwargs = {"num_tokens": int(tokens.sum()), "num_reqs": len(tokens),
-              "max_query_len": int(tokens.max()), "num_tokens_padded": int(tokens.sum()),
-              "num_reqs_padded": len(tokens), "ubatch_slices": None, "logits_indices": None,
-              "use_spec_decode": False, "for_cudagraph_capture": False,
-              "num_scheduled_tokens": None, "num_scheduled_tokens_np": tokens,
-              "cascade_attn_prefix_lens": None}
-    method = runner._build_attention_metadata_with_async_moe_ubatches
-    if branch == "main":
-        return method(**kwargs)
-    return method((), kwargs, kwargs)
+    return call_planner(runner, branch, scheduled)
 
 
 @pytest.mark.parametrize("branch", BRANCHES)

@@ -23,7 +23,13 @@ from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
 from pytest_afd.backends.vllm_ascend.worker_evidence import read_new_records, with_worker_evidence
 from pytest_afd.manifest import collect_manifest
 from pytest_afd.topology import parse_topology
-from tests.support.hook_standins import BLOCK_SIZE, _load, ascend_common, standin_connector_source
+from tests.support.hook_standins import (
+    BLOCK_SIZE,
+    _load,
+    ascend_common,
+    call_planner,
+    standin_connector_source,
+)
 
 SCHEDULED = [40, 7, 9]
 COMPUTED = [24, 0, 5]
@@ -74,14 +80,7 @@ class Context:
 def run_step(runner, seed):
     """Plan one step, then dispatch every layer of every stage as the plugin's forward does;
     the expected per-layer per-expert counts of the step."""
-    tokens = np.asarray(SCHEDULED, dtype=np.int64)
-    kwargs = {"num_tokens": int(tokens.sum()), "num_reqs": len(tokens),
-              "max_query_len": int(tokens.max()), "num_tokens_padded": int(tokens.sum()),
-              "num_reqs_padded": len(tokens), "ubatch_slices": None, "logits_indices": None,
-              "use_spec_decode": False, "for_cudagraph_capture": False,
-              "num_scheduled_tokens": None, "num_scheduled_tokens_np": tokens,
-              "cascade_attn_prefix_lens": None}
-    runner._build_attention_metadata_with_async_moe_ubatches(**kwargs)
+    call_planner(runner, "main", SCHEDULED)
     stages = runner._afd_async_moe_ubatch_metadata["ubatch_slices"]
     generator = torch.Generator().manual_seed(seed)
     expected = np.zeros((NUM_LAYERS, NUM_EXPERTS), np.int64)

@@ -29,7 +29,7 @@ from afd_split.hook.planning.engine_step import StepRanks
 from afd_split.hook.planning.stages import HookSession, ascend_splitter
 from afd_split.hook.planning.worker_evidence import EvidenceWriter
 from pytest_afd.backends.vllm_ascend.request_join import SERVER_REQUESTS, join_requests
-from tests.support.hook_standins import BLOCK_SIZE, ascend_common
+from tests.support.hook_standins import BLOCK_SIZE, ascend_common, call_planner
 
 SCHEDULED = [40, 7, 9]
 COMPUTED = [24, 0, 5]
@@ -57,15 +57,7 @@ def token_balanced_line(seams, branch, input_batch_ids, evidence_dir) -> dict:
     runner.cache_config = SimpleNamespace(block_size=BLOCK_SIZE)
     runner.connector = SimpleNamespace()
     runner.common, runner.real_batch, runner.long_seq_metadata = common, meta, "full-batch"
-    tokens = np.asarray(SCHEDULED, dtype=np.int64)
-    kwargs = {"num_tokens": int(tokens.sum()), "num_reqs": len(tokens),
-              "max_query_len": int(tokens.max()), "num_tokens_padded": int(tokens.sum()),
-              "num_reqs_padded": len(tokens), "ubatch_slices": None, "logits_indices": None,
-              "use_spec_decode": False, "for_cudagraph_capture": False,
-              "num_scheduled_tokens": None, "num_scheduled_tokens_np": tokens,
-              "cascade_attn_prefix_lens": None}
-    method = runner._build_attention_metadata_with_async_moe_ubatches
-    assert (method(**kwargs) if branch == "main" else method((), kwargs, kwargs)) == "full-metadata"
+    assert call_planner(runner, branch, SCHEDULED) == "full-metadata"
     return json.loads((evidence_dir / "attention-rank0.jsonl").read_text().splitlines()[0])
 
 

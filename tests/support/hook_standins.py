@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+import numpy as np
+
 from afd_split.hook.facts.pcp_drift import STAGE_PCP_REBUILD_HEADER
 from afd_split.hook.facts.pinned import (
     DISPATCH,
@@ -362,3 +364,19 @@ def load_standin_plugin(folder: Path, branch: str = "main",
                                standin_connector_source(branch, header_overrides)),
         forward_module=_load(folder / "deepseek_v2_async_cam_forward.py",
                              standin_forward_source(branch, header_overrides)))
+
+
+def call_planner(runner, branch: str, scheduled):
+    """Call the runner's async-MoE planner as the plugin's forward does on ``branch``: main
+    passes the pinned keywords, release/v0.19.1rc1 its ``(args, kwargs, values)`` form."""
+    tokens = np.asarray(scheduled, dtype=np.int64)
+    kwargs = {"num_tokens": int(tokens.sum()), "num_reqs": len(tokens),
+              "max_query_len": int(tokens.max()), "num_tokens_padded": int(tokens.sum()),
+              "num_reqs_padded": len(tokens), "ubatch_slices": None, "logits_indices": None,
+              "use_spec_decode": False, "for_cudagraph_capture": False,
+              "num_scheduled_tokens": None, "num_scheduled_tokens_np": tokens,
+              "cascade_attn_prefix_lens": None}
+    method = runner._build_attention_metadata_with_async_moe_ubatches
+    if branch == "main":
+        return method(**kwargs)
+    return method((), kwargs, kwargs)
