@@ -29,14 +29,10 @@ from afd_split.hook.facts.pinned import (
     RUNNER_MODULE,
     variant_for_branch,
 )
+from afd_split.hook.glue.evidence_only import DISABLED_ATTRIBUTE, PLANNER_LABEL, observe
 from afd_split.hook.install import install_deferred
-from afd_split.hook.patches import router as evidence_only
-from afd_split.hook.patches.router import (
-    DISABLED_ATTRIBUTE,
-    PLANNER_LABEL,
-    install_evidence_only,
-    observe,
-)
+from afd_split.hook.patches import router as router_patch
+from afd_split.hook.patches.router import install_evidence_only
 from afd_split.hook.planning.engine_step import StepRanks
 from afd_split.hook.planning.stages import SESSION_ATTRIBUTE, HookSession
 from afd_split.hook.planning.worker_evidence import EVIDENCE_DIR_ENV
@@ -317,7 +313,7 @@ def test_a_hook_that_changed_the_plugins_step_would_be_caught(fault, plugins, tm
                                                               monkeypatch):
     """Fault injection: an observer that rewrites what the plugin decided fails the check."""
     monkeypatch.setenv(EVIDENCE_DIR_ENV, str(tmp_path / "evidence"))
-    honest = evidence_only.observe
+    honest = router_patch.observe
 
     def tampering(runner, values, *args, **kwargs):
         honest(runner, values, *args, **kwargs)
@@ -327,7 +323,7 @@ def test_a_hook_that_changed_the_plugins_step_would_be_caught(fault, plugins, tm
         elif fault == "pending_metadata":
             runner._afd_pending_metadata = ("single", 0)
 
-    monkeypatch.setattr(evidence_only, "observe", tampering)
+    monkeypatch.setattr(router_patch, "observe", tampering)  # what the wrapper calls
     with pytest.raises(AssertionError, match="step 0"):
         compare_with_and_without_hook(plugins, "main", REQUEST, tmp_path / "evidence")
 

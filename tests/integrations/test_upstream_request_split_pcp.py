@@ -39,10 +39,7 @@ from afd_split.hook.glue.builder_state import (
     metadata_builders,
     stage_written_buffers,
 )
-from afd_split.hook.patches.router import (
-    FULL_BATCH_CONTAMINATED,
-    record_plugin_step,
-)
+from afd_split.hook.glue.evidence_only import FULL_BATCH_CONTAMINATED, record_plugin_step
 from afd_split.hook.planning.engine_step import StepRanks
 from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.stage import zigzag_layout

@@ -31,8 +31,8 @@ SPLIT_TO_POLICY = {split: policy for policy, split in POLICY_TO_SPLIT.items()}
 PLUGIN_TOKEN_POLICY = "plugin_token"
 AFD_SPLIT_PLUGIN = "afd_split"
 # Splits the plugin plans itself, where afd_split is loaded on the Attention processes in
-# evidence-only mode (afd_split.hook.patches.router): the plugin decides,
-# the hook records step lines and expert load under AFD_EVIDENCE_DIR.
+# evidence-only mode (afd_split.hook.patches.router wrapping afd_split.hook.glue.evidence_only):
+# the plugin decides, the hook records step lines and expert load under AFD_EVIDENCE_DIR.
 EVIDENCE_ONLY_SPLITS = ("none", "request")
 # Beyond this PCP size token_balanced needs the v0.19.1rc1 stack: afd-plugin
 # release/v0.19.1rc1 has the per-stage PCP rebuild the hook uses (its validator
