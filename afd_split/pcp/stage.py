@@ -176,30 +176,26 @@ def zigzag_layout(num_scheduled_tokens, pcp_size: int, *,
     counts = np.asarray(num_scheduled_tokens, dtype=np.int64)
     chunks = ZIGZAG_CHUNKS_PER_RANK * pcp_size
     num_decodes = num_decode_requests(counts) if num_decode_reqs is None else num_decode_reqs
-    padded = np.array([round_up(int(n), chunks) for n in counts], dtype=np.int64)
+    padded = -(-counts // chunks) * chunks
     padded[:num_decodes] = counts[:num_decodes] * pcp_size
     rank_tokens = padded // pcp_size
     chunk_sizes = np.maximum(rank_tokens // ZIGZAG_CHUNKS_PER_RANK, 1)
     chunk_sizes[:num_decodes] = rank_tokens[:num_decodes]
-    request_padded_starts = np.cumsum(padded) - padded
-    request_starts = np.cumsum(counts) - counts
-    offsets = np.empty((pcp_size, int(rank_tokens.sum())), dtype=np.int64)
-    sources = np.empty_like(offsets)
     within = _segment_arange(rank_tokens)
     per_row_chunk = np.repeat(chunk_sizes, rank_tokens)
     is_head = within < per_row_chunk
     in_chunk = np.where(is_head, within, within - per_row_chunk)
-    padded_start = np.repeat(request_padded_starts, rank_tokens)
-    logical_start = np.repeat(request_starts, rank_tokens)
-    real = np.repeat(counts, rank_tokens)
+    # Every rank at once ([pcp, rows]): a row's chunk is its rank's head or mirrored tail.
+    ranks = np.arange(pcp_size, dtype=np.int64)[:, None]
+    chunk = np.where(is_head, ranks, chunks - 1 - ranks)
+    position = chunk * per_row_chunk + in_chunk  # offset inside the padded request
+    offsets = np.repeat(np.cumsum(padded) - padded, rank_tokens) + position
+    # A decode's token sits once per rank in the padded layout; every rank carries it.
     decode_rows = int(rank_tokens[:num_decodes].sum())
-    for rank in range(pcp_size):
-        chunk = np.where(is_head, rank, chunks - 1 - rank)
-        position = chunk * per_row_chunk + in_chunk  # offset inside the padded request
-        offsets[rank] = padded_start + position
-        # A decode's token sits once per rank in the padded layout; every rank carries it.
-        position[:decode_rows] = within[:decode_rows]
-        sources[rank] = np.where(position < real, logical_start + position, PAD_TOKEN)
+    position[:, :decode_rows] = within[:decode_rows]
+    logical_start = np.repeat(np.cumsum(counts) - counts, rank_tokens)
+    sources = np.where(position < np.repeat(counts, rank_tokens), logical_start + position,
+                       PAD_TOKEN)
     return ZigzagLayout(pcp_size, counts, num_decodes, padded, rank_tokens, chunk_sizes,
                         offsets, sources)
 
