@@ -114,6 +114,9 @@ FAULTS: Mapping[str, Fault] = {
               SPLIT_ENTRY, split_faults.retained_reference, install=split_faults.retained_list),
         Fault("executor_keeps_metadata", "executor appends every metadata to a list on the model",
               None, install=split_faults.executor_keeps_metadata),
+        Fault("executor_keeps_logits_bytes",
+              "executor keeps every forward's last logits as bytes on the model",
+              None, install=split_faults.executor_keeps_logits_bytes),
         Fault("parent_mutated", "tail/head adjustments written into the parent metadata",
               SPLIT_ENTRY, split_faults.parent_mutated),
         # The engine glue (pytest_afd.glue_faults).

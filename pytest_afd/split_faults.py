@@ -23,6 +23,8 @@ RETAINED_ATTRIBUTE = "_retained_splits"
 """Module attribute the leak fault adds to afd_split.checks.metadata (what the soak's scan must see)."""
 MODEL_LEAK_ATTRIBUTE = "forward_metadata_log"
 """Attribute the executor-leak fault adds to the model (a list of every forward's metadata)."""
+MODEL_BYTES_LEAK_ATTRIBUTE = "forward_logits_bytes"
+"""Attribute the bytes-leak fault adds to the model (every forward's last logits as bytes)."""
 
 
 # ---- faults in the split the executor runs (split_engine_metadata) -------------
@@ -238,3 +240,30 @@ def executor_keeps_metadata() -> Iterator[None]:
         finally:
             for model in touched:
                 delattr(model, MODEL_LEAK_ATTRIBUTE)
+
+
+@contextlib.contextmanager
+def executor_keeps_logits_bytes() -> Iterator[None]:
+    """A leak only the soak's memory bound sees: the executor keeps every forward's last
+    logits as ``bytes`` on the model. No plan or metadata is kept and bytes are not
+    gc-tracked, so neither the weak references nor the gc count move, and a buffer
+    above 512 B is no pymalloc block: the traced window must see it."""
+    executor = importlib.import_module(EXECUTOR_MODULE).Executor
+    original = executor.execute
+    touched = []
+
+    def execute(self, input_ids, metadata, plan=None, **kwargs):
+        output = original(self, input_ids, metadata, plan, **kwargs)
+        if not hasattr(self.model, MODEL_BYTES_LEAK_ATTRIBUTE):
+            setattr(self.model, MODEL_BYTES_LEAK_ATTRIBUTE, [])
+            touched.append(self.model)
+        getattr(self.model, MODEL_BYTES_LEAK_ATTRIBUTE).append(
+            output.last_logits.numpy().tobytes())
+        return output
+
+    with _patched(executor, "execute", execute):
+        try:
+            yield
+        finally:
+            for model in touched:
+                delattr(model, MODEL_BYTES_LEAK_ATTRIBUTE)

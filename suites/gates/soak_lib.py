@@ -8,8 +8,9 @@ backend protocol. Its detectors see what a run leaves behind:
   that the parent was not mutated; after each run all of them must be dead;
 * :func:`module_state` scans ``afd_split`` and the executor modules' globals
   (added or rebound names, containers that grew);
-* traced Python memory (``tracemalloc``) and gc-tracked objects must not grow
-  beyond a bound between the warmed-up start and the end.
+* allocated Python memory blocks (``sys.getallocatedblocks``) and gc-tracked
+  objects must not grow beyond a bound between the warmed-up start and the end,
+  nor traced bytes (``tracemalloc``) over the soak's last forwards.
 """
 
 from __future__ import annotations
@@ -137,28 +138,57 @@ class WeakSplitLog:
 
 @dataclass
 class MemoryProbe:
-    """Traced Python bytes and gc-tracked objects at the soak's start and end (after collection)."""
+    """Growth of allocated Python memory blocks and gc-tracked objects over the whole soak,
+    and of traced bytes over its last forwards (each read after collection).
 
-    start_bytes: int = 0
+    Blocks count every object of up to 512 bytes (an array's or tensor's header too),
+    whether or not gc tracks it, and cost nothing to read. Larger buffers bypass them, so
+    ``tracemalloc`` traces the bytes of a trailing window; tracing the whole soak made it
+    about four times slower (50 s against 12 s for ~1,000 forwards here).
+    """
+
+    start_blocks: int = 0
     start_objects: int = 0
-    end_bytes: int = 0
+    end_blocks: int = 0
     end_objects: int = 0
+    traced_bytes: int = 0
+    traced_forwards: int = 0
+    _traced_from: int = 0
+    _trace_start_bytes: int = 0
 
     def start(self) -> None:
         gc.collect()
-        tracemalloc.start()
-        self.start_bytes = tracemalloc.get_traced_memory()[0]
+        self.start_blocks = sys.getallocatedblocks()
         self.start_objects = len(gc.get_objects())
 
-    def stop(self) -> None:
+    @property
+    def tracing(self) -> bool:
+        return tracemalloc.is_tracing()
+
+    def trace(self, forwards_done: int) -> None:
+        """Begin the traced window after ``forwards_done`` forwards."""
         gc.collect()
-        self.end_bytes = tracemalloc.get_traced_memory()[0]
+        tracemalloc.start()
+        self._traced_from = forwards_done
+        self._trace_start_bytes = tracemalloc.get_traced_memory()[0]
+
+    def stop(self, forwards_done: int) -> None:
+        gc.collect()
+        self.end_blocks = sys.getallocatedblocks()
         self.end_objects = len(gc.get_objects())
-        tracemalloc.stop()
+        if tracemalloc.is_tracing():
+            self.traced_bytes = tracemalloc.get_traced_memory()[0] - self._trace_start_bytes
+            self.traced_forwards = forwards_done - self._traced_from
+            tracemalloc.stop()
+
+    def close(self) -> None:
+        """Stop tracing if the window is still open (the soak stopped early)."""
+        if tracemalloc.is_tracing():
+            tracemalloc.stop()
 
     @property
-    def bytes_growth(self) -> int:
-        return self.end_bytes - self.start_bytes
+    def blocks_growth(self) -> int:
+        return self.end_blocks - self.start_blocks
 
     @property
     def objects_growth(self) -> int:
