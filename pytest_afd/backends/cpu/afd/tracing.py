@@ -30,11 +30,14 @@ def traced(spec, body: MutableMapping[str, Any]) -> Iterator[None]:
     if not trace_dir:
         yield
         return
-    from torch.profiler import ProfilerActivity, profile
+    from torch.autograd.profiler import profile
 
     path = trace_path(trace_dir, spec.role, spec.role_index, int(body["step"]))
     path.parent.mkdir(parents=True, exist_ok=True)
     # record_shapes as the AFD plugin's NPU profiler: message sizes come from the shapes.
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as profiler:
+    # The Kineto profiler torch.profiler.profile drives, called directly: the same Chrome
+    # trace, without torch.profiler's first-start probe of torch._inductor, which imports
+    # it (1.5 s per rank process here, more under load).
+    with profile(use_cpu=True, use_kineto=True, record_shapes=True) as profiler:
         yield
     profiler.export_chrome_trace(str(path))
