@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from afd_split.errors import UnsupportedSplitError
-from afd_split.plan.constraints import MIN_PCP_FOR_ZIGZAG, ZIGZAG_CHUNKS_PER_RANK, round_up
+from afd_split.plan.constraints import MIN_PCP_FOR_ZIGZAG, ZIGZAG_CHUNKS_PER_RANK
 from afd_split.plan.types import SplitPlan
 
 DECODE_THRESHOLD = 1
