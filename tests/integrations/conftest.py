@@ -4,17 +4,7 @@ import sys
 
 import pytest
 
-from tests.support.fork_server import ForkServer
 from tests.support.hook_standins import load_standin_plugin, register_standins
-
-
-@pytest.fixture(scope="session")
-def fork_server():
-    """Fresh processes for the registration and drift cases: forked from one server that
-    imported only torch and numpy (tests/support/fork_server.py); ended at teardown."""
-    server = ForkServer()
-    yield server
-    server.close()
 
 
 @pytest.fixture

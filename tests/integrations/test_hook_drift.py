@@ -19,6 +19,7 @@ and the pinned commits, ``request`` runs the plugin's own functions, and
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -172,8 +173,8 @@ print(json.dumps(report))
 def run_drifted(fork_server, tree, branch: str, steps: str) -> dict:
     """The script in a fresh process (forked by ``fork_server``: no afd_split, afd_plugin or
     vLLM module loaded; ``tree`` and the repository first on ``sys.path``)."""
-    done = fork_server.run(PROCESS_SCRIPT, [branch, steps], path=[tree, ROOT],
-                           timeout=PROCESS_TIMEOUT_S)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(ROOT)])}
+    done = fork_server.run(PROCESS_SCRIPT, [branch, steps], env=env, timeout=PROCESS_TIMEOUT_S)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 

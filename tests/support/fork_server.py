@@ -25,8 +25,8 @@ from pathlib import Path
 PRELOADED = ("torch", "numpy")
 """What the server imports once: third-party only, never a package under test."""
 
-FRESH_PACKAGES = ("afd_split", "afd_plugin", "pytest_afd", "tests", "vllm", "vllm_ascend",
-                  "torch_npu")
+FRESH_PACKAGES = ("afd_split", "afd_plugin", "pytest_afd", "tests", "suites", "vllm",
+                  "vllm_ascend", "torch_npu", "pytest", "_pytest", "xdist", "hypothesis")
 """Top-level packages a child must start without; one loaded fails the run by name."""
 
 STALE_EXIT_CODE = 3
@@ -38,7 +38,7 @@ REPLY_GRACE_S = 30.0
 SHUTDOWN_WAIT_S = 10.0
 
 SERVER_SCRIPT = r'''
-import importlib, json, os, signal, sys, tempfile, time, traceback, types
+import importlib, json, os, runpy, signal, sys, tempfile, time, traceback, types
 
 # The protocol runs on private copies of stdin/stdout; fd 0 is /dev/null and fd 1 is
 # stderr, so nothing a preloaded module prints can corrupt a reply.
@@ -71,8 +71,10 @@ def child(request, out, err):
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.argv = ["-c", *request["argv"]]
-    sys.path[:] = ["", *request["path"], *BASE_PATH]
+    module = request.get("module")
+    sys.argv = ["-m" if module else "-c", *request["argv"]]
+    # python -c puts "" first on sys.path, python -m the working directory.
+    sys.path[:] = [os.getcwd() if module else "", *request["path"], *BASE_PATH]
     importlib.invalidate_caches()
     stale = sorted(name for name in sys.modules if name.split(".")[0] in fresh)
     if stale:
@@ -83,7 +85,10 @@ def child(request, out, err):
     sys.modules["__main__"] = main
     code = 0
     try:
-        exec(compile(request["script"], "<string>", "exec"), main.__dict__)
+        if module:  # sets sys.argv[0] to the module's file, as -m does
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            exec(compile(request["script"], "<string>", "exec"), main.__dict__)
     except SystemExit as exit_:  # as the interpreter maps sys.exit(code)
         code = 0 if exit_.code is None else exit_.code
         if not isinstance(code, int):
@@ -154,14 +159,24 @@ class ForkServer:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
             env=server_env)
 
-    def run(self, script: str, args: list[str], *, path: list[str | Path],
-            env: dict[str, str] | None = None, timeout: float) -> subprocess.CompletedProcess:
-        """``python -c script *args`` with ``sys.path[1:1] = path`` (as from PYTHONPATH),
-        in a child forked from the server; raises ``subprocess.TimeoutExpired`` (the child
-        killed) past ``timeout`` seconds."""
-        request = {"script": script, "argv": [str(arg) for arg in args],
-                   "path": [str(entry) for entry in path], "env": dict(env or os.environ),
-                   "cwd": os.getcwd(), "timeout": timeout}
+    def run(self, script: str, args: list[str], *, env: dict[str, str], timeout: float,
+            cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+        """``python -c script *args`` with ``env`` (its PYTHONPATH entries follow ``""`` on
+        ``sys.path``) in ``cwd``, in a child forked from the server; past ``timeout``
+        seconds the child is killed and ``subprocess.TimeoutExpired`` raised."""
+        return self._request({"script": script}, ["-c", "<script>"], args, env, timeout, cwd)
+
+    def run_module(self, module: str, args: list[str], *, env: dict[str, str], timeout: float,
+                   cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+        """``python -m module *args`` (``sys.path[0]`` is ``cwd``), as :meth:`run`."""
+        return self._request({"module": module}, ["-m", module], args, env, timeout, cwd)
+
+    def _request(self, what: dict, shown: list[str], args: list[str], env: dict[str, str],
+                 timeout: float, cwd: str | Path | None) -> subprocess.CompletedProcess:
+        python_path = env.get("PYTHONPATH", "")
+        request = {**what, "argv": [str(arg) for arg in args],
+                   "path": [entry for entry in python_path.split(os.pathsep) if entry],
+                   "env": dict(env), "cwd": str(cwd or os.getcwd()), "timeout": timeout}
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         ready, _, _ = select.select([self.process.stdout], [], [], timeout + REPLY_GRACE_S)
@@ -172,7 +187,7 @@ class ForkServer:
             raise RuntimeError(f"fork server gave no reply (exit status "
                                f"{self.process.returncode}); its stderr:\n{server_stderr}")
         reply = json.loads(line)
-        command = [sys.executable, "-c", "<script>", *request["argv"]]
+        command = [sys.executable, *shown, *request["argv"]]
         if reply["timed_out"]:
             raise subprocess.TimeoutExpired(command, timeout, reply["stdout"], reply["stderr"])
         return subprocess.CompletedProcess(command, reply["returncode"], reply["stdout"],

@@ -13,6 +13,7 @@ from hook_standins.standin_source (the pinned headers verbatim).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from tests.support.fork_server import ForkServer
@@ -186,7 +187,8 @@ def run_process(fork_server: ForkServer, tree: Path, order: str, *, loads: str,
     loaded, ``tree`` and the repository first on ``sys.path``): the plugins registered in
     ``order`` ("afd>afd_split" or the reverse), with the imports ``loads`` ("plugins",
     "import_runner", "import_validation", "import_forward", in order)."""
-    done = fork_server.run(PROCESS_SCRIPT, [order, registration, loads], path=[tree, ROOT],
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(ROOT)])}
+    done = fork_server.run(PROCESS_SCRIPT, [order, registration, loads], env=env,
                            timeout=PROCESS_TIMEOUT_S)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
