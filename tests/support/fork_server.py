@@ -2,14 +2,17 @@
 
 The registration and drift tests need each case in a process that has never loaded
 afd_split, afd_plugin or vLLM and whose ``sys.path`` starts with that case's stand-in tree
-(what ``python -c SCRIPT`` with ``PYTHONPATH=tree:ROOT`` gives). Most of such a process's
-start-up is ``import torch`` (~1.1 s on this host). A :class:`ForkServer` is a Python
-process that imports only third-party modules (torch, numpy) once and then ``os.fork()``s
-one child per :meth:`ForkServer.run`: the child takes the case's ``sys.path``, argv, env
-and cwd, checks that no module of ``FRESH_PACKAGES`` is loaded (else it fails, naming
-them), runs the script as ``__main__`` with its stdout/stderr captured and exits. The
-result is a ``subprocess.CompletedProcess``; a child past its timeout is killed and
-``subprocess.TimeoutExpired`` raised with its output, as ``subprocess.run`` does.
+(what ``python -c SCRIPT`` with ``PYTHONPATH=tree:ROOT`` gives); the plugin tests that run
+pytest in its own process need the same for pytest and pytest_afd. Most of such a
+process's start-up is ``import torch`` (~1.1 s on this host). A :class:`ForkServer` is a
+Python process that imports only third-party modules (torch, numpy) once and then
+``os.fork()``s one child per :meth:`ForkServer.run` (``python -c``) or
+:meth:`ForkServer.run_module` (``python -m``): the child takes the run's environment (its
+PYTHONPATH entries on ``sys.path`` where the interpreter puts them), argv and working
+directory, checks that no module of ``FRESH_PACKAGES`` is loaded (else it fails, naming
+them), runs the script or module as ``__main__`` with its stdout/stderr captured and
+exits. The result is a ``subprocess.CompletedProcess``; a child past its timeout is killed
+and ``subprocess.TimeoutExpired`` raised with its output, as ``subprocess.run`` does.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ signal.signal(signal.SIGTERM, stop)
 
 
 def child(request, out, err):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the server's own handler is not the case's
     os.dup2(out.fileno(), 1)
     os.dup2(err.fileno(), 2)
     requests.close()
