@@ -10,6 +10,7 @@ import stat
 import pytest
 
 from pytest_afd import results
+from tests.support.forked_pytest import runpytest_forked
 
 pytest_plugins = ["pytester"]
 
@@ -154,10 +155,10 @@ def test_an_afd_session_that_writes_nothing_replaces_summary(fake):
     assert summary["results"] == [] and summary["session_id"]
 
 
-def test_xdist_workers_share_the_session_id(fake):
+def test_xdist_workers_share_the_session_id(fork_server, fake):
     fake.makepyfile(test_many="import pytest\n\n@pytest.mark.parametrize('n', range(4))\n"
                               "def test_case(record_case, n):\n    record_case()\n")
-    result = fake.runpytest_subprocess(*FAST, "-n", "2", "-p", "xdist")
+    result = runpytest_forked(fork_server, fake, *FAST, "-n", "2", "-p", "xdist")
     result.assert_outcomes(passed=4)
     out = fake.path / "afd-results"
     docs = load_results(out)

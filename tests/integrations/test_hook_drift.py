@@ -1,7 +1,8 @@
 """A drifted seam never breaks the plugin (issue 29, item 4): fresh processes per seam,
 load order and pinned branch.
 
-Each case is a fresh Python process over the stand-in tree of registration_standins.py
+Each case is a fresh Python process (forked by the ``fork_server`` fixture before any
+afd_split, afd_plugin or vLLM module loads) over the stand-in tree of registration_standins.py
 (afd-plugin main 2e4378f or release/v0.19.1rc1 2f4f462) in which ONE seam's header
 differs from the pinned ones. vLLM calls general plugins first in every process, so the
 hook is registered and then the plugin's modules load as a worker loads them (or they
@@ -19,8 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -35,7 +34,7 @@ from afd_split.hook.facts.pinned import (
     seams_for,
     variant_for_branch,
 )
-from tests.support.registration_standins import ROOT, write_tree
+from tests.support.registration_standins import PROCESS_TIMEOUT_S, ROOT, write_tree
 
 BRANCHES = ("main", "release/v0.19.1rc1")
 SEAMS = (VALIDATOR, PLANNER, SLICER, DISPATCH, EXTRA_INFO, FORWARD)
@@ -171,10 +170,11 @@ print(json.dumps(report))
 '''
 
 
-def run_drifted(tree, branch: str, steps: str) -> dict:
+def run_drifted(fork_server, tree, branch: str, steps: str) -> dict:
+    """The script in a fresh process (forked by ``fork_server``: no afd_split, afd_plugin or
+    vLLM module loaded; ``tree`` and the repository first on ``sys.path``)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(ROOT)])}
-    done = subprocess.run([sys.executable, "-c", PROCESS_SCRIPT, branch, steps],
-                          capture_output=True, text=True, env=env, timeout=120, check=False)
+    done = fork_server.run(PROCESS_SCRIPT, [branch, steps], env=env, timeout=PROCESS_TIMEOUT_S)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -197,8 +197,8 @@ SLOW_ORDERS = ("modules_first", "validation_first")
 @pytest.mark.parametrize("seam", SEAMS)
 @pytest.mark.parametrize("branch", BRANCHES)
 def test_a_drifted_seam_leaves_the_plugin_importable_and_refuses_token_balanced(
-        drifted_trees, branch, seam, order):
-    report = run_drifted(drifted_trees[branch, seam], branch, LOAD_ORDERS[order])
+        fork_server, drifted_trees, branch, seam, order):
+    report = run_drifted(fork_server, drifted_trees[branch, seam], branch, LOAD_ORDERS[order])
     # Every import of the plugin finished.
     assert all(result[0] == "ok" for _, result in report["imports"]), report["imports"]
     # The drifted seam is the plugin's own function; its module's other seams too.
@@ -233,12 +233,13 @@ def test_a_drifted_seam_leaves_the_plugin_importable_and_refuses_token_balanced(
 
 
 @pytest.mark.parametrize("branch", BRANCHES)
-def test_without_drift_token_balanced_is_planned_in_the_same_process(tmp_path, branch):
+def test_without_drift_token_balanced_is_planned_in_the_same_process(fork_server, tmp_path,
+                                                                    branch):
     """The control: the same script over a pinned tree patches every seam, logs no error,
     accepts token_balanced at validation and goes on to plan (the stand-in tree has no
     ``vllm.distributed``, so the planner stops where it creates the runner's session)."""
     tree = write_tree(tmp_path / "pinned", branch, with_torch_npu=True)
-    report = run_drifted(tree, branch, LOAD_ORDERS["afd_first"])
+    report = run_drifted(fork_server, tree, branch, LOAD_ORDERS["afd_first"])
     assert report["errors"] == []
     assert all(marker == key for key, (marker, _) in report["seams"].items())
     assert report["validate"]["token_balanced"] == ["ok", "None"]

@@ -13,7 +13,6 @@ import contextlib
 import errno
 import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -22,6 +21,8 @@ from test_plugin_hardening import AFD_ENV
 from test_plugin_pytester import FAKE_CONFTEST, FAST
 
 from pytest_afd.plugin import EXIT_RESULTS_UNWRITABLE
+from tests.support.fork_server import ForkServer
+from tests.support.forked_pytest import PYTEST_TIMEOUT_S, runpytest_forked
 
 pytest_plugins = ["pytester"]
 
@@ -86,9 +87,9 @@ def _check_clean_failure(output: str, returncode: int, summary: Path) -> None:
     assert returncode == EXIT_RESULTS_UNWRITABLE
 
 
-def test_injected_enospc_fails_the_test_and_the_summary_cleanly(fake):
+def test_injected_enospc_fails_the_test_and_the_summary_cleanly(fork_server, fake):
     fake.makepyfile(test_full=ONE_CASE)
-    result = fake.runpytest_subprocess(*FAST)
+    result = runpytest_forked(fork_server, fake, *FAST)
     output = result.stdout.str() + result.stderr.str()
     summary = fake.path / "afd-results" / "summary.json"
     _check_clean_failure(output, result.ret, summary)
@@ -113,13 +114,14 @@ def tiny_tmpfs(tmp_path):
         subprocess.run(["umount", str(mount_point)], timeout=MOUNT_TIMEOUT_S, check=False)
 
 
-def _session(project: Path, results: Path) -> subprocess.CompletedProcess:
+def _session(fork_server: ForkServer, project: Path,
+             results: Path) -> subprocess.CompletedProcess:
+    """``python -m pytest`` in ``project`` (forked from the session's fork server)."""
     env = {key: value for key, value in os.environ.items() if key not in AFD_ENV}
     env["FAKE_CLOSED_FILE"] = str(project / "closed.txt")
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", *FAST, "-p", "no:randomly",
-         "--afd-results-dir", str(results)],
-        cwd=project, env=env, capture_output=True, text=True, timeout=300, check=False)
+    return fork_server.run_module(
+        "pytest", [*FAST, "-p", "no:randomly", "--afd-results-dir", str(results)],
+        cwd=project, env=env, timeout=PYTEST_TIMEOUT_S)
 
 
 def _project(tmp_path: Path, test_source: str) -> Path:
@@ -130,15 +132,15 @@ def _project(tmp_path: Path, test_source: str) -> Path:
     return project
 
 
-def test_a_disk_filled_during_the_session_fails_cleanly(tmp_path, tiny_tmpfs):
+def test_a_disk_filled_during_the_session_fails_cleanly(fork_server, tmp_path, tiny_tmpfs):
     project = _project(tmp_path, FILL_THEN_RECORD)
     results = tiny_tmpfs / "afd-results"
-    finished = _session(project, results)
+    finished = _session(fork_server, project, results)
     output = finished.stdout + finished.stderr
     _check_clean_failure(output, finished.returncode, results / "summary.json")
 
 
-def test_a_full_disk_fails_the_start_up_probe(tmp_path, tiny_tmpfs):
+def test_a_full_disk_fails_the_start_up_probe(fork_server, tmp_path, tiny_tmpfs):
     with open(tiny_tmpfs / "filler", "wb", buffering=0) as handle, \
             contextlib.suppress(OSError):
         while True:
@@ -147,7 +149,7 @@ def test_a_full_disk_fails_the_start_up_probe(tmp_path, tiny_tmpfs):
         (tiny_tmpfs / "probe").write_bytes(b"x" * 4096)
     assert full.value.errno == errno.ENOSPC
     project = _project(tmp_path, ONE_CASE)
-    finished = _session(project, tiny_tmpfs / "afd-results")
+    finished = _session(fork_server, project, tiny_tmpfs / "afd-results")
     assert finished.returncode == pytest.ExitCode.USAGE_ERROR
     assert "no space left on device" in finished.stderr, finished.stderr
     assert "Traceback" not in finished.stderr

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from test_plugin_pytester import FAKE_CONFTEST, FAST
 
+from tests.support.forked_pytest import runpytest_forked
+
 pytest_plugins = ["pytester"]
 
 AFD_ENV = ("AFD_NPU_TOPOLOGY", "AFD_BACKEND", "AFD_RESULTS_DIR", "AFD_REPEATS", "AFD_ROUTING",
@@ -50,9 +52,9 @@ def test_z(record_case, n):
 """
 
 
-def test_crashed_xdist_worker_fails_its_test_and_keeps_every_result(fake):
+def test_crashed_xdist_worker_fails_its_test_and_keeps_every_result(fork_server, fake):
     fake.makepyfile(test_crash=CRASH_USER)
-    result = fake.runpytest_subprocess(*FAST, "-n", "2", "-p", "xdist")
+    result = runpytest_forked(fork_server, fake, *FAST, "-n", "2", "-p", "xdist")
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
     result.assert_outcomes(passed=6, failed=1)  # the killed test is failed, every other test ran
     result.stdout.fnmatch_lines(["*test_crash.py::test_c*", "*worker gw? crashed*read back*"])

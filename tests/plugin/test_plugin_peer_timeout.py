@@ -1,5 +1,10 @@
 """``--afd-peer-timeout-s`` (issue 23, row 9): the CPU AFD runtime's peer timeout from the
-CLI, ``$AFD_PEER_TIMEOUT_S`` or ini; a bad value is a usage error naming its source."""
+CLI, ``$AFD_PEER_TIMEOUT_S`` or ini; a bad value is a usage error naming its source.
+
+Each case is an in-process pytester session (``runpytest``, as the other plugin tests): it
+loads the plugin, parses the options and builds the real CPU backend exactly as a new
+process would, without a new interpreter importing torch per case. Nothing here changes
+process-wide state (the backend's rank processes, which do, are never started)."""
 
 import pytest
 
@@ -32,7 +37,7 @@ def test_the_peer_timeout_reaches_the_cpu_backend(pytester, clean_env, monkeypat
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     pytester.makepyfile(test_user=USER.format(option=option, runtime=runtime))
-    result = pytester.runpytest_subprocess(*FAST, *args)
+    result = pytester.runpytest(*FAST, *args)
     result.assert_outcomes(passed=1)
 
 
@@ -50,6 +55,6 @@ def test_bad_peer_timeouts_are_usage_errors(pytester, clean_env, monkeypatch, ar
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     pytester.makepyfile(test_user="def test_never_runs():\n    raise AssertionError('ran')\n")
-    result = pytester.runpytest_subprocess(*FAST, *args)
+    result = pytester.runpytest(*FAST, *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
     assert message in result.stderr.str()

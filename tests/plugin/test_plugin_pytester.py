@@ -5,6 +5,7 @@ import json
 import pytest
 
 from pytest_afd.session import EXIT_BACKEND_UNAVAILABLE
+from tests.support.forked_pytest import runpytest_forked
 
 pytest_plugins = ["pytester"]
 
@@ -383,9 +384,9 @@ def test_case(record_case, n):
 """
 
 
-def test_plugin_xdist_merges_worker_results(fake):
+def test_plugin_xdist_merges_worker_results(fork_server, fake):
     fake.makepyfile(test_results=XDIST_USER)
-    result = fake.runpytest_subprocess(*FAST, "-n", "2", "-p", "xdist")
+    result = runpytest_forked(fork_server, fake, *FAST, "-n", "2", "-p", "xdist")
     result.assert_outcomes(passed=6)
     result.stdout.fnmatch_lines(["*pytest-afd results*", "6 result JSON file(s) in *"])
     summary = json.loads((fake.path / "afd-results" / "summary.json").read_text())

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+from tests.support.fork_server import ForkServer
 from tests.support.hook_standins import (
     standin_connector_source,
     standin_forward_source,
@@ -26,6 +25,7 @@ from tests.support.hook_standins import (
 
 ROOT = Path(__file__).resolve().parents[2]
 FUTURE = "from __future__ import annotations\n\n"
+PROCESS_TIMEOUT_S = 120
 
 FORWARD_CONTEXT_PATCH = '''
 import sys
@@ -181,14 +181,14 @@ print(json.dumps(report))
 '''
 
 
-def run_process(tree: Path, order: str, *, loads: str, registration: str = "register") -> dict:
-    """One process: the plugins registered in ``order`` ("afd>afd_split" or the reverse),
-    with the imports ``loads`` ("plugins", "import_runner", "import_validation",
-    "import_forward", in order)."""
+def run_process(fork_server: ForkServer, tree: Path, order: str, *, loads: str,
+                registration: str = "register") -> dict:
+    """One fresh process (forked by ``fork_server``: no afd_split, afd_plugin or vLLM module
+    loaded, ``tree`` and the repository first on ``sys.path``): the plugins registered in
+    ``order`` ("afd>afd_split" or the reverse), with the imports ``loads`` ("plugins",
+    "import_runner", "import_validation", "import_forward", in order)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(ROOT)])}
-    done = subprocess.run(
-        [sys.executable, "-c", PROCESS_SCRIPT, order, registration, loads],
-        capture_output=True, text=True, env=env, timeout=120, check=False,
-    )
+    done = fork_server.run(PROCESS_SCRIPT, [order, registration, loads], env=env,
+                           timeout=PROCESS_TIMEOUT_S)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
