@@ -78,6 +78,8 @@ MAX_TRACED_GROWTH_BYTES = 256 * 1024
 PROBE_LENGTHS = (7, 12, 5)
 PROBE_SEED_OFFSET = 5
 LEAK_SOAK_STEPS = 60
+REFERENCE_LEAK_STEPS = 20
+"""Forwards of a reference-leak case: the weak references see a kept plan after any run."""
 
 
 @dataclass
@@ -156,10 +158,11 @@ def probe_identical(before, after) -> bool:
     )  # fmt: skip
 
 
-def soak(backend, pages, seed: int, steps: int, traced_forwards: int = TRACED_FORWARDS
-         ) -> SoakOutcome:
+def soak(backend, pages, seed: int, steps: int, traced_forwards: int = TRACED_FORWARDS,
+         warmup_runs: int = WARMUP_RUNS) -> SoakOutcome:
     """Run random batches until ``steps`` forwards ran; every detector armed, the traced
-    window over the last ``traced_forwards`` (0: no window, for the reference leaks)."""
+    window over the last ``traced_forwards``. The reference-leak cases take no window
+    and no warm-up (``0``): they assert the weak references and the module scan only."""
     require_capability(backend, CAP_SPLIT_OBSERVER)
     rng = np.random.default_rng(seed)
     constraints = soak_constraints()
@@ -182,7 +185,7 @@ def soak(backend, pages, seed: int, steps: int, traced_forwards: int = TRACED_FO
         return steps_seen
 
     def body(progress: soak_lib.SoakProgress) -> None:
-        for index in range(WARMUP_RUNS):
+        for index in range(warmup_runs):
             one_run(-1 - index)
         memory.start()
         while counts.forwards < steps:
@@ -273,7 +276,7 @@ def test_gate_5_soak_sees_an_injected_leak(soak_backend, afd_options, leak):
     """Each leak of the issue, injected, is reported by the soak's detectors."""
     with get_fault(leak).applied():
         outcome = soak(soak_backend, page_scale(afd_options.backend), afd_options.seed,
-                       LEAK_SOAK_STEPS, traced_forwards=0)
+                       REFERENCE_LEAK_STEPS, traced_forwards=0, warmup_runs=0)
     assert outcome.error is None and outcome.hang is None
     assert outcome.leaks, f"the weak references missed {leak}"
     if leak == "retained_reference":
