@@ -134,10 +134,12 @@ def build_rank(state: RankPcpState, common, slots: np.ndarray, computed: np.ndar
     whole = _whole_counts(stages)
     layout = zigzag_layout(whole, pcp)
     pad = state.pcp_manager.pad_buffer
+    # One per step, as the runner's PCP manager makes it; both full builds read it.
+    full_pcp = _pcp_metadata(whole, computed, pcp, rank)
 
     def full_common():
         full = copy.copy(common)
-        full.prefill_context_parallel_metadata = _pcp_metadata(whole, computed, pcp, rank)
+        full.prefill_context_parallel_metadata = full_pcp
         full.slot_mapping = pad.padded(layout.rows_per_rank, layout.rows_per_rank, pcp,
                                        layout.unpad_mask, slots)
         return full
