@@ -235,8 +235,12 @@ class ProcessGroupHandle:
         if first.global_rank != 0:
             raise ValueError(f"the first rank spec must be global rank 0, got {first}")
         self._spawn(context, first, rendezvous_port)
-        for spec in others:
-            self._spawn(context, spec, None)
+        try:
+            for spec in others:
+                self._spawn(context, spec, None)
+        except BaseException:
+            self.kill_all()
+            raise
         port = self._gather([0], startup_timeout_s, expect=MSG_PORT)[0]
         self.rendezvous_port = port
         try:
