@@ -88,6 +88,27 @@ def up(settings_file: Path, plan_file: Path) -> str:
     return f"http://127.0.0.1:{port}"
 
 
+def _group_has_live_process(pgid: int) -> bool:
+    """Whether any process of the group still runs. A server that exited stays a zombie
+    until whoever adopted it reaps it (``up`` has exited; some init processes reap only
+    every few seconds): it holds no port or memory, so it counts as stopped."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    proc = Path("/proc")
+    if not proc.is_dir():  # no process table to read: the group exists, so it runs
+        return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            state, _ppid, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError):
+            continue  # exited while we read
+        if int(group) == pgid and state not in ("Z", "X"):
+            return True
+    return False
+
+
 def _stop(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGTERM)
@@ -95,9 +116,7 @@ def _stop(pid: int) -> None:
         return
     deadline = time.monotonic() + STOP_WAIT_S
     while time.monotonic() < deadline:
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
+        if not _group_has_live_process(pid):
             return
         time.sleep(POLL_S)
     try:

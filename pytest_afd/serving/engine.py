@@ -24,6 +24,7 @@ from pytest_afd.backends.base import Backend, PromptRequest, RequestOutput, RunS
 from pytest_afd.serving.requests import DEFAULT_MAX_BATCH_TOKENS
 
 ENGINE_IDLE_POLL_S = 0.2
+
 # How long the engine keeps collecting after the first waiting request. A burst
 # of concurrent clients reaches the server over a few milliseconds; without a
 # window the first request of an all-at-once burst would be prefilled alone.
@@ -32,6 +33,10 @@ DEFAULT_BATCH_WINDOW_S = 0.02
 # admitted prompt (4,096 tokens) takes on a loaded CPU host. A frozen AFD rank
 # otherwise leaves /health at 200 until the peer timeout fails the batch.
 DEFAULT_STALL_TIMEOUT_S = 60.0
+
+
+def _wake_up() -> None:
+    """A control item that does nothing: stop() queues it to wake an idle engine thread."""
 
 
 class RequestAborted(RuntimeError):
@@ -108,6 +113,7 @@ class PrefillEngine:
     def stop(self) -> None:
         """Finish the running batch, then refuse (EngineStopped) every request still queued."""
         self.begin_stop()
+        self._queue.put(_wake_up)  # an idle engine sees the stop now, not after its poll
         if self._thread.is_alive():
             self._thread.join()
         with self._lock:

@@ -3,8 +3,9 @@
 Row 8: ``kill -STOP`` one rank mid-run; the rank that times out waiting on it
 reports, and ``rank_names`` holds the frozen peer, not the reporter.
 Row 13: a runtime forced onto another runtime's rendezvous port fails on its
-own rank 0 alone (the others start only once rank 0 holds its port) and
-retries on a kernel-chosen port; both runtimes keep working.
+own rank 0 alone (the others join only once rank 0 holds its port) and
+retries on a kernel-chosen port; both runtimes keep working. The two port cases
+share the runtime whose port is taken (they only run forwards on it).
 Bounds are generous (well above the peer timeout); nothing asserts a tight timer.
 """
 
@@ -23,9 +24,17 @@ FAILURE_BOUND_S = 60.0
 STARTUP_TIMEOUT_S = 180.0
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def small_config():
     return named_config("reduced", num_hidden_layers=4, first_k_dense_replace=1)
+
+
+@pytest.fixture(scope="module")
+def first(small_config):
+    """The runtime holding the port the port cases force another runtime onto."""
+    runtime = _start(small_config)
+    yield runtime
+    runtime.close()
 
 
 def _start(config, **kwargs):
@@ -58,37 +67,32 @@ def test_a_frozen_rank_is_the_one_blamed(small_config, frozen, healthy):
     assert not (set(runtime.pids.values()) & child_pids())
 
 
-def test_a_runtime_forced_onto_a_taken_rendezvous_port_retries_and_both_work(small_config):
-    first = _start(small_config)
+def test_a_runtime_forced_onto_a_taken_rendezvous_port_retries_and_both_work(small_config, first):
+    taken = first.rendezvous_port
+    assert isinstance(taken, int) and taken > 0
+    start = time.monotonic()
+    second = _start(small_config, rendezvous_port=taken)
     try:
-        taken = first.rendezvous_port
-        assert isinstance(taken, int) and taken > 0
-        start = time.monotonic()
-        second = _start(small_config, rendezvous_port=taken)
-        try:
-            assert time.monotonic() - start < STARTUP_TIMEOUT_S / 2  # no start-up timeout hit
-            assert second.rendezvous_port not in (None, taken)
-            batch = _batch(small_config)
-            for runtime in (first, second):  # the first runtime's FFN rank is still its own
-                result = runtime.run_forward(*batch)
-                assert result.hidden.shape[0] == batch[1].num_tokens
-        finally:
-            second.close()
+        assert time.monotonic() - start < STARTUP_TIMEOUT_S / 2  # no start-up timeout hit
+        assert second.rendezvous_port not in (None, taken)
+        batch = _batch(small_config)
+        for runtime in (first, second):  # the first runtime's FFN rank is still its own
+            result = runtime.run_forward(*batch)
+            assert result.hidden.shape[0] == batch[1].num_tokens
     finally:
-        first.close()
+        second.close()
 
 
-def test_a_taken_port_fails_rank_zero_alone_without_a_retry_path(small_config, monkeypatch):
+def test_a_taken_port_fails_rank_zero_alone_without_a_retry_path(small_config, first,
+                                                                 monkeypatch):
     """Without the retry, the forced start fails fast naming rank 0's bind, not an FFN join."""
-    first = _start(small_config)
-    try:
-        monkeypatch.setattr("pytest_afd.backends.cpu.afd.runtime.ADDRESS_IN_USE",
-                            "a message no failure carries")
-        start = time.monotonic()
-        with pytest.raises(AfdRankFailure, match=r"(?i)address already in use") as info:
-            _start(small_config, rendezvous_port=first.rendezvous_port)
-        assert time.monotonic() - start < STARTUP_TIMEOUT_S / 2
-        assert info.value.rank_names == ("Attention rank 0",)
-        assert first.run_forward(*_batch(small_config)).logits.size
-    finally:
-        first.close()
+    before = child_pids()
+    monkeypatch.setattr("pytest_afd.backends.cpu.afd.runtime.ADDRESS_IN_USE",
+                        "a message no failure carries")
+    start = time.monotonic()
+    with pytest.raises(AfdRankFailure, match=r"(?i)address already in use") as info:
+        _start(small_config, rendezvous_port=first.rendezvous_port)
+    assert time.monotonic() - start < STARTUP_TIMEOUT_S / 2
+    assert info.value.rank_names == ("Attention rank 0",)
+    assert child_pids() <= before  # the failed start left no rank behind
+    assert first.run_forward(*_batch(small_config)).logits.size

@@ -24,7 +24,7 @@ from pytest_afd.backends.vllm_ascend.deployments import (
     parse_deployments,
 )
 from pytest_afd.serving.http_backend import cpu_server_spec, server_side_settings
-from pytest_afd.serving.lifecycle import ManagedServer
+from pytest_afd.serving.lifecycle import ServerGroup
 
 pytest_plugins = ["pytester"]
 
@@ -62,10 +62,13 @@ def settings(policy: str) -> RunSettings:
     return server_side_settings(RunSettings(split_policy=policy, **SMALL), LAUNCH_FIELDS)
 
 
-def start_cpu_server(tmp_path: Path, name: str, policy: str) -> ManagedServer:
-    spec = cpu_server_spec(RunSettings(split_policy=policy, **SMALL), name=name, log_dir=tmp_path,
-                           topology=TOPOLOGY, model_name="reduced", seed=0)
-    return ManagedServer(spec, tmp_path).start()
+def cpu_servers(tmp_path: Path, *policies: str) -> ServerGroup:
+    """One CPU server per policy, named after it; entering the group starts them together
+    (their torch imports overlap) and returns once each is healthy."""
+    specs = [cpu_server_spec(RunSettings(split_policy=policy, **SMALL), name=policy,
+                             log_dir=tmp_path, topology=TOPOLOGY, model_name="reduced", seed=0)
+             for policy in policies]
+    return ServerGroup(specs, tmp_path)
 
 
 def entry(url: str, policy: str, **extra) -> dict:
@@ -115,8 +118,8 @@ def test_each_case_goes_to_its_deployment_and_a_missing_one_skips(pytester, tmp_
                     TOPOLOGY, "--model", "/models/ds", "--devices-per-node", "16", "--node-address",
                     "10.0.0.1", "--node-address", "10.0.0.2", "--nic-name", "eth0", "--json"],
                    check=True, stdout=plan.open("w"), cwd=REPO)
-    with start_cpu_server(tmp_path, "none", "none") as none, \
-            start_cpu_server(tmp_path, "balanced", "token_balanced") as balanced:
+    with cpu_servers(tmp_path, "none", "token_balanced") as servers:
+        none, balanced = servers.servers
         listing = tmp_path / "deployments.json"
         listing.write_text(json.dumps([entry(none.base_url, "none", plan=str(plan)),
                                        entry(balanced.base_url, "token_balanced", plan=str(plan))]))

@@ -35,8 +35,10 @@ TRICKLE_INTERVAL_S = 0.5
 # client's timeout, so without a request deadline the good client is never served.
 TRICKLE_LIMIT_S = 45.0
 GOOD_CLIENT_TIMEOUT_S = 30.0
-FD_LIMIT = 128
-SLOW_CLIENTS = 150  # more than the child server has descriptors
+# The slow clients are cut one server-full per deadline: a limit whose budget (less the
+# server's own descriptors and headroom) holds most of them needs two deadlines, not three.
+FD_LIMIT = 256
+SLOW_CLIENTS = 270  # more than the child server has descriptors
 HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Pad: "
 GOOD_BODY = json.dumps({"prompt": [1, 2, 3]}).encode()
 

@@ -30,6 +30,9 @@ CLIENT_TIMEOUT_S = 300.0
 SERVER_STARTUP_S = 180.0  # a child server imports torch and builds its model first
 # Long enough that a burst of 8 lands in one batch on a loaded host.
 BURST_WINDOW_S = 0.5
+# How often the serving loop checks for shutdown (socketserver's default, 0.5 s, is what
+# leaving ``serving`` would otherwise wait; requests are answered as they arrive either way).
+SERVE_POLL_INTERVAL_S = 0.05
 
 
 class RecordingBackend:
@@ -63,7 +66,8 @@ def serving(backend, limits: ServingLimits, settings: RunSettings = SETTINGS,
                            stall_timeout_s)
     engine.start()
     httpd = AfdHTTPServer(("127.0.0.1", 0), engine, MODEL, limits)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, args=(SERVE_POLL_INTERVAL_S,),
+                              daemon=True)
     thread.start()
     try:
         yield httpd

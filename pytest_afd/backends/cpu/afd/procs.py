@@ -19,6 +19,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -98,7 +99,8 @@ class WorkerConfig:
 
     spec: RankSpec
     world_size: int
-    master_port: int  # rank 0: the port to bind (EPHEMERAL_PORT: any); others: rank 0's port
+    master_port: int | None  # rank 0: the port to bind (EPHEMERAL_PORT: any); others: None,
+    # rank 0's port arrives on the pipe once rank 0 holds it
     num_threads: int
     collective_timeout_s: float
     role_factory: Callable[..., Any]
@@ -143,10 +145,19 @@ def worker_main(conn: multiprocessing.connection.Connection, config: WorkerConfi
     timeout = datetime.timedelta(seconds=config.collective_timeout_s)
     try:
         # Rank 0 binds the store itself (port 0: the kernel picks a free one) and
-        # tells the parent, which only then starts the other ranks with that port:
-        # no rank can join another runtime's store through a reused probed port.
+        # tells the parent, which only then sends that port to the other ranks (they
+        # import torch meanwhile): no rank can join another runtime's store through
+        # a reused probed port.
         is_master = config.spec.global_rank == 0
-        store = dist.TCPStore(LOOPBACK, config.master_port, config.world_size,
+        port = config.master_port
+        if port is None:
+            try:
+                kind, port = conn.recv()
+            except EOFError:  # the parent gave up on start-up (rank 0 failed)
+                return
+            if kind != MSG_PORT:
+                raise RuntimeError(f"expected the rendezvous port first, got {kind!r}")
+        store = dist.TCPStore(LOOPBACK, port, config.world_size,
                               is_master=is_master, timeout=timeout, wait_for_workers=False)
         if is_master:
             conn.send((MSG_PORT, store.port))
@@ -174,6 +185,11 @@ def worker_main(conn: multiprocessing.connection.Connection, config: WorkerConfi
             return
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
+    # A clean stop has nothing left to run at exit (replies sent, traces written in
+    # the step): skip the interpreter's ~1 s teardown of torch, as a forked child does.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class ProcessGroupHandle:
@@ -209,8 +225,9 @@ class ProcessGroupHandle:
     def start(self, startup_timeout_s: float, rendezvous_port: int = EPHEMERAL_PORT) -> None:
         """Spawn every rank and wait (bounded) until each has joined gloo and built its role.
 
-        Rank 0 starts first and binds ``rendezvous_port`` (default: any free
-        port); the others start once it reported the port it really holds.
+        Every rank starts at once (their torch imports overlap); rank 0 binds
+        ``rendezvous_port`` (default: any free port), and the others are sent the
+        port it really holds only once it reported it.
         """
         deadline = time.monotonic() + startup_timeout_s
         context = multiprocessing.get_context("spawn")
@@ -218,17 +235,28 @@ class ProcessGroupHandle:
         if first.global_rank != 0:
             raise ValueError(f"the first rank spec must be global rank 0, got {first}")
         self._spawn(context, first, rendezvous_port)
+        try:
+            for spec in others:
+                self._spawn(context, spec, None)
+        except BaseException:
+            self.kill_all()
+            raise
         port = self._gather([0], startup_timeout_s, expect=MSG_PORT)[0]
         self.rendezvous_port = port
-        for spec in others:
-            self._spawn(context, spec, port)
+        try:
+            for spec in others:
+                self._send(spec.global_rank, (MSG_PORT, port))
+        except BaseException:
+            self.kill_all()
+            raise
         remaining = max(0.0, deadline - time.monotonic())
         replies = self._gather(list(self._conns), remaining, expect=MSG_READY)
         for rank, info in replies.items():
             self.pids[rank] = info["pid"]
 
-    def _spawn(self, context, spec: RankSpec, port: int) -> None:
-        """Start one rank's process, told the rendezvous port to bind (rank 0) or join."""
+    def _spawn(self, context, spec: RankSpec, port: int | None) -> None:
+        """Start one rank's process, told the rendezvous port to bind (rank 0) or, with
+        None, to wait for the port to join on its pipe."""
         parent_conn, child_conn = context.Pipe()
         config = WorkerConfig(
             spec=spec,
