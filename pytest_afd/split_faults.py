@@ -221,44 +221,19 @@ def restore_rows_shifted(relayout):
 
 
 @contextlib.contextmanager
-def executor_keeps_metadata() -> Iterator[None]:
-    """The second leak: the executor appends every forward's metadata to a list on the model."""
-    executor = importlib.import_module(EXECUTOR_MODULE).Executor
-    original = executor.execute
-    touched = []
-
-    def execute(self, input_ids, metadata, plan=None, **kwargs):
-        if not hasattr(self.model, MODEL_LEAK_ATTRIBUTE):
-            setattr(self.model, MODEL_LEAK_ATTRIBUTE, [])
-            touched.append(self.model)
-        getattr(self.model, MODEL_LEAK_ATTRIBUTE).append(metadata)
-        return original(self, input_ids, metadata, plan, **kwargs)
-
-    with _patched(executor, "execute", execute):
-        try:
-            yield
-        finally:
-            for model in touched:
-                delattr(model, MODEL_LEAK_ATTRIBUTE)
-
-
-@contextlib.contextmanager
-def executor_keeps_logits_bytes() -> Iterator[None]:
-    """A leak only the soak's memory bound sees: the executor keeps every forward's last
-    logits as ``bytes`` on the model. No plan or metadata is kept and bytes are not
-    gc-tracked, so neither the weak references nor the gc count move, and a buffer
-    above 512 B is no pymalloc block: the traced window must see it."""
+def _model_keeps(attribute: str, kept: Callable) -> Iterator[None]:
+    """The executor appends ``kept(metadata, output)`` of every forward to a list it adds
+    to the model as ``attribute`` (removed on exit)."""
     executor = importlib.import_module(EXECUTOR_MODULE).Executor
     original = executor.execute
     touched = []
 
     def execute(self, input_ids, metadata, plan=None, **kwargs):
         output = original(self, input_ids, metadata, plan, **kwargs)
-        if not hasattr(self.model, MODEL_BYTES_LEAK_ATTRIBUTE):
-            setattr(self.model, MODEL_BYTES_LEAK_ATTRIBUTE, [])
+        if not hasattr(self.model, attribute):
+            setattr(self.model, attribute, [])
             touched.append(self.model)
-        getattr(self.model, MODEL_BYTES_LEAK_ATTRIBUTE).append(
-            output.last_logits.numpy().tobytes())
+        getattr(self.model, attribute).append(kept(metadata, output))
         return output
 
     with _patched(executor, "execute", execute):
@@ -266,4 +241,18 @@ def executor_keeps_logits_bytes() -> Iterator[None]:
             yield
         finally:
             for model in touched:
-                delattr(model, MODEL_BYTES_LEAK_ATTRIBUTE)
+                delattr(model, attribute)
+
+
+def executor_keeps_metadata() -> contextlib.AbstractContextManager[None]:
+    """The second leak: the executor appends every forward's metadata to a list on the model."""
+    return _model_keeps(MODEL_LEAK_ATTRIBUTE, lambda metadata, output: metadata)
+
+
+def executor_keeps_logits_bytes() -> contextlib.AbstractContextManager[None]:
+    """A leak only the soak's memory bound sees: the executor keeps every forward's last
+    logits as ``bytes`` on the model. No plan or metadata is kept and bytes are not
+    gc-tracked, so neither the weak references nor the gc count move, and a buffer
+    above 512 B is no pymalloc block: the traced window must see it."""
+    return _model_keeps(MODEL_BYTES_LEAK_ATTRIBUTE,
+                        lambda metadata, output: output.last_logits.numpy().tobytes())
