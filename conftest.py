@@ -1,6 +1,7 @@
 """Root conftest: project-wide test settings (the plugin itself loads via its entry point)."""
 
-import hypothesis  # noqa: F401  (kept loaded: see below)
+import contextlib
+
 import pytest
 import torch
 
@@ -13,7 +14,10 @@ torch.set_num_threads(1)
 # pytester's in-process runs restore sys.modules afterwards, and hypothesis's pytest plugin
 # imports hypothesis in every session's terminal summary: unless this process already holds
 # it, each such run re-imports all of hypothesis (and re-rewrites its asserts, ~1 s, where
-# PYTHONDONTWRITEBYTECODE keeps pytest from caching the rewrite).
+# PYTHONDONTWRITEBYTECODE keeps pytest from caching the rewrite). Optional: the real-vLLM
+# environments (requirements-vllm.txt) do not install hypothesis.
+with contextlib.suppress(ImportError):
+    import hypothesis  # noqa: F401
 
 
 @pytest.fixture(scope="session")
