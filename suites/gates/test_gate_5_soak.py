@@ -13,7 +13,8 @@ Detectors (see ``soak_lib``):
 * weak references to every step's plan, parent metadata and parts are dead
   after the run (a retained reference anywhere is a leak);
 * the split invariants and parent-never-mutated hold for every split;
-* allocated Python memory blocks and the gc object count grow by less than a bound;
+* allocated Python memory blocks and the gc object count grow by less than a bound,
+  and traced bytes over the soak's last ~150 forwards;
 * ``afd_split``'s and the executor's module globals are unchanged;
 * a fixed probe batch run before and after is bit-identical;
 * no hang: a watchdog bounds every step and the whole soak.
