@@ -4,8 +4,14 @@ Each test needs a fresh runtime (a failure closes it), so they use a small model
 """
 
 import _thread
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +23,17 @@ from tests.support.afd_runtime_helpers import SEED, child_pids, make_batch, plan
 FAILURE_BOUND_S = 20.0
 PEER_TIMEOUT_S = 2.0
 INTERRUPT_AFTER_S = 1.5
+GONE_POLL_S = 0.05
+
+HOLD_A_RUNTIME = textwrap.dedent("""
+    import time
+    from pytest_afd.backends.cpu import named_config
+    from pytest_afd.backends.cpu.afd import AfdRuntime
+    config = named_config("reduced", num_hidden_layers=4, first_k_dense_replace=1)
+    runtime = AfdRuntime(config, 7, num_attention=1, num_ffn=1, threads_per_rank=1)
+    print(*runtime.pids.values(), flush=True)
+    time.sleep(600)
+""")
 
 
 @pytest.fixture
@@ -89,3 +106,31 @@ def test_ctrl_c_during_a_step_kills_every_rank(small_config):
     finally:
         timer.cancel()
     _assert_no_ranks_left(runtime)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def test_no_rank_outlives_a_hard_killed_parent():
+    """SIGKILL gives the parent no chance to clean up: the ranks must still go."""
+    parent = subprocess.Popen([sys.executable, "-c", HOLD_A_RUNTIME], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        rank_pids = [int(pid) for pid in parent.stdout.readline().split()]
+        assert len(rank_pids) == 2, f"the runtime did not start: {rank_pids}"
+        assert all(_running(pid) for pid in rank_pids)
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(FAILURE_BOUND_S)
+    deadline = time.monotonic() + FAILURE_BOUND_S
+    while any(_running(pid) for pid in rank_pids) and time.monotonic() < deadline:
+        time.sleep(GONE_POLL_S)
+    survivors = [pid for pid in rank_pids if _running(pid)]
+    for pid in survivors:
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors, f"rank processes {survivors} outlived their SIGKILLed parent"

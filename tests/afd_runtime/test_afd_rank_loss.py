@@ -8,6 +8,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -15,11 +16,14 @@ import pytest
 from pytest_afd.backends.base import PromptRequest, RunSettings
 from pytest_afd.backends.cpu import create, named_config
 from pytest_afd.backends.cpu.afd import AfdRankFailure, AfdRuntime, AfdRuntimeError
-from pytest_afd.backends.cpu.afd.procs import ROLE_ATTENTION, ProcessGroupHandle, RankSpec
+from pytest_afd.backends.cpu.afd.procs import ProcessGroupHandle
+from pytest_afd.backends.cpu.afd.protocol import ROLE_ATTENTION, RankSpec
 from tests.support.afd_runtime_helpers import SEED, child_pids, make_batch, plan_for
 
 SMALL_MODEL = "reduced:num_hidden_layers=4,first_k_dense_replace=1"
 KILL_AFTER_SEND_S = 1.0
+DEATH_BOUND_S = 10.0
+DEATH_POLL_S = 0.01
 BLOCK_SIZE = 16
 
 
@@ -36,8 +40,11 @@ def _healthy_runtime(config):
 
 
 def _wait_dead(pid):
-    """Block until the child has exited, without reaping it (multiprocessing still can)."""
-    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+    """Block (bounded) until the rank has exited; its parent, the fork server, reaps it."""
+    deadline = time.monotonic() + DEATH_BOUND_S
+    while pid in child_pids():
+        assert time.monotonic() < deadline, f"rank pid {pid} still runs after SIGKILL"
+        time.sleep(DEATH_POLL_S)
 
 
 def _assert_closed_and_reaped(runtime):

@@ -15,24 +15,41 @@ BLOCK_SIZE = 16
 THREADS_PER_RANK = 1
 
 
-def child_pids() -> set[int]:
-    """Live (non-zombie) children of this test process, read from /proc.
+SHARED_HELPERS = (b"resource_tracker", b"forkserver")
+"""Command-line marks of multiprocessing's per-process helpers (not ranks)."""
 
-    multiprocessing's resource tracker (one per parent, started by the first
-    spawn, shared by every later one) is not a rank and is left out.
+
+def child_pids() -> set[int]:
+    """Live (non-zombie) processes this test process started, read from /proc.
+
+    The ranks are children of multiprocessing's fork server, itself a child of this
+    process: they are found through it. The fork server and the resource tracker
+    (one each per parent, started by the first rank and shared by every later one)
+    are not ranks and are left out.
     """
     me = os.getpid()
-    found = set()
+    live: dict[int, list[int]] = {}
+    shared: set[int] = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
         except OSError:
             continue
-        state, ppid = fields[0], int(fields[1])
-        if ppid == me and state != "Z":
-            cmdline = (stat.parent / "cmdline").read_bytes()
-            if b"resource_tracker" not in cmdline:
-                found.add(int(stat.parent.name))
+        if fields[0] == "Z":
+            continue
+        pid, ppid = int(stat.parent.name), int(fields[1])
+        live.setdefault(ppid, []).append(pid)
+        # A rank forked from the fork server shows the server's command line too.
+        if ppid == me and any(mark in cmdline for mark in SHARED_HELPERS):
+            shared.add(pid)
+    found: set[int] = set()
+    parents = [me]
+    while parents:
+        for pid in live.get(parents.pop(), ()):
+            parents.append(pid)
+            if pid not in shared:
+                found.add(pid)
     return found
 
 

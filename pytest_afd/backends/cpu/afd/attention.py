@@ -32,7 +32,7 @@ from pytest_afd.backends.cpu.afd.evidence import (
     Timeline,
 )
 from pytest_afd.backends.cpu.afd.experts import shard_for_ffn
-from pytest_afd.backends.cpu.afd.procs import RankSpec
+from pytest_afd.backends.cpu.afd.protocol import RankSpec
 from pytest_afd.backends.cpu.afd.rank import (
     COMMAND_COPY_KV,
     COMMAND_FORWARD,

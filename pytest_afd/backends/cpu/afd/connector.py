@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from pytest_afd.backends.cpu.afd.procs import PeerWaitError
+from pytest_afd.backends.cpu.afd.protocol import PeerWaitError
 
 HEADER_WORDS = 6
 HEADER_KIND, HEADER_LAYER, HEADER_UBATCH, HEADER_ROWS, HEADER_TOPK, HEADER_STEP = range(

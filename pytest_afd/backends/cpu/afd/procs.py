@@ -1,37 +1,47 @@
-"""Child processes of the AFD runtime: spawn, gloo rendezvous, bounded waits, cleanup.
+"""The parent's side of the AFD runtime: start the ranks, bounded waits, cleanup.
 
-Every Attention and FFN rank is its own OS process (spawned, never forked: a
-forked torch with live intra-op pools deadlocks). The parent is not a member of
-the gloo group; it talks to each rank over a multiprocessing pipe and is the
-watchdog: every wait it does is bounded, it notices a dead child through the
-process sentinel, and any failure tears down every child before the error
-reaches the caller, so no orphan outlives a failed run, a test session or a
-Ctrl-C. Children also ask the kernel to kill them if the parent dies.
+Every Attention and FFN rank is its own OS process (:mod:`.rank_process` is its entry
+point). The parent is not a member of the gloo group; it talks to each rank over a
+multiprocessing pipe and is the watchdog: every wait it does is bounded, it notices a
+dead child through the process sentinel, and any failure tears down every child before
+the error reaches the caller, so no orphan outlives a failed run, a test session or a
+Ctrl-C. Children also ask the kernel to kill them if their parent (the fork server,
+which exits with this process) dies.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import datetime
 import multiprocessing
 import multiprocessing.connection
 import os
 import signal
-import sys
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-LOOPBACK = "127.0.0.1"
-LOOPBACK_INTERFACE = "lo"
-GLOO_INTERFACE_ENV = "GLOO_SOCKET_IFNAME"
-ADDRESS_IN_USE = "address already in use"
-PR_SET_PDEATHSIG = 1
-"""Linux prctl option: signal this process gets when its parent thread exits."""
+from pytest_afd.backends.cpu.afd.protocol import (
+    EPHEMERAL_PORT,
+    MSG_ERROR,
+    MSG_OK,
+    MSG_PORT,
+    MSG_READY,
+    MSG_SHUTDOWN,
+    AfdRankFailure,
+    AfdRuntimeError,
+    RankSpec,
+)
+from pytest_afd.backends.cpu.afd.rank_process import (
+    STANDARD_STREAMS,
+    InheritedFd,
+    WorkerConfig,
+    worker_main,
+)
+
+START_METHOD = "forkserver"
+"""Ranks fork from a server that imported torch once (spawn imports it in every rank)."""
+PRELOADED_MODULES = ("torch", "torch.distributed")
+"""Imported by the fork server before any rank; the role factory's module is added."""
 
 WATCHDOG_POLL_S = 0.05
 """How often the parent re-checks child liveness while it waits for replies."""
@@ -41,155 +51,6 @@ ROOT_CAUSE_GRACE_S = 0.5
 
 SHUTDOWN_JOIN_S = 5.0
 KILL_JOIN_S = 2.0
-
-MSG_READY = "ready"
-MSG_PORT = "port"
-"""Rank 0's first message: the port its rendezvous store really bound."""
-EPHEMERAL_PORT = 0
-"""Ask the kernel for a free port at bind time (no probe-then-bind race)."""
-MSG_OK = "ok"
-MSG_ERROR = "error"
-MSG_SHUTDOWN = "shutdown"
-
-ROLE_ATTENTION = "attention"
-ROLE_FFN = "ffn"
-
-
-class AfdRuntimeError(RuntimeError):
-    """The AFD runtime failed; the message names the rank(s) responsible."""
-
-
-class AfdRankFailure(AfdRuntimeError):
-    """A rank died, raised, or stopped answering within its bound."""
-
-    def __init__(self, message: str, *, rank_names: Sequence[str]) -> None:
-        super().__init__(message)
-        self.rank_names = tuple(rank_names)
-
-
-class PeerWaitError(RuntimeError):
-    """Raised in a rank whose bounded wait on ``peers`` failed: they are blamed, not it.
-
-    Why: a frozen FFN rank reports nothing; the Attention rank waiting on it is
-    the one that times out, and blaming the reporter would name the healthy rank.
-    """
-
-    def __init__(self, message: str, *, peers: Sequence[str]) -> None:
-        super().__init__(message)
-        self.peers = tuple(peers)
-
-
-@dataclass(frozen=True)
-class RankSpec:
-    """One process of the topology: its role, index within the role, and gloo rank."""
-
-    role: str
-    role_index: int
-    global_rank: int
-
-    @property
-    def name(self) -> str:
-        label = "Attention" if self.role == ROLE_ATTENTION else "FFN"
-        return f"{label} rank {self.role_index}"
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """Everything a child needs to join the group and build its role (picklable)."""
-
-    spec: RankSpec
-    world_size: int
-    master_port: int | None  # rank 0: the port to bind (EPHEMERAL_PORT: any); others: None,
-    # rank 0's port arrives on the pipe once rank 0 holds it
-    num_threads: int
-    collective_timeout_s: float
-    role_factory: Callable[..., Any]
-    role_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    cpu_core: int | None = None  # pin the process (and its threads) to this core
-    nice: int = 0  # scheduling niceness of the process (and its threads); 0: unchanged
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this child when the parent dies (no orphans after a hard kill)."""
-    libc_name = ctypes.util.find_library("c")
-    if libc_name is None:
-        return
-    libc = ctypes.CDLL(libc_name, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def worker_main(conn: multiprocessing.connection.Connection, config: WorkerConfig) -> None:
-    """Child entry point: pin threads, join gloo, build the role, serve commands."""
-    parent_pid = os.getppid()
-    _die_with_parent()
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
-    # Ctrl-C reaches the whole process group; the parent decides how children end.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if config.cpu_core is not None:  # before torch starts its threads: they inherit it
-        os.sched_setaffinity(0, {config.cpu_core})
-    if config.nice:  # likewise before torch's threads exist: Linux niceness is per thread
-        try:
-            os.setpriority(os.PRIO_PROCESS, 0, config.nice)
-        except OSError as exc:  # a negative niceness needs CAP_SYS_NICE
-            conn.send((MSG_ERROR, f"{config.spec.name} could not set niceness {config.nice}: {exc!r}"))
-            return
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(config.num_threads)
-    # Gloo picks its transport address from the hostname unless told otherwise;
-    # the ranks live on one host, so pin the transport to loopback.
-    os.environ.setdefault(GLOO_INTERFACE_ENV, LOOPBACK_INTERFACE)
-    name = config.spec.name
-    timeout = datetime.timedelta(seconds=config.collective_timeout_s)
-    try:
-        # Rank 0 binds the store itself (port 0: the kernel picks a free one) and
-        # tells the parent, which only then sends that port to the other ranks (they
-        # import torch meanwhile): no rank can join another runtime's store through
-        # a reused probed port.
-        is_master = config.spec.global_rank == 0
-        port = config.master_port
-        if port is None:
-            try:
-                kind, port = conn.recv()
-            except EOFError:  # the parent gave up on start-up (rank 0 failed)
-                return
-            if kind != MSG_PORT:
-                raise RuntimeError(f"expected the rendezvous port first, got {kind!r}")
-        store = dist.TCPStore(LOOPBACK, port, config.world_size,
-                              is_master=is_master, timeout=timeout, wait_for_workers=False)
-        if is_master:
-            conn.send((MSG_PORT, store.port))
-        dist.init_process_group("gloo", store=store, rank=config.spec.global_rank,
-                                world_size=config.world_size, timeout=timeout)
-        role = config.role_factory(config.spec, **config.role_kwargs)
-        conn.send((MSG_READY, {"pid": os.getpid(), "threads": torch.get_num_threads()}))
-    except Exception as exc:
-        conn.send((MSG_ERROR, f"{name} failed to start: {exc!r}\n{traceback.format_exc()}"))
-        return
-    while True:
-        try:
-            message = conn.recv()
-        except EOFError:  # the parent went away: nothing left to serve
-            return
-        if message[0] == MSG_SHUTDOWN:
-            break
-        try:
-            conn.send((MSG_OK, role.handle(message)))
-        except Exception as exc:
-            blamed = exc.peers if isinstance(exc, PeerWaitError) else ()
-            conn.send((MSG_ERROR, f"{name}: {exc}\n{traceback.format_exc()}", blamed))
-            # A failed step leaves the gloo channels in an unknown state; the
-            # parent tears the whole group down, so stop serving.
-            return
-    with contextlib.suppress(Exception):
-        dist.destroy_process_group()
-    # A clean stop has nothing left to run at exit (replies sent, traces written in
-    # the step): skip the interpreter's ~1 s teardown of torch, as a forked child does.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 class ProcessGroupHandle:
@@ -230,7 +91,9 @@ class ProcessGroupHandle:
         port it really holds only once it reported it.
         """
         deadline = time.monotonic() + startup_timeout_s
-        context = multiprocessing.get_context("spawn")
+        context = multiprocessing.get_context(START_METHOD)
+        # Only takes effect if this process has not started its fork server yet.
+        context.set_forkserver_preload([*PRELOADED_MODULES, self._role_factory.__module__])
         first, *others = self.specs
         if first.global_rank != 0:
             raise ValueError(f"the first rank spec must be global rank 0, got {first}")
@@ -268,6 +131,8 @@ class ProcessGroupHandle:
             role_kwargs=dict(self._role_kwargs_for(spec)),
             cpu_core=None if self._cpu_affinity is None else self._cpu_affinity[spec.global_rank],
             nice=self._nice,
+            environ=dict(os.environ),
+            streams=tuple(InheritedFd(fd) for fd in STANDARD_STREAMS),
         )
         # daemon: multiprocessing's own exit hook kills it if close() never runs.
         process = context.Process(

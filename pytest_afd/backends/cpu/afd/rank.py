@@ -16,7 +16,7 @@ import numpy as np
 from afd_split import SplitMismatchError
 from afd_split.plan.agree import agree_on_split
 from pytest_afd.backends.cpu.afd import connector
-from pytest_afd.backends.cpu.afd.procs import RankSpec
+from pytest_afd.backends.cpu.afd.protocol import RankSpec
 from pytest_afd.backends.cpu.config import ModelConfig
 from pytest_afd.backends.cpu.model import DeepseekV32Model, build_model
 from pytest_afd.backends.cpu.weights import load_pretrained

@@ -9,7 +9,7 @@ import contextlib
 
 from pytest_afd.backends.cpu.afd.attention import AttentionRole
 from pytest_afd.backends.cpu.afd.ffn import FfnRole
-from pytest_afd.backends.cpu.afd.procs import ROLE_ATTENTION, RankSpec
+from pytest_afd.backends.cpu.afd.protocol import ROLE_ATTENTION, RankSpec
 
 
 def make_role(spec: RankSpec, **kwargs) -> AttentionRole | FfnRole:

@@ -32,13 +32,13 @@ from afd_split.checks.support import (
 from afd_split.hook.planning.engine_step import agreement_enabled
 from pytest_afd.backends.cpu.afd.cores import cpu_affinity, default_threads_per_rank
 from pytest_afd.backends.cpu.afd.evidence import Span, as_spans
-from pytest_afd.backends.cpu.afd.procs import (
+from pytest_afd.backends.cpu.afd.procs import ProcessGroupHandle
+from pytest_afd.backends.cpu.afd.protocol import (
     ADDRESS_IN_USE,
     EPHEMERAL_PORT,
     ROLE_ATTENTION,
     ROLE_FFN,
     AfdRankFailure,
-    ProcessGroupHandle,
     RankSpec,
 )
 from pytest_afd.backends.cpu.afd.rank import (
