@@ -1,11 +1,15 @@
 """Root conftest: project-wide test settings (the plugin itself loads via its entry point)."""
 
 import contextlib
+from pathlib import Path
 
 import pytest
 import torch
 
 from tests.support.fork_server import ForkServer
+from tests.support.suite_selection import needs_a_suite_marker
+
+TESTS_DIR = Path(__file__).parent / "tests"
 
 # Two cores here and in CI: keep each test process to a single intra-op thread
 # so pytest-xdist workers and the AFD runtime's processes do not oversubscribe.
@@ -28,3 +32,24 @@ def fork_server():
     server = ForkServer()
     yield server
     server.close()
+
+
+def _skips_tests_dir(config: pytest.Config) -> bool:
+    """Collected from testpaths with a ``-m`` only suite cases can match (suite_selection)."""
+    return (config.args_source == pytest.Config.ArgsSource.TESTPATHS
+            and needs_a_suite_marker(config.option.markexpr))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    # Initial paths are never offered to pytest_ignore_collect: drop the testpath itself.
+    if _skips_tests_dir(config):
+        config.args[:] = [arg for arg in config.args
+                          if (config.invocation_params.dir / arg).resolve() != TESTS_DIR]
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if _skips_tests_dir(config):
+        return (f"tests/ not collected: -m {config.option.markexpr!r} selects suite cases "
+                f"only, and no test there carries a suite marker")
+    return None
