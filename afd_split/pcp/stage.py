@@ -7,8 +7,8 @@ stage is laid out as its own batch: each request piece of the stage gets its
 own zigzag, the head of a cut request as if scheduled alone and the tail as a
 continuation whose computed tokens are advanced by the head's share. Every
 stage's metadata is therefore what vLLM-Ascend's PCP helper builds for that
-stage's tokens scheduled on their own; ``stage_metadata`` writes it out
-(tests hold it against an independent reference of the helper's maths at
+stage's tokens scheduled on their own; ``afd_split.pcp.stage_metadata`` writes it
+out (tests hold it against an independent reference of the helper's maths at
 vllm-ascend v0.19.1rc1 ``vllm_ascend/worker/pcp_utils.py``).
 
 Inputs are the GLOBAL scheduled counts (identical on every PCP rank); under
@@ -35,8 +35,6 @@ without speculative decoding): decodes are not split but duplicated on every PCP
 
 PAD_TOKEN = -1
 """Row source of a padding row in the layouts below."""
-
-DEFAULT_CP_KV_CACHE_INTERLEAVE_SIZE = 1
 
 
 def check_pcp_stage_support(*, pcp_size: int, dcp_size: int, num_speculative_tokens: int,
@@ -200,51 +198,6 @@ def zigzag_layout(num_scheduled_tokens, pcp_size: int, *,
                         offsets, sources)
 
 
-def cp_local_context_lens(context_lens: np.ndarray, pcp_size: int,
-                          interleave: int = DEFAULT_CP_KV_CACHE_INTERLEAVE_SIZE) -> np.ndarray:
-    """Cached tokens each PCP rank holds per request ([R, pcp, 1]; DCP 1), interleaved by
-    ``cp_kv_cache_interleave_size``."""
-    context = np.asarray(context_lens, dtype=np.int64)[:, None]
-    ranks = np.arange(pcp_size, dtype=np.int64)[None, :]
-    base = context // interleave // pcp_size * interleave
-    remainder = np.clip(context - base * pcp_size - ranks * interleave, 0, interleave)
-    return (base + remainder)[:, :, None]
-
-
-@dataclass(frozen=True)
-class PcpStageMetadata:
-    """Host values of one rank's ``AscendPrefillContextParallelMetadata`` for one stage."""
-
-    pcp_rank: int
-    num_actual_tokens_pcp_padded: int
-    num_computed_tokens_of_pcp_dcp: np.ndarray
-    pcp_unpad_mask: np.ndarray
-    query_lens_pcp_full_cpu: np.ndarray
-    max_query_len_pcp_full: int
-    pcp_allgather_restore_idx: np.ndarray
-    q_head_idx: np.ndarray
-    q_tail_idx: np.ndarray
-    q_full_idx: np.ndarray
-    kv_idx: dict
-    attn_chunk_seqlens: np.ndarray
-    attn_mask_seqlens: list
-    head_attn_nomask_seqlens: list
-    tail_attn_nomask_seqlens: list
-    head_actual_seq_lengths_kv: list
-    tail_actual_seq_lengths_kv: list
-
-
-KV_INDEX_NAMES = (
-    "kv_with_q_head_nomask_idx_tensor",
-    "kv_with_q_head_mask_idx_tensor",
-    "kv_with_q_tail_nomask_idx_tensor",
-    "kv_with_q_tail_mask_idx_tensor",
-    "kv_tail_proj_idx_tensor",
-    "kv_with_q_head_attn_idx_in_tail_tensor",
-    "kv_with_q_tail_attn_idx_in_tail_tensor",
-)
-
-
 def rank_positions(rank_rows, num_computed_tokens, decode, pcp_size: int,
                    pcp_rank: int) -> np.ndarray:
     """Positions of rank ``pcp_rank``'s rows of a batch laid out request after request with
@@ -266,57 +219,6 @@ def block_ranges(starts, lengths) -> np.ndarray:
     starts = np.asarray(starts, dtype=np.int64)
     lengths = np.asarray(lengths, dtype=np.int64)
     return np.repeat(starts, lengths) + _segment_arange(lengths)
-
-
-def stage_metadata(stage: PcpStageTokens, pcp_size: int, pcp_rank: int, *,
-                   interleave: int = DEFAULT_CP_KV_CACHE_INTERLEAVE_SIZE) -> PcpStageMetadata:
-    """Rank ``pcp_rank``'s PCP metadata of ``stage`` scheduled alone (its own zigzag)."""
-    layout = zigzag_layout(stage.num_scheduled_tokens, pcp_size)
-    decodes = layout.num_decode_reqs
-    scheduled = stage.num_scheduled_tokens
-    computed = stage.num_computed_tokens
-    context = np.concatenate([computed[:decodes] + scheduled[:decodes], computed[decodes:]])
-    prefill_rank_tokens = layout.rank_tokens[decodes:]
-    chunk = prefill_rank_tokens // ZIGZAG_CHUNKS_PER_RANK
-    # The helper indexes the prefill rows from the first prefill request: its loop skips
-    # the leading decodes without advancing the q / kv offsets.
-    q_offset = np.cumsum(prefill_rank_tokens) - prefill_rank_tokens
-    kv_offset = q_offset * pcp_size
-    head_id = pcp_rank
-    tail_id = ZIGZAG_CHUNKS_PER_RANK * pcp_size - 1 - pcp_rank
-    tail_proj = chunk * (tail_id + 1)
-    tail_proj_offset = np.cumsum(tail_proj) - tail_proj
-    q_head = block_ranges(q_offset, chunk)
-    q_tail = block_ranges(q_offset + chunk, chunk)
-    kv_idx = {
-        "kv_with_q_head_nomask_idx_tensor": block_ranges(kv_offset, chunk * head_id),
-        "kv_with_q_head_mask_idx_tensor": block_ranges(kv_offset + chunk * head_id, chunk),
-        "kv_with_q_tail_nomask_idx_tensor": block_ranges(kv_offset, chunk * tail_id),
-        "kv_with_q_tail_mask_idx_tensor": block_ranges(kv_offset + chunk * tail_id, chunk),
-        "kv_tail_proj_idx_tensor": block_ranges(kv_offset, tail_proj),
-        "kv_with_q_head_attn_idx_in_tail_tensor": block_ranges(tail_proj_offset, chunk * (head_id + 1)),
-        "kv_with_q_tail_attn_idx_in_tail_tensor": block_ranges(tail_proj_offset, tail_proj),
-    }
-    padded_total = int(layout.padded_tokens.sum())
-    return PcpStageMetadata(
-        pcp_rank=pcp_rank,
-        num_actual_tokens_pcp_padded=layout.rows_per_rank * pcp_size,
-        num_computed_tokens_of_pcp_dcp=cp_local_context_lens(context, pcp_size, interleave),
-        pcp_unpad_mask=layout.unpad_mask,
-        query_lens_pcp_full_cpu=scheduled.copy(),
-        max_query_len_pcp_full=int(scheduled.max()),
-        pcp_allgather_restore_idx=layout.allgather_restore_idx[:padded_total],
-        q_head_idx=q_head,
-        q_tail_idx=q_tail,
-        q_full_idx=np.argsort(np.concatenate([q_head, q_tail]), kind="stable"),
-        kv_idx=kv_idx,
-        attn_chunk_seqlens=chunk.copy(),
-        attn_mask_seqlens=np.cumsum(chunk).tolist(),
-        head_attn_nomask_seqlens=np.cumsum(chunk * head_id).tolist(),
-        tail_attn_nomask_seqlens=np.cumsum(chunk * tail_id).tolist(),
-        head_actual_seq_lengths_kv=np.cumsum(chunk * (head_id + 1)).tolist(),
-        tail_actual_seq_lengths_kv=np.cumsum(tail_proj).tolist(),
-    )
 
 
 def padded_slot_mapping(layout: ZigzagLayout, slot_mapping) -> np.ndarray:

@@ -10,12 +10,12 @@ from afd_split.pcp.stage import (
     PAD_TOKEN,
     check_pcp_stage_support,
     padded_slot_mapping,
-    stage_metadata,
     stage_rows,
     stage_tokens,
     token_ranks,
     zigzag_layout,
 )
+from afd_split.pcp.stage_metadata import stage_metadata
 from tests.support.pcp_helper_reference import (
     helper_layout,
     helper_metadata,

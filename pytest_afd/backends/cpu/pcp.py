@@ -43,6 +43,7 @@ from afd_split.plan.constraints import MIN_PCP_FOR_ZIGZAG
 from pytest_afd.backends.cpu.pcp_builders import (
     SFA_CP,
     RankPcpState,
+    StepPcp,
     build_rank,
     logical_slots,
 )
@@ -140,6 +141,7 @@ class PcpEmulation:
         (``pcp_stage_metadata``), which must agree across ranks."""
         per_rank, self.rank_builds = [], []
         stages = stage_tokens(self.plan, self.computed)
+        step = StepPcp.make(list(stages), self.computed, self.pcp)
         slots = np.asarray(metadata.slot_mapping, dtype=np.int64)
         for rank, relayout in enumerate(self.relayouts):
             positions = torch.from_numpy(relayout.stage_positions)
@@ -148,8 +150,8 @@ class PcpEmulation:
                                                positions, chunked_prefill=chunked_prefill))
             state = RankPcpState.make(self.builder_kind, self.pcp, self.plan.num_tokens,
                                       len(self.plan.token_counts))
-            self.rank_builds.append(build_rank(state, common, slots, self.computed,
-                                               per_rank[-1], list(stages), self.pcp, rank))
+            self.rank_builds.append(build_rank(state, common, slots, per_rank[-1], list(stages),
+                                               step, self.pcp, rank))
         full_slots = _agreed([logical_slots(self.parent, build.full_slots)
                               for build in self.rank_builds], "full-batch slots", -1)
         parts = split_metadata(self.plan, metadata)

@@ -33,7 +33,8 @@ from afd_split.hook.glue.builder_state import (
     own_stage_views,
     stage_written_buffers,
 )
-from afd_split.pcp.stage import PcpStageTokens, stage_metadata, zigzag_layout
+from afd_split.pcp.stage import PcpStageTokens, ZigzagLayout, zigzag_layout
+from afd_split.pcp.stage_metadata import stage_metadata_of_ranks
 
 SFA_CP = "sfa_cp"
 """DeepSeek V3.2's builder (``AscendSFACPMetadataBuilder``): the CPU model's."""
@@ -121,25 +122,38 @@ def changed_fields(before: dict, metadata) -> list[str]:
     return changed
 
 
-def _pcp_metadata(scheduled, computed, pcp: int, rank: int, request_start: int = 0,
-                  token_start: int = 0):
-    tokens = PcpStageTokens(0, request_start, token_start, np.asarray(scheduled, dtype=np.int64),
-                            np.asarray(computed, dtype=np.int64))
-    return stage_metadata(tokens, pcp, rank)
+@dataclass(frozen=True)
+class StepPcp:
+    """One step's PCP layouts and metadata on every rank, made once per step for all ranks
+    (each rank's arrays its own): the full batch's (``whole``: its global per-request
+    counts) and each stage's, the stage ``PcpStageTokens`` scheduled alone."""
+
+    layout: ZigzagLayout
+    full: tuple  # per rank: PcpStageMetadata of the full batch
+    stage_layouts: tuple[ZigzagLayout, ...]
+    stages: tuple[tuple, ...]  # per stage, per rank
+
+    @classmethod
+    def make(cls, stages: list, computed: np.ndarray, pcp: int) -> StepPcp:
+        whole = _whole_counts(stages)
+        layout = zigzag_layout(whole, pcp)
+        full = PcpStageTokens(0, 0, 0, whole, np.asarray(computed, dtype=np.int64))
+        stage_layouts = tuple(zigzag_layout(stage.num_scheduled_tokens, pcp) for stage in stages)
+        return cls(layout, stage_metadata_of_ranks(full, pcp, layout=layout), stage_layouts,
+                   tuple(stage_metadata_of_ranks(stage, pcp, layout=stage_layout)
+                         for stage, stage_layout in zip(stages, stage_layouts, strict=True)))
 
 
-def build_rank(state: RankPcpState, common, slots: np.ndarray, computed: np.ndarray,
-               stage_commons: list, stages: list, pcp: int, rank: int) -> RankBuild:
+def build_rank(state: RankPcpState, common, slots: np.ndarray, stage_commons: list,
+               stages: list, step: StepPcp, pcp: int, rank: int) -> RankBuild:
     """The full batch, then the stages, on one rank (``stages``: ``PcpStageTokens``)."""
-    whole = _whole_counts(stages)
-    layout = zigzag_layout(whole, pcp)
+    layout = step.layout
     pad = state.pcp_manager.pad_buffer
-    # One per step, as the runner's PCP manager makes it; both full builds read it.
-    full_pcp = _pcp_metadata(whole, computed, pcp, rank)
 
     def full_common():
         full = copy.copy(common)
-        full.prefill_context_parallel_metadata = full_pcp
+        # One per step, as the runner's PCP manager makes it; both full builds read it.
+        full.prefill_context_parallel_metadata = step.full[rank]
         full.slot_mapping = pad.padded(layout.rows_per_rank, layout.rows_per_rank, pcp,
                                        layout.unpad_mask, slots)
         return full
@@ -150,12 +164,10 @@ def build_rank(state: RankPcpState, common, slots: np.ndarray, computed: np.ndar
     buffers = stage_written_buffers(builders, state.pcp_manager)
     with preserved_state(*builder_state_targets(builders, buffers)):
         full_common()  # the stage build's own _get_block_table_and_slot_mapping(0)
-        for index, (stage_common, stage) in enumerate(zip(stage_commons, stages, strict=True)):
-            stage_layout = zigzag_layout(stage.num_scheduled_tokens, pcp)
+        for index, (stage_common, stage, stage_layout) in enumerate(
+                zip(stage_commons, stages, step.stage_layouts, strict=True)):
             stage_cm = copy.copy(stage_common)
-            stage_cm.prefill_context_parallel_metadata = _pcp_metadata(
-                stage.num_scheduled_tokens, stage.num_computed_tokens, pcp, rank,
-                stage.request_start, stage.token_start)
+            stage_cm.prefill_context_parallel_metadata = step.stages[index][rank]
             stage_slots = slots[stage.token_start:stage.token_start + stage.num_tokens]
             stage_cm.slot_mapping = pad.padded(stage_layout.rows_per_rank,
                                                stage_layout.rows_per_rank, pcp,
