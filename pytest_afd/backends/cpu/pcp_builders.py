@@ -107,8 +107,18 @@ def full_batch_fields(metadata) -> dict:
     return {
         "slot_mapping": metadata.slot_mapping.clone(),
         "positions": metadata.positions.clone(),
-        "pcp": {name: np.array(value, copy=True) for name, value in vars(pcp).items()},
+        "pcp": dict(_array_copies(vars(pcp))),
     }
+
+
+def _array_copies(fields: dict, prefix: str = ""):
+    """``(name, copy)`` of every field; a dict's entries one by one (``kv_idx.<name>``), so
+    an index list changed in place is seen (a copied dict would hold the same arrays)."""
+    for name, value in fields.items():
+        if isinstance(value, dict):
+            yield from _array_copies(value, f"{prefix}{name}.")
+        else:
+            yield f"{prefix}{name}", np.array(value, copy=True)
 
 
 def changed_fields(before: dict, metadata) -> list[str]:
