@@ -17,12 +17,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from test_plugin_hardening import AFD_ENV
-from test_plugin_pytester import FAKE_CONFTEST, FAST
 
 from pytest_afd.plugin import EXIT_RESULTS_UNWRITABLE
 from tests.support.fork_server import ForkServer
 from tests.support.forked_pytest import PYTEST_TIMEOUT_S, runpytest_forked
+from tests.support.plugin_pytester import AFD_ENV, FAKE_CONFTEST, FAST
 
 pytest_plugins = ["pytester"]
 

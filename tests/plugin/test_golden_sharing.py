@@ -147,8 +147,7 @@ def test_tokens(golden):
 
 def test_the_golden_fixture_names_the_manifest_fields_of_another_run(pytester, monkeypatch):
     """Through the plugin: recorded under one --afd-model, checked under another."""
-    from test_plugin_hardening import AFD_ENV
-    from test_plugin_pytester import FAKE_CONFTEST, FAST
+    from tests.support.plugin_pytester import AFD_ENV, FAKE_CONFTEST, FAST
 
     for name in AFD_ENV:
         monkeypatch.delenv(name, raising=False)

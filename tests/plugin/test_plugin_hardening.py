@@ -11,26 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from test_plugin_pytester import FAKE_CONFTEST, FAST
 
 from tests.support.forked_pytest import runpytest_forked
+from tests.support.plugin_pytester import FAST
 
 pytest_plugins = ["pytester"]
-
-AFD_ENV = ("AFD_NPU_TOPOLOGY", "AFD_BACKEND", "AFD_RESULTS_DIR", "AFD_REPEATS", "AFD_ROUTING",
-           "AFD_REQUIRE_HARDWARE", "AFD_NUM_NODES", "AFD_PROFILE", "AFD_CPU_PROCESSES", "AFD_SEED",
-           "AFD_WARMUPS", "AFD_TOPOLOGY_ALIASES", "AFD_DEVICES_PER_NODE", "AFD_GOLDEN_DIR",
-           "FAKE_UNAVAILABLE")
-
-
-@pytest.fixture
-def fake(pytester, monkeypatch, tmp_path):
-    monkeypatch.setenv("FAKE_CLOSED_FILE", str(tmp_path / "closed.txt"))
-    for name in AFD_ENV:
-        monkeypatch.delenv(name, raising=False)
-    pytester.makeconftest(FAKE_CONFTEST)
-    return pytester
-
 
 # Collected in this order, xdist's load scheduling hands the first worker
 # test_a then test_c: it writes one result, then dies.

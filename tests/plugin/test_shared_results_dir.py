@@ -15,8 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_plugin_hardening import AFD_ENV
-from test_plugin_pytester import FAKE_CONFTEST
 
 from pytest_afd.report.loading import load_results
 from pytest_afd.shared_results import (
@@ -27,6 +25,7 @@ from pytest_afd.shared_results import (
     session_is_live,
     write_claimed_result,
 )
+from tests.support.plugin_pytester import AFD_ENV, FAKE_CONFTEST
 
 SESSION_TIMEOUT_S = 300
 CASE_ID = "test_shared.py::test_case"

@@ -17,7 +17,6 @@ import itertools
 import os
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -31,7 +30,15 @@ from afd_split.checks.support import (
 )
 from afd_split.hook.planning.engine_step import agreement_enabled
 from pytest_afd.backends.cpu.afd.cores import cpu_affinity, default_threads_per_rank
-from pytest_afd.backends.cpu.afd.evidence import Span, as_spans
+from pytest_afd.backends.cpu.afd.forward_step import (
+    QUANTIZATION_NONE,
+    ROUTING_NATURAL,
+    AfdForwardResult,
+    StepOptions,
+    check_fault,
+    forward_messages,
+    forward_results,
+)
 from pytest_afd.backends.cpu.afd.procs import ProcessGroupHandle
 from pytest_afd.backends.cpu.afd.protocol import (
     ADDRESS_IN_USE,
@@ -41,15 +48,8 @@ from pytest_afd.backends.cpu.afd.protocol import (
     AfdRankFailure,
     RankSpec,
 )
-from pytest_afd.backends.cpu.afd.rank import (
-    COMMAND_COPY_KV,
-    COMMAND_FORWARD,
-    COMMAND_RESET_KV,
-    FAULT_MODES,
-    RankLayout,
-)
+from pytest_afd.backends.cpu.afd.rank import COMMAND_COPY_KV, COMMAND_RESET_KV, RankLayout
 from pytest_afd.backends.cpu.afd.roles import make_role
-from pytest_afd.backends.cpu.afd.step_evidence import step_evidence
 from pytest_afd.backends.cpu.config import ModelConfig
 
 DEFAULT_STARTUP_TIMEOUT_S = 180.0
@@ -59,23 +59,6 @@ STEP_TIMEOUT_MARGIN_S = 5.0
 """The parent's bound outlasts the ranks' own peer waits, so their message (naming the peer) wins."""
 
 MIN_NICE, MAX_NICE = -20, 19  # Linux scheduling niceness range
-
-QUANTIZATION_NONE = "none"
-ROUTING_NATURAL = "natural"
-
-
-@dataclass
-class AfdForwardResult:
-    """One AFD forward: per-token final hidden rows, the requested logits rows, evidence."""
-
-    hidden: np.ndarray  # [T, hidden] real rows in logical order (before the final norm)
-    logits: np.ndarray  # [len(logits_rows) or T, vocab]
-    expert_load: list[list[int]]  # per MoE layer, real tokens routed to each expert
-    padding_routed_rows: int = 0  # padding rows that went through the experts (all MoE layers)
-    evidence: dict[str, Any] = field(default_factory=dict)
-    wall_time_s: float = 0.0
-    # Instrumented runs: every rank's raw spans by global rank (Attention ranks first).
-    spans: dict[int, list[Span]] = field(default_factory=dict)
 
 
 class AfdRuntime:
@@ -273,78 +256,36 @@ class AfdRuntime:
                 f"got {len(batches)} batches for {self.topology.num_attention} Attention rank(s)"
             )
         if fault is not None:
-            _check_fault(fault, self.topology.num_ffn)
-        step = next(self._steps)
-        # Debug mode: every rank agrees on every Attention rank's plan, in rank order.
-        agreement = [batch[2] for batch in batches] if self.check_agreement else None
-        messages: dict[int, Any] = {}
-        for rank, (input_ids, metadata, plan, logits_rows) in zip(
-            self.attention_ranks, batches, strict=True
-        ):
-            ids = _check_batch(input_ids, metadata, plan)
-            rows = None if logits_rows is None else np.asarray(logits_rows, dtype=np.int64)
-            messages[rank] = (
-                COMMAND_FORWARD,
-                {
-                    "step": step,
-                    "input_ids": ids,
-                    "metadata": metadata,
-                    "plan": plan,
-                    "instrument": instrument,
-                    "trace_dir": self.trace_dir if instrument else None,
-                    "quantization": quantization,
-                    "routing": routing,
-                    "logits_rows": rows,
-                    "stage_dense_layers": stage_dense_layers,
-                    "agreement_plans": agreement,
-                },
-            )
-        for ffn_index, rank in enumerate(self.ffn_ranks):
-            rank_fault = fault if fault is not None and fault["ffn_rank"] == ffn_index else None
-            messages[rank] = (
-                COMMAND_FORWARD,
-                {
-                    "step": step,
-                    "instrument": instrument,
-                    "trace_dir": self.trace_dir if instrument else None,
-                    "quantization": quantization,
-                    "routing": routing,
-                    "fault": rank_fault,
-                    "agreement_plans": agreement,
-                },
-            )
-        replies = self._group.request(messages, self.step_timeout_s)
-        spans = {rank: as_spans(rank, replies[rank]["spans"]) for rank in replies}
-        starts = [replies[r]["step_start"] for r in self.attention_ranks]
-        ends = [replies[r]["step_end"] for r in self.attention_ranks]
-        evidence = step_evidence(
-            topology=self.topology,
-            spans=spans,
-            plans=[batch[2] for batch in batches],
-            expert_loads=[replies[r]["expert_load"] for r in self.attention_ranks],
-            ffn_routed_rows={r: replies[r]["routed_rows"] for r in self.ffn_ranks},
-            step_time_s=max(ends) - min(starts),
-            instrumented=instrument,
-            cpu_time_s={r: replies[r]["cpu_time_s"] for r in replies},
-            involuntary_switches={r: replies[r]["involuntary_switches"] for r in replies},
+            check_fault(fault, self.topology.num_ffn)
+        options = StepOptions(
+            step=next(self._steps),
+            instrument=instrument,
+            trace_dir=self.trace_dir if instrument else None,
+            quantization=quantization,
+            routing=routing,
+            stage_dense_layers=stage_dense_layers,
+            # Debug mode: every rank agrees on every Attention rank's plan, in rank order.
+            agreement_plans=[batch[2] for batch in batches] if self.check_agreement else None,
         )
-        # What each rank agreed on (debug mode), or None: the agreement did not run.
-        evidence["agreed_fingerprints"] = {
-            self._group.spec(rank).name: replies[rank]["agreed_fingerprints"] for rank in replies
-        } if agreement is not None else None
-        return [
-            AfdForwardResult(
-                hidden=replies[rank]["hidden"],
-                logits=replies[rank]["logits"],
-                expert_load=replies[rank]["expert_load"],
-                padding_routed_rows=sum(u.num_padded_tokens for u in plan.ubatches)
-                * len(self.config.moe_layer_indices),
-                evidence=evidence,
-                wall_time_s=replies[rank]["step_end"] - replies[rank]["step_start"],
-                spans=spans if instrument else {},
-            )
-            for rank, (_, _, plan, _) in zip(self.attention_ranks, batches, strict=True)
-        ]
+        messages = forward_messages(
+            batches,
+            options,
+            attention_ranks=self.attention_ranks,
+            ffn_ranks=self.ffn_ranks,
+            fault=fault,
+        )
+        replies = self._group.request(messages, self.step_timeout_s)
+        return forward_results(
+            replies,
+            batches,
+            topology=self.topology,
+            attention_ranks=self.attention_ranks,
+            ffn_ranks=self.ffn_ranks,
+            rank_names={rank: self._group.spec(rank).name for rank in replies},
+            num_moe_layers=len(self.config.moe_layer_indices),
+            instrument=instrument,
+            agreement_checked=options.agreement_plans is not None,
+        )
 
     def copy_kv_slots(self, src, dst, *, block_size: int, attention_rank: int = 0) -> None:
         """``PagedKVCache.copy_slots`` on an Attention rank's cache (BlockPool's partial prefix block).
@@ -380,33 +321,3 @@ class AfdRuntime:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-
-def _check_batch(input_ids, metadata: BatchMetadata, plan: SplitPlan) -> np.ndarray:
-    """Reject a batch whose ids, metadata and plan disagree, before any rank sees it."""
-    ids = np.asarray(input_ids, dtype=np.int64)
-    if ids.ndim != 1:
-        raise ValueError(f"input_ids must be 1-D token ids, got shape {ids.shape}")
-    if ids.shape[0] != metadata.num_tokens:
-        raise ValueError(
-            f"input_ids has {ids.shape[0]} tokens but metadata has {metadata.num_tokens}"
-        )
-    if plan.num_tokens != metadata.num_tokens:
-        raise ValueError(
-            f"plan covers {plan.num_tokens} tokens but metadata has {metadata.num_tokens}"
-        )
-    scheduled = tuple(np.diff(np.asarray(metadata.query_start_loc)).tolist())
-    if plan.num_scheduled_tokens != scheduled:
-        raise ValueError(
-            f"plan's per-request tokens {plan.num_scheduled_tokens} differ from the "
-            f"metadata's {scheduled}"
-        )
-    return ids
-
-
-def _check_fault(fault: dict, num_ffn: int) -> None:
-    if fault.get("mode") not in FAULT_MODES:
-        raise ValueError(f"fault mode {fault.get('mode')!r}; expected one of {FAULT_MODES}")
-    if not 0 <= fault.get("ffn_rank", -1) < num_ffn:
-        raise ValueError(f"fault ffn_rank {fault.get('ffn_rank')!r}; expected 0..{num_ffn - 1}")
-    if not isinstance(fault.get("layer"), int):
-        raise ValueError(f"fault layer {fault.get('layer')!r}; expected a layer index")
