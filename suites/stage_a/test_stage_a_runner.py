@@ -7,113 +7,16 @@ instrumented runs never feed headline metrics, and a missing capability skips.
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
+from scripted_backend import INSTRUMENTED_WALL_S, MEASURED_WALL_S
 
 from pytest_afd.backends.base import (
     CAP_INSTRUMENTATION,
     CAP_PREFIX_CACHE,
     CAP_SPLIT,
-    RequestOutput,
-    RunOutputs,
     RunSettings,
 )
-from pytest_afd.results import build_result, validate_result
 from pytest_afd.workloads import make_workload
-
-INSTRUMENTED_WALL_S = 4.0
-MEASURED_WALL_S = 2.0
-
-
-class ScriptedBackend:
-    """Records every call; one forward step per run, split in two equal ubatches."""
-
-    name = "scripted"
-
-    def __init__(self, capabilities, report_steps=True):
-        self.capabilities = frozenset(capabilities)
-        self.report_steps = report_steps
-        self.calls: list[tuple[str, object]] = []
-
-    def run(self, prompts, settings):
-        self.calls.append(("run", (len(prompts), settings.instrument)))
-        total = sum(p.num_prompt_tokens for p in prompts)
-        half = total // 2
-        return RunOutputs(
-            requests=[
-                RequestOutput(p.request_id, p.num_prompt_tokens, 0, next_token=0, ttft_s=0.5)
-                for p in prompts
-            ],
-            steps=[
-                {
-                    "policy": settings.split_policy,
-                    "split_token": half,
-                    "ubatches": [
-                        {"num_real_tokens": half, "num_padded_tokens": 0},
-                        {"num_real_tokens": total - half, "num_padded_tokens": 0},
-                    ],
-                    "imbalance": abs(total - 2 * half) / total,
-                }
-            ]
-            if self.report_steps
-            else [],
-            expert_load=[],
-            timings={"layers": [{"attention": 0.1}]} if settings.instrument else {},
-            wall_time_s=INSTRUMENTED_WALL_S if settings.instrument else MEASURED_WALL_S,
-        )
-
-    def reset_prefix_cache(self):
-        self.calls.append(("reset", None))
-
-    def describe(self):
-        return {}
-
-    def close(self):
-        pass
-
-
-class CollectingWriter:
-    """A result writer that validates and keeps documents instead of writing files."""
-
-    def __init__(self):
-        self.docs = []
-
-    def build(self, *, case_suffix, **fields):
-        # Like the plugin's writer: the session protocol unless the case gives its own.
-        fields.setdefault(
-            "protocol", {"seed": 0, "warmups": 1, "repetitions": 3, "run_order": "interleaved"}
-        )
-        return build_result(
-            case_id=f"runner-test/{case_suffix}", case_kind="stage_a", backend="scripted", **fields
-        )
-
-    def write(self, doc):
-        validate_result(doc)
-        self.docs.append(doc)
-        return None
-
-
-@pytest.fixture
-def make_runner(stage_helpers, afd_options, afd_manifest, npu_topology):
-    def make(capabilities, report_steps=True, **option_changes):
-        backend = ScriptedBackend(capabilities, report_steps)
-        options = dataclasses.replace(
-            afd_options,
-            **{"warmups": 1, "repeats": 3, "run_order": "interleaved", "profile": False}
-            | option_changes,
-        )
-        handle = stage_helpers.BackendHandle(backend, afd_manifest, npu_topology, "reduced")
-        runner = stage_helpers.StageRunner(
-            handle=handle,
-            options=options,
-            writer=CollectingWriter(),
-            sizes=stage_helpers.StageSizes(1 / 64),
-            pool=None,
-        )
-        return runner, backend
-
-    return make
 
 
 def _cases(runner, **settings):

@@ -4,14 +4,14 @@ repetition by repetition in one session; both results written; the verdict compa
 from __future__ import annotations
 
 import pytest
-from test_stage_a_runner import CAP_PREFIX_CACHE, CAP_SPLIT, make_runner  # noqa: F401
 
 from pytest_afd import ab, conclusions
+from pytest_afd.backends.base import CAP_PREFIX_CACHE, CAP_SPLIT
 
 AB = ab.parse(["split_policy=request_boundary", "split_policy=token_balanced,chunk_size=64"])
 
 
-def test_each_case_runs_with_both_option_sets_alternately(make_runner):  # noqa: F811
+def test_each_case_runs_with_both_option_sets_alternately(make_runner):
     runner, backend = make_runner({CAP_SPLIT, CAP_PREFIX_CACHE})
     runner.ab = AB
     workload = runner.workload("uniform")

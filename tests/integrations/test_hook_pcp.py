@@ -17,7 +17,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 
 from afd_split import UnsupportedSplitError
 from afd_split.hook.facts.drift_guard import PATCH_MARKER, TOKEN_BALANCED_SPLIT
@@ -30,12 +29,12 @@ from afd_split.hook.planning.stages import HookSession, plan_stages
 from afd_split.hook.planning.worker_evidence import EvidenceWriter
 from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.stage import stage_tokens
+from tests.support.hook_pcp_runner import RELEASE, pcp_runner, session_factory
 from tests.support.hook_standins import BLOCK_SIZE, StandInUBatchSlice
 from tests.support.pcp_helper_reference import helper_metadata, helper_padded_slots
 from tests.support.pcp_runner_model import runner_batch
-from tests.support.pcp_standins import StandInPcpManager, block_tables
+from tests.support.pcp_standins import block_tables
 
-RELEASE = "release/v0.19.1rc1"
 PCP = 4
 GLOBAL_SCHEDULED = [96, 40, 120, 64]
 COMPUTED = [0, 32, 200, 16]  # requests of different cached lengths
@@ -49,42 +48,10 @@ CUT_CASES = [
 ]
 
 
-def _session_factory(evidence_dir, alignment, pcp_rank=1):
-    def new_session(runner) -> HookSession:
-        return HookSession(ranks=StepRanks(global_rank=0, pcp_rank=pcp_rank), groups=[],
-                           splitter=lambda *a: pytest.fail("PCP stages never reach the adapter"),
-                           writer=None if evidence_dir is None else EvidenceWriter(
-                               evidence_dir, "attention-rank0"),
-                           alignment=alignment,
-                           pcp_all_to_all=lambda rows, send, recv: pytest.fail(
-                               "no rows move while metadata is built"))
-
-    return new_session
-
-
-def _pcp_runner(seams, scheduled, computed, pcp, rank):
-    batch = runner_batch(scheduled, computed, pcp, rank, block_size=BLOCK_SIZE)
-    runner = seams.runner_class()
-    runner.use_cp = True
-    runner.afd_async_extra_info = SimpleNamespace(async_moe_split=TOKEN_BALANCED_SPLIT)
-    computed_tensor = torch.tensor(computed, dtype=torch.int32)
-    runner.input_batch = SimpleNamespace(num_computed_tokens_cpu_tensor=computed_tensor,
-                                         num_computed_tokens_cpu=computed_tensor.numpy(),
-                                         req_ids=[f"cmpl-q{i}-0" for i in range(len(scheduled))],
-                                         block_table=block_tables(batch.global_slots))
-    runner.cache_config = SimpleNamespace(block_size=BLOCK_SIZE)
-    runner.common = batch.common
-    runner.long_seq_metadata = "full-batch"
-    runner.pcp_manager = StandInPcpManager(pcp, rank)
-    runner.pcp_manager.init_batch_info(np.asarray(scheduled), len(scheduled))
-    runner.connector = SimpleNamespace()  # the plugin's connector (the expert-load recorder's home)
-    return runner, batch
-
-
 def _plan_step(seams, scheduled, computed, pcp, rank, evidence_dir=None):
-    install_deferred(new_session=_session_factory(
+    install_deferred(new_session=session_factory(
         evidence_dir, EngineAlignment(tp_size=1, sequence_parallel=False, pcp_size=pcp), rank))
-    runner, batch = _pcp_runner(seams, scheduled, computed, pcp, rank)
+    runner, batch = pcp_runner(seams, scheduled, computed, pcp, rank)
     rank_rows = np.array(batch.rank_rows, dtype=np.int32)  # what _prepare_inputs leaves
     kwargs = {"num_tokens": int(rank_rows.sum()), "num_tokens_padded": int(rank_rows.sum()),
               "num_reqs": len(scheduled), "num_scheduled_tokens_np": rank_rows,
@@ -230,7 +197,7 @@ def test_validator_rules_for_pcp():
 def test_validator_patch_accepts_pcp_only_on_the_release_seams(standin_plugin):
     for branch, accepted in ((RELEASE, True), ("main", False)):
         seams = standin_plugin(branch)
-        install_deferred(new_session=_session_factory(None, None))
+        install_deferred(new_session=session_factory(None, None))
         validate = seams.validation_module._fail_if_unsupported_npu_async_moe_ubatching_features
         if accepted:
             validate(_config(8), GATE, num_ubatches=2, split=TOKEN_BALANCED_SPLIT)
@@ -305,7 +272,7 @@ def test_a_drifted_stage_pcp_rebuild_refuses_pcp_at_start(standin_plugin):
         return method(self, *args, **kwargs)
 
     seams.runner_class._build_attention_metadata_with_ubatches = drifted
-    install_deferred(new_session=_session_factory(None, None))
+    install_deferred(new_session=session_factory(None, None))
     validate = seams.validation_module._fail_if_unsupported_npu_async_moe_ubatching_features
     with pytest.raises(RuntimeError, match="per-stage PCP rebuild drifted"):
         validate(_config(8), GATE, num_ubatches=2, split=TOKEN_BALANCED_SPLIT)
@@ -315,8 +282,8 @@ def test_a_drifted_stage_pcp_rebuild_refuses_pcp_at_start(standin_plugin):
 def test_pcp_with_sequence_parallelism_fails_closed_naming_it(standin_plugin, tmp_path):
     seams = standin_plugin(RELEASE)
     alignment = EngineAlignment(tp_size=2, sequence_parallel=True, pcp_size=PCP)
-    install_deferred(new_session=_session_factory(tmp_path, alignment))
-    runner, batch = _pcp_runner(seams, GLOBAL_SCHEDULED, COMPUTED, PCP, 1)
+    install_deferred(new_session=session_factory(tmp_path, alignment))
+    runner, batch = pcp_runner(seams, GLOBAL_SCHEDULED, COMPUTED, PCP, 1)
     rank_local = np.array(batch.rank_rows, dtype=np.int32)
     kwargs = {"num_tokens": int(rank_local.sum()), "num_tokens_padded": int(rank_local.sum()),
               "num_reqs": 4, "num_scheduled_tokens_np": rank_local, "ubatch_slices": None}
@@ -356,13 +323,13 @@ def test_deferred_validator_judges_pcp_from_the_runner_loaded_when_it_runs(stand
     for branch, accepted in ((RELEASE, True), ("main", False)):
         seams = standin_plugin(branch)
         monkeypatch.delitem(sys.modules, RUNNER_MODULE)  # the runner module is not loaded yet
-        install_deferred(new_session=_session_factory(None, None))
+        install_deferred(new_session=session_factory(None, None))
         validate = seams.validation_module._fail_if_unsupported_npu_async_moe_ubatching_features
         assert getattr(validate, PATCH_MARKER) == VALIDATOR
         with pytest.raises(RuntimeError, match="runner module is not loaded"):
             validate(_config(8), GATE, num_ubatches=2, split=TOKEN_BALANCED_SPLIT)
         monkeypatch.setitem(sys.modules, RUNNER_MODULE, seams.runner_module)  # the runner loads
-        install_deferred(new_session=_session_factory(None, None))  # as the import hook does
+        install_deferred(new_session=session_factory(None, None))  # as the import hook does
         planner = vars(seams.runner_class)["_build_attention_metadata_with_async_moe_ubatches"]
         assert getattr(planner, PATCH_MARKER) == PLANNER
         if accepted:

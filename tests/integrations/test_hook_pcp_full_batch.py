@@ -14,18 +14,10 @@ fault moves the full batch.
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import pytest
 import torch
-from test_hook_pcp import RELEASE, _pcp_runner, _session_factory
 
-from afd_split.engine.standin_builders import (
-    StandInAttentionGroup,
-    StandInMlaCpBuilder,
-    StandInSfaCpBuilder,
-)
 from afd_split.hook.glue.builder_state import (
     metadata_builders,
     stage_written_buffers,
@@ -35,7 +27,13 @@ from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.stage import stage_tokens, zigzag_layout
 from pytest_afd.backends.cpu.pcp_builders import changed_fields, full_batch_fields
 from pytest_afd.faults import get_fault
-from tests.support.pcp_standins import MAX_NUM_TOKENS
+from tests.support.hook_pcp_runner import (
+    RELEASE,
+    configure_builders,
+    global_slots,
+    pcp_runner,
+    session_factory,
+)
 
 FULL_BATCH_CASES = [
     # (scheduled, computed, pcps): the issue's examples (lost slots per rank before the fix:
@@ -51,13 +49,6 @@ BUILDER_FAULTS = {"sfa_cp": "stage_build_shares_builder_slot_buffer",
                   "mla_cp": "pcp_padded_slot_buffer_reused"}
 
 
-def _builders(kind: str, pcp: int) -> list:
-    if kind == "sfa_cp":
-        return [StandInSfaCpBuilder(max_num_batched_tokens=MAX_NUM_TOKENS, max_num_seqs=32,
-                                    pcp_size=pcp) for _ in range(2)]
-    return [StandInMlaCpBuilder(pcp_size=pcp) for _ in range(2)]
-
-
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(("scheduled", "computed", "pcps"), FULL_BATCH_CASES, ids=CASE_IDS)
 def test_stage_builds_leave_the_full_batch_bit_identical(standin_plugin, kind, scheduled,
@@ -69,7 +60,7 @@ def test_stage_builds_leave_the_full_batch_bit_identical(standin_plugin, kind, s
             assert changed_fields(before, full) == [], (pcp, rank)
             plan = runner._afd_async_moe_ubatch_metadata["ubatch_slices"].plan
             assert plan.boundary_request is not None
-            slots = _global_slots(runner)
+            slots = global_slots(runner)
             for stage, built in zip(stage_tokens(plan, computed), stages, strict=True):
                 layout = zigzag_layout(stage.num_scheduled_tokens, pcp)
                 own = slots[stage.token_start:stage.token_start + stage.num_tokens]
@@ -91,19 +82,15 @@ def test_each_builder_fault_moves_the_full_batch(standin_plugin, kind, scheduled
         assert all("slot_mapping" in fields for fields in moved), (pcp, moved)
 
 
-def _global_slots(runner) -> np.ndarray:
-    return runner.input_batch.block_table[0].slot_mapping.gpu.numpy()
-
-
 def _built(standin_plugin, kind, scheduled, computed, pcp, rank, *, fail_stage_1=False,
            captured=None):
     """The planner patch's step on ``rank``; (runner, full metadata, its fields before the
     stage build, the stage metadata)."""
     seams = standin_plugin(RELEASE)
-    install_deferred(new_session=_session_factory(
+    install_deferred(new_session=session_factory(
         None, EngineAlignment(tp_size=1, sequence_parallel=False, pcp_size=pcp), rank))
-    runner, batch = _pcp_runner(seams, scheduled, computed, pcp, rank)
-    _configure(runner, kind, scheduled, pcp)
+    runner, batch = pcp_runner(seams, scheduled, computed, pcp, rank)
+    configure_builders(runner, kind, scheduled, pcp)
     captured = {} if captured is None else captured
     captured["runner"] = runner
     if fail_stage_1:
@@ -140,27 +127,6 @@ def _built(standin_plugin, kind, scheduled, computed, pcp, rank, *, fail_stage_1
     assert full is captured["full"]  # the planner hands back upstream's full batch
     stages = runner._afd_async_moe_ubatch_metadata["attn_metadata"]
     return runner, full, captured["before"], stages
-
-
-def _configure(runner, kind, scheduled, pcp):
-    """Builders, the PCP manager's full-batch mask, and the full batch's padded slots."""
-    slots = torch.from_numpy(_global_slots(runner)[:int(np.sum(scheduled))].copy())
-    manager = runner.pcp_manager
-    manager.update_tokens_for_pcp(np.asarray(scheduled), None)
-    rows = int(runner.common.num_actual_tokens)
-    runner.attn_groups = [[StandInAttentionGroup(_builders(kind, pcp))]]
-
-    def full_batch_slots():
-        return manager.get_padded_slot_mapping(rows, rows, slots, 0)
-
-    def full_batch_common():
-        full = copy.copy(runner.common)
-        full.slot_mapping = full_batch_slots()
-        return full
-
-    runner.full_batch_slots = full_batch_slots
-    runner.full_batch_common = full_batch_common
-
 
 
 @pytest.mark.parametrize("kind", KINDS)

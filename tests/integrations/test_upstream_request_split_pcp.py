@@ -29,8 +29,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from test_hook_pcp import RELEASE, _pcp_runner
-from test_hook_pcp_full_batch import _configure
 
 from afd_split import plan_split
 from afd_split.engine.state import preserved_state
@@ -44,6 +42,7 @@ from afd_split.hook.planning.engine_step import StepRanks
 from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.stage import zigzag_layout
 from pytest_afd.backends.cpu.pcp_builders import changed_fields, full_batch_fields, logical_slots
+from tests.support.hook_pcp_runner import RELEASE, configure_builders, pcp_runner
 
 REQUEST_SPLIT_CASES = [
     # (scheduled, computed, pcp): prefills of different cached lengths; one request a
@@ -87,8 +86,8 @@ def _upstream_request_step(standin_plugin, monkeypatch, kind, scheduled, compute
     Returns (full metadata, its fields before the stage build); ``captured`` gets the
     runner, its rank rows and the stage slices."""
     seams = standin_plugin(RELEASE)  # no hook installed: the plugin alone
-    runner, batch = _pcp_runner(seams, scheduled, computed, pcp, rank)
-    _configure(runner, kind, scheduled, pcp)
+    runner, batch = pcp_runner(seams, scheduled, computed, pcp, rank)
+    configure_builders(runner, kind, scheduled, pcp)
     monkeypatch.setattr(seams.runner_module, "split_attn_metadata",
                         lambda slices, common, _: [_stage_common(common, s) for s in slices],
                         raising=True)

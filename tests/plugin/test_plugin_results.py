@@ -7,23 +7,11 @@ import os
 import pytest
 
 from pytest_afd import results
-from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
+from pytest_afd.backends.base import RunSettings
 from pytest_afd.manifest import collect_manifest, manifest_digest
 from pytest_afd.stats import run_repeated
 from pytest_afd.topology import parse_topology
-
-PROTOCOL = {"seed": 0, "warmups": 1, "repetitions": 3, "run_order": "interleaved",
-            "instrumented": False, "routing": "natural"}
-
-
-def make_outputs(wall=0.5):
-    steps = [{"policy": "token_balanced", "split_token": 80, "imbalance": 0.0,
-              "ubatches": [{"num_real_tokens": 80, "num_padded_tokens": 0},
-                           {"num_real_tokens": 80, "num_padded_tokens": 16}]}]
-    requests = [RequestOutput("a", 100, 20, 5, ttft_s=0.1), RequestOutput("b", 60, 0, 3, ttft_s=0.2),
-                RequestOutput("c", 40, 0, 0, error="boom")]
-    return RunOutputs(requests=requests, steps=steps, expert_load=[[1, 2, 3, 4, 5, 6, 7, 8]],
-                      wall_time_s=wall)
+from tests.support.result_data import PROTOCOL, make_outputs
 
 
 @pytest.fixture(scope="module")

@@ -26,6 +26,7 @@ from pytest_afd.shared_results import (
     write_claimed_result,
 )
 from tests.support.plugin_pytester import AFD_ENV, FAKE_CONFTEST
+from tests.support.result_data import PROTOCOL, make_outputs
 
 SESSION_TIMEOUT_S = 300
 CASE_ID = "test_shared.py::test_case"
@@ -115,8 +116,6 @@ def test_two_sessions_on_one_results_dir_keep_their_own_outcomes(tmp_path):
 
 
 def _doc(session_id: str, note: str) -> dict:
-    from test_plugin_results import PROTOCOL, make_outputs
-
     from pytest_afd import results
     from pytest_afd.backends.base import RunSettings
     from pytest_afd.manifest import collect_manifest
