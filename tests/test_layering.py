@@ -1,5 +1,6 @@
 """Layering rules from the design: afd_split stays framework-neutral."""
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -78,3 +79,26 @@ VIOLATIONS = {
 def test_an_import_that_breaks_a_contract_fails_the_linter(tmp_path, violation):
     """One wrong-way import in a copy of the tree: the same config reports that contract broken."""
     assert_violation_reported(tmp_path, *VIOLATIONS[violation])
+
+
+def _test_module_imports(path: Path) -> list[str]:
+    """``file:line module`` of every import of a test module (``test_*``) in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        found += [f"{path}:{node.lineno} {name}" for name in names
+                  if name.rsplit(".", 1)[-1].startswith("test_")]
+    return found
+
+
+def test_test_helpers_come_from_support_modules_not_from_other_tests(tmp_path):
+    """Helpers are imported one way: tests/support, a suite's helper module, or a conftest
+    fixture; never one test module from another (a test function it names runs twice)."""
+    found = [use for root in ("tests", "suites") for path in sorted((REPO_ROOT / root).rglob("*.py"))
+             for use in _test_module_imports(path)]
+    assert not found, f"test modules imported by other modules: {found}"
+    seeded = tmp_path / "test_seeded.py"
+    seeded.write_text("from test_other import helper\nimport tests.plugin.test_x\n")
+    assert [use.split(" ")[1] for use in _test_module_imports(seeded)] == [
+        "test_other", "tests.plugin.test_x"]
