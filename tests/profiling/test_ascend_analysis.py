@@ -20,8 +20,17 @@ LOAD = [[10, 12], [8, 20]]
 
 
 @pytest.fixture(scope="module")
-def profile():
-    return ascend.analyse(ROLE_DIRS, expert_load_per_rank=LOAD)
+def profile(fixture_analysis_session):
+    """``ascend.analyse`` with the expert load, on the session's real msprof-analyze output."""
+    with fixture_analysis_session.reusing():
+        return ascend.analyse(ROLE_DIRS, expert_load_per_rank=LOAD)
+
+
+def test_reused_msprof_output_gives_the_real_analysis(reused_msprof):
+    """The shared output stands in only for identical trees, and yields the real profile."""
+    assert ascend.analyse(ROLE_DIRS) == reused_msprof.profile
+    assert reused_msprof.reused == [ROLE_DIRS["attention"], ROLE_DIRS["ffn"]]
+    assert reused_msprof.kept_output(DATA) is None
 
 
 def test_fixtures_are_generated():
