@@ -25,6 +25,7 @@ from pytest_afd.backends.vllm_ascend.deployments import (
 )
 from pytest_afd.serving.http_backend import cpu_server_spec, server_side_settings
 from pytest_afd.serving.lifecycle import ServerGroup
+from tests.support.inner_pytest import UNRELATED_PLUGINS
 
 pytest_plugins = ["pytester"]
 
@@ -285,7 +286,8 @@ def test_two(afd_backend):
 # -- the listing ---------------------------------------------------------------------------------
 def test_list_deployments_for_stage_a_runs_nothing(tmp_path, no_deployment):
     completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "stage_a", "suites/stage_a",
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *UNRELATED_PLUGINS,
+         "-m", "stage_a", "suites/stage_a",
          "--afd-backend", "vllm-ascend", "--npu-topology", TOPOLOGY, "--afd-devices-per-node", "16",
          "--afd-stage-scale", "1/64", "--afd-list-deployments", "--afd-results-dir", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=600, check=False,

@@ -19,6 +19,7 @@ import pytest
 from pytest_afd.backends.base import RunSettings
 from pytest_afd.serving.http_backend import cpu_server_spec
 from pytest_afd.serving.lifecycle import ManagedServer
+from tests.support.inner_pytest import UNRELATED_PLUGINS
 
 REPO = Path(__file__).resolve().parents[2]
 TOPOLOGY = "dp3pcp8-ep8"
@@ -35,7 +36,8 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def pytest_run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs", *args],
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                           *UNRELATED_PLUGINS, "-rs", *args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=3000,
                           check=False)
 

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.inner_pytest import UNRELATED_PLUGINS
+
 pytest_plugins = ["pytester"]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,7 +75,7 @@ def test_gate_skip_reasons_name_what_differs(tmp_path):
     env = {key: value for key, value in os.environ.items() if key not in ATTACH_VARIABLES}
     env["PYTHONPATH"] = str(REPO)
     completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs", "-q",
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *UNRELATED_PLUGINS, "-rs", "-q",
          "suites/gates/test_gate_1_token_split.py::test_gate_1_afd_runtime_split_matches_unsplit",
          "suites/gates/test_gate_4_full_natural.py", "--afd-backend", "vllm-ascend",
          "--npu-topology", "dp3pcp8-ep8", "--afd-results-dir", str(tmp_path)],
@@ -130,7 +132,7 @@ def test_runs_once(afd_backend, case):
     afd_backend.run([], None)
 """)
     result = pytester.runpytest("--afd-backend", "vllm-ascend", "-n", "2", "-p", "no:cacheprovider",
-                                "-p", "no:benchmark")
+                                *UNRELATED_PLUGINS)
     assert result.ret == 0
     result.stdout.fnmatch_lines(["*0 cases measured on hardware*; 4 ran on a pytest-afd server*"])
     assert summary_of(pytester)["hardware"]["cases_on_stand_in"] == 4

@@ -34,6 +34,7 @@ from pytest_afd.backends.vllm_ascend.backend import (
 from pytest_afd.serving.http_backend import cpu_server_spec
 from pytest_afd.serving.lifecycle import ManagedServer
 from pytest_afd.topology import parse_topology
+from tests.support.inner_pytest import UNRELATED_PLUGINS
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +87,8 @@ def run_gates(tmp_path: Path, name: str, phase: str, server: ManagedServer,
     env.pop(FAULT_ENV, None)
     # As documented: the served model name ("reduced") is read from the deployment's /v1/models.
     env.pop(ENV_SERVED_MODEL_NAME, None)
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-m", "gate", "-k",
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *UNRELATED_PLUGINS,
+               "-m", "gate", "-k",
                "not w8a8", "-rs", *GATES, "--afd-backend", "vllm-ascend", "--npu-topology",
                TOPOLOGY, "--afd-reference-phase", phase, "--afd-golden-dir",
                str(tmp_path / "golden"), "--afd-results-dir", str(results),

@@ -11,6 +11,7 @@ import pytest
 
 from pytest_afd import results
 from tests.support.forked_pytest import runpytest_forked
+from tests.support.inner_pytest import UNRELATED_PLUGINS
 
 pytest_plugins = ["pytester"]
 
@@ -90,7 +91,7 @@ def test_xfails(record_case):
     assert False
 """
 
-FAST = ("-p", "no:unraisableexception", "-p", "no:cacheprovider", "-p", "no:hypothesispytest")
+FAST = ("-p", "no:unraisableexception", "-p", "no:cacheprovider", *UNRELATED_PLUGINS)
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from pytest_afd.backends.cpu.engine_glue import (
     engine_common,
     split_engine_metadata,
 )
+from tests.support.inner_pytest import UNRELATED_PLUGINS
 
 BLOCK = 16
 SMALL = ([40, 150, 70], [0, 16, 0])
@@ -243,6 +244,7 @@ def test_readback_unchecked_fails_the_gate_that_runs_checked_results(tmp_path):
             env[faults.FAULT_ENV] = fault
         return subprocess.run(
             [sys.executable, "-m", "pytest", "-m", "gate", "-q", "-p", "no:cacheprovider",
+             *UNRELATED_PLUGINS,
              "--afd-results-dir", str(tmp_path / (fault or "clean")),
              str(GATES_DIR / READBACK_GATE)],
             capture_output=True, text=True, env=env, timeout=300, check=False)

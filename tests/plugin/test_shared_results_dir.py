@@ -25,6 +25,7 @@ from pytest_afd.shared_results import (
     session_is_live,
     write_claimed_result,
 )
+from tests.support.inner_pytest import UNRELATED_PLUGINS
 from tests.support.plugin_pytester import AFD_ENV, FAKE_CONFTEST
 from tests.support.result_data import PROTOCOL, make_outputs
 
@@ -64,7 +65,7 @@ def _session(project: Path, results: Path, sync: Path, role: str) -> subprocess.
     env.update(SYNC_DIR=str(sync), SESSION_ROLE=role, FAKE_CLOSED_FILE=str(sync / "closed"))
     return subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
-         "-p", "no:hypothesispytest", "--afd-results-dir", str(results), "test_shared.py"],
+         *UNRELATED_PLUGINS, "--afd-results-dir", str(results), "test_shared.py"],
         cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -20,8 +20,17 @@ LOAD = [[10, 12], [8, 20]]
 
 
 @pytest.fixture(scope="module")
-def profile():
-    return ascend.analyse(ROLE_DIRS, expert_load_per_rank=LOAD)
+def profile(fixture_analysis_session):
+    """``ascend.analyse`` with the expert load, on the session's real msprof-analyze output."""
+    with fixture_analysis_session.reusing():
+        return ascend.analyse(ROLE_DIRS, expert_load_per_rank=LOAD)
+
+
+def test_reused_msprof_output_gives_the_real_analysis(reused_msprof):
+    """The shared output stands in only for identical trees, and yields the real profile."""
+    assert ascend.analyse(ROLE_DIRS) == reused_msprof.profile
+    assert reused_msprof.reused == [ROLE_DIRS["attention"], ROLE_DIRS["ffn"]]
+    assert reused_msprof.kept_output(DATA) is None
 
 
 def test_fixtures_are_generated():
@@ -79,8 +88,10 @@ def test_device_times_alone_would_misplace_kernels():
     assert wrong
 
 
-def test_step_trace_comes_from_msprof_analyze(profile, tmp_path):
-    result = msprof.run_cluster_analysis(ROLE_DIRS["ffn"], tmp_path)
+def test_step_trace_comes_from_msprof_analyze(fixture_analysis_session):
+    """Read from msprof-analyze's real output for the FFN ranks (run once per session)."""
+    result = fixture_analysis_session.kept_output(ROLE_DIRS["ffn"])
+    assert (result / msprof.STEP_TRACE_CSV).is_file()
     rows = msprof.step_trace(result)
     assert {(r["rank"], r["step"]) for r in rows} == {(0, "1"), (0, "2"), (1, "1"), (1, "2")}
     csv_path = next(kernels.rank_dirs(ROLE_DIRS["ffn"])[0].rglob("step_trace_time.csv"))

@@ -115,8 +115,7 @@ class SteppedDeployments:
         return {}
 
 
-def test_the_window_holds_exactly_the_instrumented_run(tmp_path):
-    pytest.importorskip("msprof_analyze")
+def test_the_window_holds_exactly_the_instrumented_run(tmp_path, reused_msprof):
     profile = LaunchProfile(tmp_path / "profiles")
     deployments = SteppedDeployments(profile)
     backend = ProfiledBackend(deployments, profile.trace_dirs(), environ={}, launch=profile)

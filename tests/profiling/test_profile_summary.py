@@ -16,12 +16,15 @@ pytest.importorskip("msprof_analyze", reason="msprof-analyze not installed (extr
 DATA = Path(__file__).with_name("data")
 
 
-def test_summary_of_both_roles_writes_json_and_plots(tmp_path, capsys):
+def test_summary_of_both_roles_writes_json_and_plots(tmp_path, capsys, reused_msprof):
     out = tmp_path / "summary"
     assert main(["profile-summary", f"attention={DATA / 'attention'}", str(DATA / "ffn"),
                  "--output", str(out)]) == 0
     printed = capsys.readouterr().out.split()
     profile = json.loads((out / summary.PROFILE_JSON).read_text())
+    # The CLI writes what the API gives (the session's real ascend.analyse of both roles).
+    assert len(reused_msprof.reused) == 2
+    assert profile == json.loads(json.dumps(reused_msprof.profile))
     assert profile["source"] == "ascend_pt"
     assert set(profile["roles"]) == {"attention", "ffn"}
     assert {Path(p).name for p in printed} == {"profile.json", "profile_layers.png",

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.inner_pytest import UNRELATED_PLUGINS
+
 pytest.importorskip("msprof_analyze")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,7 +43,7 @@ def test_instrumented_stage_a_on_cpu_deployments(tmp_path):
                AFD_EVIDENCE_DIR=str(tmp_path / "evidence"),
                AFD_PROFILE_KEEP_TRACES=str(traces), AFD_PROFILE_TRACE_DIRS=f"torch={traces}")
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs", "-m",
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *UNRELATED_PLUGINS, "-rs", "-m",
          "stage_a and not slow", "suites", "--afd-backend", "vllm-ascend", "--npu-topology",
          TOPOLOGY, "--afd-stage-scale", SCALE, "--afd-results-dir", str(results),
          "--afd-require-hardware", "--afd-allow-emulated", "--afd-profile",

@@ -215,9 +215,8 @@ def _check_stage_fields(outputs):
     assert "3" in problem and all("profile" not in step for step in steps)
 
 
-def test_overhead_compares_a_case_with_its_own_prompts_only(tmp_path):
+def test_overhead_compares_a_case_with_its_own_prompts_only(tmp_path, reused_msprof):
     """Workloads reuse request ids: a run of other prompts is not the case's reference."""
-    pytest.importorskip("msprof_analyze")
     dirs = {role: tmp_path / role for role in schedule.ROLES}
     environ = {schedule.ENV_TRACE_DIRS: ",".join(f"{r}={p}" for r, p in dirs.items())}
     backend = ProfiledBackend.wrap_from_env(TraceWritingBackend(dirs), environ)

@@ -34,10 +34,11 @@ def rehearsal_module():
 
 
 @pytest.fixture(scope="module")
-def fixture_profile(tmp_path_factory) -> dict:
+def fixture_profile(tmp_path_factory, fixture_analysis_session) -> dict:
     out = tmp_path_factory.mktemp("summary")
-    assert main(["profile-summary", f"attention={DATA / 'attention'}", str(DATA / "ffn"),
-                 "--output", str(out)]) == 0
+    with fixture_analysis_session.reusing():  # the session's real msprof-analyze output
+        assert main(["profile-summary", f"attention={DATA / 'attention'}", str(DATA / "ffn"),
+                     "--output", str(out)]) == 0
     profile = json.loads((out / summary.PROFILE_JSON).read_text())
     # The fixtures carry no expert load: the straggler rows a run's analysis adds beside it.
     profile["straggler"] = {"per_layer": [{"layer": 0, "straggler_s": 1e-4}],

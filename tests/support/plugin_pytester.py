@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.inner_pytest import UNRELATED_PLUGINS
+
 FAKE_CONFTEST = """
 import os
 import pytest
@@ -84,7 +86,7 @@ AFD_ENV = ("AFD_NPU_TOPOLOGY", "AFD_BACKEND", "AFD_RESULTS_DIR", "AFD_REPEATS", 
 # Inline runs restore sys.modules afterwards, so hypothesis' plugin re-imports
 # (and assertion-rewrites) hypothesis every run, and the unraisable-exception
 # cleanup runs gc.collect() five times with torch loaded: seconds per run.
-FAST = ("-p", "no:unraisableexception", "-p", "no:cacheprovider", "-p", "no:hypothesispytest")
+FAST = ("-p", "no:unraisableexception", "-p", "no:cacheprovider", *UNRELATED_PLUGINS)
 
 
 def run_fast(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
