@@ -4,24 +4,32 @@ import contextlib
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.support.fork_server import ForkServer
 from tests.support.suite_selection import needs_a_suite_marker
 
 TESTS_DIR = Path(__file__).parent / "tests"
 
-# Two cores here and in CI: keep each test process to a single intra-op thread
-# so pytest-xdist workers and the AFD runtime's processes do not oversubscribe.
-torch.set_num_threads(1)
 
-# pytester's in-process runs restore sys.modules afterwards, and hypothesis's pytest plugin
-# imports hypothesis in every session's terminal summary: unless this process already holds
-# it, each such run re-imports all of hypothesis (and re-rewrites its asserts, ~1 s, where
-# PYTHONDONTWRITEBYTECODE keeps pytest from caching the rewrite). Optional: the real-vLLM
-# environments (requirements-vllm.txt) do not install hypothesis.
-with contextlib.suppress(ImportError):
-    import hypothesis  # noqa: F401
+def _runs_tests(config: pytest.Config) -> bool:
+    """False only in xdist's controller, which runs no test: it need not wait for torch
+    before starting the workers."""
+    return hasattr(config, "workerinput") or not config.getoption("numprocesses", None)
+
+
+def _prepare_test_process() -> None:
+    import torch
+
+    # Two cores here and in CI: keep each test process to a single intra-op thread
+    # so pytest-xdist workers and the AFD runtime's processes do not oversubscribe.
+    torch.set_num_threads(1)
+    # pytester's in-process runs restore sys.modules afterwards, and hypothesis's pytest
+    # plugin imports hypothesis in every session's terminal summary: unless this process
+    # already holds it, each such run re-imports all of hypothesis (and re-rewrites its
+    # asserts, ~1 s, where PYTHONDONTWRITEBYTECODE keeps pytest from caching the rewrite).
+    # Optional: the real-vLLM environments (requirements-vllm.txt) do not install it.
+    with contextlib.suppress(ImportError):
+        import hypothesis  # noqa: F401
 
 
 @pytest.fixture(scope="session")
@@ -42,6 +50,8 @@ def _skips_tests_dir(config: pytest.Config) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    if _runs_tests(config):
+        _prepare_test_process()
     # Initial paths are never offered to pytest_ignore_collect: drop the testpath itself.
     if _skips_tests_dir(config):
         config.args[:] = [arg for arg in config.args
