@@ -17,7 +17,7 @@ from pytest_afd.backends.base import PromptRequest, RunSettings
 from pytest_afd.backends.cpu import create, named_config
 from pytest_afd.backends.cpu.afd import AfdRankFailure, AfdRuntime, AfdRuntimeError
 from pytest_afd.backends.cpu.afd.procs import ProcessGroupHandle
-from pytest_afd.backends.cpu.afd.protocol import ROLE_ATTENTION, RankSpec
+from pytest_afd.backends.cpu.afd.protocol import MSG_ERROR, MSG_PORT, ROLE_ATTENTION, RankSpec
 from tests.support.afd_runtime_helpers import SEED, child_pids, make_batch, plan_for
 
 SMALL_MODEL = "reduced:num_hidden_layers=4,first_k_dense_replace=1"
@@ -135,6 +135,32 @@ def test_reset_pipe_while_reading_a_reply_names_the_rank():
     assert handle.closed
     theirs.close()
 
+
+
+class _ExitedProcess(_LiveProcess):
+    """A rank that has already exited cleanly (exit code 0)."""
+
+    exitcode = 0
+
+    def is_alive(self):
+        return False
+
+
+def test_a_rank_that_reported_its_error_and_exited_is_named_by_its_error():
+    """A forked rank exits the moment it has sent its error (no interpreter teardown): the
+    failure carries that error (what the port retry reads), not just the exit."""
+    handle = ProcessGroupHandle(
+        [RankSpec(ROLE_ATTENTION, 0, 0)], num_threads=1, collective_timeout_s=1.0,
+        role_factory=None, role_kwargs_for=lambda spec: {},
+    )
+    ours, theirs = multiprocessing.Pipe()
+    handle._conns[0] = ours
+    handle._processes[0] = _ExitedProcess()
+    theirs.send((MSG_ERROR, "Attention rank 0 failed to start: address already in use"))
+    with pytest.raises(AfdRankFailure, match="address already in use") as info:
+        handle._gather([0], 30.0, expect=MSG_PORT)
+    assert info.value.rank_names == ("Attention rank 0",)
+    theirs.close()
 
 def _prompts():
     rng = np.random.default_rng(0)

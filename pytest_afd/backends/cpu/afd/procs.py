@@ -183,7 +183,6 @@ class ProcessGroupHandle:
         replies: dict[int, Any] = {}
         try:
             while pending:
-                self._raise_if_any_dead()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     names = [self.spec(r).name for r in sorted(pending)]
@@ -211,6 +210,9 @@ class ProcessGroupHandle:
                         self._fail(f"{name} replied {kind!r}, expected {expect!r}", [name])
                     replies[rank] = payload
                     pending.discard(rank)
+                # After the replies: a rank that reported its error and exited (a forked
+                # rank exits at once) is named by its own message, not as merely dead.
+                self._raise_if_any_dead()
         except BaseException:  # KeyboardInterrupt included: never leave children behind
             self.kill_all()
             raise
