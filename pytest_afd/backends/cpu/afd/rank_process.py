@@ -129,7 +129,7 @@ def worker_main(conn: multiprocessing.connection.Connection, config: WorkerConfi
     try:
         # Rank 0 binds the store itself (port 0: the kernel picks a free one) and
         # tells the parent, which only then sends that port to the other ranks (they
-        # import torch meanwhile): no rank can join another runtime's store through
+        # start meanwhile): no rank can join another runtime's store through
         # a reused probed port.
         is_master = config.spec.global_rank == 0
         port = config.master_port
@@ -168,8 +168,3 @@ def worker_main(conn: multiprocessing.connection.Connection, config: WorkerConfi
             return
     with contextlib.suppress(Exception):
         dist.destroy_process_group()
-    # A clean stop has nothing left to run at exit (replies sent, traces written in
-    # the step): skip the interpreter's ~1 s teardown of torch, as a forked child does.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
