@@ -141,7 +141,7 @@ class PcpEmulation:
         (``pcp_stage_metadata``), which must agree across ranks."""
         per_rank, self.rank_builds = [], []
         stages = stage_tokens(self.plan, self.computed)
-        step = StepPcp.make(list(stages), self.computed, self.pcp)
+        step = StepPcp.make(list(stages), self.computed, self.pcp, self.parent, self.stages)
         slots = np.asarray(metadata.slot_mapping, dtype=np.int64)
         for rank, relayout in enumerate(self.relayouts):
             positions = torch.from_numpy(relayout.stage_positions)

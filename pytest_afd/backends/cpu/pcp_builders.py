@@ -33,7 +33,7 @@ from afd_split.hook.glue.builder_state import (
     own_stage_views,
     stage_written_buffers,
 )
-from afd_split.pcp.stage import PcpStageTokens, ZigzagLayout, zigzag_layout
+from afd_split.pcp.stage import PcpStageTokens, ZigzagLayout
 from afd_split.pcp.stage_metadata import stage_metadata_of_ranks
 
 SFA_CP = "sfa_cp"
@@ -144,11 +144,11 @@ class StepPcp:
     stages: tuple[tuple, ...]  # per stage, per rank
 
     @classmethod
-    def make(cls, stages: list, computed: np.ndarray, pcp: int) -> StepPcp:
-        whole = _whole_counts(stages)
-        layout = zigzag_layout(whole, pcp)
-        full = PcpStageTokens(0, 0, 0, whole, np.asarray(computed, dtype=np.int64))
-        stage_layouts = tuple(zigzag_layout(stage.num_scheduled_tokens, pcp) for stage in stages)
+    def make(cls, stages: list, computed: np.ndarray, pcp: int, layout: ZigzagLayout,
+             stage_layouts: tuple[ZigzagLayout, ...]) -> StepPcp:
+        """``layout`` / ``stage_layouts``: the zigzags the emulation already laid out; the
+        metadata refuses any that is not of the pieces' counts."""
+        full = PcpStageTokens(0, 0, 0, _whole_counts(stages), np.asarray(computed, dtype=np.int64))
         return cls(layout, stage_metadata_of_ranks(full, pcp, layout=layout), stage_layouts,
                    tuple(stage_metadata_of_ranks(stage, pcp, layout=stage_layout)
                          for stage, stage_layout in zip(stages, stage_layouts, strict=True)))
