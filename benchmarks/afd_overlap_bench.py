@@ -61,7 +61,7 @@ from afd_overlap_table import print_summary
 
 from pytest_afd.backends.cpu import named_config
 from pytest_afd.backends.cpu.afd import AfdRuntime
-from pytest_afd.progress import Progress, stream_emitter
+from pytest_afd.run.progress import Progress, stream_emitter
 
 DEFAULT_MODELS = "reduced_matched_experts"
 DEFAULT_ROUNDS = 24  # 12 left one identical-plan pair of eight past ±5 % in some idle runs

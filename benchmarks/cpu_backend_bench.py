@@ -3,7 +3,7 @@
     python benchmarks/cpu_backend_bench.py                  # ~1-3 min: 1k / 4k batches
     python benchmarks/cpu_backend_bench.py --full --json    # 2k / 8k / 32k, 5 repetitions
     python benchmarks/cpu_backend_bench.py --w8a8-tolerance # the measurement behind
-        docs/tolerance.md and pytest_afd.golden.W8A8_ATOL / W8A8_RTOL
+        docs/tolerance.md and pytest_afd.golden.store.W8A8_ATOL / W8A8_RTOL
 
 Prefill time unsplit vs token-balanced split (and instrumented, and
 transformers' eager forward on the same config/weights/tokens where its
@@ -30,7 +30,6 @@ import torch
 
 from afd_split import plan_split
 from afd_split.checks.metadata import BatchMetadata
-from pytest_afd.backends.base import PromptRequest, RunSettings
 from pytest_afd.backends.cpu import (
     BlockPool,
     CpuBackend,
@@ -39,7 +38,8 @@ from pytest_afd.backends.cpu import (
     build_model,
     named_config,
 )
-from pytest_afd.progress import Progress, stream_emitter
+from pytest_afd.core.backend import PromptRequest, RunSettings
+from pytest_afd.run.progress import Progress, stream_emitter
 
 BATCH_SHARES = (0.5, 0.25, 0.125, 0.125)
 DEFAULT_SIZES = (1024, 4096)

@@ -24,11 +24,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from pytest_afd import results
-from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
-from pytest_afd.host import HostSample, host_json
-from pytest_afd.manifest import collect_manifest
-from pytest_afd.topology import parse_topology
+from pytest_afd.core.backend import RequestOutput, RunOutputs, RunSettings
+from pytest_afd.results import documents as results
+from pytest_afd.results.manifest import collect_manifest
+from pytest_afd.stats.host import HostSample, host_json
+from pytest_afd.topology.spec import parse_topology
 from pytest_afd.workloads import make_workload
 
 TARGET_SECONDS = 20.0

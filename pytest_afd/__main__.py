@@ -239,15 +239,15 @@ def _trace_imbalance(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- fault-check (pytest_afd.fault_check) ----------------------------------------------------
+# --- fault-check (pytest_afd.faults.check) ----------------------------------------------------
 def _add_fault_check(commands: argparse._SubParsersAction) -> None:
-    from pytest_afd import fault_check
+    from pytest_afd.faults import check as fault_check
 
     fault_check.add_parser(commands)
 
 
 def _fault_check(args: argparse.Namespace) -> int:
-    from pytest_afd import fault_check
+    from pytest_afd.faults import check as fault_check
 
     return fault_check.main(args)
 

@@ -1,13 +1,13 @@
 """pytest plugin entry point (registered through the ``pytest11`` entry point).
 
-Options (group ``afd``, defined in :mod:`pytest_afd.options`), markers, fixtures (``npu_topology``, ``rank_layout``,
+Options (group ``afd``, defined in :mod:`pytest_afd.run.options`), markers, fixtures (``npu_topology``, ``rank_layout``,
 ``afd_backend``, ``afd_options``, ``afd_manifest``, ``golden``,
 ``afd_results``), hardware-marker skips, per-worker result collection merged
 under pytest-xdist, and the terminal summary. See ``docs/plugin.md``.
 
-Modules by job: :mod:`pytest_afd.session` (per-process state),
-:mod:`pytest_afd.hardware_markers` (marker skips), :mod:`pytest_afd.result_writer`
-(the ``afd_results`` writer), :mod:`pytest_afd.terminal` (the results table).
+Modules by job: :mod:`pytest_afd.run.session` (per-process state),
+:mod:`pytest_afd.run.hardware_markers` (marker skips), :mod:`pytest_afd.run.result_writer`
+(the ``afd_results`` writer), :mod:`pytest_afd.run.terminal` (the results table).
 """
 
 from __future__ import annotations
@@ -18,21 +18,17 @@ from typing import Any
 import pytest
 
 from afd_split.hook.planning.worker_evidence import EvidenceSettings
-from pytest_afd import (
-    ab,
-    deployment_plan,
-    early_setup,
-    hardware,
-    hookspecs,
-    outcomes,
-    reference_phase,
-)
-from pytest_afd.backends.base import Backend, BackendUnavailable
-from pytest_afd.golden import RECORD_PHASE_COMMAND, UPDATE_GOLDEN_COMMAND, GoldenStore
-from pytest_afd.hardware_markers import hardware_skip_reason
-from pytest_afd.markers import MARKER_SIGNATURES, MARKERS
-from pytest_afd.option_specs import value_flags
-from pytest_afd.options import (  # noqa: F401  (AfdOptions and the defaults are re-exported)
+from pytest_afd.core import hookspecs
+from pytest_afd.core.backend import Backend, BackendUnavailable
+from pytest_afd.core.markers import MARKER_SIGNATURES, MARKERS
+from pytest_afd.golden import reference_phase
+from pytest_afd.golden.store import RECORD_PHASE_COMMAND, UPDATE_GOLDEN_COMMAND, GoldenStore
+from pytest_afd.results.directory import remove_stale_temp_files
+from pytest_afd.results.shared import SessionLease
+from pytest_afd.run import ab, deployment_plan, early_setup, hardware, outcomes
+from pytest_afd.run.hardware_markers import hardware_skip_reason
+from pytest_afd.run.option_specs import value_flags
+from pytest_afd.run.options import (  # noqa: F401  (AfdOptions and the defaults are re-exported)
     DEFAULT_GOLDEN_DIR,
     DEFAULT_RESULTS_DIR,
     OPTION_SPECS,
@@ -40,9 +36,8 @@ from pytest_afd.options import (  # noqa: F401  (AfdOptions and the defaults are
     add_options,
     resolve_options,
 )
-from pytest_afd.result_writer import ResultWriter, case_kind, recover_lost_results
-from pytest_afd.results_dir import remove_stale_temp_files
-from pytest_afd.session import (
+from pytest_afd.run.result_writer import ResultWriter, case_kind, recover_lost_results
+from pytest_afd.run.session import (
     AFD_SESSION_KEY,
     EXIT_BACKEND_UNAVAILABLE,
     AfdSession,
@@ -50,9 +45,8 @@ from pytest_afd.session import (
     is_worker,
     write_error,
 )
-from pytest_afd.shared_results import SessionLease
-from pytest_afd.terminal import write_no_case_selected, write_results_table, write_write_errors
-from pytest_afd.topology import RankInfo, Topology
+from pytest_afd.run.terminal import write_no_case_selected, write_results_table, write_write_errors
+from pytest_afd.topology.spec import RankInfo, Topology
 
 SUMMARY_FILE = "summary.json"
 WORKEROUTPUT_KEY = "afd_results"

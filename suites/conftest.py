@@ -42,11 +42,11 @@ from stage_sizes import (
     power_of_two_at_most,
 )
 
-from pytest_afd import ab as afd_ab
-from pytest_afd import progress as afd_progress
-from pytest_afd.options import parse_scale
-from pytest_afd.session import afd_session
-from pytest_afd.topology import parse_topology
+from pytest_afd.run import ab as afd_ab
+from pytest_afd.run import progress as afd_progress
+from pytest_afd.run.options import parse_scale
+from pytest_afd.run.session import afd_session
+from pytest_afd.topology.spec import parse_topology
 
 STAGE_KINDS = ("stage_a", "stage_b", "stage_c", "stage_d", "stage_e", "stage_f")
 

@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 
 from pytest_afd.backends import create_backend
-from pytest_afd.backends.base import (
+from pytest_afd.core.backend import (
     Backend,
     BackendUnavailable,
 )
-from pytest_afd.manifest import collect_manifest, manifest_digest
-from pytest_afd.results import validate_manifest
-from pytest_afd.session import EXIT_BACKEND_UNAVAILABLE, afd_session
-from pytest_afd.topology import Topology, parse_topology
+from pytest_afd.results.documents import validate_manifest
+from pytest_afd.results.manifest import collect_manifest, manifest_digest
+from pytest_afd.run.session import EXIT_BACKEND_UNAVAILABLE, afd_session
+from pytest_afd.topology.spec import Topology, parse_topology
 
 
 @dataclass

@@ -9,8 +9,7 @@ from typing import Any
 
 from stage_backends import BackendHandle
 
-from pytest_afd import results as afd_result_docs
-from pytest_afd.backends.base import (
+from pytest_afd.core.backend import (
     CAP_CHUNKED_PREFILL,
     CAP_FORCED_ROUTING,
     CAP_PREFIX_CACHE,
@@ -20,7 +19,8 @@ from pytest_afd.backends.base import (
     RunOutputs,
     RunSettings,
 )
-from pytest_afd.results import is_absent
+from pytest_afd.results import documents as afd_result_docs
+from pytest_afd.results.documents import is_absent
 from pytest_afd.workloads import Workload
 
 # --- cache phases ------------------------------------------------------------------

@@ -13,16 +13,16 @@ from stage_cases import (
     step_metrics,
 )
 
-from pytest_afd import host as afd_host
-from pytest_afd import results as afd_result_docs
-from pytest_afd.backends.base import (
+from pytest_afd.core.backend import (
     RunOutputs,
     RunSettings,
 )
 from pytest_afd.profiling.evidence import with_overhead
-from pytest_afd.result_parts import timings_or_absent
-from pytest_afd.stand_in import with_served_facts
-from pytest_afd.stats import summarize
+from pytest_afd.results import documents as afd_result_docs
+from pytest_afd.results.parts import timings_or_absent
+from pytest_afd.results.stand_in import with_served_facts
+from pytest_afd.stats import host as afd_host
+from pytest_afd.stats.repetitions import summarize
 from pytest_afd.workloads import Workload
 
 

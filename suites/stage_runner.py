@@ -28,17 +28,17 @@ from stage_sizes import (
     StageSizes,
 )
 
-from pytest_afd import ab as afd_ab
-from pytest_afd import host as afd_host
-from pytest_afd import progress as afd_progress
-from pytest_afd import results as afd_result_docs
-from pytest_afd.backends.base import (
+from pytest_afd.core.backend import (
     CAP_INSTRUMENTATION,
     Backend,
     RunOutputs,
     RunSettings,
 )
-from pytest_afd.topology import Topology
+from pytest_afd.results import documents as afd_result_docs
+from pytest_afd.run import ab as afd_ab
+from pytest_afd.run import progress as afd_progress
+from pytest_afd.stats import host as afd_host
+from pytest_afd.topology.spec import Topology
 from pytest_afd.workloads import Workload, make_workload
 
 
@@ -91,7 +91,7 @@ class StageRunner(StageResults):
         # Per-run progress lines (None: silent, e.g. under -q).
         self.progress = progress
         self.title = title
-        # --afd-ab: each case measured with option set A and with B, interleaved (pytest_afd.ab).
+        # --afd-ab: each case measured with option set A and with B, interleaved (pytest_afd.run.ab).
         self.ab = ab
 
     @property

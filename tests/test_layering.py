@@ -46,6 +46,7 @@ def test_no_test_directory_shadows_an_optional_package():
 
 LAYERS_CONTRACT = "afd_split layers: plan < checks | pcp < engine < hook"
 BASE_CONTRACT = "afd_split never imports pytest_afd, suites or tests"
+ROOMS_CONTRACT = "pytest_afd rooms (layers in pyproject.toml, docs/contracts.md)"
 
 
 def test_import_linter_contracts_are_kept():
@@ -55,6 +56,7 @@ def test_import_linter_contracts_are_kept():
     assert returncode == 0, report
     assert f"{LAYERS_CONTRACT} KEPT" in report, report
     assert f"{BASE_CONTRACT} KEPT" in report, report
+    assert f"{ROOMS_CONTRACT} KEPT" in report, report
 
 
 VIOLATIONS = {
@@ -68,9 +70,23 @@ VIOLATIONS = {
     # The framework-neutral base reaching into the harness.
     "checks_import_harness": (
         "afd_split/checks/support.py",
-        "import pytest_afd.faults  # noqa: F401\n",
+        "import pytest_afd.faults.registry  # noqa: F401\n",
         BASE_CONTRACT,
-        "afd_split.checks.support -> pytest_afd.faults",
+        "afd_split.checks.support -> pytest_afd.faults.registry",
+    ),
+    # The result document (a lower room) reaching up into the report.
+    "results_import_report": (
+        "pytest_afd/results/documents.py",
+        "import pytest_afd.report.tables  # noqa: F401\n",
+        ROOMS_CONTRACT,
+        "pytest_afd.results.documents -> pytest_afd.report.tables",
+    ),
+    # Two sibling rooms that must stay independent.
+    "golden_imports_profiling": (
+        "pytest_afd/golden/store.py",
+        "import pytest_afd.profiling.overlap  # noqa: F401\n",
+        ROOMS_CONTRACT,
+        "pytest_afd.golden.store -> pytest_afd.profiling.overlap",
     ),
 }
 

@@ -12,7 +12,7 @@ import importlib
 from pathlib import Path
 from types import MappingProxyType
 
-from pytest_afd.backends.base import Backend, BackendUnavailable
+from pytest_afd.core.backend import Backend, BackendUnavailable
 
 BACKEND_MODULES = MappingProxyType(
     {
@@ -33,7 +33,7 @@ def create_backend(
     peer_timeout_s: float | None = None,
     devices_per_node: int | None = None,
 ) -> Backend:
-    """Create the named backend for ``topology`` (a :class:`pytest_afd.topology.Topology`).
+    """Create the named backend for ``topology`` (a :class:`pytest_afd.topology.spec.Topology`).
 
     ``peer_timeout_s``: the CPU AFD runtime's peer timeout (None: its default);
     only the CPU backend runs that runtime, so another backend refuses it.

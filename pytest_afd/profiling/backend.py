@@ -20,11 +20,11 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from pytest_afd.backends.base import CAP_INSTRUMENTATION, PromptRequest, RunOutputs, RunSettings
-from pytest_afd.manifest import absent
+from pytest_afd.core.backend import CAP_INSTRUMENTATION, PromptRequest, RunOutputs, RunSettings
 from pytest_afd.profiling import ascend, cpu_run, device_metrics, evidence, schedule
 from pytest_afd.profiling.launch_profile import FLUSH_RUNS, LaunchProfile
 from pytest_afd.profiling.msprof import ProfilingUnavailable
+from pytest_afd.results.manifest import absent
 
 ASCEND_PT_SUFFIX = "_ascend_pt"
 CPU_WINDOW = ("no plugin profiler schedule: the harness's CPU servers profile exactly the "
@@ -251,7 +251,7 @@ def _per_rank(outputs: RunOutputs, num_ffn_ranks: int) -> list[list[int]] | None
     """Per MoE layer, routed tokens per FFN (EP) rank of the same steps (the run's expert load)."""
     if not outputs.expert_load or num_ffn_ranks < 1:
         return None
-    from pytest_afd.result_parts import per_rank_load
+    from pytest_afd.results.parts import per_rank_load
 
     try:
         return per_rank_load(outputs.expert_load, num_ffn_ranks)

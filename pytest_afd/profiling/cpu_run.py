@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_afd.backends.base import RunOutputs, RunSettings
+from pytest_afd.core.backend import RunOutputs, RunSettings
 
 ENV_KEEP_TRACES = "AFD_PROFILE_KEEP_TRACES"
 TRACE_ROOT_PREFIX = "afd-traces-"
@@ -47,7 +47,7 @@ def finish(run: TraceRun | None, outputs: RunOutputs) -> RunOutputs:
     run.runtime.trace_dir = None
     try:
         from pytest_afd.profiling import torch_trace
-        from pytest_afd.result_parts import per_rank_load
+        from pytest_afd.results.parts import per_rank_load
 
         num_ffn = run.runtime.topology.num_ffn
         load = per_rank_load(outputs.expert_load, num_ffn) if outputs.expert_load else None

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from statistics import fmean
 from typing import Any
 
-from pytest_afd.manifest import absent
+from pytest_afd.results.manifest import absent
 
 NPU_SMI = "npu-smi"
 DEFAULT_INTERVAL_S = 1.0

@@ -26,9 +26,9 @@ from statistics import fmean
 from typing import Any
 
 from afd_split.ranges import RangeTag
-from pytest_afd.manifest import absent
 from pytest_afd.profiling import overlap
 from pytest_afd.profiling.components import ROUTED_MOE, UNCLASSIFIED, classify
+from pytest_afd.results.manifest import absent
 
 ATTENTION_ROLE = "attention"
 FFN_ROLE = "ffn"

@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from pytest_afd import session_noise
 from pytest_afd.report.compare_notes import notes
 from pytest_afd.report.loading import LoadedResult
 from pytest_afd.report.noise import (
@@ -41,6 +40,7 @@ from pytest_afd.report.values import (
     throughput,
     ttft_of,
 )
+from pytest_afd.stats import session_noise
 
 COMPARE_FILE_NAME = "compare.md"
 COMPARE_HTML_NAME = "compare.html"
@@ -119,7 +119,7 @@ def significance_call(
     A change needs all of: the bootstrap interval excludes 1, the min-max
     ranges do not overlap, the ratio is further from 1 than the between-session
     noise (``floor`` from an A/A calibration, else the conservative
-    :func:`~pytest_afd.session_noise.uncalibrated_floor`), and, for a wall-time
+    :func:`~pytest_afd.stats.session_noise.uncalibrated_floor`), and, for a wall-time
     metric whose CPU time was recorded, CPU time moved the same way
     (``cpu_agrees``). ``host_change`` names a host difference: a wall-time
     metric is then inconclusive; a ``host_robust`` one (CPU time) must beat

@@ -10,8 +10,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-from pytest_afd import session_noise
-from pytest_afd.markers import STAGE_MARKERS
+from pytest_afd.core.markers import STAGE_MARKERS
 from pytest_afd.report import layout, stage_calls
 from pytest_afd.report.compare import (
     BOOTSTRAP_SAMPLES,
@@ -35,6 +34,7 @@ from pytest_afd.report.selection import Side, legend_names
 from pytest_afd.report.sidebyside import draw_side_by_side
 from pytest_afd.report.tables import EMPTY, table
 from pytest_afd.report.values import measured_stats, throughput
+from pytest_afd.stats import session_noise
 
 
 def _side_figure(comparisons: Sequence[CaseComparison], title: str, names: tuple[str, str]):

@@ -14,7 +14,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from pytest_afd.golden import PROFILES
+from pytest_afd.golden.store import PROFILES
 from pytest_afd.report import layout
 from pytest_afd.report.loading import LoadedResult, verdict_rank
 from pytest_afd.report.tables import EMPTY, fmt, table, verdict_text

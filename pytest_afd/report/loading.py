@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_afd.manifest import stack_digest, with_run
 from pytest_afd.report.scan import OTHER, UNUSABLE, FileFacts, ScanCache, read_json
-from pytest_afd.results import ResultValidationError, validate_result
-from pytest_afd.shared_results import SESSIONS_DIR_NAME
+from pytest_afd.results.documents import ResultValidationError, validate_result
+from pytest_afd.results.manifest import stack_digest, with_run
+from pytest_afd.results.shared import SESSIONS_DIR_NAME
 
 REPORT_DIR_NAME = "report"
 RESULT_KIND = "afd-result"

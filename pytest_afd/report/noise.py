@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_afd.results import atomic_write_json
+from pytest_afd.results.documents import atomic_write_json
 
 # Two load readings (1-minute averages) per CPU further apart than this are different hosts.
 HOST_LOAD_TOLERANCE_PER_CPU = 0.5

@@ -14,8 +14,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pytest_afd import conclusions, session_noise, verdicts
-from pytest_afd.markers import MARKERS, STAGE_MARKERS
+from pytest_afd.core.markers import MARKERS, STAGE_MARKERS
 from pytest_afd.report import layout
 from pytest_afd.report.gates import MAX_PLOTTED_GATES, gates_section
 from pytest_afd.report.html import markdown_to_html
@@ -45,6 +44,7 @@ from pytest_afd.report.tables import (
     workload_table,
 )
 from pytest_afd.report.values import stack_description, stack_short_label
+from pytest_afd.stats import conclusions, session_noise, verdicts
 
 REPORT_FILE_NAME = "report.md"
 HTML_FILE_NAME = "report.html"

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pytest_afd.results import (
+from pytest_afd.results.documents import (
     MANIFEST_SCHEMA_FILE,
     RESULT_SCHEMA_FILE,
     atomic_write_json,

@@ -5,7 +5,7 @@ same case moves by up to x2 between sessions. A change of the code moves every
 case of a stage, though, while session noise moves them every which way, so
 ``compare`` also calls each stage as a whole: the geometric mean of its cases'
 B / A with a bootstrap interval over the cases, against the stage's A/A
-deviation (calibrated) or :data:`~pytest_afd.session_noise.UNCALIBRATED_STAGE_FLOOR`,
+deviation (calibrated) or :data:`~pytest_afd.stats.session_noise.UNCALIBRATED_STAGE_FLOOR`,
 with CPU time moving the same way for wall-time metrics.
 
 ``compare --calibrate RUN RUN [RUN...]`` treats every session of every RUN
@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from pytest_afd import session_noise
 from pytest_afd.report.compare import (
     BOOTSTRAP_SAMPLES,
     BOOTSTRAP_SEED,
@@ -46,6 +45,7 @@ from pytest_afd.report.noise import (
     host_text,
     write_calibration,
 )
+from pytest_afd.stats import session_noise
 
 MIN_STAGE_CASES = 2
 STAGE_HEADER = ("stage", "metric", "cases", "geometric mean B / A",

@@ -30,9 +30,9 @@ from pytest_afd.report.values import (
     throughput,
     ttft_of,
 )
-from pytest_afd.results import is_absent
-from pytest_afd.session_noise import UNCALIBRATED_RULE
-from pytest_afd.verdicts import INSIDE_NOISE, noise_mark
+from pytest_afd.results.documents import is_absent
+from pytest_afd.stats.session_noise import UNCALIBRATED_RULE
+from pytest_afd.stats.verdicts import INSIDE_NOISE, noise_mark
 
 DIGEST_SHORT_CHARS = 12  # after the "sha256:" prefix
 DIGEST_PREFIX = "sha256:"

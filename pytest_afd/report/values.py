@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from pytest_afd.report.loading import LoadedResult
-from pytest_afd.results import is_absent
+from pytest_afd.results.documents import is_absent
 
 PERCENT = 100.0
 UNCHUNKED_LABEL = "unchunked"

@@ -15,7 +15,7 @@ from pytest_afd.scheduling.model import (
     DEFAULT_PAGE_SIZE,
     DEFAULT_ROUND_CAPACITY,
 )
-from pytest_afd.topology import MAX_TOTAL_RANKS
+from pytest_afd.topology.spec import MAX_TOTAL_RANKS
 
 PROG = "afd-chunk-plan"
 UNCHUNKED = "unchunked"
@@ -29,7 +29,7 @@ DEFAULT_SHOW_FORWARDS = 8
 MAX_PROMPT_LEN = 2**20
 MAX_NUM_REQUESTS = 2**17
 MAX_FORWARDS = 2**17
-# Parallel sizes: a topology has at most this many ranks (pytest_afd.topology).
+# Parallel sizes: a topology has at most this many ranks (pytest_afd.topology.spec).
 MAX_PARALLEL_SIZE = MAX_TOTAL_RANKS
 # Longer digit strings are refused before int() (which gives up past 4,300 digits).
 MAX_INT_DIGITS = 20

@@ -20,16 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from pytest_afd import results
-from pytest_afd.backends.base import RunSettings
-from pytest_afd.manifest import absent, collect_manifest
+from pytest_afd.core.backend import RunSettings
+from pytest_afd.results import documents as results
+from pytest_afd.results.manifest import absent, collect_manifest
 from pytest_afd.serving.prometheus import (
     MetricsFormatError,
     PrefixCacheDelta,
     ServerCounters,
     prefix_cache_delta,
 )
-from pytest_afd.topology import DEFAULT_DEVICES_PER_NODE, parse_topology
+from pytest_afd.topology.spec import DEFAULT_DEVICES_PER_NODE, parse_topology
 
 BACKEND_NAME = "vllm-ascend"
 SOURCE = "vllm bench serve"

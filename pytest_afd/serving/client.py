@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from pytest_afd.backends.base import PromptRequest
+from pytest_afd.core.backend import PromptRequest
 from pytest_afd.serving.logprobs import LogprobsFormatError, parse_first_top_logprobs
 from pytest_afd.serving.prometheus import PrefixCacheDelta, ServerCounters, prefix_cache_delta
 from pytest_afd.serving.requests import INSTRUMENT_HEADER, INSTRUMENT_ON

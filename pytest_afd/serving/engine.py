@@ -20,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from pytest_afd.backends.base import Backend, PromptRequest, RequestOutput, RunSettings
+from pytest_afd.core.backend import Backend, PromptRequest, RequestOutput, RunSettings
 from pytest_afd.serving.requests import DEFAULT_MAX_BATCH_TOKENS
 
 ENGINE_IDLE_POLL_S = 0.2

@@ -22,7 +22,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
-from pytest_afd.backends.base import PromptRequest, RequestOutput
+from pytest_afd.core.backend import PromptRequest, RequestOutput
 from pytest_afd.serving.connections import WRITE_TIMEOUT_S, DeadlineReader, peer_closed
 from pytest_afd.serving.engine import EngineStopped, PrefillEngine, RequestAborted
 from pytest_afd.serving.logprobs import MAX_NUM_LOGPROBS, completion_logprobs

@@ -1,4 +1,4 @@
-"""A :class:`~pytest_afd.backends.base.Backend` that drives OpenAI-style servers over HTTP.
+"""A :class:`~pytest_afd.core.backend.Backend` that drives OpenAI-style servers over HTTP.
 
 Server-side settings (split policy, chunking, prefix caching, ...) are fixed
 when a server starts, so the backend starts servers through a *launcher* and
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pytest_afd.backends.base import (
+from pytest_afd.core.backend import (
     CAP_TOPK_LOGPROBS,
     PromptRequest,
     RequestOutput,

@@ -1,4 +1,4 @@
-"""Serve any :class:`~pytest_afd.backends.base.Backend` over an OpenAI-style HTTP API.
+"""Serve any :class:`~pytest_afd.core.backend.Backend` over an OpenAI-style HTTP API.
 
 The same client, lifecycle and metrics code then runs against the CPU backend
 here and against vLLM-Ascend on a cluster. Endpoints (loopback only; there is no
@@ -31,8 +31,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_afd.backends.base import Backend, RunSettings, run_settings_from
-from pytest_afd.faults import applied_from_env
+from pytest_afd.core.backend import Backend, RunSettings, run_settings_from
+from pytest_afd.faults.registry import applied_from_env
 from pytest_afd.serving.connections import (
     RESOURCE_ERRNOS,
     CappedHTTPServer,
@@ -257,7 +257,7 @@ def make_backend(args: argparse.Namespace) -> Backend:
 
     topology = None
     if args.topology is not None:
-        from pytest_afd.topology import parse_topology
+        from pytest_afd.topology.spec import parse_topology
 
         topology = parse_topology(args.topology)
     return create_backend(args.backend, topology=topology, model_name=args.model_name,

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_afd.backends.base import PromptRequest
+from pytest_afd.core.backend import PromptRequest
 from pytest_afd.workloads.shapes import (
     apportion,
     arrival_times,

@@ -17,7 +17,7 @@ class LengthStats:
     count: int
     total: int
     mean: float
-    std: float  # sample standard deviation (n - 1), as pytest_afd.stats.summarize; 0 for one prompt
+    std: float  # sample standard deviation (n - 1), as pytest_afd.stats.repetitions.summarize; 0 for one prompt
     cv: float  # std / mean
     min: int
     max: int

@@ -20,15 +20,15 @@ from gate_lib import (
 from gate_reference import GateReferences
 
 from afd_split.checks.support import unsupported_reasons
-from pytest_afd.backends.base import Backend, CapabilityMissing
-from pytest_afd.faults import applied_from_env
-from pytest_afd.golden import GoldenStore
-from pytest_afd.manifest import collect_manifest, manifest_digest
-from pytest_afd.options import AfdOptions
-from pytest_afd.reference_phase import reference_phase
-from pytest_afd.results import validate_manifest
-from pytest_afd.session import afd_session
-from pytest_afd.topology import Topology, parse_topology
+from pytest_afd.core.backend import Backend, CapabilityMissing
+from pytest_afd.faults.registry import applied_from_env
+from pytest_afd.golden.reference_phase import reference_phase
+from pytest_afd.golden.store import GoldenStore
+from pytest_afd.results.documents import validate_manifest
+from pytest_afd.results.manifest import collect_manifest, manifest_digest
+from pytest_afd.run.options import AfdOptions
+from pytest_afd.run.session import afd_session
+from pytest_afd.topology.spec import Topology, parse_topology
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -24,8 +24,8 @@ from gate_evidence import record_gate_result, record_reference_case
 from gate_setup import TOLERANCE_PROFILES
 from gate_verdict import ExecutedSplits, GateVerdict, judge, run_measured
 
-from pytest_afd.backends.base import Backend, PromptRequest, RunOutputs, RunSettings
-from pytest_afd.topology import Topology
+from pytest_afd.core.backend import Backend, PromptRequest, RunOutputs, RunSettings
+from pytest_afd.topology.spec import Topology
 
 
 @dataclass(frozen=True)

@@ -7,14 +7,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_afd import results
-from pytest_afd.backends.base import (
+from pytest_afd.core.backend import (
     Backend,
     PromptRequest,
     RunOutputs,
     RunSettings,
 )
-from pytest_afd.topology import Topology
+from pytest_afd.results import documents as results
+from pytest_afd.topology.spec import Topology
 
 # ---- evidence ------------------------------------------------------------------
 

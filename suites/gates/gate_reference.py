@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from pytest_afd.backends.base import PromptRequest, RequestOutput, RunOutputs, RunSettings
-from pytest_afd.golden import GoldenStore, check_metadata
-from pytest_afd.reference_phase import PHASE_CHECK, PHASE_LIVE, PHASE_RECORD
+from pytest_afd.core.backend import PromptRequest, RequestOutput, RunOutputs, RunSettings
+from pytest_afd.golden.reference_phase import PHASE_CHECK, PHASE_LIVE, PHASE_RECORD
+from pytest_afd.golden.store import GoldenStore, check_metadata
 from pytest_afd.serving.logprobs import dense_rows, shared_logprob_error
 
 TOPK_PROFILE = "topk_logprob"

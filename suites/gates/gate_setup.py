@@ -12,13 +12,13 @@ import pytest
 
 from afd_split.checks.support import CPU_REFERENCE_BUILDER, SplitSupportConfig
 from pytest_afd.backends import create_backend
-from pytest_afd.backends.base import (
+from pytest_afd.core.backend import (
     Backend,
     PromptRequest,
     RunSettings,
 )
-from pytest_afd.options import AfdOptions
-from pytest_afd.topology import Topology, parse_topology
+from pytest_afd.run.options import AfdOptions
+from pytest_afd.topology.spec import Topology, parse_topology
 
 CPU_BACKEND = "cpu"
 # Small KV pages so prompts of a few hundred tokens span many blocks: prefix

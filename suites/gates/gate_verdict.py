@@ -15,7 +15,7 @@ from gate_setup import (
 
 from afd_split import SplitInvariantError
 from afd_split.checks.metadata import validate_split
-from pytest_afd.backends.base import (
+from pytest_afd.core.backend import (
     CAP_SPLIT_OBSERVER,
     Backend,
     PromptRequest,
@@ -23,7 +23,7 @@ from pytest_afd.backends.base import (
     RunSettings,
     observe_splits,
 )
-from pytest_afd.golden import GoldenMismatchError, GoldenStore, compare, get_profile
+from pytest_afd.golden.store import GoldenMismatchError, GoldenStore, compare, get_profile
 
 # ---- the split check and the verdict -----------------------------------------
 
@@ -43,7 +43,7 @@ def _parent_snapshot(metadata) -> dict[str, Any]:
 class ExecutedSplits:
     """What the backend's executor split during one run, and the invariant violations in it.
 
-    A :class:`~pytest_afd.backends.base.SplitObserver`: it keeps each plan's
+    A :class:`~pytest_afd.core.backend.SplitObserver`: it keeps each plan's
     evidence (never the plan, metadata or parts themselves, which must die
     with their step) and checks every split with ``validate_split`` plus the
     parent-never-mutated rule, on exactly the parts the executor ran.

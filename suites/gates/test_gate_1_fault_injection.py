@@ -1,4 +1,4 @@
-"""Gate 1 must reject a broken split: the seeded faults of ``pytest_afd.faults`` applied.
+"""Gate 1 must reject a broken split: the seeded faults of ``pytest_afd.faults.registry`` applied.
 
 The faults are the split bugs other engines shipped (docs/gates.md): the tail's
 ``num_computed_tokens`` left at the parent's value (vLLM), positions or slots
@@ -28,7 +28,7 @@ from gate_lib import (
     split_steps,
 )
 
-from pytest_afd.faults import (
+from pytest_afd.faults.registry import (
     FAULTS,
     GLUE_FAULTS,
     NON_PCP_ROW_FAULTS,

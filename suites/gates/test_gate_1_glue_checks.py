@@ -4,7 +4,7 @@ The CPU backend splits through the engine glue the AFD-plugin hook runs
 (``pytest_afd.backends.cpu.engine_glue``): the adapter slices engine-layout
 metadata and checks what it produced, then ``check_engine_step`` checks the
 read-back host copies and the fields the kernels read. Each case injects one
-production fault of the adapters (``pytest_afd.faults``) into a real run and
+production fault of the adapters (``pytest_afd.faults.registry``) into a real run and
 asserts that the run fails in the check meant to see it:
 
 * a tail host computed-tokens copy one too high: the adapter's own check
@@ -39,8 +39,8 @@ from afd_split.engine.ascend import ASCEND_LAYOUTS
 from afd_split.engine.vllm import VLLM_LAYOUTS
 from afd_split.hook.planning.engine_step import plan_engine_step
 from afd_split.plan.agree import fingerprint_words
-from pytest_afd.faults import get_fault
-from pytest_afd.topology import parse_topology
+from pytest_afd.faults.registry import get_fault
+from pytest_afd.topology.spec import parse_topology
 
 # A topology without PCP: its splits go through the adapters (PCP plans use split_metadata).
 GLUE_TOPOLOGY = "dp2tp4-ep8"

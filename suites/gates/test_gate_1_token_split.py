@@ -34,14 +34,14 @@ from gate_lib import (
 from step_evidence_checks import agreement_problems, steps_count_problems
 
 from afd_split.checks.request_checks import LIST_CHECK_MAX_REQUESTS
-from pytest_afd.backends.base import (
+from pytest_afd.core.backend import (
     CAP_AFD,
     PromptRequest,
     RunOutputs,
     RunSettings,
     require_capability,
 )
-from pytest_afd.topology import parse_topology
+from pytest_afd.topology.spec import parse_topology
 
 SHARED_PREFIX_TOKENS = 96  # six 16-token pages: a whole-block prefix hit
 PREFIX_SEED_SUFFIX = 8

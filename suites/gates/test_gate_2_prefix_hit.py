@@ -20,7 +20,7 @@ from gate_lib import (
     make_prompts,
 )
 
-from pytest_afd.backends.base import PromptRequest
+from pytest_afd.core.backend import PromptRequest
 
 # The seed prompt is the prefix plus one token (its own request, so nothing else is cached).
 SEED_SUFFIX_TOKENS = 1

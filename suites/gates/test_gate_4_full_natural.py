@@ -24,8 +24,8 @@ from gate_lib import (
     run_measured,
 )
 
-from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
-from pytest_afd.topology import Topology
+from pytest_afd.core.backend import RequestOutput, RunOutputs, RunSettings
+from pytest_afd.topology.spec import Topology
 
 FULL_MODEL = "full"
 NATURAL_ROUTING = "natural"

@@ -40,14 +40,14 @@ from gate_lib import (
 )
 
 from afd_split import plan_split
-from pytest_afd.backends.base import (
+from pytest_afd.core.backend import (
     CAP_SPLIT_OBSERVER,
     PromptRequest,
      observe_splits,
     require_capability,
 )
-from pytest_afd.faults import get_fault
-from pytest_afd.topology import parse_topology
+from pytest_afd.faults.registry import get_fault
+from pytest_afd.topology.spec import parse_topology
 
 SOAK_STEPS = 1000
 MAX_SHOWN_PROBLEMS = 5

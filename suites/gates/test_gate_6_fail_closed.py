@@ -28,7 +28,7 @@ from gate_lib import (
 
 from afd_split import UnsupportedSplitError
 from afd_split.checks.support import prepare_split_runtime
-from pytest_afd.topology import parse_topology
+from pytest_afd.topology.spec import parse_topology
 
 LOOPBACK = "127.0.0.1"
 GLOO_WORLD_SIZE = 1

@@ -4,8 +4,8 @@ this directory's conftest)."""
 
 from __future__ import annotations
 
-from pytest_afd.backends.base import RequestOutput, RunOutputs
-from pytest_afd.results import build_result, validate_result
+from pytest_afd.core.backend import RequestOutput, RunOutputs
+from pytest_afd.results.documents import build_result, validate_result
 
 INSTRUMENTED_WALL_S = 4.0
 MEASURED_WALL_S = 2.0

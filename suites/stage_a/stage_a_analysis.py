@@ -4,7 +4,7 @@ Pure functions over measured numbers, so they are unit-tested without a backend.
 A policy is named best only when the bootstrap interval of its score over the
 runner-up's (resampling the repetitions) lies entirely above 1 and the lead
 exceeds the between-session noise (a score is a geometric mean over workloads,
-so the stage-wide floor of :mod:`pytest_afd.session_noise` applies); otherwise the
+so the stage-wide floor of :mod:`pytest_afd.stats.session_noise` applies); otherwise the
 ranking records "no significant difference" and the confirmation runs keep
 the controls.
 """
@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from pytest_afd.session_noise import UNCALIBRATED_STAGE_FLOOR
-from pytest_afd.stats import CONFIDENCE, bootstrap_interval
+from pytest_afd.stats.repetitions import CONFIDENCE, bootstrap_interval
+from pytest_afd.stats.session_noise import UNCALIBRATED_STAGE_FLOOR
 
 BASELINE_POLICY = "none"  # no async MoE dual batching
 CONTROL_POLICY = "request_boundary"  # the current two-stage split

@@ -18,7 +18,7 @@ from stage_a_analysis import (
     rank_policies,
 )
 
-from pytest_afd.stats import bootstrap_interval, iqrs_overlap
+from pytest_afd.stats.repetitions import bootstrap_interval, iqrs_overlap
 
 
 def _throughput(values):

@@ -26,9 +26,9 @@ from stage_a_analysis import (
     rank_policies,
 )
 
-from pytest_afd.backends.base import CAP_AFD, CAP_INSTRUMENTATION
-from pytest_afd.manifest import absent
-from pytest_afd.stand_in import with_served_facts
+from pytest_afd.core.backend import CAP_AFD, CAP_INSTRUMENTATION
+from pytest_afd.results.manifest import absent
+from pytest_afd.results.stand_in import with_served_facts
 
 pytestmark = pytest.mark.stage_a
 

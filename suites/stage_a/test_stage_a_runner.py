@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from scripted_backend import INSTRUMENTED_WALL_S, MEASURED_WALL_S
 
-from pytest_afd.backends.base import (
+from pytest_afd.core.backend import (
     CAP_INSTRUMENTATION,
     CAP_PREFIX_CACHE,
     CAP_SPLIT,

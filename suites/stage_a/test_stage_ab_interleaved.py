@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_afd import ab, conclusions
-from pytest_afd.backends.base import CAP_PREFIX_CACHE, CAP_SPLIT
+from pytest_afd.core.backend import CAP_PREFIX_CACHE, CAP_SPLIT
+from pytest_afd.run import ab
+from pytest_afd.stats import conclusions
 
 AB = ab.parse(["split_policy=request_boundary", "split_policy=token_balanced,chunk_size=64"])
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from pytest_afd.backends.base import RunSettings
+from pytest_afd.core.backend import RunSettings
 from pytest_afd.scheduling import SchedulerConfig
 from pytest_afd.scheduling.sweep import SweepCandidate, sweep
 

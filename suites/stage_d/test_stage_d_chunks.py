@@ -12,7 +12,7 @@ from stage_d_chunks import (
     scaled_candidates,
 )
 
-from pytest_afd.backends.base import RunSettings
+from pytest_afd.core.backend import RunSettings
 
 
 def test_stage_d_candidates_scale_the_rfc_sizes():

@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 from stage_e_heat import critical_path_correlation, heat_summary
 
-from pytest_afd.backends.base import CAP_FORCED_ROUTING
-from pytest_afd.manifest import absent
+from pytest_afd.core.backend import CAP_FORCED_ROUTING
+from pytest_afd.results.manifest import absent
 
 pytestmark = [pytest.mark.stage_e, pytest.mark.slow]
 

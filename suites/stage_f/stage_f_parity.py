@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pytest_afd.topology import Topology
+from pytest_afd.topology.spec import Topology
 
 COMPARABLE = "comparable"
 EXPLORATORY = "exploratory"

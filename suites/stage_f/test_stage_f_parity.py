@@ -14,7 +14,7 @@ from stage_f_parity import (
     pp_layout_for,
 )
 
-from pytest_afd.topology import parse_topology
+from pytest_afd.topology.spec import parse_topology
 
 
 def _facts(layout="afd", **changes):

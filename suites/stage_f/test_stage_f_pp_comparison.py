@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 from stage_f_parity import COMPARABLE, ParityFacts, parity_check, pp_layout_for
 
-from pytest_afd.backends.base import CAP_PIPELINE_PARALLEL, CAP_SPLIT
+from pytest_afd.core.backend import CAP_PIPELINE_PARALLEL, CAP_SPLIT
 
 pytestmark = [pytest.mark.stage_f, pytest.mark.slow]
 

@@ -8,9 +8,9 @@ prefix caching working on the Attention rank's cache, and leave no process behin
 import numpy as np
 import pytest
 
-from pytest_afd.backends.base import CAP_AFD, PromptRequest, RunSettings
 from pytest_afd.backends.cpu import create
-from pytest_afd.topology import parse_topology
+from pytest_afd.core.backend import CAP_AFD, PromptRequest, RunSettings
+from pytest_afd.topology.spec import parse_topology
 from tests.support.afd_runtime_helpers import child_pids
 
 # The reduced model's shape with fewer layers (as the other runtime tests use).

@@ -13,11 +13,11 @@ import time
 import numpy as np
 import pytest
 
-from pytest_afd.backends.base import PromptRequest, RunSettings
 from pytest_afd.backends.cpu import create, named_config
 from pytest_afd.backends.cpu.afd import AfdRankFailure, AfdRuntime, AfdRuntimeError
 from pytest_afd.backends.cpu.afd.procs import ProcessGroupHandle
 from pytest_afd.backends.cpu.afd.protocol import MSG_ERROR, MSG_PORT, ROLE_ATTENTION, RankSpec
+from pytest_afd.core.backend import PromptRequest, RunSettings
 from tests.support.afd_runtime_helpers import SEED, child_pids, make_batch, plan_for
 
 SMALL_MODEL = "reduced:num_hidden_layers=4,first_k_dense_replace=1"

@@ -132,7 +132,7 @@ def test_profiled_backend_reads_cpu_servers_kept_traces(traced_step, tmp_path):
     """The rehearsal's path: CPU servers keep afd-traces-* roots, the harness analyses them."""
     import shutil
 
-    from pytest_afd.backends.base import PromptRequest, RunOutputs, RunSettings
+    from pytest_afd.core.backend import PromptRequest, RunOutputs, RunSettings
     from pytest_afd.profiling.backend import ProfiledBackend
     from pytest_afd.profiling.cpu_run import TRACE_ROOT_PREFIX
 

@@ -6,14 +6,6 @@ import json
 import pytest
 
 from pytest_afd.backends import create_backend
-from pytest_afd.backends.base import (
-    CAP_AFD,
-    CAP_LOGITS,
-    BackendUnavailable,
-    CapabilityMissing,
-    PromptRequest,
-    RunSettings,
-)
 from pytest_afd.backends.vllm_ascend.backend import (
     ENV_MODEL_PATH,
     ENV_SERVED_MODEL_NAME,
@@ -29,9 +21,17 @@ from pytest_afd.backends.vllm_ascend.backend import (
     server_specs,
 )
 from pytest_afd.backends.vllm_ascend.launch import LaunchOptions, LaunchPlanError, build_launch_plan
+from pytest_afd.core.backend import (
+    CAP_AFD,
+    CAP_LOGITS,
+    BackendUnavailable,
+    CapabilityMissing,
+    PromptRequest,
+    RunSettings,
+)
 from pytest_afd.serving.http_backend import cpu_server_spec
 from pytest_afd.serving.lifecycle import ManagedServer
-from pytest_afd.topology import parse_topology
+from pytest_afd.topology.spec import parse_topology
 
 RECIPE = parse_topology("dp3pcp8-ep8")
 ENV_KEYS = (ENV_SERVER_URL, ENV_SERVER_SETTINGS, ENV_MODEL_PATH, ENV_SERVED_MODEL_NAME,

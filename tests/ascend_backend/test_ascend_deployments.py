@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_afd.backends.base import RunSettings
 from pytest_afd.backends.vllm_ascend.deployments import (
     LAUNCH_FIELDS,
     DeploymentConfigError,
     load_deployments,
     parse_deployments,
 )
+from pytest_afd.core.backend import RunSettings
 from pytest_afd.serving.http_backend import cpu_server_spec, server_side_settings
 from pytest_afd.serving.lifecycle import ServerGroup
 from tests.support.inner_pytest import UNRELATED_PLUGINS
@@ -39,7 +39,7 @@ SMALL = {"block_size": 16, "max_num_batched_tokens": 512, "max_num_seqs": 8}
 CPU_DEPLOY = f"{sys.executable} -m pytest_afd.serving.cpu_deploy"
 CASES = """
 import pytest
-from pytest_afd.backends.base import PromptRequest, RunSettings
+from pytest_afd.core.backend import PromptRequest, RunSettings
 
 SMALL = dict(block_size=16, max_num_batched_tokens=512, max_num_seqs=8, return_logits=False)
 PROMPTS = [PromptRequest("r0", tuple(range(1, 40)))]
@@ -180,7 +180,7 @@ def test_two(afd_backend):
 # -- deploy through a command --------------------------------------------------------------------
 DECLARING_CONFTEST = """
 import pytest
-from pytest_afd.backends.base import RunSettings
+from pytest_afd.core.backend import RunSettings
 
 SMALL = dict(block_size=16, max_num_batched_tokens=512, max_num_seqs=8)
 
@@ -307,8 +307,8 @@ def test_list_deployments_for_stage_a_runs_nothing(tmp_path, no_deployment):
 
 # -- labels: emulated everywhere -----------------------------------------------------------------
 def _manifest(emulated: bool, backend_name: str = "vllm-ascend") -> dict:
-    from pytest_afd.manifest import collect_manifest
-    from pytest_afd.topology import parse_topology
+    from pytest_afd.results.manifest import collect_manifest
+    from pytest_afd.topology.spec import parse_topology
 
     return collect_manifest(topology=parse_topology(TOPOLOGY), backend_name=backend_name,
                             backend_description={"devices_per_node": 16, "node_count": 2},
@@ -322,7 +322,7 @@ def test_manifest_takes_nodes_and_devices_from_the_deployment_not_the_default():
 
 
 def test_a_stand_in_case_is_labelled_emulated_everywhere():
-    from pytest_afd.result_writer import stand_in_labels
+    from pytest_afd.run.result_writer import stand_in_labels
 
     fields = {"manifest": _manifest(False), "backend": "vllm-ascend", "labels": None,
               "evidence": {"gate": {"cpu_emulation": {"pcp_size": 8}}}}

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_afd.backends.base import RunSettings
+from pytest_afd.core.backend import RunSettings
 from pytest_afd.serving.http_backend import cpu_server_spec
 from pytest_afd.serving.lifecycle import ManagedServer
 from tests.support.inner_pytest import UNRELATED_PLUGINS

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from pytest_afd.backends.base import RunSettings
 from pytest_afd.backends.vllm_ascend.launch import (
     LaunchOptions,
     LaunchPlanError,
@@ -17,6 +16,7 @@ from pytest_afd.backends.vllm_ascend.launch import (
     main,
     validate_plan,
 )
+from pytest_afd.core.backend import RunSettings
 
 MODEL = "/models/DeepSeek-V3.2-W8A8"
 RECIPE_NODES = ("10.0.0.1", "10.0.0.2")

@@ -14,10 +14,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-from pytest_afd.backends.base import PromptRequest, RunSettings
 from pytest_afd.backends.vllm_ascend.backend import LAUNCH_FIELDS, capabilities_for, local_launcher
+from pytest_afd.core.backend import PromptRequest, RunSettings
 from pytest_afd.serving.http_backend import HttpBackend
-from pytest_afd.topology import parse_topology
+from pytest_afd.topology.spec import parse_topology
 
 TOPOLOGY = parse_topology("dp1pcp8-ep8")
 

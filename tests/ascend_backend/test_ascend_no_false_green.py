@@ -88,7 +88,7 @@ def test_gate_skip_reasons_name_what_differs(tmp_path):
 
 
 STAND_IN_CONFTEST = '''
-from pytest_afd.backends.base import RunOutputs
+from pytest_afd.core.backend import RunOutputs
 from pytest_afd.serving.http_backend import HttpBackend
 
 

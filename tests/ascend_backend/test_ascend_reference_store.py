@@ -4,8 +4,8 @@
 import numpy as np
 import pytest
 
-from pytest_afd.backends.base import PromptRequest, RequestOutput, RunOutputs, RunSettings
-from pytest_afd.golden import (
+from pytest_afd.core.backend import PromptRequest, RequestOutput, RunOutputs, RunSettings
+from pytest_afd.golden.store import (
     GoldenCorruptError,
     GoldenMismatchError,
     GoldenStore,

@@ -17,7 +17,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pytest_afd.backends.base import BackendUnavailable, PromptRequest, RunSettings
 from pytest_afd.backends.vllm_ascend.backend import (
     ENV_SERVED_MODEL_NAME,
     ENV_SERVER_SETTINGS,
@@ -26,10 +25,11 @@ from pytest_afd.backends.vllm_ascend.backend import (
     create_backend,
     served_model_name,
 )
+from pytest_afd.core.backend import BackendUnavailable, PromptRequest, RunSettings
 from pytest_afd.serving.http_backend import cpu_server_spec
 from pytest_afd.serving.lifecycle import LOOPBACK_HOST, ManagedServer
 from pytest_afd.serving.server import AfdHTTPServer
-from pytest_afd.topology import parse_topology
+from pytest_afd.topology.spec import parse_topology
 
 TOPOLOGY = "dp3pcp8-ep8"
 

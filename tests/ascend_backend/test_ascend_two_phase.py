@@ -24,16 +24,16 @@ from pathlib import Path
 
 import pytest
 
-from pytest_afd.backends.base import RunSettings
 from pytest_afd.backends.vllm_ascend.backend import (
     ENV_SERVED_MODEL_NAME,
     ENV_SERVER_SETTINGS,
     ENV_SERVER_URL,
     LAUNCH_FIELDS,
 )
+from pytest_afd.core.backend import RunSettings
 from pytest_afd.serving.http_backend import cpu_server_spec
 from pytest_afd.serving.lifecycle import ManagedServer
-from pytest_afd.topology import parse_topology
+from pytest_afd.topology.spec import parse_topology
 from tests.support.inner_pytest import UNRELATED_PLUGINS
 
 pytestmark = pytest.mark.slow
@@ -48,7 +48,7 @@ GATES = (
     "suites/gates/test_gate_2_prefix_hit.py",
     "suites/gates/test_gate_3_chunked.py",
 )
-# The fault the broken candidate is served with (pytest_afd.faults, by name).
+# The fault the broken candidate is served with (pytest_afd.faults.registry, by name).
 FAULT_ENV = "PYTEST_AFD_FAULT"
 SEEDED_FAULT = "positions_not_sliced"
 

@@ -19,7 +19,7 @@ from pytest_afd.backends.vllm_ascend.recipe import (
     PLUGIN_INSTALL_ENV,
 )
 from pytest_afd.plugin import MARKERS
-from pytest_afd.topology import parse_topology
+from pytest_afd.topology.spec import parse_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"

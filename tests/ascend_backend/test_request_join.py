@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from pytest_afd.backends import create_backend
-from pytest_afd.backends.base import PromptRequest, RunOutputs, RunSettings
 from pytest_afd.backends.vllm_ascend.request_join import id_pattern, join_requests, prompt_index
 from pytest_afd.backends.vllm_ascend.worker_evidence import WorkerEvidenceBackend
+from pytest_afd.core.backend import PromptRequest, RunOutputs, RunSettings
 from suites.gates.gate_evidence import final_chunk_tokens, split_steps
 
 SMALL_MODEL = "reduced:num_hidden_layers=2,first_k_dense_replace=1"

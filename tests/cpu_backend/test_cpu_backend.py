@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from pytest_afd.backends import create_backend
-from pytest_afd.backends.base import Backend, PromptRequest, RunSettings
 from pytest_afd.backends.cpu import CAPABILITIES, CpuBackend, load_per_rank, named_config
 from pytest_afd.backends.cpu import create as create_cpu
-from pytest_afd.golden import FLOAT32_ATOL, FLOAT32_RTOL, W8A8_ATOL, W8A8_RTOL
-from pytest_afd.topology import parse_topology
+from pytest_afd.core.backend import Backend, PromptRequest, RunSettings
+from pytest_afd.golden.store import FLOAT32_ATOL, FLOAT32_RTOL, W8A8_ATOL, W8A8_RTOL
+from pytest_afd.topology.spec import parse_topology
 
 BLOCK = 32
 

@@ -13,7 +13,7 @@ from afd_split.engine.rows import gather_ubatch_rows
 from afd_split.pcp import relayout as pcp_relayout
 from afd_split.pcp import stage as pcp_stage
 from pytest_afd.backends.cpu.pcp import PcpEmulation
-from pytest_afd.faults import PCP_ROW_FAULTS, get_fault
+from pytest_afd.faults.registry import PCP_ROW_FAULTS, get_fault
 from tests.support.cpu_runner import Runner
 
 

@@ -10,7 +10,7 @@ import torch
 from afd_split import SplitConstraints, plan_split
 from afd_split.pcp.stage import stage_tokens
 from pytest_afd.backends.cpu.pcp_builders import changed_fields, full_batch_fields
-from pytest_afd.faults import get_fault
+from pytest_afd.faults.registry import get_fault
 from tests.support.cpu_runner import PCP_LENGTHS, Runner
 
 PCP = 2

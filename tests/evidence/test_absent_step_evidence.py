@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_afd import results
-from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
 from pytest_afd.backends.vllm_ascend.worker_evidence import (
     NO_STEP_LINES,
     WorkerEvidence,
     with_worker_evidence,
 )
-from pytest_afd.manifest import collect_manifest
+from pytest_afd.core.backend import RequestOutput, RunOutputs, RunSettings
 from pytest_afd.report.tables import _tokens_text
 from pytest_afd.report.values import mean_imbalance, step_time_s
-from pytest_afd.result_parts import NO_STEPS_REPORTED
+from pytest_afd.results import documents as results
+from pytest_afd.results.manifest import collect_manifest
+from pytest_afd.results.parts import NO_STEPS_REPORTED
 from pytest_afd.serving.http_backend import STEPS_NOT_OVER_HTTP
-from pytest_afd.topology import parse_topology
+from pytest_afd.topology.spec import parse_topology
 
 PROTOCOL = {"seed": 0, "warmups": 0, "repetitions": 1, "run_order": "interleaved",
             "instrumented": False, "routing": "natural"}

@@ -1,9 +1,9 @@
 """Absent timings are absent records with their reason, never an empty table."""
 
-from pytest_afd.backends.base import RunOutputs
 from pytest_afd.backends.cpu.run_evidence import timings_document
-from pytest_afd.result_parts import EMPTY_TIMINGS_REASON, evidence_from_outputs, timings_or_absent
-from pytest_afd.results import is_absent
+from pytest_afd.core.backend import RunOutputs
+from pytest_afd.results.documents import is_absent
+from pytest_afd.results.parts import EMPTY_TIMINGS_REASON, evidence_from_outputs, timings_or_absent
 
 
 def test_an_empty_timings_document_is_an_absent_record():

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_afd import results
 from pytest_afd.backends import create_backend
-from pytest_afd.backends.base import PromptRequest, RunOutputs, RunSettings
 from pytest_afd.backends.cpu.memory import AFD_PROCESSES_REASON, case_peak_bytes, tensors_bytes
-from pytest_afd.topology import parse_topology
+from pytest_afd.core.backend import PromptRequest, RunOutputs, RunSettings
+from pytest_afd.results import documents as results
+from pytest_afd.topology.spec import parse_topology
 
 PROMPTS = [PromptRequest("a", tuple(range(1, 41)))]
 SETTINGS = RunSettings(block_size=16, split_align=1, pcp_size=1)

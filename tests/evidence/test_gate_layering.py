@@ -7,7 +7,7 @@ from pathlib import Path
 
 GATES = Path(__file__).resolve().parents[2] / "suites" / "gates"
 # Backend implementations a gate must not import (the protocol lives in
-# pytest_afd.backends.base, the factory in pytest_afd.backends; pure helpers such
+# pytest_afd.core.backend, the factory in pytest_afd.backends; pure helpers such
 # as pytest_afd.serving.logprobs are not backends).
 INTERNAL_PREFIXES = ("pytest_afd.backends.cpu", "pytest_afd.backends.vllm_ascend",
                      "pytest_afd.serving.http_backend", "pytest_afd.serving.server",

@@ -6,8 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from pytest_afd.backends.base import RunSettings
-from pytest_afd.manifest import (
+from pytest_afd.core.backend import RunSettings
+from pytest_afd.results.documents import build_result, metrics_json, settings_json, workload_json
+from pytest_afd.results.manifest import (
     CASE_RUN_KEYS,
     RUN_KEYS,
     RUN_SECTION,
@@ -16,8 +17,7 @@ from pytest_afd.manifest import (
     stack_digest,
     with_run,
 )
-from pytest_afd.results import build_result, metrics_json, settings_json, workload_json
-from pytest_afd.topology import parse_topology
+from pytest_afd.topology.spec import parse_topology
 
 PROTOCOL = {"seed": 0, "warmups": 1, "repetitions": 3, "run_order": "interleaved"}
 

@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from pytest_afd import results
+from pytest_afd.results import documents as results
 from tests.support.forked_pytest import runpytest_forked
 from tests.support.inner_pytest import UNRELATED_PLUGINS
 
@@ -17,8 +17,8 @@ pytest_plugins = ["pytester"]
 
 CONFTEST = """
 import pytest
-from pytest_afd.backends.base import RequestOutput, RunOutputs, PromptRequest
-from pytest_afd import results
+from pytest_afd.core.backend import RequestOutput, RunOutputs, PromptRequest
+from pytest_afd.results import documents as results
 
 
 class FakeBackend:

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_afd import fault_check
 from pytest_afd.__main__ import main
-from pytest_afd.faults import FAULTS
+from pytest_afd.faults import check as fault_check
+from pytest_afd.faults.registry import FAULTS
 
 GATES_DIR = Path(__file__).resolve().parents[2] / "suites" / "gates"
 

@@ -8,10 +8,11 @@ import pytest
 import afd_split
 from afd_split import SplitInvariantError, plan_split
 from afd_split.checks.metadata import BatchMetadata, validate_split
-from pytest_afd import faults, split_faults
 from pytest_afd.backends.cpu import engine_glue, executor
 from pytest_afd.backends.cpu import pcp as pcp_emulation
 from pytest_afd.backends.cpu.afd import attention
+from pytest_afd.faults import registry as faults
+from pytest_afd.faults import split as split_faults
 
 REQUIRED = {
     "tail_computed_unadjusted", "positions_not_sliced", "slot_mapping_shifted",

@@ -17,7 +17,6 @@ from afd_split.checks.request_checks import LIST_CHECK_MAX_REQUESTS, validate_sp
 from afd_split.checks.requests import RequestFields, split_request_fields
 from afd_split.hook.planning.engine_step import check_engine_step, plan_engine_step, step_record
 from afd_split.plan.agree import fingerprint_words
-from pytest_afd import faults
 from pytest_afd.backends.cpu import backend, engine_glue
 from pytest_afd.backends.cpu.engine_glue import (
     ASCEND_ENGINE_LAYOUT,
@@ -27,6 +26,7 @@ from pytest_afd.backends.cpu.engine_glue import (
     engine_common,
     split_engine_metadata,
 )
+from pytest_afd.faults import registry as faults
 from tests.support.inner_pytest import UNRELATED_PLUGINS
 
 BLOCK = 16

@@ -293,14 +293,14 @@ def test_entry_point_is_declared_and_register_is_safe_without_afd_plugin():
 
 
 def test_hook_lines_round_trip_into_a_schema_valid_result(standin_plugin, tmp_path):
-    from pytest_afd import results
-    from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
     from pytest_afd.backends.vllm_ascend.worker_evidence import (
         read_new_records,
         with_worker_evidence,
     )
-    from pytest_afd.manifest import collect_manifest
-    from pytest_afd.topology import parse_topology
+    from pytest_afd.core.backend import RequestOutput, RunOutputs, RunSettings
+    from pytest_afd.results import documents as results
+    from pytest_afd.results.manifest import collect_manifest
+    from pytest_afd.topology.spec import parse_topology
 
     seams = standin_plugin("main")
     install_deferred(new_session=_session_factory(tmp_path))

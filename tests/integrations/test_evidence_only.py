@@ -36,11 +36,11 @@ from afd_split.hook.patches.router import install_evidence_only
 from afd_split.hook.planning.engine_step import StepRanks
 from afd_split.hook.planning.stages import SESSION_ATTRIBUTE, HookSession
 from afd_split.hook.planning.worker_evidence import EVIDENCE_DIR_ENV
-from pytest_afd import results
-from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
 from pytest_afd.backends.vllm_ascend.worker_evidence import read_new_records, with_worker_evidence
-from pytest_afd.manifest import collect_manifest
-from pytest_afd.topology import parse_topology
+from pytest_afd.core.backend import RequestOutput, RunOutputs, RunSettings
+from pytest_afd.results import documents as results
+from pytest_afd.results.manifest import collect_manifest
+from pytest_afd.topology.spec import parse_topology
 from tests.support.evidence_only_standins import deciding_runner_source
 from tests.support.hook_standins import (
     _load,

@@ -26,7 +26,7 @@ from afd_split.hook.install import install_deferred
 from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.stage import stage_tokens, zigzag_layout
 from pytest_afd.backends.cpu.pcp_builders import changed_fields, full_batch_fields
-from pytest_afd.faults import get_fault
+from pytest_afd.faults.registry import get_fault
 from tests.support.hook_pcp_runner import (
     RELEASE,
     configure_builders,

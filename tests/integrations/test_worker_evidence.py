@@ -19,9 +19,7 @@ from afd_split.hook.planning.worker_evidence import (
     encode_line,
     max_bytes_from_env,
 )
-from pytest_afd import results
 from pytest_afd.backends import create_backend
-from pytest_afd.backends.base import PromptRequest, RunOutputs, RunSettings
 from pytest_afd.backends.vllm_ascend.worker_evidence import (
     WorkerEvidenceBackend,
     read_new_records,
@@ -29,8 +27,10 @@ from pytest_afd.backends.vllm_ascend.worker_evidence import (
     summed_expert_load,
     with_worker_evidence,
 )
-from pytest_afd.manifest import collect_manifest
-from pytest_afd.topology import parse_topology
+from pytest_afd.core.backend import PromptRequest, RunOutputs, RunSettings
+from pytest_afd.results import documents as results
+from pytest_afd.results.manifest import collect_manifest
+from pytest_afd.topology.spec import parse_topology
 
 READ_LIMIT = 1 << 20
 PROTOCOL = {"seed": 0, "warmups": 0, "repetitions": 1, "run_order": "interleaved",

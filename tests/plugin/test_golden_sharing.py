@@ -15,14 +15,14 @@ import re
 import numpy as np
 import pytest
 
-from pytest_afd.golden import (
+from pytest_afd.golden.store import (
     GoldenManifestError,
     GoldenManifestWarning,
     GoldenMismatchError,
     GoldenProfileError,
     GoldenStore,
 )
-from pytest_afd.manifest import manifest_differences, manifest_digest
+from pytest_afd.results.manifest import manifest_differences, manifest_digest
 
 pytest_plugins = ["pytester"]
 

@@ -3,7 +3,7 @@
 import json
 import os
 
-from pytest_afd.results_dir import STALE_TEMP_AGE_S
+from pytest_afd.results.directory import STALE_TEMP_AGE_S
 
 pytest_plugins = ["pytester"]
 # A gate case: a session that selects no AFD case leaves the summary alone anyway.

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_afd.golden import (
+from pytest_afd.golden.store import (
     PROFILES,
     W8A8_ATOL,
     GoldenCorruptError,
@@ -61,7 +61,7 @@ def test_plugin_topk_logprob_profile():
     swapped = np.array([[4.9, 5.0, 0.0, -1.0], [0.0, 1.0, 9.0, 2.0]])
     assert compare(swapped, golden, "topk_logprob").ok
     far = np.array([[5.0, 4.9, 0.0, -1.0], [9.0, 1.0, 0.0, 2.0]])
-    from pytest_afd.golden import ToleranceProfile
+    from pytest_afd.golden.store import ToleranceProfile
 
     result = compare(far, golden, ToleranceProfile("top2", "topk", topk=2))
     assert not result.ok and "row 1: token 0 vs golden 2" in result.report

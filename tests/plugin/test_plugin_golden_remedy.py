@@ -10,7 +10,7 @@ import pytest
 pytest_plugins = ["pytester"]
 
 CORRUPTS_THEN_LOADS = """
-from pytest_afd.golden import GoldenCorruptError, GoldenMissingError
+from pytest_afd.golden.store import GoldenCorruptError, GoldenMissingError
 
 def test_remedy(golden):
     golden.save("reference/case", [1.0, 2.0])

@@ -58,7 +58,7 @@ def test_crashed_xdist_worker_fails_its_test_and_keeps_every_result(fork_server,
 
 
 def test_recovery_reads_only_this_sessions_valid_results(tmp_path):
-    from pytest_afd.results_dir import results_written_since
+    from pytest_afd.results.directory import results_written_since
 
     (tmp_path / "summary.json").write_text("{}")
     (tmp_path / "broken.json").write_bytes(b"\xff\xfe")

@@ -1,4 +1,4 @@
-"""No pytest_afd module imports the plugin module: its state lives in pytest_afd.session.
+"""No pytest_afd module imports the plugin module: its state lives in pytest_afd.run.session.
 
 outcomes.py once imported pytest_afd.plugin lazily inside a method because the
 plugin imported it back (an import cycle); suites imported it for ``afd_session``.

@@ -2,8 +2,8 @@
 
 import pytest
 
-from pytest_afd.model_fit import DEEPSEEK_V3_2, ModelShape, fit_errors, session_shapes
-from pytest_afd.topology import parse_topology
+from pytest_afd.backends.model_fit import DEEPSEEK_V3_2, ModelShape, fit_errors, session_shapes
+from pytest_afd.topology.spec import parse_topology
 
 pytest_plugins = ["pytester"]
 

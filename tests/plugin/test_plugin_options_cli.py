@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_afd.early_setup import option_values
-from pytest_afd.option_specs import OPTION_SPECS, value_flags
+from pytest_afd.run.early_setup import option_values
+from pytest_afd.run.option_specs import OPTION_SPECS, value_flags
 
 pytest_plugins = ["pytester"]
 
@@ -102,7 +102,7 @@ def test_a_moved_rootdir_that_cannot_be_repaired_is_a_usage_error(pytester, tmp_
 
 
 def test_docs_plugin_md_lists_every_option():
-    from pytest_afd import reference_phase
+    from pytest_afd.golden import reference_phase
 
     docs = (Path(__file__).resolve().parents[2] / "docs" / "plugin.md").read_text()
     flags = [spec.flag for spec in OPTION_SPECS] + [reference_phase.FLAG]

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from pytest_afd.session import EXIT_BACKEND_UNAVAILABLE
+from pytest_afd.run.session import EXIT_BACKEND_UNAVAILABLE
 from tests.support.forked_pytest import runpytest_forked
 from tests.support.plugin_pytester import FAST, run_fast
 

@@ -6,11 +6,11 @@ import os
 
 import pytest
 
-from pytest_afd import results
-from pytest_afd.backends.base import RunSettings
-from pytest_afd.manifest import collect_manifest, manifest_digest
-from pytest_afd.stats import run_repeated
-from pytest_afd.topology import parse_topology
+from pytest_afd.core.backend import RunSettings
+from pytest_afd.results import documents as results
+from pytest_afd.results.manifest import collect_manifest, manifest_digest
+from pytest_afd.stats.repetitions import run_repeated
+from pytest_afd.topology.spec import parse_topology
 from tests.support.result_data import PROTOCOL, make_outputs
 
 
@@ -194,7 +194,7 @@ def test_plugin_docs_map_every_rfc_field():
 
 
 def test_plugin_manifest_reads_npu_smi(tmp_path, monkeypatch):
-    from pytest_afd import host_probe as manifest_module
+    from pytest_afd.results import host_probe as manifest_module
 
     fake = tmp_path / "npu-smi"
     fake.write_text(
@@ -217,7 +217,7 @@ def test_plugin_manifest_reads_npu_smi(tmp_path, monkeypatch):
 def test_plugin_schemas_are_valid_2020_12_with_id_and_version():
     from jsonschema import Draft202012Validator
 
-    from pytest_afd.manifest import MANIFEST_SCHEMA_VERSION
+    from pytest_afd.results.manifest import MANIFEST_SCHEMA_VERSION
 
     for file_name, version in (("manifest.schema.json", MANIFEST_SCHEMA_VERSION),
                                ("result.schema.json", results.SCHEMA_VERSION)):

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from pytest_afd.stats import execution_order, run_repeated, summarize
+from pytest_afd.stats.repetitions import execution_order, run_repeated, summarize
 
 
 def test_plugin_summarize_values():

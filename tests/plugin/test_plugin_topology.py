@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_afd.topology import (
+from pytest_afd.topology.spec import (
     DEFAULT_CPU_TOPOLOGY,
     MAX_TOTAL_RANKS,
     TopologyError,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pytest_afd.report.loading import load_results
-from pytest_afd.shared_results import (
+from pytest_afd.results.shared import (
     SESSIONS_DIR_NAME,
     SessionLease,
     live_sessions,
@@ -117,11 +117,11 @@ def test_two_sessions_on_one_results_dir_keep_their_own_outcomes(tmp_path):
 
 
 def _doc(session_id: str, note: str) -> dict:
-    from pytest_afd import results
-    from pytest_afd.backends.base import RunSettings
-    from pytest_afd.manifest import collect_manifest
-    from pytest_afd.stats import run_repeated
-    from pytest_afd.topology import parse_topology
+    from pytest_afd.core.backend import RunSettings
+    from pytest_afd.results import documents as results
+    from pytest_afd.results.manifest import collect_manifest
+    from pytest_afd.stats.repetitions import run_repeated
+    from pytest_afd.topology.spec import parse_topology
 
     manifest = collect_manifest(topology=parse_topology("dp1tp1-ep1"), backend_name="cpu",
                                 backend_description={}, model_name="reduced", protocol=PROTOCOL,

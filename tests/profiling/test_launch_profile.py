@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_afd.backends.base import PromptRequest, RunOutputs, RunSettings
 from pytest_afd.backends.vllm_ascend import backend as ascend_backend
+from pytest_afd.core.backend import PromptRequest, RunOutputs, RunSettings
 from pytest_afd.profiling import schedule
 from pytest_afd.profiling.backend import ProfiledBackend
 from pytest_afd.profiling.launch_profile import STEPS_ASSUMED, STEPS_FROM_EVIDENCE, LaunchProfile
-from pytest_afd.topology import parse_topology
+from pytest_afd.topology.spec import parse_topology
 
 DATA = Path(__file__).with_name("data")
 PROMPTS = [PromptRequest("r0", (1, 2, 3)), PromptRequest("r1", (4, 5))]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_afd.backends.base import CAP_INSTRUMENTATION, PromptRequest, RunOutputs, RunSettings
 from pytest_afd.backends.vllm_ascend.launch import LaunchOptions, build_launch_plan, main
+from pytest_afd.core.backend import CAP_INSTRUMENTATION, PromptRequest, RunOutputs, RunSettings
 from pytest_afd.profiling import device_metrics, evidence, schedule
 from pytest_afd.profiling.backend import ProfiledBackend
 
@@ -184,7 +184,7 @@ def test_profiled_backend_samples_measured_runs_only(tmp_path, monkeypatch):
 
 
 def test_layout_devices_split_by_role():
-    from pytest_afd.topology import parse_topology
+    from pytest_afd.topology.spec import parse_topology
 
     devices = device_metrics.layout_devices(parse_topology("dp2-ep2"), 16)
     assert set(devices) == {"attention", "ffn"}

@@ -3,7 +3,7 @@
 Results are built through the writer's own functions (metrics_from_runs,
 host_json) from runs whose wall and CPU times and recorded load are given, so
 the compare logic is tested without timing anything. The slowdown is the
-seeded perf fault (pytest_afd.perf_fault.Slowdown) applied as the live fault
+seeded perf fault (pytest_afd.faults.perf.Slowdown) applied as the live fault
 applies it.
 """
 
@@ -12,9 +12,9 @@ import json
 import numpy as np
 import pytest
 
-from pytest_afd import host, perf_fault, session_noise
 from pytest_afd.__main__ import main
-from pytest_afd.backends.base import RequestOutput, RunOutputs
+from pytest_afd.core.backend import RequestOutput, RunOutputs
+from pytest_afd.faults import perf as perf_fault
 from pytest_afd.report.compare import CPU_DISAGREES, NO_DIFFERENCE, significance_call
 from pytest_afd.report.noise import (
     CALIBRATION_ENV,
@@ -22,7 +22,8 @@ from pytest_afd.report.noise import (
     host_difference,
     read_calibration,
 )
-from pytest_afd.results import validate_result
+from pytest_afd.results.documents import validate_result
+from pytest_afd.stats import host, session_noise
 from pytest_afd.workloads import make_workload
 from tests.support.report_builders import SMALL, make_result, write
 

@@ -8,7 +8,8 @@ condition" table of the same report, and both against the numbers fed in.
 
 import pytest
 
-from pytest_afd import conclusions, report, session_noise, verdicts
+from pytest_afd import report
+from pytest_afd.stats import conclusions, session_noise, verdicts
 from pytest_afd.workloads import make_workload
 from tests.support.report_builders import SMALL, make_result, stamped, write
 

@@ -10,12 +10,12 @@ tick labels under three squashed panels).
 import pytest
 from matplotlib.figure import Figure
 
-from pytest_afd import results
 from pytest_afd.report import LoadedResult
 from pytest_afd.report.plots import PLOTTERS, draw_chunk_sweep, draw_policy_metrics
 from pytest_afd.report.point_plots import imbalance_key, imbalance_points, key_outliers
 from pytest_afd.report.sidebyside import draw_side_by_side
 from pytest_afd.report.values import mean_imbalance
+from pytest_afd.results import documents as results
 from pytest_afd.workloads import make_workload
 from tests.support.layout_check import layout_problems
 from tests.support.report_builders import SMALL, make_manifest, make_result

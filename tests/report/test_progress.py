@@ -4,7 +4,7 @@ import io
 
 import pytest
 
-from pytest_afd.progress import (
+from pytest_afd.run.progress import (
     ERASE_LINE,
     LiveLines,
     Progress,
@@ -67,7 +67,7 @@ def test_stream_emitter_writes_flushed_lines():
 
 
 PROGRESS_TEST = """
-from pytest_afd.progress import Progress, pytest_emitter
+from pytest_afd.run.progress import Progress, pytest_emitter
 
 def test_loop(request):
     progress = Progress(3, pytest_emitter(request.config), title="loop")

@@ -1,7 +1,7 @@
 """Gates get their own section: logit error against tolerance per case, one figure, no perf plots."""
 
 from pytest_afd import report
-from pytest_afd.golden import PROFILES
+from pytest_afd.golden.store import PROFILES
 from pytest_afd.workloads import make_workload
 from tests.support.report_builders import SMALL, make_result, stamped, write
 

@@ -1,4 +1,4 @@
-"""The Markdown + PNG report, from result documents built and validated by pytest_afd.results."""
+"""The Markdown + PNG report, from result documents built and validated by pytest_afd.results.documents."""
 
 import json
 import subprocess
@@ -7,9 +7,10 @@ import sys
 import pytest
 from matplotlib import image as mpimg
 
-from pytest_afd import report, results
+from pytest_afd import report
 from pytest_afd.__main__ import main
-from pytest_afd.manifest import stack_digest
+from pytest_afd.results import documents as results
+from pytest_afd.results.manifest import stack_digest
 from pytest_afd.scheduling import SchedulerConfig, schedule
 from pytest_afd.workloads import make_workload
 from tests.support.report_builders import NUM_LAYERS, SMALL, make_manifest, make_result, write

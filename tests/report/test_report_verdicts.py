@@ -1,6 +1,7 @@
 """Verdicts first: Stage A's ranking and every stage's conclusion lead the report; noise marked."""
 
-from pytest_afd import report, verdicts
+from pytest_afd import report
+from pytest_afd.stats import verdicts
 from pytest_afd.workloads import make_workload
 from tests.support.report_builders import SMALL, make_result, stamped, write
 

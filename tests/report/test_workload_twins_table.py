@@ -2,7 +2,7 @@
 the hit-0 twin's) and what a warm cache leaves to compute."""
 
 from pytest_afd import report
-from pytest_afd.results import prompt_length_summary
+from pytest_afd.results.documents import prompt_length_summary
 from pytest_afd.workloads import make_workload
 from tests.support.report_builders import SMALL, make_result, stamped, write
 

@@ -3,7 +3,7 @@
 import pytest
 
 from pytest_afd.backends import create_backend
-from pytest_afd.topology import parse_topology
+from pytest_afd.topology.spec import parse_topology
 from tests.support.serving_test_helpers import MODEL
 
 

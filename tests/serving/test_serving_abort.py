@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from pytest_afd.backends.base import PromptRequest, RunSettings
+from pytest_afd.core.backend import PromptRequest, RunSettings
 from pytest_afd.serving.engine import EngineStopped, PrefillEngine
 from pytest_afd.serving.prometheus import ServerCounters, parse_prometheus, sum_metric
 from pytest_afd.serving.requests import ServingLimits

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pytest_afd.backends.base import PromptRequest, RunSettings
+from pytest_afd.core.backend import PromptRequest, RunSettings
 from pytest_afd.serving.client import CompletionsClient
 from pytest_afd.serving.engine import PrefillEngine
 from pytest_afd.serving.requests import ServingLimits

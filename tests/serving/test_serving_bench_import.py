@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_afd import results
-from pytest_afd.backends.base import RunSettings
-from pytest_afd.manifest import collect_manifest
+from pytest_afd.core.backend import RunSettings
+from pytest_afd.results import documents as results
+from pytest_afd.results.manifest import collect_manifest
 from pytest_afd.serving.bench_import import (
     BenchImportError,
     arrival_description,
@@ -15,7 +15,7 @@ from pytest_afd.serving.bench_import import (
     main,
 )
 from pytest_afd.serving.prometheus import PrefixCacheDelta
-from pytest_afd.topology import parse_topology
+from pytest_afd.topology.spec import parse_topology
 
 # Written from the field list vllm/benchmarks/serve.py saves (revision in docs/ascend.md).
 BENCH_FILE = Path(__file__).parent / "data" / "vllm_bench_serve_detailed.json"

@@ -6,12 +6,12 @@ import json
 import pytest
 
 from pytest_afd.backends import create_backend
-from pytest_afd.backends.base import PromptRequest, RunSettings
+from pytest_afd.core.backend import PromptRequest, RunSettings
 from pytest_afd.serving.client import Arrival, CompletionsClient
 from pytest_afd.serving.http_backend import cpu_server_spec
 from pytest_afd.serving.lifecycle import ManagedServer
 from pytest_afd.serving.prometheus import parse_prometheus, sum_metric
-from pytest_afd.topology import parse_topology
+from pytest_afd.topology.spec import parse_topology
 from pytest_afd.workloads import WorkloadSpec, build_workload
 
 SERVER_TOPOLOGY = "dp3pcp8-ep8"

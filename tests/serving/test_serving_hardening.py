@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from pytest_afd.backends.base import RunSettings
+from pytest_afd.core.backend import RunSettings
 from pytest_afd.serving.requests import DEFAULT_REQUEST_QUEUE_SIZE, MAX_JSON_DEPTH, ServingLimits
 from pytest_afd.serving.server import described_vocab_size
 from tests.support.serving_test_helpers import (

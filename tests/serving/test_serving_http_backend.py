@@ -2,7 +2,7 @@
 
 import pytest
 
-from pytest_afd.backends.base import Backend, PromptRequest, RunSettings
+from pytest_afd.core.backend import Backend, PromptRequest, RunSettings
 from pytest_afd.serving.http_backend import (
     AttachedServer,
     HttpBackend,

@@ -3,7 +3,7 @@ marks (``X-AFD-Instrument``) run in an instrumented batch, unmarked ones never d
 
 from __future__ import annotations
 
-from pytest_afd.backends.base import PromptRequest
+from pytest_afd.core.backend import PromptRequest
 from pytest_afd.serving.client import CompletionsClient
 from pytest_afd.serving.requests import ServingLimits
 from tests.support.serving_test_helpers import MODEL, VOCAB, RecordingBackend, prompt, serving

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_afd.backends.base import PromptRequest, RunSettings
+from pytest_afd.core.backend import PromptRequest, RunSettings
 from pytest_afd.serving.client import Arrival, CompletionsClient
 from pytest_afd.serving.http_backend import cpu_server_spec
 from pytest_afd.serving.lifecycle import (

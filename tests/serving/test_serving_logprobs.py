@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 
 from pytest_afd.backends import create_backend
-from pytest_afd.backends.base import CAP_TOPK_LOGPROBS, PromptRequest, RunSettings
+from pytest_afd.core.backend import CAP_TOPK_LOGPROBS, PromptRequest, RunSettings
 from pytest_afd.serving import logprobs as lp
 from pytest_afd.serving.client import CompletionsClient
 from pytest_afd.serving.handler import parse_logprobs_request
 from pytest_afd.serving.http_backend import HttpBackend, cpu_server_spec
 from pytest_afd.serving.lifecycle import ManagedServer
 from pytest_afd.serving.requests import BadRequest
-from pytest_afd.topology import parse_topology
+from pytest_afd.topology.spec import parse_topology
 
 TOPOLOGY = "dp3pcp8-ep8"
 SETTINGS = RunSettings(block_size=16, return_logits=False)

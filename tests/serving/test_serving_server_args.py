@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pytest_afd.backends.base import RunSettings
+from pytest_afd.core.backend import RunSettings
 from pytest_afd.serving.http_backend import cpu_server_spec
 from pytest_afd.serving.requests import BadRequest, parse_completion_request
 from pytest_afd.serving.server import (

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from afd_split.hook.planning.worker_evidence import EVIDENCE_DIR_ENV
-from pytest_afd import results
-from pytest_afd.backends.base import PromptRequest, RunSettings
 from pytest_afd.backends.vllm_ascend.worker_evidence import WorkerEvidenceBackend
+from pytest_afd.core.backend import PromptRequest, RunSettings
+from pytest_afd.results import documents as results
 from pytest_afd.serving.http_backend import (
     STEPS_NOT_OVER_HTTP,
     HttpBackend,

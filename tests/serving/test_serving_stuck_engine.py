@@ -19,7 +19,7 @@ import time
 import pytest
 
 from pytest_afd.backends import create_backend
-from pytest_afd.backends.base import RunSettings
+from pytest_afd.core.backend import RunSettings
 from pytest_afd.serving.requests import ServingLimits
 from tests.support.serving_test_helpers import CLIENT_TIMEOUT_S, post, prompt, serving
 

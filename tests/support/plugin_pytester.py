@@ -14,8 +14,8 @@ from tests.support.inner_pytest import UNRELATED_PLUGINS
 FAKE_CONFTEST = """
 import os
 import pytest
-from pytest_afd.backends.base import BackendUnavailable, RequestOutput, RunOutputs
-from pytest_afd import results
+from pytest_afd.core.backend import BackendUnavailable, RequestOutput, RunOutputs
+from pytest_afd.results import documents as results
 
 
 class FakeBackend:
@@ -58,7 +58,7 @@ def pytest_afd_result_written(config, path, result):
 
 @pytest.fixture
 def record_case(afd_backend, afd_options, afd_results, npu_topology):
-    from pytest_afd.backends.base import PromptRequest
+    from pytest_afd.core.backend import PromptRequest
 
     def record(**kwargs):
         settings = afd_options.run_settings()

@@ -1,4 +1,4 @@
-"""Result documents for report tests, built and validated by pytest_afd.results.
+"""Result documents for report tests, built and validated by pytest_afd.results.documents.
 
 Imported by the tests of this directory (pytest puts it on sys.path).
 """
@@ -6,12 +6,12 @@ Imported by the tests of this directory (pytest puts it on sys.path).
 import numpy as np
 
 from afd_split import SplitConstraints, SplitPolicy, plan_split
-from pytest_afd import results
-from pytest_afd.backends.base import RequestOutput, RunOutputs, RunSettings
-from pytest_afd.host import HostSample, host_json
-from pytest_afd.manifest import collect_manifest
-from pytest_afd.stats import execution_order
-from pytest_afd.topology import parse_topology
+from pytest_afd.core.backend import RequestOutput, RunOutputs, RunSettings
+from pytest_afd.results import documents as results
+from pytest_afd.results.manifest import collect_manifest
+from pytest_afd.stats.host import HostSample, host_json
+from pytest_afd.stats.repetitions import execution_order
+from pytest_afd.topology.spec import parse_topology
 
 SMALL = {"target_total_tokens": 16384, "scale": 1 / 32, "block_size": 16, "vocab_size": 128}
 REPS = 3

@@ -1,7 +1,7 @@
 """A small hand-made run's protocol and outputs (three requests, one failed; one split step),
 shared by the result-schema tests and the shared-results-directory tests."""
 
-from pytest_afd.backends.base import RequestOutput, RunOutputs
+from pytest_afd.core.backend import RequestOutput, RunOutputs
 
 PROTOCOL = {"seed": 0, "warmups": 1, "repetitions": 3, "run_order": "interleaved",
             "instrumented": False, "routing": "natural"}

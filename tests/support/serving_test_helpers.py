@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
-from pytest_afd.backends.base import RunSettings
+from pytest_afd.core.backend import RunSettings
 from pytest_afd.serving.engine import DEFAULT_STALL_TIMEOUT_S, PrefillEngine
 from pytest_afd.serving.requests import ServingLimits
 from pytest_afd.serving.server import AfdHTTPServer

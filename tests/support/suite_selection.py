@@ -15,7 +15,7 @@ import itertools
 import re
 from pathlib import Path
 
-from pytest_afd.markers import STAGE_MARKERS
+from pytest_afd.core.markers import STAGE_MARKERS
 
 SUITE_MARKERS = frozenset({"gate", *STAGE_MARKERS})
 EXPRESSION_KEYWORDS = frozenset({"and", "or", "not"})

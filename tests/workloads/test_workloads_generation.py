@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from pytest_afd.backends.base import PromptRequest
+from pytest_afd.core.backend import PromptRequest
 from pytest_afd.workloads import (
     ADVERSARIAL,
     BIMODAL,

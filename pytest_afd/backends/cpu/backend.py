@@ -29,21 +29,6 @@ from afd_split.hook.planning.engine_step import (
     step_record,
 )
 from afd_split.hook.planning.worker_evidence import EvidenceSettings
-from pytest_afd.backends.base import (
-    CAP_AFD,
-    CAP_CHUNKED_PREFILL,
-    CAP_FORCED_ROUTING,
-    CAP_INSTRUMENTATION,
-    CAP_LOGITS,
-    CAP_PREFIX_CACHE,
-    CAP_SPLIT,
-    CAP_SPLIT_OBSERVER,
-    CAP_W8A8,
-    PromptRequest,
-    RequestOutput,
-    RunOutputs,
-    RunSettings,
-)
 from pytest_afd.backends.cpu.afd import AfdExecutor, AfdRuntime, RankKVCache
 from pytest_afd.backends.cpu.afd.runtime import DEFAULT_PEER_TIMEOUT_S
 from pytest_afd.backends.cpu.config import ModelConfig
@@ -72,6 +57,21 @@ from pytest_afd.backends.cpu.run_evidence import (
     timings_document,
 )
 from pytest_afd.backends.cpu.weights import weights_digest
+from pytest_afd.core.backend import (
+    CAP_AFD,
+    CAP_CHUNKED_PREFILL,
+    CAP_FORCED_ROUTING,
+    CAP_INSTRUMENTATION,
+    CAP_LOGITS,
+    CAP_PREFIX_CACHE,
+    CAP_SPLIT,
+    CAP_SPLIT_OBSERVER,
+    CAP_W8A8,
+    PromptRequest,
+    RequestOutput,
+    RunOutputs,
+    RunSettings,
+)
 from pytest_afd.profiling import cpu_run
 from pytest_afd.scheduling import PrefixCacheIndex, SchedulerConfig, schedule
 
@@ -94,7 +94,7 @@ class _CacheState:
 
 
 class CpuBackend:
-    """In-process CPU backend implementing the :class:`~pytest_afd.backends.base.Backend` protocol."""
+    """In-process CPU backend implementing the :class:`~pytest_afd.core.backend.Backend` protocol."""
 
     name = BACKEND_NAME
     capabilities = CAPABILITIES

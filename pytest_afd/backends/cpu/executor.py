@@ -105,7 +105,7 @@ class Executor:
             )
         self.model = model
         self.kv_cache = kv_cache
-        # ``pytest_afd.backends.base.SplitObserver``s shown every split this executor runs.
+        # ``pytest_afd.core.backend.SplitObserver``s shown every split this executor runs.
         self.split_observers = tuple(split_observers)
 
     @torch.inference_mode()

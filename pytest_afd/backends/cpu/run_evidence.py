@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from pytest_afd.backends.base import RunSettings
+from pytest_afd.core.backend import RunSettings
 
 # AFD-runtime step evidence lifted to the top level of each step (Stage A reads them).
 AFD_STEP_SUMMARY_KEYS = ("overlap_fraction", "straggler_s", "exposed_bubble_s", "ffn_idle_s")

@@ -1,7 +1,7 @@
 """vLLM-Ascend backend: launch plans (``afd-launch-plan``) and servers driven over HTTP.
 
 Importing this package imports neither vLLM nor torch-npu; :func:`create`
-raises :class:`~pytest_afd.backends.base.BackendUnavailable` with the reason
+raises :class:`~pytest_afd.core.backend.BackendUnavailable` with the reason
 when servers cannot be launched or attached to here.
 """
 
@@ -18,7 +18,7 @@ from pytest_afd.backends.vllm_ascend.launch import (
     validate_plan,
 )
 from pytest_afd.serving.http_backend import HttpBackend
-from pytest_afd.topology import Topology
+from pytest_afd.topology.spec import Topology
 
 
 def create(*, topology: Topology, model_name: str, seed: int, results_dir: str | Path,

@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_afd.backends.base import BackendUnavailable, RunSettings
 from pytest_afd.backends.vllm_ascend.deployments import (
     ENV_DEPLOY_COMMAND,
     ENV_DEPLOYMENTS,
@@ -43,9 +42,10 @@ from pytest_afd.backends.vllm_ascend.listing import (
     read_plan,
 )
 from pytest_afd.backends.vllm_ascend.plan import ENV_ATTACH_SETTINGS, ENV_ATTACH_URL
+from pytest_afd.core.backend import BackendUnavailable, RunSettings
 from pytest_afd.serving.client import ClientError, CompletionsClient
 from pytest_afd.serving.http_backend import server_side_settings
-from pytest_afd.topology import Topology
+from pytest_afd.topology.spec import Topology
 
 ENV_SERVED_MODEL_NAME = "AFD_ASCEND_SERVED_MODEL_NAME"
 ENV_DEVICES_PER_NODE = "AFD_DEVICES_PER_NODE"

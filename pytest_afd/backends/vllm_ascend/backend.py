@@ -23,18 +23,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_afd.backends.base import (
-    CAP_AFD,
-    CAP_CHUNKED_PREFILL,
-    CAP_FORCED_ROUTING,
-    CAP_PREFIX_CACHE,
-    CAP_SPLIT,
-    CAP_TOPK_LOGPROBS,
-    CAP_W8A8,
-    BackendUnavailable,
-    CapabilityMissing,
-    RunSettings,
-)
 from pytest_afd.backends.vllm_ascend.attach import (  # noqa: F401  (re-exported)
     ENV_SERVED_MODEL_NAME,
     attach_or_deploy,
@@ -58,6 +46,18 @@ from pytest_afd.backends.vllm_ascend.launch import (
 )
 from pytest_afd.backends.vllm_ascend.listing import checkpoint_facts
 from pytest_afd.backends.vllm_ascend.worker_evidence import WorkerEvidenceBackend
+from pytest_afd.core.backend import (
+    CAP_AFD,
+    CAP_CHUNKED_PREFILL,
+    CAP_FORCED_ROUTING,
+    CAP_PREFIX_CACHE,
+    CAP_SPLIT,
+    CAP_TOPK_LOGPROBS,
+    CAP_W8A8,
+    BackendUnavailable,
+    CapabilityMissing,
+    RunSettings,
+)
 from pytest_afd.profiling import device_metrics
 from pytest_afd.profiling.backend import ProfiledBackend
 from pytest_afd.profiling.launch_profile import INSTRUMENT_FIELD, TRACE_ROOT_NAME, LaunchProfile
@@ -67,7 +67,7 @@ from pytest_afd.serving.http_backend import (
     ManagedSession,
 )
 from pytest_afd.serving.lifecycle import LOOPBACK_HOST, ServerGroup, ServerSpec
-from pytest_afd.topology import Topology
+from pytest_afd.topology.spec import Topology
 
 BACKEND_NAME = "vllm-ascend"
 ENV_SERVER_URL = ENV_ATTACH_URL

@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import Sequence
 
+from pytest_afd.backends.model_fit import DEEPSEEK_V3_2, experts_error, heads_error
 from pytest_afd.backends.vllm_ascend import recipe
 from pytest_afd.backends.vllm_ascend.plan import (
     BATCHED_TOKENS_FLAG,
@@ -31,8 +32,7 @@ from pytest_afd.backends.vllm_ascend.plan import (
     RoleShape,
     has_flag,
 )
-from pytest_afd.model_fit import DEEPSEEK_V3_2, experts_error, heads_error
-from pytest_afd.topology import RolePart, Topology
+from pytest_afd.topology.spec import RolePart, Topology
 
 # RFC 1123 host names: dot-separated labels of letters, digits and inner hyphens.
 _HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from pytest_afd.backends.base import CapabilityMissing, RunSettings, run_settings_from
+from pytest_afd.core.backend import CapabilityMissing, RunSettings, run_settings_from
 from pytest_afd.serving.http_backend import AttachedServer, server_side_settings
 
 ENV_DEPLOYMENTS = "AFD_ASCEND_DEPLOYMENTS"

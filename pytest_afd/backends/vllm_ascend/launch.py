@@ -64,7 +64,7 @@ from pytest_afd.backends.vllm_ascend.plan import (  # noqa: F401  (re-exported)
     has_flag,
 )
 from pytest_afd.profiling import cli_launch as profile_cli
-from pytest_afd.topology import (
+from pytest_afd.topology.spec import (
     DEFAULT_DEVICES_PER_NODE,
     RankInfo,
     Topology,

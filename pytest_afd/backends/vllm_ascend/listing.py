@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pytest_afd.backends.base import RunSettings
 from pytest_afd.backends.vllm_ascend.deployments import launch_key
 from pytest_afd.backends.vllm_ascend.launch import (
     POLICY_TO_SPLIT,
@@ -26,7 +25,8 @@ from pytest_afd.backends.vllm_ascend.launch import (
     build_launch_plan,
 )
 from pytest_afd.backends.vllm_ascend.plan import flag_values, has_flag
-from pytest_afd.topology import Topology
+from pytest_afd.core.backend import RunSettings
+from pytest_afd.topology.spec import Topology
 
 LAUNCH_PLAN_COMMAND = "afd-launch-plan"
 ENV_MODEL_PATH = "AFD_ASCEND_MODEL_PATH"

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_afd.backends.vllm_ascend import recipe
-from pytest_afd.topology import DEFAULT_DEVICES_PER_NODE
+from pytest_afd.topology.spec import DEFAULT_DEVICES_PER_NODE
 
 CONNECTOR = "CAMAsyncAFDConnector"
 # CAM async MoE ubatching supports exactly two stages.

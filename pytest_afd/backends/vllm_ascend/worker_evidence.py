@@ -30,8 +30,8 @@ from afd_split.hook.planning.worker_evidence import (
     UNRECORDED_KIND,
     EvidenceSettings,
 )
-from pytest_afd.backends.base import PromptRequest, RunOutputs, RunSettings
 from pytest_afd.backends.vllm_ascend.request_join import join_requests
+from pytest_afd.core.backend import PromptRequest, RunOutputs, RunSettings
 
 STEP_FIELDS_REQUIRED = ("policy", "split_token", "ubatches", "imbalance", "ranks", "step")
 EXPERT_LOAD_FIELDS_REQUIRED = ("step", "ranks", "routing", "layers", "expert_per_rank",

@@ -36,7 +36,7 @@ HANG_SLEEP_S = 3600.0
 class RankLayout:
     """Rank layout shared by every process: Attention ranks first, then FFN ranks.
 
-    (Not :class:`pytest_afd.topology.Topology`, the deployment a run names: this is the
+    (Not :class:`pytest_afd.topology.spec.Topology`, the deployment a run names: this is the
     emulation's own process layout derived from it.)
     """
 

@@ -17,9 +17,9 @@ def make_role(spec: RankSpec, **kwargs) -> AttentionRole | FfnRole:
 
     The seeded fault named by ``$PYTEST_AFD_FAULT`` (inherited from the parent)
     is applied for the rank's lifetime, so the gates' AFD-process cases run the
-    faulty split path too (``pytest_afd.faults``).
+    faulty split path too (``pytest_afd.faults.registry``).
     """
-    from pytest_afd.faults import applied_from_env
+    from pytest_afd.faults.registry import applied_from_env
 
     role_class = AttentionRole if spec.role == ROLE_ATTENTION else FfnRole
     role = role_class(spec, **kwargs)

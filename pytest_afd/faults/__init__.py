@@ -1,0 +1,1 @@
+"""Seeded faults (the gates' own mutation check) and the fault-check command."""

@@ -1,0 +1,1 @@
+"""Golden outputs: the store, its files, tolerance comparisons and the reference phase."""

@@ -1,0 +1,1 @@
+"""One pytest session of the harness: options, outcomes, writer, terminal, deployments and A/B runs."""

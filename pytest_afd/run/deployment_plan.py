@@ -1,0 +1,236 @@
+"""Deployments a selection needs: ``--afd-list-deployments``, case order, and deployment errors.
+
+A test declares the server-side settings it runs through the
+``pytest_afd_deployment_settings`` hook (the stage suites read their
+``afd_deployments`` marker). From those declarations:
+
+* ``--afd-list-deployments`` prints (and writes to ``<results dir>/deployments.json``)
+  one entry per distinct configuration: settings, topology, model, its
+  ``afd-launch-plan`` command line and the cases that use it; nothing runs
+  (like ``--collect-only``).
+* Under ``AFD_ASCEND_DEPLOY_COMMAND`` cases are ordered so that cases needing
+  the same configurations run together, and after each case the deployments no
+  later case declares are stopped: each configuration is deployed once.
+* A run that asks for settings its case did not declare fails the case (the
+  declaration is what the listing and the order rely on).
+
+Deployment errors become outcomes here: no matching deployment skips the case
+with the settings named; an unreachable deployment or a bad deployments file
+stops the session once, with a non-zero exit status (never a pass/skip list).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pytest_afd.core.backend import RunSettings
+from pytest_afd.run.session import afd_session, is_worker
+
+PLUGIN_NAME = "afd-deployments"
+FLAG = "--afd-list-deployments"
+DEST = "afd_list_deployments"
+LISTING_FILE = "deployments.json"
+HARDWARE_BACKEND = "vllm-ascend"
+EXIT_DEPLOYMENT_ERROR = 7
+"""Exit status of a session stopped by a deployment error (unreachable, never healthy, bad file)."""
+_DECLARED = pytest.StashKey[dict[str, list[dict[str, Any]]]]()
+_NEEDED_AFTER = pytest.StashKey[dict[str, set[str]]]()
+
+
+def add_option(group: pytest.OptionGroup) -> None:
+    group.addoption(FLAG, dest=DEST, action="store_true", default=False,
+                    help="print the deployments (server-side settings, afd-launch-plan command "
+                         "line, cases) the selected cases need as JSON, write them to "
+                         f"<results dir>/{LISTING_FILE}, and run nothing")
+
+
+def _deployment_errors() -> tuple[type[BaseException], ...]:
+    from pytest_afd.backends.vllm_ascend.deployments import (
+        DeploymentConfigError,
+        DeploymentUnreachable,
+    )
+
+    return DeploymentUnreachable, DeploymentConfigError
+
+
+def _launch_key_text(settings: RunSettings) -> str:
+    from pytest_afd.backends.vllm_ascend.deployments import key_text, launch_key
+
+    return key_text(launch_key(settings))
+
+
+def declared(config: pytest.Config, item: pytest.Item) -> list[dict[str, Any]] | None:
+    """``[{"settings": RunSettings, "npu_topology": str, "model": str}, ...]`` or None (undeclared)."""
+    entries = config.hook.pytest_afd_deployment_settings(config=config, item=item)
+    if entries is None:
+        return None
+    options = afd_session(config).options
+    return [{"settings": entry["settings"],
+             "npu_topology": entry.get("npu_topology") or options.topology.canonical,
+             "model": entry.get("model") or options.model} for entry in entries]
+
+
+def _entry_key(entry: dict[str, Any]) -> str:
+    return json.dumps([entry["npu_topology"], entry["model"],
+                       _launch_key_text(entry["settings"])])
+
+
+def _group_order(items: list[pytest.Item], keys: dict[str, list[str]]) -> list[pytest.Item]:
+    """Stable order in which cases with the same set of configurations are adjacent."""
+    first_seen: dict[tuple[str, ...], int] = {}
+    for index, item in enumerate(items):
+        first_seen.setdefault(tuple(sorted(keys.get(item.nodeid, ()))), index)
+    return sorted(items, key=lambda item: first_seen[tuple(sorted(keys.get(item.nodeid, ())))])
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> None:
+    state = afd_session(config)
+    deploying = bool(os.environ.get("AFD_ASCEND_DEPLOY_COMMAND"))
+    if state.options.backend != HARDWARE_BACKEND or not (config.getoption(DEST) or deploying):
+        return
+    table = {item.nodeid: found for item in items
+             if (found := declared(config, item)) is not None}
+    config.stash[_DECLARED] = table
+    keys = {nodeid: [_entry_key(entry) for entry in entries] for nodeid, entries in table.items()}
+    if deploying:
+        items[:] = _group_order(items, keys)
+    needed: set[str] = set()
+    after: dict[str, set[str]] = {}
+    for item in reversed(items):  # what every later case still needs, per case
+        after[item.nodeid] = set(needed)
+        needed.update(keys.get(item.nodeid, ()))
+    config.stash[_NEEDED_AFTER] = after
+
+
+def listing(config: pytest.Config, items: list[pytest.Item]) -> dict[str, Any]:
+    """The ``--afd-list-deployments`` document."""
+    from pytest_afd.backends.vllm_ascend.listing import plan_document
+    from pytest_afd.topology.spec import parse_topology
+
+    options = afd_session(config).options
+    table = config.stash.get(_DECLARED, {})
+    entries: dict[str, dict[str, Any]] = {}
+    for item in items:
+        for entry in table.get(item.nodeid, ()):
+            key = _entry_key(entry)
+            if key not in entries:
+                topology = parse_topology(entry["npu_topology"], options.aliases)
+                entries[key] = {**plan_document(topology, entry["model"], entry["settings"],
+                                                devices_per_node=options.devices_per_node,
+                                                environ=os.environ),
+                                "devices_per_node_given": options.devices_per_node_given,
+                                "cases": []}
+            if item.nodeid not in entries[key]["cases"]:
+                entries[key]["cases"].append(item.nodeid)
+    undeclared = [item.nodeid for item in items if item.nodeid not in table]
+    notes = [] if options.devices_per_node_given else [
+        f"nodes and afd_launch_plan assume the default {options.devices_per_node} NPUs per node: "
+        "pass --afd-devices-per-node (or AFD_DEVICES_PER_NODE) with your nodes' count"]
+    return {"deployments": list(entries.values()), "undeclared_cases": undeclared,
+            "notes": notes,
+            "undeclared_note": "these cases declare no deployments (pure-Python checks, or "
+                               "gates: they deploy on first use)"}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    config = session.config
+    if not config.getoption(DEST) or is_worker(config):
+        return
+    document = listing(config, session.items)
+    text = json.dumps(document, indent=2)
+    results_dir = afd_session(config).options.results_dir
+    results_dir.mkdir(parents=True, exist_ok=True)
+    (results_dir / LISTING_FILE).write_text(text + "\n")
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> bool | None:
+    """``--afd-list-deployments`` runs nothing (as ``--collect-only``)."""
+    return True if session.config.getoption(DEST) else None
+
+
+def _stop_session(error: BaseException) -> None:
+    pytest.exit(f"pytest-afd: deployment error: {error}", returncode=EXIT_DEPLOYMENT_ERROR)
+
+
+def _deploying(config: pytest.Config) -> bool:
+    """Deployment errors are outcomes only in a session on the hardware backend."""
+    return afd_session(config).options.backend == HARDWARE_BACKEND
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    if not _deploying(item.config):
+        return (yield)
+    try:
+        return (yield)
+    except _deployment_errors() as error:
+        _stop_session(error)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    from pytest_afd.backends.vllm_ascend.deployments import DeploymentMissing
+
+    if not _deploying(item.config):
+        return (yield)
+    backend = afd_session(item.config).backend_instance
+    requested = getattr(backend, "requested", None)
+    before = len(requested) if requested is not None else 0
+    try:
+        result = yield
+    except DeploymentMissing as error:
+        raise pytest.skip.Exception(f"no deployment for this case: {error}",
+                                    _use_item_location=True) from None
+    except _deployment_errors() as error:
+        _stop_session(error)
+    undeclared_runs(item, requested[before:] if requested is not None else [])
+    return result
+
+
+def undeclared_runs(item: pytest.Item, requested: list[RunSettings]) -> None:
+    """Fail the case when it ran settings it did not declare (listing and order rely on them)."""
+    entries = item.config.stash.get(_DECLARED, {}).get(item.nodeid)
+    if entries is None or not requested:
+        return
+    options = afd_session(item.config).options
+    known = {_launch_key_text(entry["settings"]) for entry in entries
+             if (entry["npu_topology"], entry["model"]) == (options.topology.canonical, options.model)}
+    extra = sorted({_launch_key_text(settings) for settings in requested} - known)
+    if extra:
+        pytest.fail(f"{item.nodeid} ran server-side settings it does not declare (marker "
+                    f"afd_deployments / hook pytest_afd_deployment_settings): {extra}", pytrace=False)
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Stop deployments no later case declares (deploy-command mode; attach mode keeps all)."""
+    after = item.config.stash.get(_NEEDED_AFTER, None)
+    backend = afd_session(item.config).backend_instance
+    release = getattr(backend, "release_deployments", None)
+    if after is None or release is None or item.nodeid not in after:
+        return
+    options = afd_session(item.config).options
+
+    def own(keys: Any) -> set[str]:
+        """The launch keys on the session's own topology and model (its backend's pool)."""
+        found = set()
+        for key in keys:
+            topology, model, settings = json.loads(key)
+            if (topology, model) == (options.topology.canonical, options.model):
+                found.add(settings)
+        return found
+
+    everything = {key for entries in item.config.stash[_DECLARED].values()
+                  for key in map(_entry_key, entries)}
+    # Only declared configurations are released; one a case deployed undeclared stays up.
+    release(own(everything) - own(after[item.nodeid]))

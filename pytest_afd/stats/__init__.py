@@ -1,0 +1,1 @@
+"""Repetition statistics, session noise, verdicts and the host conditions they are judged under."""
