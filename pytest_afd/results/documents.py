@@ -58,7 +58,7 @@ from pytest_afd.results.parts import (  # noqa: F401 - re-exported: results is t
 SCHEMA_VERSION = "1.0.0"
 # The checked-in schemas live in the repository's schemas/ (next to pytest_afd/
 # in a checkout or editable install); a wheel installs them as data files.
-SOURCE_SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
+SOURCE_SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas"
 INSTALLED_SCHEMAS_DIR = Path(sys.prefix) / "share" / "pytest-afd" / "schemas"
 
 

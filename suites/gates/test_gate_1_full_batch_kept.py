@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 from gate_lib import CPU_BACKEND
 
-from pytest_afd.backends.cpu.pcp_full_batch import builder_kinds, full_batch_problems, head_piece
+from pytest_afd.run.pcp_full_batch import builder_kinds, full_batch_problems, head_piece
 
 CASES = {
     "1000x2": ([1000, 1000], [0, 256], (8,)),
