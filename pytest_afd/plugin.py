@@ -45,12 +45,18 @@ from pytest_afd.run.session import (
     is_worker,
     write_error,
 )
-from pytest_afd.run.terminal import write_no_case_selected, write_results_table, write_write_errors
+from pytest_afd.run.terminal import (
+    FinalLine,
+    write_no_case_selected,
+    write_results_table,
+    write_write_errors,
+)
 from pytest_afd.topology.spec import RankInfo, Topology
 
 SUMMARY_FILE = "summary.json"
 WORKEROUTPUT_KEY = "afd_results"
 AFD_SESSION_PLUGIN = "afd-session"
+FINAL_LINE_PLUGIN = "afd-final-line"
 EXIT_RESULTS_UNWRITABLE = 6
 """Exit status of a session whose results or summary could not be written (a full disk):
 distinct from pytest's own 0-5, so CI tells "tests failed" from "the record is incomplete"."""
@@ -100,6 +106,8 @@ def pytest_configure(config: pytest.Config) -> None:
                                      phase=reference_phase.reference_phase(config),
                                      golden_dir=state.options.golden_dir)
     config.pluginmanager.register(ledger, hardware.PLUGIN_NAME)
+    if not is_worker(config):
+        config.pluginmanager.register(FinalLine(state), FINAL_LINE_PLUGIN)
     config.pluginmanager.register(deployment_plan, deployment_plan.PLUGIN_NAME)
 
 
