@@ -184,3 +184,23 @@ def test_kernel_times_agree_with_kernel_details(analysed, tmp_path):
                 durations += sum(float(r["Duration(us)"]) for r in csv.DictReader(handle))
         table = sum(r["seconds"] for r in profile["per_layer"] if r["role"] == role)
         assert table == pytest.approx(durations * US / ranks / 2)  # mean rank, per step
+
+
+def test_profile_summary_prints_the_figures(analysed):
+    """What ``profile-summary`` prints for the known-answer export (no file paths only)."""
+    from pytest_afd.profiling.summary_text import render
+
+    text = render(analysed[0])
+    for line in ("attention: busy 74.0% | overlap with the other role 20.0% | exposed bubble "
+                 "560.0 us/step | communication overlap 50.0%",
+                 "ffn: busy 17.1% | overlap with the other role 20.0% | straggler 20.0 us/step "
+                 "(slowest rank 1) | communication overlap 0.0%",
+                 "step 2: overlap 20.0% | exposed bubble 560.0 us | critical path 1.100 ms "
+                 "(ffn rank 1) | straggler 20.0 us (rank 1)",
+                 "attention/tp ranks [0]: 2 ops, time 80.0 us, volume 4 MB, bandwidth 100 GB/s "
+                 "[SDMA 4 MB @ 100 GB/s]",
+                 "ffn/ep ranks [0, 1]: 2 ops, time 60.0 us, volume 2 MB, bandwidth 50 GB/s "
+                 "[RDMA 0.5 MB @ 25 GB/s, SDMA 1.5 MB @ 75 GB/s]",
+                 "attention L0 attention attention: 200.0 us / 200.0 us",
+                 "ffn no layer none routed_moe: 120.0 us / 140.0 us"):
+        assert line in text, line
