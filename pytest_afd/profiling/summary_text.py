@@ -75,6 +75,8 @@ def _straggler_text(record: Any, notes: _Notes) -> str:
     if _reason(record):
         return "straggler " + notes.show("straggler", [record], "s")
     total = notes.show("straggler", [record.get("total_s")], "s")
+    if total == ABSENT:
+        return f"straggler {ABSENT}"
     slowest = record.get("slowest_rank")
     rank = f" (slowest rank {slowest})" if isinstance(slowest, int) else ""
     return f"straggler {total}/step{rank}"

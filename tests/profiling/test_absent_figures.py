@@ -94,3 +94,14 @@ def test_timestamps_parse_exactly_to_ns():
     assert seconds(1_500) == 1.5e-6
     with pytest.raises(ValueError, match="'12ab'"):
         us_to_ns("12ab", "kernel_details.csv line 3")
+
+
+def test_the_printed_summary_says_absent_and_why():
+    from pytest_afd.profiling.summary_text import render
+
+    profile = evidence.build({"ffn": ffn({0: [50_000]})}, source="ascend_pt",
+                             analyzer={"name": "msprof-analyze", "version": "26.2.0"})
+    text = render(profile)
+    assert "straggler absent |" in text
+    assert "  straggler: one FFN rank: no other rank to straggle against" in text
+    assert "straggler 0" not in text
