@@ -131,13 +131,21 @@ def _annotate(measured, workloads, policies, runner) -> dict:
     return ranking
 
 
+def afd_sequential_on(runner) -> bool:
+    return bool(getattr(runner.options, "sequential", False))
+
+
 def _check_matrix(runner, measured, workloads, policies, repetitions) -> None:
     """Headline sanity first; then, where the backend reports steps, the split evidence."""
     for name, item in measured.items():
         metrics = item.result["metrics"]
         requests = item.case.workload.num_requests
         assert metrics["failed_requests"] == 0, f"{name}: failed requests"
-        assert metrics["completed_requests"] == requests * repetitions, name
+        # Sequential sessions measure each case until its comparisons stopped: its own count,
+        # which the protocol records (and which is never below the first look).
+        expected = item.result["protocol"]["repetitions"] if afd_sequential_on(runner) else repetitions
+        assert expected >= repetitions and len(item.runs) == expected, name
+        assert metrics["completed_requests"] == requests * expected, name
     runner.require_evidence(measured, "steps")
     for name, item in measured.items():
         tokens = item.result["evidence"]["tokens"]
