@@ -166,7 +166,8 @@ def _check_matrix(runner, measured, workloads, policies, repetitions) -> None:
             )
 
 
-@pytest.mark.afd_deployments(*({"split_policy": policy} for policy in POLICIES))
+@pytest.mark.afd_deployments(*({"split_policy": policy, "cases": len(WORKLOADS)}
+                               for policy in POLICIES))
 @pytest.mark.parametrize(
     "size",
     [
@@ -191,7 +192,8 @@ def test_stage_a_policy_matrix(stage_runner, afd_options, pytestconfig, size):
 
 
 @pytest.mark.slow
-@pytest.mark.afd_deployments(*({"split_policy": policy, "model": FULL_MODEL} for policy in POLICIES))
+@pytest.mark.afd_deployments(*({"split_policy": policy, "model": FULL_MODEL,
+                                 "cases": len(FULL_MODEL_WORKLOADS)} for policy in POLICIES))
 def test_stage_a_full_model_confirmation(stage_runner, afd_options, pytestconfig):
     """The winning and control policies again, on the full-depth model."""
     if afd_options.model == FULL_MODEL:
