@@ -116,8 +116,8 @@ def default_comparisons(cases: Sequence[Any], ab_sides: Sequence[str] | None = N
     """The comparisons of one ``measure`` call when the stage names none.
 
     A/B runs: each case's side A against its side B. Otherwise every case against
-    the first case of the call on the same workload and cache phase (its reference:
-    a stage lists its reference policy or unchunked case first).
+    the first case of the call on the same workload (spec) and cache phase (its
+    reference: a stage lists its reference policy first, or passes its own).
     """
     if ab_sides is not None:
         first, second = ab_sides
@@ -126,7 +126,8 @@ def default_comparisons(cases: Sequence[Any], ab_sides: Sequence[str] | None = N
     reference: dict[tuple[str, str], str] = {}
     pairs = []
     for case in cases:
-        key = (case.workload.name, case.phase)
+        # The workload's whole spec (two hit ratios of one distribution are two workloads).
+        key = (repr(case.workload.spec), case.phase)
         if key in reference:
             pairs.append((reference[key], case.name))
         else:

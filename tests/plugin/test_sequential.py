@@ -162,7 +162,7 @@ def test_default_comparisons_pair_ab_sides_or_each_case_with_its_workload_refere
     class Case:
         def __init__(self, name, workload, phase="cold"):
             self.name, self.phase = name, phase
-            self.workload = type("W", (), {"name": workload})()
+            self.workload = type("W", (), {"name": workload, "spec": ("spec", workload)})()
 
     cases = [Case("u/none", "u"), Case("u/tb", "u"), Case("v/none", "v"), Case("v/tb", "v")]
     assert default_comparisons(cases) == [("u/none", "u/tb"), ("v/none", "v/tb")]
