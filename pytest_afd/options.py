@@ -105,7 +105,8 @@ class AfdOptions:
             "warmups": self.warmups,
             "repetitions": self.repeats,
             "run_order": self.run_order,
-            **({"sequential": True, "max_repetitions": self.max_repeats}
+            # Not "sequential": the result schema's protocol.sequential is the measured record.
+            **({"repetitions_rule": "sequential", "max_repetitions": self.max_repeats}
                if self.sequential else {}),
             "instrumented": self.profile,
             "routing": self.routing,
