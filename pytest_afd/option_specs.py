@@ -72,6 +72,8 @@ class OptionSpec:
 # instead of running for hours (seeds: numpy's legacy 32-bit seed range).
 MAX_REPEATS = 1000
 MAX_WARMUPS = 100
+DEFAULT_MAX_SEQUENTIAL_REPEATS = 16
+"""``--afd-max-repeats``'s default (pytest_afd.sequential's last planned look)."""
 MAX_SEED = 2**32 - 1
 MAX_DEVICES_PER_NODE = 64
 MAX_PEER_TIMEOUT_S = 86_400
@@ -134,6 +136,27 @@ OPTION_SPECS = (
         MIN_REPETITIONS,
         kind="int",
         env="AFD_REPEATS",
+        minimum=MIN_REPETITIONS,
+        maximum=MAX_REPEATS,
+    ),
+    OptionSpec(
+        "--afd-sequential",
+        "afd_sequential",
+        "sequential repetitions: measure each comparison from --afd-repeats on until its "
+        "interval decides it or --afd-max-repeats is reached (docs/stages.md); off: every "
+        "case gets exactly --afd-repeats (the headline protocol)",
+        False,
+        kind="bool",
+        env="AFD_SEQUENTIAL",
+    ),
+    OptionSpec(
+        "--afd-max-repeats",
+        "afd_max_repeats",
+        f"with --afd-sequential: the most measured repetitions per case, >= --afd-repeats, "
+        f"at most {MAX_REPEATS}",
+        DEFAULT_MAX_SEQUENTIAL_REPEATS,
+        kind="int",
+        env="AFD_MAX_REPEATS",
         minimum=MIN_REPETITIONS,
         maximum=MAX_REPEATS,
     ),

@@ -19,6 +19,7 @@ from pytest_afd.backends.base import RunSettings
 from pytest_afd.model_fit import fit_errors, session_shapes
 from pytest_afd.option_specs import (  # noqa: F401  (re-exported)
     DEFAULT_GOLDEN_DIR,
+    DEFAULT_MAX_SEQUENTIAL_REPEATS,
     DEFAULT_RESULTS_DIR,
     DEFAULT_STAGE_SCALES,
     FULL_SCALE,
@@ -33,6 +34,7 @@ from pytest_afd.option_specs import (  # noqa: F401  (re-exported)
     add_options,
 )
 from pytest_afd.results_dir import OutputDirError, check_writable_dir
+from pytest_afd.sequential import SequentialDesign
 from pytest_afd.stats import RepeatedRun, run_repeated
 from pytest_afd.topology import (
     Topology,
@@ -77,6 +79,9 @@ class AfdOptions:
     # --afd-devices-per-node given (flag, env or ini), not its default: a hardware backend
     # plans with it; a default is never a fact about the nodes.
     devices_per_node_given: bool = False
+    # --afd-sequential: comparisons measured until decided, from `repeats` to `max_repeats`.
+    sequential: bool = False
+    max_repeats: int = DEFAULT_MAX_SEQUENTIAL_REPEATS
 
     def given_devices_per_node(self) -> int | None:
         """The nodes' NPU count the user gave, or None (the backend finds it or refuses)."""
@@ -100,6 +105,9 @@ class AfdOptions:
             "warmups": self.warmups,
             "repetitions": self.repeats,
             "run_order": self.run_order,
+            # Not "sequential": the result schema's protocol.sequential is the measured record.
+            **({"repetitions_rule": "sequential", "max_repetitions": self.max_repeats}
+               if self.sequential else {}),
             "instrumented": self.profile,
             "routing": self.routing,
         }
@@ -113,6 +121,10 @@ class AfdOptions:
             "seed": self.seed,
         }
         return run_repeated(cases, **{**kwargs, **overrides})
+
+    def sequential_design(self) -> SequentialDesign:
+        """The stopping rule of ``--afd-sequential`` (first look at ``repeats``)."""
+        return SequentialDesign(min_repetitions=self.repeats, max_repetitions=self.max_repeats)
 
 
 def _raw_option(config: pytest.Config, spec: OptionSpec) -> tuple[Any, str]:
@@ -238,6 +250,11 @@ def resolve_options(config: pytest.Config) -> AfdOptions:
         raise pytest.UsageError(
             f"{sources['afd_peer_timeout_s']}={values['afd_peer_timeout_s']}: the peer timeout "
             f"is the CPU AFD runtime's; --afd-backend is {values['afd_backend']!r}")
+    if values["afd_sequential"] and values["afd_max_repeats"] < values["afd_repeats"]:
+        raise pytest.UsageError(
+            f"{sources['afd_max_repeats']}={values['afd_max_repeats']} is below "
+            f"{sources['afd_repeats']}={values['afd_repeats']}: the most repetitions must be at "
+            "least the first look")
     return AfdOptions(
         topology_spec=values["npu_topology"],
         backend=values["afd_backend"],
@@ -264,4 +281,6 @@ def resolve_options(config: pytest.Config) -> AfdOptions:
         peer_timeout_s=values["afd_peer_timeout_s"],
         allow_emulated=values["afd_allow_emulated"],
         devices_per_node_given=not sources["afd_devices_per_node"].endswith(" default"),
+        sequential=values["afd_sequential"],
+        max_repeats=values["afd_max_repeats"],
     )

@@ -62,6 +62,15 @@ def _sweep_cases(stage_runner, workload, candidates, cached_tokens=None, phase="
     return cases, omitted
 
 
+def _against_unchunked(cases):
+    """``--afd-sequential`` comparisons: every chunk size against the unchunked case
+    measured on the same workload (the stage's reference)."""
+    reference = {id(case.workload): case.name for case in cases
+                 if case.settings.chunk_size is UNCHUNKED}
+    return [(reference[id(case.workload)], case.name) for case in cases
+            if case.settings.chunk_size is not UNCHUNKED and id(case.workload) in reference]
+
+
 def _deployments(context):
     """Every candidate chunk size, cold (sweep) and steady (follow-ups); unused ones never deploy."""
     return [
@@ -76,7 +85,7 @@ def test_stage_d_chunk_sweep_then_best_two(stage_runner):
     candidates = scaled_candidates(stage_runner.sizes.tokens)
     workload = stage_runner.workload(SWEEP_WORKLOAD)
     cases, omitted = _sweep_cases(stage_runner, workload, candidates, prefix="sweep/")
-    sweep = stage_runner.measure(cases)
+    sweep = stage_runner.measure(cases, comparisons=_against_unchunked(cases))
     throughput = {}
     for case in cases:
         item = sweep[case.name]
@@ -108,7 +117,7 @@ def test_stage_d_chunk_sweep_then_best_two(stage_runner):
             follow_ups.extend(cases)
     for case in follow_ups:
         case.evidence["stage_d_best_sizes"] = best
-    measured = stage_runner.measure(follow_ups)
+    measured = stage_runner.measure(follow_ups, comparisons=_against_unchunked(follow_ups))
     stage_runner.require_evidence(sweep, "steps")
     for name, item in measured.items():
         requested = item.case.workload.spec.requested_hit_ratio

@@ -234,6 +234,18 @@ def test_d_undeclared_run_fails(afd_backend):
     assert plan["nodes"] == 2 and plan["afd_launch_plan"][:3] == ["afd-launch-plan", "--npu-topology",
                                                                    TOPOLOGY]
     assert not list(state.glob("*.json")), "every deployment was stopped with `down`"
+    # Each deploy's seconds are recorded, and the next listing estimates with their median.
+    times = json.loads((work / "deploy-times.json").read_text())
+    assert sorted(json.loads(key)["split_policy"] for key in times) == sorted(deployed)
+    assert all(len(seconds) == 1 and seconds[0] > 0 for seconds in times.values())
+    listing = pytester.runpytest("--afd-backend", "vllm-ascend", "--npu-topology", TOPOLOGY,
+                                 "-p", "no:cacheprovider", "--afd-list-deployments")
+    assert listing.ret == 0
+    estimate = json.loads((pytester.path / "afd-results" / "deployments.json").read_text())[
+        "estimated_device_time"]
+    assert "median of 3 deploy times recorded" in estimate["deploy_time_source"]
+    assert estimate["deploys"] == 2  # none and token_balanced, as declared, each once
+    listing.stderr.fnmatch_lines(["pytest-afd: estimated device time *2 deploys x *"])
 
 
 def test_deploy_command_that_never_prints_a_url_stops_the_session(pytester, tmp_path, no_deployment):
@@ -303,6 +315,14 @@ def test_list_deployments_for_stage_a_runs_nothing(tmp_path, no_deployment):
     assert all(item["devices_per_node_given"] for item in reduced) and document["notes"] == []
     assert '"deployments"' in completed.stdout
     assert not (tmp_path / "summary.json").exists(), "nothing ran, nothing summarized"
+    # The selection's device time: the smallest matrix declares 4 cases per policy.
+    estimate = document["estimated_device_time"]
+    assert estimate["deploy_time_source"].startswith("stated default")
+    assert estimate["measured_cases"] >= 12 and estimate["deploys"] == len(document["deployments"])
+    step = 140_000 / (6688 * 32)
+    assert estimate["device_s"]["low"] == pytest.approx(
+        estimate["deploys"] * 600 + estimate["measured_cases"] * (1 + 3) * step)
+    assert "pytest-afd: estimated device time" in completed.stderr
 
 
 # -- labels: emulated everywhere -----------------------------------------------------------------
