@@ -33,6 +33,7 @@ from pytest_afd.report.noise import (
     host_difference,
     host_text,
     oversubscribed,
+    share_difference,
 )
 from pytest_afd.report.tables import EMPTY, fmt, fmt_measure
 from pytest_afd.report.values import (
@@ -195,7 +196,8 @@ def compare_case(
 ) -> CaseComparison:
     hosts = host_conditions(a.doc), host_conditions(b.doc)
     host_change = host_difference(*hosts)
-    cpu_comparable = host_change is None or not oversubscribed(*hosts)
+    change = share_difference(*hosts) or host_change
+    cpu_comparable = change is None or not oversubscribed(*hosts)
     host_cell = f"{host_text(hosts[0])} → {host_text(hosts[1])}"
     cpu = CPU_METRIC.read
     direction = cpu_direction(repetitions_of(cpu(a.doc)), repetitions_of(cpu(b.doc)))
@@ -207,7 +209,7 @@ def compare_case(
         ratio, interval, call = significance_call(
             left, right, metric.higher_is_better,
             floor=None if calibrated is None else calibrated[0],
-            host_change=host_change, host_robust=metric.host_robust and cpu_comparable,
+            host_change=change, host_robust=metric.host_robust and cpu_comparable,
             cpu_agrees=agrees(metric, median_ratio, direction),
         )  # fmt: skip
         if ratio is not None:
@@ -221,7 +223,7 @@ def compare_case(
                 fmt(ratio),
                 interval_text,
                 call,
-                _floor_text(left, right, calibrated, host_change, metric),
+                _floor_text(left, right, calibrated, change, metric),
                 host_cell,
             )
         )

@@ -85,7 +85,7 @@ def render_comparison(
         "runs): a case's change must beat that case's widest A/A deviation, a stage-wide "
         "change the stage's" if calibration is not None else session_noise.UNCALIBRATED_RULE)
     called = [f"{c.case_id.rpartition('::')[2]} {row[0]}: {row[5]} x{row[3]}"
-              for c in comparisons for row in c.rows if row[5] in ("B better", "B worse")]
+              for c in comparisons for row in c.rows if row[5].startswith(("B better", "B worse"))]
     terminal = [
         f"A: {side_a.name} ({len(a)} cases)  B: {side_b.name} ({len(b)} cases); "
         f"{len(comparisons)} shared",
