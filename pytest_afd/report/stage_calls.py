@@ -90,6 +90,24 @@ def _comparable_ratios(members: Sequence[CaseComparison], metric: str) -> list[f
     return ratios
 
 
+# How a wall-time metric scales with the CPU share a run got: tokens/s with it, TTFT against.
+SHARE_EXPONENT = {METRICS[0].name: 1, METRICS[1].name: -1}
+
+
+def pooled_share_ratio(members: Sequence[CaseComparison]) -> float | None:
+    """B / A of the median CPU share over all the stage's repetitions (None unless every
+    case recorded them): the contention difference a stage-wide wall-time mean removes."""
+    pooled: list[list[float]] = [[], []]
+    for comparison in members:
+        for index, side in enumerate((comparison.a, comparison.b)):
+            host = host_conditions(side.doc)
+            if host is None or not host.shares:
+                return None
+            pooled[index].extend(host.shares)
+    a_share, b_share = (session_noise.median(shares) for shares in pooled)
+    return b_share / a_share if a_share > 0 else None
+
+
 def stage_calls(comparisons: Sequence[CaseComparison], calibration: Calibration | None = None
                 ) -> list[StageCall]:
     """One call per stage and metric over the stage's shared cases."""
@@ -106,6 +124,10 @@ def stage_calls(comparisons: Sequence[CaseComparison], calibration: Calibration 
             stored = None if calibration is None else calibration.stage_floor(stage, metric.name)
             floor, source = ((stored, f"A/A {calibration.name!r}") if stored is not None
                              else (session_noise.UNCALIBRATED_STAGE_FLOOR, "uncalibrated rule"))
+            share = pooled_share_ratio(members) if metric.name in SHARE_EXPONENT else None
+            if share is not None:  # per unit of CPU share: what contention moved is taken out
+                ratios = [r / share ** SHARE_EXPONENT[metric.name] for r in ratios]
+                source += f"; per CPU share, B / A share x{share:.3g}"
             if len(ratios) < MIN_STAGE_CASES:
                 calls.append(StageCall(stage, metric.name, len(ratios), None, None, floor, source,
                                        f"{NO_DIFFERENCE} (fewer than {MIN_STAGE_CASES} cases)"))
