@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BUSY_PROCESSES = 3
 DEFAULT_BUSY_LIMIT_S = 900
 PLANTED_FAULT = "slowdown:0.5"  # every measured run 1.5x slower
-SESSION_TIMEOUT_S = 600
+SESSION_TIMEOUT_S = 900
 DEFAULT_SCALE = "1/256"  # small scale: three sessions fit in ~10 min on a busy 2-CPU host
 COMPARE_TIMEOUT_S = 300
 CALLS = ("B better", "B worse")
@@ -71,13 +71,17 @@ def run_session(results_dir: Path, fault: str | None, extra: list[str]) -> dict:
                "-m", "stage_d", "--afd-results-dir", str(results_dir), *extra,
                str(ROOT / "suites" / "stage_d")]
     load_before, cpu_before, started = os.getloadavg(), children_cpu_s(), time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=SESSION_TIMEOUT_S, check=False)
+    try:
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=SESSION_TIMEOUT_S, check=False)
+        code, stdout = done.returncode, done.stdout
+    except subprocess.TimeoutExpired as expired:  # recorded, not fatal: compare what it wrote
+        code, stdout = f"timed out after {SESSION_TIMEOUT_S} s", str(expired.stdout or "")
     return {
-        "results_dir": str(results_dir), "fault": fault, "exit_code": done.returncode,
+        "results_dir": str(results_dir), "fault": fault, "exit_code": code,
         "wall_s": time.perf_counter() - started, "cpu_s": children_cpu_s() - cpu_before,
         "load_before": list(load_before), "load_after": list(os.getloadavg()),
-        "tail": done.stdout.splitlines()[-3:],
+        "tail": stdout.splitlines()[-3:],
     }
 
 

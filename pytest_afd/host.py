@@ -152,19 +152,21 @@ def measured_run(run: Callable[[], RunOutputs]) -> RunOutputs:
 
     The backend's own ``wall_time_s`` stays the headline's clock; the sample's
     wall time is the whole call as the host saw it. An active perf fault
-    (:mod:`pytest_afd.perf_fault`) adds its extra work inside the measured span
-    and scales the backend's wall time the same way.
+    (:mod:`pytest_afd.perf_fault`) adds extra CPU work in proportion to the run's
+    own (this process's and its AFD ranks') inside the measured span, and extends
+    the backend's wall time by what that took.
     """
     load_before = load_average()
     pressure_before, runnable_before = cpu_pressure_total_s(), runnable_tasks()
     cpu_start, wall_start = time.process_time(), time.perf_counter()
     outputs = run()
+    ranks = rank_cpu_times(outputs)
     fault = perf_fault.fault_from_env()
-    if fault is not None:
-        fault.slow_down(outputs, time.perf_counter() - wall_start)
+    if fault is not None:  # extra work in proportion to the run's own CPU work
+        run_cpu = time.process_time() - cpu_start + (sum(ranks.values()) if ranks else 0.0)
+        fault.slow_down(outputs, run_cpu)
     process_cpu = time.process_time() - cpu_start
     wall = time.perf_counter() - wall_start
-    ranks = rank_cpu_times(outputs)
     outputs.host = HostSample(
         wall_time_s=wall,
         cpu_time_s=process_cpu + (sum(ranks.values()) if ranks else 0.0),

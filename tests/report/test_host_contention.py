@@ -70,3 +70,21 @@ def test_the_same_cpu_share_is_the_same_contention_whatever_the_load_average_say
     assert share_difference(rising, starved) == "CPU share 0.50 → 0.30 (load 2.6 → 3.8)"
     # Without shares (results from before they were recorded) the load rule stays.
     assert host_difference(HostConditions(2, 0.4), HostConditions(2, 2.0)) == "load 0.4 → 2"
+
+
+def test_the_planted_slowdown_adds_work_in_proportion_to_the_runs_own_cpu(monkeypatch):
+    """slowdown:0.5 is 1.5x the run's CPU work at any contention, not 0.5x its elapsed
+    time (which on a host giving the run 5 % of a CPU was ten times its work)."""
+    import time
+
+    def run():
+        deadline = time.process_time() + 0.05
+        while time.process_time() < deadline:
+            pass
+        time.sleep(0.2)  # waiting (another task's turn): not work, must not be multiplied
+        return RunOutputs(requests=[], wall_time_s=0.25)
+
+    monkeypatch.setenv("PYTEST_AFD_PERF_FAULT", "slowdown:0.5")
+    outputs = host.measured_run(run)
+    assert 0.075 <= outputs.host.process_cpu_time_s < 0.075 + 0.1 * 0.5 + 0.05
+    assert outputs.wall_time_s > 0.25
