@@ -7,7 +7,7 @@ code through the real harness into three results directories:
 
 * ``a1`` and ``a2``: the same code (the A/A pair);
 * ``b``: every measured run 1.5x slower (``PYTEST_AFD_PERF_FAULT=slowdown:0.5``,
-  pytest_afd.perf_fault: each run spins 0.5x its elapsed time in CPU work).
+  pytest_afd.perf_fault: each run spins 0.5x its own CPU seconds in extra CPU work).
 
 Then ``python -m pytest_afd compare`` on ``a1 a2`` and on ``a1 b``. Targets:
 the A/A pair makes no call (no stage-wide and no per-case "B better"/"B worse"),
