@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from pytest_afd import hardware, verdicts
+from pytest_afd import hardware, outcomes, verdicts
 from pytest_afd.markers import MARKERS, STAGE_MARKERS
 from pytest_afd.session import AfdSession
+from pytest_afd.shared_results import kept_sessions_line
 
 MARK_OPERATORS = frozenset(("and", "or", "not"))
 PERCENT = 100.0
@@ -92,6 +93,11 @@ def write_results_table(reporter: Any, state: AfdSession, summary_file: str) -> 
             f"{len(state.written)} result JSON file(s) in {state.options.results_dir} "
             f"(summary: {state.options.results_dir / summary_file})"
         )
+        kept = kept_sessions_line(state.options.results_dir,
+                                  (entry["case_id"] for entry in state.written),
+                                  outcomes.tracker(state.config).session_id)
+        if kept:
+            reporter.write_line(kept)
         reporter.write_line("verdicts (pytest-afd report for the full report):")
         paths = [entry["path"] for entry in state.written]
         for line in verdicts.summary_lines_from_files(paths, STAGE_MARKERS):

@@ -41,10 +41,14 @@ def _measured(doc: Mapping[str, Any]) -> list[float]:
 _median = session_noise.median
 
 
-def noise_mark(control: Sequence[float], proposed: Sequence[float]) -> str:
-    """Whether proposed / control lies beyond the between-session noise
-    (:func:`pytest_afd.session_noise.beyond`: apart ranges and the conservative floor)."""
-    return BEYOND_NOISE if session_noise.beyond(control, proposed) else INSIDE_NOISE
+def noise_mark(control: Sequence[float], proposed: Sequence[float], *,
+               within: bool = False) -> str:
+    """Whether proposed / control lies beyond the noise: inside one session (``within``)
+    the repetitions' Welch interval and a minimum effect
+    (:func:`pytest_afd.session_noise.within_session_beyond`), else the between-session
+    rule (:func:`pytest_afd.session_noise.beyond`: apart ranges and the conservative floor)."""
+    return BEYOND_NOISE if session_noise.beyond_noise(control, proposed, within=within) \
+        else INSIDE_NOISE
 
 
 def _condition(doc: Mapping[str, Any]) -> str:
@@ -56,17 +60,18 @@ def _condition(doc: Mapping[str, Any]) -> str:
 
 def policy_ratios(docs: Sequence[Mapping[str, Any]]) -> list[tuple[str, float, str]]:
     """(condition, proposed / control median throughput, noise mark) per shared condition."""
-    sides: dict[str, dict[str, list[float]]] = defaultdict(dict)
+    sides: dict[str, dict[str, Mapping[str, Any]]] = defaultdict(dict)
     for doc in docs:
         policy = doc["settings"]["split_policy"]
         if policy in (CONTROL_POLICY, PROPOSED_POLICY) and _measured(doc):
-            sides[_condition(doc)][policy] = _measured(doc)
+            sides[_condition(doc)][policy] = doc
     rows = []
     for condition, found in sorted(sides.items()):
         if len(found) == 2:  # noqa: PLR2004 - both policies
-            control, proposed = found[CONTROL_POLICY], found[PROPOSED_POLICY]
+            control, proposed = _measured(found[CONTROL_POLICY]), _measured(found[PROPOSED_POLICY])
+            within = session_noise.same_session(found[CONTROL_POLICY], found[PROPOSED_POLICY])
             rows.append((condition, _median(proposed) / _median(control),
-                         noise_mark(control, proposed)))
+                         noise_mark(control, proposed, within=within)))
     return rows
 
 
