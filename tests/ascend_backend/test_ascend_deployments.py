@@ -156,6 +156,38 @@ def test_manifest(afd_manifest):
     result.stdout.fnmatch_lines(["*0 cases measured on hardware*; 2 ran on a pytest-afd server*"])
 
 
+def test_attached_stand_in_is_never_hardware_and_a_skipped_case_is_not_measured(
+        pytester, tmp_path, no_deployment):
+    """Issue 40, finding 1: the harness's CPU server attached through AFD_ASCEND_SERVER_URL
+    is a stand-in (it labels itself; the client reads the label even after the case dropped
+    its session), and a case that ran then skipped (no split-none deployment for its
+    reference) counts as measured nowhere: --afd-require-hardware fails the session."""
+    with cpu_servers(tmp_path, "token_balanced") as servers:
+        [balanced] = servers.servers
+        no_deployment.setenv("AFD_ASCEND_SERVER_URL", balanced.base_url)
+        no_deployment.setenv("AFD_ASCEND_SERVER_SETTINGS",
+                             json.dumps({"split_policy": "token_balanced", **SMALL}))
+        pytester.makepyfile(CASES + """
+def test_reference_missing(afd_backend):  # first: the label is asked after its session is gone
+    run(afd_backend, "token_balanced")
+    run(afd_backend, "none")  # no split-none deployment: the case skips
+
+def test_measured(afd_backend):
+    run(afd_backend, "token_balanced")
+""")
+        result = pytester.runpytest("--afd-backend", "vllm-ascend", "--npu-topology", TOPOLOGY,
+                                    "--afd-require-hardware", "-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*0 cases measured on hardware*; 1 ran on a pytest-afd server*"
+                                 "(device cpu)*failing the session*"])
+    hardware = json.loads((pytester.path / "afd-results" / "summary.json").read_text())["hardware"]
+    assert hardware["cases_measured_on_hardware"] == 0 and hardware["cases_on_stand_in"] == 1
+    assert hardware["stand_in_device"] == "cpu" and hardware["fails_session"] is True
+    assert [case.split("::")[-1] for case in hardware["skipped_after_runs"]] == [
+        "test_reference_missing"]
+
+
 def test_dead_deployment_is_one_session_error_naming_it(pytester, no_deployment):
     no_deployment.setenv("AFD_ASCEND_SERVER_URL", "http://127.0.0.1:9")  # discard port: refused
     no_deployment.setenv("AFD_ASCEND_SERVER_SETTINGS", json.dumps({"split_policy": "none"}))
