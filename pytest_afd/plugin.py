@@ -52,7 +52,7 @@ from pytest_afd.session import (
 )
 from pytest_afd.shared_results import SessionLease
 from pytest_afd.terminal import write_no_case_selected, write_results_table, write_write_errors
-from pytest_afd.topology import RankInfo, Topology
+from pytest_afd.topology import RankInfo, Topology, afd_suggestion
 
 SUMMARY_FILE = "summary.json"
 WORKEROUTPUT_KEY = "afd_results"
@@ -120,10 +120,13 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     )
     lines = [
         f"afd: backend={opts.backend} topology={topo.canonical} ({roles}, "
-        f"{topo.nodes_needed(opts.devices_per_node)} nodes of {opts.devices_per_node}) "
+        f"{devices_phrase(topo, opts.given_devices_per_node())}) "
         f"model={opts.model} routing={opts.routing} seed={opts.seed} repeats={opts.repeats} "
         f"warmups={opts.warmups} order={opts.run_order}"
     ]
+    note = topology_note(opts)
+    if note is not None:
+        lines.append(note)
     if state.stale_temp_removed:
         lines.append(
             f"afd: removed {len(state.stale_temp_removed)} stale temp file(s) of killed writes "
@@ -132,6 +135,24 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if opts.backend == "cpu":
         lines.append(f"afd: CPU emulation: {topo.cpu_emulation().note}")
     return lines
+
+
+def devices_phrase(topo: Topology, devices_per_node: int | None) -> str:
+    """``N nodes of D`` when the user gave the devices per node, else the device count
+    alone: the node count of a default would misstate a 2 x 16 recipe as 4 x 8."""
+    if devices_per_node is None:
+        return (f"{topo.devices_needed} devices; devices per node not given "
+                "(--afd-devices-per-node)")
+    return f"{topo.nodes_needed(devices_per_node)} nodes of {devices_per_node}"
+
+
+def topology_note(opts: AfdOptions) -> str | None:
+    """The "did you mean" warning of a co-located topology one dash from an AFD layout."""
+    suggestion = afd_suggestion(opts.topology, opts.aliases)
+    if suggestion is None:
+        return None
+    return (f"afd: WARNING: --npu-topology {opts.topology_spec!r} is a co-located (non-AFD) "
+            f"layout; did you mean {suggestion} (Attention and FFN on their own ranks)?")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -294,3 +315,6 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if state.written or state.golden_updates or state.lost_workers:
         write_results_table(terminalreporter, state, SUMMARY_FILE)
     write_write_errors(terminalreporter, state, EXIT_RESULTS_UNWRITABLE)
+    note = topology_note(state.options)
+    if note is not None:
+        terminalreporter.write_line(note, yellow=True)
