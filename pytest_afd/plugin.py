@@ -24,6 +24,7 @@ from pytest_afd import (
     early_setup,
     hardware,
     hookspecs,
+    interrupted,
     outcomes,
     reference_phase,
 )
@@ -106,6 +107,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                      phase=reference_phase.reference_phase(config),
                                      golden_dir=state.options.golden_dir)
     config.pluginmanager.register(ledger, hardware.PLUGIN_NAME)
+    interrupted.register(config)
     config.pluginmanager.register(deployment_plan, deployment_plan.PLUGIN_NAME)
 
 
@@ -263,7 +265,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             "write_errors": state.write_errors,
         }
         return
-    if state.selected_no_case:  # `-m gates` (a typo): the last session's summary stays
+    stopped = interrupted_block(session.config)
+    if state.selected_no_case and stopped is None:  # `-m gates` (a typo): the summary stays
         return
     if state.lost_workers:
         recover_lost_results(state)
@@ -274,6 +277,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         extra["lost_workers"] = state.lost_workers
     if measured is not None:
         extra[hardware.SUMMARY_KEY] = measured
+    if stopped is not None:
+        extra[interrupted.SUMMARY_KEY] = stopped
     summary_path = state.options.results_dir / SUMMARY_FILE
     try:
         outcomes.tracker(session.config).write_summary(
@@ -284,6 +289,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         state.write_errors.append(write_error(summary_path, exc, "no summary was written"))
     if state.write_errors:
         session.exitstatus = EXIT_RESULTS_UNWRITABLE
+
+
+def interrupted_block(config: pytest.Config) -> dict[str, Any] | None:
+    """An interrupted session's ``summary.json`` entry (None otherwise); the running case's
+    written results are stamped with the interruption (once)."""
+    ledger = interrupted.ledger_of(config)
+    tracker = outcomes.tracker(config)
+    block = ledger.block(tracker.outcomes) if ledger is not None else None
+    if block is not None and tracker.unfinished["reason"] == outcomes.NOT_FINISHED:
+        tracker.stamp_unfinished({"status": outcomes.ERROR,
+                                  "reason": interrupted.interrupted_reason(block["during"])})
+    return block
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -312,8 +329,12 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         return
     if state.selected_no_case and not config.option.collectonly:
         write_no_case_selected(terminalreporter, state, config, SUMMARY_FILE)
+    stopped = interrupted_block(config)
     if state.written or state.golden_updates or state.lost_workers:
-        write_results_table(terminalreporter, state, SUMMARY_FILE)
+        write_results_table(terminalreporter, state, SUMMARY_FILE,
+                            stopped=None if stopped is None else stopped["line"])
+    elif stopped is not None:
+        terminalreporter.write_line(f"afd: {stopped['line']}", yellow=True)
     write_write_errors(terminalreporter, state, EXIT_RESULTS_UNWRITABLE)
     note = topology_note(state.options)
     if note is not None:

@@ -11,20 +11,27 @@ from pytest_afd.markers import MARKERS, STAGE_MARKERS
 from pytest_afd.session import AfdSession
 
 MARK_OPERATORS = frozenset(("and", "or", "not"))
+INTERRUPTED = "interrupted"  # the table's outcome of the case a Ctrl-C stopped
 
 
 def _format_value(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
-def write_results_table(reporter: Any, state: AfdSession, summary_file: str) -> None:
-    """One row per written result, then where the files and the summary are."""
+def write_results_table(reporter: Any, state: AfdSession, summary_file: str, *,
+                        stopped: str | None = None) -> None:
+    """One row per written result, then where the files and the summary are.
+
+    ``stopped``: an interrupted session's line (``interrupted: 12 of 17 cases not run``):
+    the case that was running shows outcome ``interrupted`` and the line leads the verdicts.
+    """
     reporter.section("pytest-afd results")
+    missing = "unknown" if stopped is None else INTERRUPTED
     rows = [
         (
             entry["case_id"],
             entry["case_kind"],
-            state.outcomes.get(entry["nodeid"], "unknown"),
+            state.outcomes.get(entry["nodeid"], missing),
             f"{entry['metric']} {_format_value(entry['median'])} {entry['unit']}".strip(),
             _format_value(entry["cv"]),
             ",".join(
@@ -51,6 +58,8 @@ def write_results_table(reporter: Any, state: AfdSession, summary_file: str) -> 
             f"(summary: {state.options.results_dir / summary_file})"
         )
         reporter.write_line("verdicts (python -m pytest_afd report for the full report):")
+        if stopped is not None:
+            reporter.write_line(f"  {stopped}")
         paths = [entry["path"] for entry in state.written]
         for line in verdicts.summary_lines_from_files(paths, STAGE_MARKERS):
             reporter.write_line(f"  {line}")
