@@ -22,6 +22,7 @@ from pytest_afd import (
     ab,
     deployment_plan,
     early_setup,
+    gate_runs,
     hardware,
     hookspecs,
     interrupted,
@@ -108,6 +109,9 @@ def pytest_configure(config: pytest.Config) -> None:
                                      golden_dir=state.options.golden_dir)
     config.pluginmanager.register(ledger, hardware.PLUGIN_NAME)
     interrupted.register(config)
+    gate_runs.register(config, require_hardware=state.options.require_hardware,
+                       exempt_phase=reference_phase.reference_phase(config) == reference_phase.PHASE_RECORD,
+                       measured=lambda: ledger.measured, hardware_backend=ledger.applies)
     config.pluginmanager.register(deployment_plan, deployment_plan.PLUGIN_NAME)
 
 
@@ -279,6 +283,9 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         extra[hardware.SUMMARY_KEY] = measured
     if stopped is not None:
         extra[interrupted.SUMMARY_KEY] = stopped
+    gates = gate_runs.ledger_of(session.config)
+    if gates is not None and gates.summary() is not None:
+        extra[gate_runs.SUMMARY_KEY] = gates.summary()
     summary_path = state.options.results_dir / SUMMARY_FILE
     try:
         outcomes.tracker(session.config).write_summary(
@@ -330,9 +337,13 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if state.selected_no_case and not config.option.collectonly:
         write_no_case_selected(terminalreporter, state, config, SUMMARY_FILE)
     stopped = interrupted_block(config)
+    gates = gate_runs.ledger_of(config)
+    leading = [] if stopped is None else [stopped["line"]]
+    if gates is not None and gates.gate_cases:
+        leading.append(gates.line())
     if state.written or state.golden_updates or state.lost_workers:
-        write_results_table(terminalreporter, state, SUMMARY_FILE,
-                            stopped=None if stopped is None else stopped["line"])
+        write_results_table(terminalreporter, state, SUMMARY_FILE, leading=leading,
+                            stopped=stopped is not None)
     elif stopped is not None:
         terminalreporter.write_line(f"afd: {stopped['line']}", yellow=True)
     write_write_errors(terminalreporter, state, EXIT_RESULTS_UNWRITABLE)

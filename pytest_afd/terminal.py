@@ -19,14 +19,16 @@ def _format_value(value: float | None) -> str:
 
 
 def write_results_table(reporter: Any, state: AfdSession, summary_file: str, *,
-                        stopped: str | None = None) -> None:
+                        leading: list[str] | None = None, stopped: bool = False) -> None:
     """One row per written result, then where the files and the summary are.
 
-    ``stopped``: an interrupted session's line (``interrupted: 12 of 17 cases not run``):
-    the case that was running shows outcome ``interrupted`` and the line leads the verdicts.
+    ``leading``: session lines that lead the verdicts (an interrupted session's
+    ``interrupted: 12 of 17 cases not run``, the gates' split-path count);
+    ``stopped``: the session was interrupted, so the case that was running shows
+    outcome ``interrupted``.
     """
     reporter.section("pytest-afd results")
-    missing = "unknown" if stopped is None else INTERRUPTED
+    missing = INTERRUPTED if stopped else "unknown"
     rows = [
         (
             entry["case_id"],
@@ -58,8 +60,8 @@ def write_results_table(reporter: Any, state: AfdSession, summary_file: str, *,
             f"(summary: {state.options.results_dir / summary_file})"
         )
         reporter.write_line("verdicts (python -m pytest_afd report for the full report):")
-        if stopped is not None:
-            reporter.write_line(f"  {stopped}")
+        for line in leading or ():
+            reporter.write_line(f"  {line}")
         paths = [entry["path"] for entry in state.written]
         for line in verdicts.summary_lines_from_files(paths, STAGE_MARKERS):
             reporter.write_line(f"  {line}")
