@@ -4,17 +4,25 @@ fails an --afd-require-hardware session. Real HTTP against the harness's CPU ser
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
+from pytest_afd.backends.base import RunSettings
 from pytest_afd.gate_runs import needs_of
+from pytest_afd.serving.http_backend import cpu_server_spec
+from pytest_afd.serving.lifecycle import ServerGroup
 from tests.ascend_backend.test_ascend_deployments import (
     CASES,
     DEPLOYMENT_VARIABLES,
+    REPO,
     TOPOLOGY,
     cpu_servers,
     entry,
 )
+from tests.support.inner_pytest import UNRELATED_PLUGINS
 
 pytest_plugins = ["pytester"]
 
@@ -90,3 +98,33 @@ def test_skip_reasons_become_what_the_cases_need():
                     "needs --afd-model full (this session: reduced): run it") == [
         "a session with --afd-model full"]
     assert needs_of(None) == ["no reason given"]
+
+
+@pytest.mark.slow
+def test_gate_1_runs_on_the_for_gates_deployments(tmp_path, no_deployment):
+    """``afd-launch-plan --for-gates``'s two deployments (CPU servers at its settings), attached
+    through its AFD_ASCEND_DEPLOYMENTS entries: gate 1's one_long_request case runs its
+    candidate on the split deployment and its reference on the split-none one, and passes."""
+    nodes = [arg for index in range(1, 5) for arg in ("--node-address", f"10.0.0.{index}")]
+    plan = subprocess.run(
+        [sys.executable, "-m", "pytest_afd.backends.vllm_ascend.launch", "--npu-topology",
+         TOPOLOGY, "--model", "/m", "--devices-per-node", "16", *nodes, "--nic-name", "eth0",
+         "--for-gates", "--json"], cwd=REPO, capture_output=True, text=True, check=True)
+    entries = json.loads(plan.stdout)["AFD_ASCEND_DEPLOYMENTS"]
+    specs = [cpu_server_spec(RunSettings(**item["settings"]), name=item["settings"]["split_policy"],
+                             log_dir=tmp_path, topology=TOPOLOGY, model_name="reduced", seed=0)
+             for item in entries]
+    with ServerGroup(specs, tmp_path) as group:
+        listing = tmp_path / "deployments.json"
+        listing.write_text(json.dumps([{**item, "url": server.base_url}
+                                       for item, server in zip(entries, group.servers, strict=True)]))
+        env = {**os.environ, "PYTHONPATH": str(REPO), "AFD_ASCEND_DEPLOYMENTS": str(listing)}
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *UNRELATED_PLUGINS, "-q",
+             "-m", "gate", "suites/gates/test_gate_1_token_split.py", "-k",
+             "token_balanced_matches_unsplit and one_long_request and none",
+             "--afd-backend", "vllm-ascend", "--npu-topology", TOPOLOGY, "--afd-require-hardware",
+             "--afd-allow-emulated", "--afd-results-dir", str(tmp_path / "results")],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=1200, check=False)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "gate: 1 of 1 split-path cases ran against the deployment" in run.stdout, run.stdout[-3000:]
