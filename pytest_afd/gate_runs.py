@@ -130,7 +130,8 @@ class GateRunLedger:
 
     def line(self) -> str:
         ran, total = len(self.ran()), len(self.counted())
-        text = f"gate: {ran} of {total} split-path cases ran against the deployment"
+        where = "against the deployment" if self.hardware_backend else "(in-process backend)"
+        text = f"gate: {ran} of {total} split-path cases ran {where}"
         apart = len(self._no_run_passes())
         if apart:
             text += f" ({apart} other case(s) using it passed without a run on it)"
