@@ -21,6 +21,9 @@ from afd_split.plan.planner import SplitPlan, as_token_counts, plan_split
 
 EXIT_BAD_INPUT = 2
 """Same status argparse uses for usage errors."""
+PROG = "afd-split"
+"""The old console script's name; ``pytest-afd split`` passes its own."""
+DESCRIPTION = "Inspect the split of a production batch: one line on stderr and status 2 on bad input."
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -39,22 +42,26 @@ def _int_list(text: str) -> list[int]:
         ) from None
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(prog="afd-split", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+def _build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog=prog, description=DESCRIPTION)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser,
+                                     help="what to do")
     plan = commands.add_parser("plan", help="plan a split and print per-ubatch metadata")
     plan.add_argument(
         "--tokens", type=_int_list, required=True, help="scheduled tokens per request"
     )
     plan.add_argument("--computed", type=_int_list, help="computed (cached) tokens per request")
     plan.add_argument(
-        "--policy", choices=[policy.value for policy in SplitPolicy], default="token_balanced"
+        "--policy", choices=[policy.value for policy in SplitPolicy], default="token_balanced",
+        help="where to cut (default: %(default)s)",
     )
     plan.add_argument("--align", type=int, default=1, help="SP/TP alignment unit of the cut")
     plan.add_argument("--pcp", type=int, default=1, help="prefill context parallel size")
     plan.add_argument("--padded-total", type=int, help="rows after DP/graph padding")
-    plan.add_argument("--min-ubatch-tokens", type=int, default=1)
-    plan.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
+    plan.add_argument("--min-ubatch-tokens", type=int, default=1,
+                      help="fewest real tokens a ubatch may hold (default: %(default)s)")
+    plan.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE,
+                      help="KV cache block size, for max_blocks (default: %(default)s)")
     plan.add_argument(
         "--allow-fallback", action="store_true", help="run unsplit instead of rejecting"
     )
@@ -100,9 +107,9 @@ def _format_table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``afd-split`` console script."""
-    parser = _build_parser()
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """Entry point of ``pytest-afd split`` (``prog``) and the old ``afd-split`` script."""
+    parser = _build_parser(prog)
     args = parser.parse_args(argv)
     try:
         if args.computed is not None and len(args.computed) != len(args.tokens):

@@ -7,7 +7,7 @@ role, or the executor itself; the code of each is :mod:`pytest_afd.split_faults`
 :mod:`pytest_afd.glue_faults`, one function of the engine glue (the adapters,
 the per-step checks, the plan fingerprint, the step record), for the
 duration of the block. They are the fault classes of docs/gates.md ("Seeded
-faults"): the mutation check (``python -m pytest_afd fault-check``) applies
+faults"): the mutation check (``pytest-afd fault-check``) applies
 each one to a ``pytest -m gate`` subprocess and asserts that the gates fail.
 
 Another process selects a fault by name through the environment variable

@@ -43,7 +43,8 @@ MAX_REASON_CHARS = 100
 UNSPLIT_POLICY = "none"
 SPLIT_NONE_NEED = "a second, split-none reference deployment (split_policy='none'; gate 1's reference)"
 NO_RUN_NEED = "a run on the deployment (the case ended without one)"
-LAUNCH_HINT = "afd-launch-plan --for-gates prints gate-compatible launch flags (docs/gates.md)"
+LAUNCH_HINT = ("pytest-afd launch-plan --for-gates prints gate-compatible launch flags "
+               "(docs/gates.md)")
 
 
 def needs_of(reason: str | None) -> list[str]:

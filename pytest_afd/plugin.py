@@ -53,12 +53,18 @@ from pytest_afd.session import (
     write_error,
 )
 from pytest_afd.shared_results import SessionLease
-from pytest_afd.terminal import write_no_case_selected, write_results_table, write_write_errors
+from pytest_afd.terminal import (
+    FinalLine,
+    write_no_case_selected,
+    write_results_table,
+    write_write_errors,
+)
 from pytest_afd.topology import RankInfo, Topology, afd_suggestion
 
 SUMMARY_FILE = "summary.json"
 WORKEROUTPUT_KEY = "afd_results"
 AFD_SESSION_PLUGIN = "afd-session"
+FINAL_LINE_PLUGIN = "afd-final-line"
 EXIT_RESULTS_UNWRITABLE = 6
 """Exit status of a session whose results or summary could not be written (a full disk):
 distinct from pytest's own 0-5, so CI tells "tests failed" from "the record is incomplete"."""
@@ -112,6 +118,8 @@ def pytest_configure(config: pytest.Config) -> None:
     gate_runs.register(config, require_hardware=state.options.require_hardware,
                        exempt_phase=reference_phase.reference_phase(config) == reference_phase.PHASE_RECORD,
                        measured=lambda: ledger.measured, hardware_backend=ledger.applies)
+    if not is_worker(config):
+        config.pluginmanager.register(FinalLine(state), FINAL_LINE_PLUGIN)
     config.pluginmanager.register(deployment_plan, deployment_plan.PLUGIN_NAME)
 
 

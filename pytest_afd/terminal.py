@@ -4,62 +4,106 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Generator
 from typing import Any
 
-from pytest_afd import verdicts
+import pytest
+
+from pytest_afd import gate_runs, hardware, verdicts
 from pytest_afd.markers import MARKERS, STAGE_MARKERS
 from pytest_afd.session import AfdSession
 
 MARK_OPERATORS = frozenset(("and", "or", "not"))
-INTERRUPTED = "interrupted"  # the table's outcome of the case a Ctrl-C stopped
+PERCENT = 100.0
+PASSED = "passed"
+MAX_NAMED_CASES = 5  # cases named per row of the outcome table; the rest are counted
+INTERRUPTED = "interrupted"  # the outcome of the case a Ctrl-C stopped (pytest_afd.interrupted)
 
 
 def _format_value(value: float | None) -> str:
     return "-" if value is None else f"{value:.4g}"
 
 
+def format_cv(cv: float | None) -> str:
+    """CV in percent, as the report shows it (report/tables.py), never a bare fraction."""
+    return "-" if cv is None else f"{cv * PERCENT:.1f}%"
+
+
+def _labels(entry: dict[str, Any]) -> str:
+    on = (("synthetic", entry["synthetic"]),
+          ("exploratory", entry["comparability"] == "exploratory"))
+    return ",".join(label for label, flag in on if flag) or "-"
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    return ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True)
+                      ).rstrip() for row in [header, *rows]]
+
+
+def outcome_rows(entries: list[dict[str, Any]], outcomes: dict[str, str]) -> list[tuple[str, ...]]:
+    """One row per test function: how many of its cases passed, failed, ... (a gate has no
+    headline figure: its result is its outcome). Cases not passed are named in the row."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for entry in entries:
+        groups.setdefault(entry["nodeid"].split("[", 1)[0], []).append(entry)
+    rows = []
+    for test, members in sorted(groups.items()):
+        counts: dict[str, int] = {}
+        for entry in members:
+            outcome = outcomes.get(entry["nodeid"], "unknown")
+            counts[outcome] = counts.get(outcome, 0) + 1
+        text = ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items()))
+        odd = sorted(entry["case_id"].removeprefix(test) for entry in members
+                     if outcomes.get(entry["nodeid"], "unknown") != PASSED)
+        if odd:
+            shown = ", ".join(odd[:MAX_NAMED_CASES])
+            more = len(odd) - MAX_NAMED_CASES
+            text += f": {shown}{f' and {more} more' if more > 0 else ''}"
+        rows.append((test, members[0]["case_kind"], str(len(members)), text))
+    return rows
+
+
+def measured_rows(entries: list[dict[str, Any]], outcomes: dict[str, str]) -> list[tuple[str, ...]]:
+    """One row per case with a headline figure: its median and CV (percent)."""
+    return [(entry["case_id"], entry["case_kind"], outcomes.get(entry["nodeid"], "unknown"),
+             f"{entry['metric']} {_format_value(entry['median'])} {entry['unit']}".strip(),
+             format_cv(entry["cv"]), _labels(entry))
+            for entry in sorted(entries, key=lambda e: e["case_id"])]
+
+
 def write_results_table(reporter: Any, state: AfdSession, summary_file: str, *,
                         leading: list[str] | None = None, stopped: bool = False) -> None:
-    """One row per written result, then where the files and the summary are.
+    """Gate-style cases (no headline figure) as outcome counts per test; measured cases one
+    row each with their figure; then where the files and the summary are.
 
     ``leading``: session lines that lead the verdicts (an interrupted session's
     ``interrupted: 12 of 17 cases not run``, the gates' split-path count);
-    ``stopped``: the session was interrupted, so the case that was running shows
-    outcome ``interrupted``.
+    ``stopped``: the session was interrupted, so a case without an outcome (the one
+    running) shows ``interrupted``, not ``unknown``.
     """
     reporter.section("pytest-afd results")
-    missing = INTERRUPTED if stopped else "unknown"
-    rows = [
-        (
-            entry["case_id"],
-            entry["case_kind"],
-            state.outcomes.get(entry["nodeid"], missing),
-            f"{entry['metric']} {_format_value(entry['median'])} {entry['unit']}".strip(),
-            _format_value(entry["cv"]),
-            ",".join(
-                label
-                for label, on in (
-                    ("synthetic", entry["synthetic"]),
-                    ("exploratory", entry["comparability"] == "exploratory"),
-                )
-                if on
-            )
-            or "-",
-        )
-        for entry in sorted(state.written, key=lambda e: e["case_id"])
-    ]
-    header = ("case", "kind", "outcome", "headline (median)", "CV", "labels")
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        reporter.write_line(
-            "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths, strict=True))
-        )
+    outcomes = state.outcomes
+    if stopped:
+        outcomes = {**{entry["nodeid"]: INTERRUPTED for entry in state.written}, **outcomes}
+    measured = [entry for entry in state.written if entry["median"] is not None]
+    outcome_only = [entry for entry in state.written if entry["median"] is None]
+    if outcome_only:
+        for line in _table(("test (cases without a headline figure)", "kind", "cases",
+                            "outcomes"), outcome_rows(outcome_only, outcomes)):
+            reporter.write_line(line)
+    if measured:
+        if outcome_only:
+            reporter.write_line("")
+        for line in _table(("case", "kind", "outcome", "headline (median)", "CV", "labels"),
+                           measured_rows(measured, outcomes)):
+            reporter.write_line(line)
     if state.written:
         reporter.write_line(
             f"{len(state.written)} result JSON file(s) in {state.options.results_dir} "
             f"(summary: {state.options.results_dir / summary_file})"
         )
-        reporter.write_line("verdicts (python -m pytest_afd report for the full report):")
+        reporter.write_line("verdicts (pytest-afd report for the full report):")
         for line in leading or ():
             reporter.write_line(f"  {line}")
         paths = [entry["path"] for entry in state.written]
@@ -107,3 +151,52 @@ def write_write_errors(reporter: Any, state: AfdSession, exit_status: int) -> No
         reporter.write_line(f"afd: {message}", red=True)
     reporter.write_line(f"afd: the session exits with status {exit_status} (results "
                         "incomplete)", red=True)
+
+
+def failure_reasons(config: Any, state: AfdSession) -> list[str]:
+    """Why the plugin failed a session whose tests may all have passed (empty: it did not)."""
+    reasons = []
+    ledger = config.pluginmanager.get_plugin(hardware.PLUGIN_NAME)
+    if ledger is not None and ledger.failed_session:
+        if ledger.require_hardware and not ledger.requirement_met:
+            text = (f"--afd-require-hardware: {len(ledger.on_hardware)} cases measured on "
+                    f"hardware (backend {ledger.backend_name})")
+            if ledger.on_stand_in:
+                text += (f", {len(ledger.on_stand_in)} on a stand-in server (device "
+                         f"{ledger.stand_in_device}; --afd-allow-emulated counts those)")
+            reasons.append(text)
+        if ledger.missing_from_record:
+            reasons.append(f"the check phase measured {len(ledger.missing_from_record)} case(s) "
+                           "fewer than the record phase recorded")
+    gates = config.pluginmanager.get_plugin(gate_runs.PLUGIN_NAME)
+    if gates is not None and gates.failed_session:
+        reasons.append(f"--afd-require-hardware: 0 of {len(gates.counted())} split-path gate "
+                       "cases ran against the deployment")
+    if state.write_errors:
+        reasons.append(f"{len(state.write_errors)} result write(s) failed: "
+                       f"{state.write_errors[0]}")
+    return reasons
+
+
+class FinalLine:
+    """Writes why the plugin failed a session AFTER pytest's stats line.
+
+    pytest prints its stats line ("1 passed in 59.61s") last, from its terminal
+    reporter's ``pytest_sessionfinish`` wrapper, after every ``pytest_terminal_summary``
+    hook (even ``trylast`` ones); a reader who sees only the end of a CI log would take
+    a session failed by ``--afd-require-hardware`` for a pass. A ``tryfirst`` wrapper
+    is the outermost one, so the code after its ``yield`` runs after that line.
+    """
+
+    def __init__(self, state: AfdSession) -> None:
+        self.state = state
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> Generator[None, None, None]:
+        result = yield
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        reasons = failure_reasons(session.config, self.state)
+        if reporter is not None and reasons and session.exitstatus != pytest.ExitCode.OK:
+            reporter.write_sep("=", f"pytest-afd: session failed (exit status "
+                               f"{int(session.exitstatus)}): {'; '.join(reasons)}", red=True)
+        return result

@@ -1,4 +1,4 @@
-"""``python -m pytest_afd profile-summary DIR...``: profiles taken by hand -> the same JSON
+"""``pytest-afd profile-summary DIR...``: profiles taken by hand -> the same JSON
 and the report's per-layer and overlap plots.
 
 A DIR is ``ROLE=PATH`` or a bare PATH:
@@ -22,6 +22,17 @@ from pytest_afd.profiling import schedule
 
 PROFILE_JSON = "profile.json"
 ROLE_ALIASES = {"attn": "attention", "attention": "attention", "ffn": "ffn"}
+DESCRIPTION = """\
+Profiles taken by hand -> profile.json and the report's per-layer and overlap plots.
+
+A DIR is ROLE=PATH or a bare PATH:
+
+- ascend_pt: a role's directory holding *_ascend_pt rank trees (the plugin's
+  AFD_NPU_<ROLE>_PROFILER_DIR); a bare PATH takes its role from its name
+  (attn/attention or ffn);
+- torch traces: a CPU run's trace root (attention/ and ffn/ of
+  rank<i>/step<n>.pt.trace.json, what AFD_PROFILE_KEEP_TRACES keeps).
+"""
 
 
 class SummaryError(ValueError):
@@ -83,9 +94,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     summary = commands.add_parser(
         "profile-summary",
         help="analyse profile directories taken by hand (ascend_pt or torch traces)",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    summary.add_argument("dirs", nargs="+", metavar="DIR", help="ROLE=PATH or PATH")
+    summary.add_argument("dirs", nargs="+", metavar="DIR",
+                         help="a profile directory: ROLE=PATH or PATH (see above)")
     summary.add_argument("--output", default="profile-summary",
                          help="directory for profile.json and plots/ (default %(default)s)")
     summary.add_argument("--no-plots", action="store_true", help="write the JSON only")

@@ -1,7 +1,7 @@
 """Render a results directory into a Markdown + HTML report with PNG plots.
 
-``python -m pytest_afd report RESULTS_DIR`` (or :func:`render`) and
-``python -m pytest_afd compare A B`` (or :func:`pytest_afd.report.compare.compare`).
+``pytest-afd report RESULTS_DIR`` (or :func:`render`) and
+``pytest-afd compare A B`` (or :func:`pytest_afd.report.compare.compare`).
 The package is split by job: ``scan`` (file facts, cached by identity),
 ``loading`` (sessions, verdicts), ``values`` (reading result documents),
 ``tables`` (Markdown), ``layout``, ``plots``, ``point_plots`` and

@@ -164,7 +164,7 @@ def read_calibration(path: Path, source: str = "--calibration") -> Calibration:
     if not isinstance(doc, Mapping) or doc.get("kind") != CALIBRATION_KIND:
         raise ValueError(
             f"{source} {str(path)!r}: not a calibration (kind {CALIBRATION_KIND!r}); write one "
-            "with 'python -m pytest_afd compare --calibrate RUN RUN [RUN...]'"
+            "with 'pytest-afd compare --calibrate RUN RUN [RUN...]'"
         )
 
     def _floats(table: Mapping[str, Any]) -> dict[str, dict[str, float]]:

@@ -107,9 +107,9 @@ def chunk_list(text: str) -> list[int | None]:
     return [chunk_value(item) for item in items]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG,
+        prog=prog,
         description=(
             "Model how a prefill chunk size is interpreted (DP folding, page-granular "
             "admission, CP zigzag rows, communication rounds) and print the batch shapes."
@@ -159,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="attention ranks (dp * cp); checked, and gives --dp when omitted",
     )
-    parser.add_argument("--page-size", type=prompt_length, default=DEFAULT_PAGE_SIZE, metavar="N")
+    parser.add_argument("--page-size", type=prompt_length, default=DEFAULT_PAGE_SIZE, metavar="N",
+                        help="KV cache page (block) size in tokens (default: %(default)s)")
     parser.add_argument(
         "--max-prefill-reqs",
         type=positive_int,
@@ -174,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="max running sequences (vLLM max_num_seqs)",
     )
     parser.add_argument(
-        "--max-batched-tokens", type=positive_int, default=DEFAULT_MAX_BATCHED_TOKENS, metavar="N"
+        "--max-batched-tokens", type=positive_int, default=DEFAULT_MAX_BATCHED_TOKENS, metavar="N",
+        help="scheduler token budget per forward (default: %(default)s)",
     )
     parser.add_argument(
         "--round-capacity",

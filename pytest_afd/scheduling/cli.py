@@ -309,8 +309,8 @@ def render_sweep(candidates: Sequence[SweepCandidate], inputs: PlanInputs) -> st
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
         inputs = prepare(args)

@@ -4,10 +4,12 @@ It speaks the deploy-command protocol (docs/ascend.md "Deploy through your job
 system") the way an ``sbatch`` wrapper would, so CI rehearses the nightly's
 redeployments without NPUs::
 
-    python -m pytest_afd.serving.cpu_deploy up SETTINGS_JSON PLAN_JSON   # prints http://127.0.0.1:PORT
-    python -m pytest_afd.serving.cpu_deploy down URL
+    pytest-afd deploy-cpu up SETTINGS_JSON PLAN_JSON   # prints http://127.0.0.1:PORT
+    pytest-afd deploy-cpu down URL
 
-``up`` starts ``python -m pytest_afd.serving.server --backend cpu`` for the
+(``python -m pytest_afd.cli deploy-cpu`` where the console script is not on PATH;
+the old ``python -m pytest_afd.serving.cpu_deploy`` still works for one release.)
+``up`` starts ``pytest-afd serve --backend cpu`` for the
 plan's topology and model with the settings (with ``AFD_PROFILE_KEEP_TRACES`` set,
 as AFD runtime processes: a profiled rehearsal, docs/profiling.md), in its own session (it outlives
 this command, as a batch job outlives ``sbatch``), waits for its port file and
@@ -20,6 +22,7 @@ case it serves is labelled emulated.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -44,9 +47,12 @@ DEFAULT_BATCH_WINDOW_S = "0.5"
 PORT_WAIT_S = 300.0
 POLL_S = 0.1
 STOP_WAIT_S = 15.0
-EXIT_USAGE = 2
-USAGE = ("usage: python -m pytest_afd.serving.cpu_deploy up SETTINGS_JSON PLAN_JSON\n"
-         "       python -m pytest_afd.serving.cpu_deploy down URL\n")
+PROG = "python -m pytest_afd.serving.cpu_deploy"  # the old name; pytest-afd deploy-cpu passes its own
+DESCRIPTION = (
+    "The deploy command the harness calls on CPU (AFD_ASCEND_DEPLOY_COMMAND): 'up' starts the "
+    "harness's CPU server for a launch plan and prints its URL; 'down' stops it. State lives "
+    f"in ${ENV_STATE_DIR} (default: afd-cpu-deployments under the system temp dir)."
+)
 
 
 def state_dir() -> Path:
@@ -66,7 +72,7 @@ def up(settings_file: Path, plan_file: Path) -> str:
     directory = Path(tempfile.mkdtemp(prefix="deployment-", dir=state_dir()))
     port_file = directory / "port"
     threads = os.environ.get(ENV_THREADS, "1")
-    argv = [sys.executable, "-m", "pytest_afd.serving.server", "--backend", "cpu",
+    argv = [sys.executable, "-m", "pytest_afd.cli", "serve", "--backend", "cpu",
             "--topology", plan["npu_topology"], "--model-name", plan["model"],
             "--results-dir", str(directory), "--port", "0", "--port-file", str(port_file),
             "--settings-json", json.dumps(settings),
@@ -134,21 +140,39 @@ def down(url: str) -> None:
     record.unlink()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
+def _build_parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION",
+                                    help="up or down")
+    start = actions.add_parser("up", help="start a CPU server for a plan; print its URL",
+                               description="Start the harness's CPU server for the plan's "
+                               "topology and model with these settings and print its URL.")
+    start.add_argument("settings", type=Path, metavar="SETTINGS_JSON",
+                       help="the case's RunSettings as a JSON file")
+    start.add_argument("plan", type=Path, metavar="PLAN_JSON",
+                       help="the launch plan as a JSON file (npu_topology and model are read)")
+    stop = actions.add_parser("down", help="stop the server recorded for a URL",
+                              description="Stop the process group 'up' recorded for URL.")
+    stop.add_argument("url", metavar="URL", help="the URL 'up' printed")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    """``pytest-afd deploy-cpu`` (``prog``) and the old ``python -m ...serving.cpu_deploy``."""
+    args = _build_parser(prog).parse_args(argv)
     try:
-        if len(args) == 3 and args[0] == "up":  # noqa: PLR2004 (action + two files)
-            print(up(Path(args[1]), Path(args[2])), flush=True)
-        elif len(args) == 2 and args[0] == "down":  # noqa: PLR2004 (action + URL)
-            down(args[1])
+        if args.action == "up":
+            print(up(args.settings, args.plan), flush=True)
         else:
-            sys.stderr.write(USAGE)
-            return EXIT_USAGE
+            down(args.url)
     except (OSError, ValueError, KeyError, RuntimeError) as error:
-        sys.stderr.write(f"cpu_deploy: {error}\n")
+        sys.stderr.write(f"{prog}: {error}\n")
         return 1
     return 0
 
 
 if __name__ == "__main__":
+    from pytest_afd.cli.aliases import warn
+
+    warn("python -m pytest_afd.serving.cpu_deploy", "pytest-afd deploy-cpu")
     sys.exit(main())

@@ -108,7 +108,7 @@ def cpu_server_spec(settings: RunSettings, *, name: str, log_dir: Path, topology
     """Spec of the CPU backend served by ``python -m pytest_afd.serving.server`` on loopback
     (``peer_timeout_s``: the AFD runtime's, for ``afd_processes``; None: its default)."""
     port_file = Path(log_dir) / f"{name}.port"
-    argv = [sys.executable, "-m", "pytest_afd.serving.server", "--backend", "cpu",
+    argv = [sys.executable, "-m", "pytest_afd.cli", "serve", "--backend", "cpu",
             "--model-name", model_name, "--seed", str(seed), "--results-dir", str(log_dir),
             "--port", "0", "--port-file", str(port_file),
             "--settings-json", json.dumps(dataclasses.asdict(server_side_settings(settings)))]

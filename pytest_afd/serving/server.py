@@ -145,18 +145,35 @@ def _write_port_file(path: Path, port: int) -> None:
     os.replace(temporary, path)
 
 
-def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="cpu", help="backend name for create_backend")
-    parser.add_argument("--topology", default=None, help="--npu-topology string to emulate")
-    parser.add_argument("--model-name", default="reduced")
-    parser.add_argument("--served-model-name", default=None, help="defaults to --model-name")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--results-dir", type=Path, default=Path("afd-results"))
-    parser.add_argument("--host", default="127.0.0.1", type=_argument(check_loopback))
+DESCRIPTION = (
+    "Serve a harness backend (the CPU model by default) over an OpenAI-style HTTP API on "
+    "loopback, without authentication: POST /v1/completions, GET /health, GET /metrics, "
+    "GET /v1/models, POST /reset_prefix_cache, GET /afd/describe. On SIGTERM it finishes the "
+    "running batch and answers 503 to queued requests. Limits and shutdown: docs/serving.md."
+)
+PROG = "python -m pytest_afd.serving.server"  # the old name; pytest-afd serve passes its own
+
+
+def _build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    parser.add_argument("--backend", default="cpu",
+                        help="backend to serve, by its harness name (default %(default)s)")
+    parser.add_argument("--topology", default=None,
+                        help="NPU topology to emulate, as for --npu-topology (e.g. dp3pcp8-ep8; "
+                             "default: the backend's)")
+    parser.add_argument("--model-name", default="reduced",
+                        help="model profile to load (default %(default)s)")
+    parser.add_argument("--served-model-name", default=None,
+                        help="model name the API reports (default: --model-name)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the model's random weights (default %(default)s)")
+    parser.add_argument("--results-dir", type=Path, default=Path("afd-results"),
+                        help="directory for the backend's files (default %(default)s)")
+    parser.add_argument("--host", default="127.0.0.1", type=_argument(check_loopback),
+                        help="address to bind; loopback only (default %(default)s)")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--port-file", type=Path, default=None,
-                        help="write the bound port here once listening")
+                        help="write the bound port to this file once listening")
     parser.add_argument("--batch-window-s", type=float, default=DEFAULT_BATCH_WINDOW_S,
                         help="how long to collect requests after the first one of a batch")
     parser.add_argument("--settings-json", type=_argument(settings_from_json), default=RunSettings(),
@@ -313,8 +330,9 @@ def drain(httpd: AfdHTTPServer, engine: PrefillEngine) -> None:
               file=sys.stderr, flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """``pytest-afd serve`` (``prog``) and the old ``python -m pytest_afd.serving.server``."""
+    args = _build_parser(prog).parse_args(argv)
     backend = make_backend(args)
     # A seeded split-path fault named by $PYTEST_AFD_FAULT (tests: a broken candidate
     # deployment the gates must reject); nothing is patched when it is unset.
@@ -329,4 +347,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from pytest_afd.cli.aliases import warn
+
+    warn("python -m pytest_afd.serving.server", "pytest-afd serve")
     sys.exit(main())

@@ -61,7 +61,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def seeded_fault() -> Iterator[str | None]:
     """The split-path fault ``$PYTEST_AFD_FAULT`` names, applied for the whole gate session.
 
-    The mutation check (``python -m pytest_afd fault-check``) sets it and
+    The mutation check (``pytest-afd fault-check``) sets it and
     expects ``pytest -m gate`` to fail; unset, nothing is patched.
     """
     with applied_from_env() as fault:

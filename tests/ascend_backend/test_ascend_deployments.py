@@ -36,7 +36,7 @@ DEPLOYMENT_VARIABLES = ("AFD_ASCEND_SERVER_URL", "AFD_ASCEND_SERVER_SETTINGS", "
                         "AFD_REFERENCE_PHASE", "AFD_EVIDENCE_DIR", "AFD_ALLOW_EMULATED",
                         "AFD_ASCEND_SERVED_MODEL_NAME", "AFD_DEVICES_PER_NODE")
 SMALL = {"block_size": 16, "max_num_batched_tokens": 512, "max_num_seqs": 8}
-CPU_DEPLOY = f"{sys.executable} -m pytest_afd.serving.cpu_deploy"
+CPU_DEPLOY = f"{sys.executable} -m pytest_afd.cli deploy-cpu"
 CASES = """
 import pytest
 from pytest_afd.backends.base import PromptRequest, RunSettings

@@ -114,7 +114,7 @@ def test_stage_a_on_one_cpu_server_per_listed_deployment(tmp_path, monkeypatch):
 def test_stage_through_the_deploy_command(tmp_path, stage):
     """Each stage at 1/64 through AFD_ASCEND_DEPLOY_COMMAND: passes, nothing missing, all stopped."""
     state = tmp_path / "state"
-    env = clean_env(AFD_ASCEND_DEPLOY_COMMAND=f"{sys.executable} -m pytest_afd.serving.cpu_deploy",
+    env = clean_env(AFD_ASCEND_DEPLOY_COMMAND=f"{sys.executable} -m pytest_afd.cli deploy-cpu",
                     AFD_CPU_DEPLOY_DIR=str(state), AFD_DEVICES_PER_NODE="16",
                     AFD_EVIDENCE_DIR=str(tmp_path / "evidence"))
     run = pytest_run(["-m", stage, "suites", "--afd-backend", "vllm-ascend", "--npu-topology",

@@ -37,7 +37,7 @@ STAND_IN_VLLM = textwrap.dedent(f"""\
         http.server.HTTPServer(("127.0.0.1", int(flag("--port"))), Health).serve_forever()
     settings = {{"block_size": int(flag("--block-size")), "return_logits": False,
                 "prefix_caching": "--enable-prefix-caching" in args}}
-    os.execv(sys.executable, [sys.executable, "-m", "pytest_afd.serving.server", "--backend", "cpu",
+    os.execv(sys.executable, [sys.executable, "-m", "pytest_afd.cli", "serve", "--backend", "cpu",
              "--model-name", "reduced", "--served-model-name", flag("--served-model-name"),
              "--port", flag("--port"), "--settings-json", json.dumps(settings)])
 """)

@@ -45,9 +45,9 @@ def run_lines(job):
 
 
 def readme_commands():
-    """The commands in the README's 'Set up and test' bash block, comments stripped."""
+    """The commands in the README's 'Run the tests' bash block, comments stripped."""
     text = (ROOT / "README.md").read_text()
-    block = re.search(r"## Set up and test\s+```bash\n(.*?)```", text, re.S).group(1)
+    block = re.search(r"## Run the tests\s+```bash\n(.*?)```", text, re.S).group(1)
     return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.split("#", 1)[0].strip()]
 
 
@@ -114,7 +114,7 @@ def test_nightly_logs_stack_runs_gates_and_stage_and_uploads():
     env = job["env"]
     assert {ENV_MODEL_PATH, ENV_SERVER_URL, ENV_SERVER_SETTINGS} <= set(env)
     assert env["AFD_RESULTS_DIR"] == "afd-results"
-    report = next(step for step in steps(job) if "pytest_afd report" in step.get("run", ""))
+    report = next(step for step in steps(job) if "pytest-afd report" in step.get("run", ""))
     upload = next(step for step in steps(job) if step.get("uses", "").startswith("actions/upload-artifact"))
     assert report["if"] == upload["if"] == "${{ always() }}"
     uploaded = {line.strip().rstrip("/") for line in upload["with"]["path"].splitlines()}

@@ -66,7 +66,7 @@ def test_zero_split_path_cases_ran_is_said_and_fails(pytester, tmp_path, no_depl
     result.stdout.fnmatch_lines([
         "gate: 0 of 1 split-path cases ran against the deployment; the others need a second, "
         "split-none reference deployment (split_policy='none'; gate 1's reference) (1); "
-        "afd-launch-plan --for-gates prints*; --afd-require-hardware: failing the session*"])
+        "pytest-afd launch-plan --for-gates prints*; --afd-require-hardware: failing the session*"])
     found = gate_runs(pytester)
     assert (found["split_path_cases"], found["split_path_ran"]) == (1, 0)
     assert found["fails_session"] is True

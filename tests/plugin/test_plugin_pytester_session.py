@@ -108,7 +108,7 @@ def test_plugin_results_written_validated_and_summarized(fake):
         "case*kind*outcome*headline (median)*CV*labels*",
         "test_results.py::test_case?0?*stage_a*passed*prefill_tokens_per_s 128 tokens/s*0*synthetic*",
         "4 result JSON file(s) in *afd-results (summary: *summary.json)",
-        "verdicts (python -m pytest_afd report for the full report):",
+        "verdicts (pytest-afd report for the full report):",
         "  stage_a: 3 case(s): 3 passed; host: load not recorded",
         "  stage_b: 1 case(s): 1 failed; host: load not recorded",
     ])

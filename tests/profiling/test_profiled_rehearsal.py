@@ -1,5 +1,5 @@
 """End to end: an instrumented ``pytest -m stage_a`` on the CPU rehearsal's deployments
-(the deploy command, ``pytest_afd.serving.cpu_deploy``) fills every profile field from
+(the deploy command, ``pytest-afd deploy-cpu``) fills every profile field from
 traces, each case's overhead against its own measured runs, and the report shows them.
 
 Slow (minutes on two cores): ``python3 -m pytest -m slow tests/profiling/test_profiled_rehearsal.py``.
@@ -38,7 +38,7 @@ def test_instrumented_stage_a_on_cpu_deployments(tmp_path):
     traces, results = tmp_path / "traces", tmp_path / "results"
     env = {key: value for key, value in os.environ.items() if key not in CLEARED}
     env.update(PYTHONPATH=str(REPO), AFD_DEVICES_PER_NODE="16",
-               AFD_ASCEND_DEPLOY_COMMAND=f"{sys.executable} -m pytest_afd.serving.cpu_deploy",
+               AFD_ASCEND_DEPLOY_COMMAND=f"{sys.executable} -m pytest_afd.cli deploy-cpu",
                AFD_CPU_DEPLOY_DIR=str(tmp_path / "state"),
                AFD_EVIDENCE_DIR=str(tmp_path / "evidence"),
                AFD_PROFILE_KEEP_TRACES=str(traces), AFD_PROFILE_TRACE_DIRS=f"torch={traces}")
@@ -68,7 +68,7 @@ def test_instrumented_stage_a_on_cpu_deployments(tmp_path):
                    for role in ("attention", "ffn"))
         overhead = profile["profiler_overhead"]
         assert overhead["ratio"] > 0 and overhead["non_instrumented_runs"] == WARMUPS + REPEATS
-    report = subprocess.run([sys.executable, "-m", "pytest_afd", "report", str(results)],
+    report = subprocess.run([sys.executable, "-m", "pytest_afd.cli", "report", str(results)],
                             cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
                             check=False)
     assert report.returncode == 0, report.stderr[-2000:]

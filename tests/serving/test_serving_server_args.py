@@ -59,7 +59,7 @@ def test_completion_request_contract():
     ],
 )
 def test_cli_refuses_bad_arguments_before_loading_anything(arguments, message):
-    completed = subprocess.run([sys.executable, "-m", "pytest_afd.serving.server", *arguments],
+    completed = subprocess.run([sys.executable, "-m", "pytest_afd.cli", "serve", *arguments],
                                capture_output=True, text=True, timeout=60)
     assert completed.returncode == 2 and message in completed.stderr
 

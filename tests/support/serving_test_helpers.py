@@ -133,7 +133,7 @@ def start_server_process(tmp_path, arguments: Sequence[str],
     port_file = tmp_path / "port"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "pytest_afd.serving.server", "--port", "0", "--port-file",
+        [sys.executable, "-m", "pytest_afd.cli", "serve", "--port", "0", "--port-file",
          str(port_file), "--results-dir", str(tmp_path),
          "--settings-json", json.dumps({"return_logits": False}), *arguments],
         env=env, stdout=open(tmp_path / "server.log", "wb"), stderr=subprocess.STDOUT,

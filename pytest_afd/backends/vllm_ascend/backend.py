@@ -85,7 +85,7 @@ _NPU_PRODUCT_LINE = re.compile(r"Product Name\s*:\s*(\S.*?)\s*$", re.M)
 REQUIRED_MODULES = ("vllm", "vllm_ascend", "torch_npu")
 BASE_CAPABILITIES = frozenset({CAP_SPLIT, CAP_PREFIX_CACHE, CAP_CHUNKED_PREFILL, CAP_W8A8,
                                CAP_FORCED_ROUTING, CAP_TOPK_LOGPROBS})
-HINT = (f"run the plan printed by `afd-launch-plan` with the cluster job system and set "
+HINT = (f"run the plan printed by `pytest-afd launch-plan` with the cluster job system and set "
         f"{ENV_SERVER_URL}=http://HOST:PORT (and {ENV_SERVER_SETTINGS}) to attach to it")
 
 

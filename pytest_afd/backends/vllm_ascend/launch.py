@@ -72,6 +72,8 @@ from pytest_afd.topology import (
     parse_topology,
 )
 
+PROG = "afd-launch-plan"  # the old console script's name; pytest-afd launch-plan passes its own
+
 # -- building -----------------------------------------------------------------
 
 def _group_by_node(ranks: Sequence[RankInfo], shape: RoleShape) -> list[tuple[int, list[RankInfo]]]:
@@ -287,13 +289,14 @@ def build_launch_plan(topology: Topology | str, options: LaunchOptions) -> Launc
 
 # -- CLI ----------------------------------------------------------------------
 
-def _build_parser() -> argparse.ArgumentParser:
+def _build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="afd-launch-plan",
+        prog=prog,
         description="Print the per-node vLLM-Ascend launch plan for an NPU topology.")
     parser.add_argument("--npu-topology", required=True, help="e.g. dp3pcp8-ep8 or dp4pcp8")
     parser.add_argument("--model", required=True, help="checkpoint path on the nodes")
-    parser.add_argument("--devices-per-node", type=int, default=DEFAULT_DEVICES_PER_NODE)
+    parser.add_argument("--devices-per-node", type=int, default=DEFAULT_DEVICES_PER_NODE,
+                        help="NPUs per node (default %(default)s)")
     parser.add_argument("--node-address", action="append", default=[], dest="node_addresses",
                         help="real address of node 0, 1, ... (repeat; IPs on multi-node)")
     parser.add_argument("--nic-name", default=None, dest="socket_ifname",
@@ -304,13 +307,17 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="async MoE split (AFD only); default request for AFD, none otherwise")
     parser.add_argument("--chunk-size", type=int, default=None,
                         help="enable chunked prefill with this token budget")
-    parser.add_argument("--prefix-caching", action="store_true")
+    parser.add_argument("--prefix-caching", action="store_true",
+                        help="enable prefix caching (default: off)")
     parser.add_argument("--routing", choices=("natural", "forced_balanced"),
                         default=recipe.RECIPE_ROUTING,
                         help="default: the recipe's forced balancing (synthetic outputs)")
-    parser.add_argument("--quantization", choices=("w8a8", "none"), default="w8a8")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS)
-    parser.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
+    parser.add_argument("--quantization", choices=("w8a8", "none"), default="w8a8",
+                        help="weight quantization (default %(default)s, the recipe's)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                        help="tokens per scheduler step (default %(default)s)")
+    parser.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN,
+                        help="longest sequence served (default %(default)s)")
     parser.add_argument("--block-size", type=int, default=LaunchOptions.block_size,
                         help="KV block size (default %(default)s)")
     parser.add_argument("--max-num-seqs", type=int, default=None,
@@ -350,8 +357,9 @@ def options_from_args(args: argparse.Namespace) -> LaunchOptions:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = _build_parser()
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    """``pytest-afd launch-plan`` (``prog``) and the old ``afd-launch-plan`` script."""
+    parser = _build_parser(prog)
     args = parser.parse_args(argv)
     try:
         if args.for_gates:  # docs/gates.md "Attached gates"
@@ -361,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             plan = build_launch_plan(args.npu_topology, options_from_args(args))
             plan = profile_cli.profiled_plan(plan, args, LaunchPlanError)
     except LaunchPlanError as error:
-        parser.exit(2, f"afd-launch-plan: error: {error}\n")
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
     if args.for_gates:
         text = launch_gates.format_json(plans) if args.json else launch_gates.format_text(plans)
     else:
