@@ -14,7 +14,7 @@ from pytest_afd.backends.base import RunSettings
 from pytest_afd.gate_runs import needs_of
 from pytest_afd.serving.http_backend import cpu_server_spec
 from pytest_afd.serving.lifecycle import ServerGroup
-from tests.ascend_backend.test_ascend_deployments import (
+from tests.support.ascend_deployments import (
     CASES,
     DEPLOYMENT_VARIABLES,
     REPO,
