@@ -132,7 +132,11 @@ class GateRunLedger:
     def line(self) -> str:
         ran, total = len(self.ran()), len(self.counted())
         where = "against the deployment" if self.hardware_backend else "(in-process backend)"
-        text = f"gate: {ran} of {total} split-path cases ran {where}"
+        if self.exempt_phase:  # the record phase runs the references only, never the split
+            text = (f"gate (record phase: references only): {ran} of {total} split-path cases "
+                    f"recorded their reference {where}")
+        else:
+            text = f"gate: {ran} of {total} split-path cases ran {where}"
         apart = len(self._no_run_passes())
         if apart:
             text += f" ({apart} other case(s) using it passed without a run on it)"

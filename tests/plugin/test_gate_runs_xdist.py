@@ -43,3 +43,24 @@ def test_the_count_reaches_the_xdist_controller(fork_server, fake, monkeypatch):
     result = runpytest_forked(fork_server, fake, *FAST, "-n", "2", "-p", "xdist")
     result.assert_outcomes(passed=3, skipped=1)
     assert LINE in result.stdout.lines, result.stdout.str()
+
+
+def _report(nodeid, outcome, when="call", longrepr=None):
+    import pytest
+
+    from pytest_afd.gate_runs import SPLIT_PATH_PROPERTY
+
+    return pytest.TestReport(nodeid, ("x.py", 0, nodeid), {"gate": 1}, outcome, longrepr, when,
+                             user_properties=[(SPLIT_PATH_PROPERTY, True)])
+
+
+def test_the_record_phase_says_it_recorded_references_and_never_fails():
+    from pytest_afd.gate_runs import GateRunLedger
+
+    ledger = GateRunLedger(require_hardware=True, exempt_phase=True, measured=lambda: ["a"],
+                           hardware_backend=True)
+    ledger.pytest_runtest_logreport(_report("a", "passed"))
+    ledger.pytest_runtest_logreport(_report("b", "skipped", longrepr=("x.py", 1, "Skipped: why")))
+    assert ledger.line().startswith("gate (record phase: references only): 1 of 2 split-path "
+                                    "cases recorded their reference against the deployment")
+    assert ledger.line().endswith("the others need why (1)")
