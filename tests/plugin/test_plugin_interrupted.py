@@ -5,6 +5,7 @@ which pytest handles exactly as a SIGINT arriving there (no timing involved).
 """
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -52,7 +53,7 @@ def test_an_interrupted_session_says_how_many_cases_did_not_run(fake):
     running = next(entry for entry in summary["results"]
                    if entry["nodeid"].endswith(f"[{STOPPED_AT}]"))
     assert running["outcome_reason"].startswith("interrupted: the session was interrupted")
-    result_file = json.loads(open(running["path"]).read())  # noqa: SIM115
+    result_file = json.loads(Path(running["path"]).read_text())
     assert result_file["outcome"]["reason"].startswith("interrupted:")
 
     report = render(results_dir).read_text()
