@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pytest_afd import hardware, outcomes, verdicts
+from pytest_afd import gate_runs, hardware, outcomes, verdicts
 from pytest_afd.markers import MARKERS, STAGE_MARKERS
 from pytest_afd.session import AfdSession
 from pytest_afd.shared_results import kept_sessions_line
@@ -18,6 +18,7 @@ MARK_OPERATORS = frozenset(("and", "or", "not"))
 PERCENT = 100.0
 PASSED = "passed"
 MAX_NAMED_CASES = 5  # cases named per row of the outcome table; the rest are counted
+INTERRUPTED = "interrupted"  # the outcome of the case a Ctrl-C stopped (pytest_afd.interrupted)
 
 
 def _format_value(value: float | None) -> str:
@@ -41,7 +42,8 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
                       ).rstrip() for row in [header, *rows]]
 
 
-def outcome_rows(entries: list[dict[str, Any]], outcomes: dict[str, str]) -> list[tuple[str, ...]]:
+def outcome_rows(entries: list[dict[str, Any]], case_outcomes: dict[str, str]
+                 ) -> list[tuple[str, ...]]:
     """One row per test function: how many of its cases passed, failed, ... (a gate has no
     headline figure: its result is its outcome). Cases not passed are named in the row."""
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -51,11 +53,11 @@ def outcome_rows(entries: list[dict[str, Any]], outcomes: dict[str, str]) -> lis
     for test, members in sorted(groups.items()):
         counts: dict[str, int] = {}
         for entry in members:
-            outcome = outcomes.get(entry["nodeid"], "unknown")
+            outcome = case_outcomes.get(entry["nodeid"], "unknown")
             counts[outcome] = counts.get(outcome, 0) + 1
         text = ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items()))
         odd = sorted(entry["case_id"].removeprefix(test) for entry in members
-                     if outcomes.get(entry["nodeid"], "unknown") != PASSED)
+                     if case_outcomes.get(entry["nodeid"], "unknown") != PASSED)
         if odd:
             shown = ", ".join(odd[:MAX_NAMED_CASES])
             more = len(odd) - MAX_NAMED_CASES
@@ -64,29 +66,41 @@ def outcome_rows(entries: list[dict[str, Any]], outcomes: dict[str, str]) -> lis
     return rows
 
 
-def measured_rows(entries: list[dict[str, Any]], outcomes: dict[str, str]) -> list[tuple[str, ...]]:
+def measured_rows(entries: list[dict[str, Any]], case_outcomes: dict[str, str]
+                  ) -> list[tuple[str, ...]]:
     """One row per case with a headline figure: its median and CV (percent)."""
-    return [(entry["case_id"], entry["case_kind"], outcomes.get(entry["nodeid"], "unknown"),
+    return [(entry["case_id"], entry["case_kind"], case_outcomes.get(entry["nodeid"], "unknown"),
              f"{entry['metric']} {_format_value(entry['median'])} {entry['unit']}".strip(),
              format_cv(entry["cv"]), _labels(entry))
             for entry in sorted(entries, key=lambda e: e["case_id"])]
 
 
-def write_results_table(reporter: Any, state: AfdSession, summary_file: str) -> None:
+def write_results_table(reporter: Any, state: AfdSession, summary_file: str, *,
+                        leading: list[str] | None = None, stopped: bool = False) -> None:
     """Gate-style cases (no headline figure) as outcome counts per test; measured cases one
-    row each with their figure; then where the files and the summary are."""
+    row each with their figure; then where the files and the summary are.
+
+    ``leading``: session lines that lead the verdicts (an interrupted session's
+    ``interrupted: 12 of 17 cases not run``, the gates' split-path count);
+    ``stopped``: the session was interrupted, so a case without an outcome (the one
+    running) shows ``interrupted``, not ``unknown``.
+    """
     reporter.section("pytest-afd results")
+    case_outcomes = state.outcomes
+    if stopped:
+        case_outcomes = {**{entry["nodeid"]: INTERRUPTED for entry in state.written},
+                         **case_outcomes}
     measured = [entry for entry in state.written if entry["median"] is not None]
     outcome_only = [entry for entry in state.written if entry["median"] is None]
     if outcome_only:
         for line in _table(("test (cases without a headline figure)", "kind", "cases",
-                            "outcomes"), outcome_rows(outcome_only, state.outcomes)):
+                            "outcomes"), outcome_rows(outcome_only, case_outcomes)):
             reporter.write_line(line)
     if measured:
         if outcome_only:
             reporter.write_line("")
         for line in _table(("case", "kind", "outcome", "headline (median)", "CV", "labels"),
-                           measured_rows(measured, state.outcomes)):
+                           measured_rows(measured, case_outcomes)):
             reporter.write_line(line)
     if state.written:
         reporter.write_line(
@@ -99,6 +113,8 @@ def write_results_table(reporter: Any, state: AfdSession, summary_file: str) -> 
         if kept:
             reporter.write_line(kept)
         reporter.write_line("verdicts (pytest-afd report for the full report):")
+        for line in leading or ():
+            reporter.write_line(f"  {line}")
         paths = [entry["path"] for entry in state.written]
         for line in verdicts.summary_lines_from_files(paths, STAGE_MARKERS):
             reporter.write_line(f"  {line}")
@@ -161,6 +177,10 @@ def failure_reasons(config: Any, state: AfdSession) -> list[str]:
         if ledger.missing_from_record:
             reasons.append(f"the check phase measured {len(ledger.missing_from_record)} case(s) "
                            "fewer than the record phase recorded")
+    gates = config.pluginmanager.get_plugin(gate_runs.PLUGIN_NAME)
+    if gates is not None and gates.failed_session:
+        reasons.append(f"--afd-require-hardware: 0 of {len(gates.counted())} split-path gate "
+                       "cases ran against the deployment")
     if state.write_errors:
         reasons.append(f"{len(state.write_errors)} result write(s) failed: "
                        f"{state.write_errors[0]}")

@@ -19,6 +19,7 @@ from pytest_afd.markers import MARKERS, STAGE_MARKERS
 from pytest_afd.report import layout
 from pytest_afd.report.gates import MAX_PLOTTED_GATES, gates_section
 from pytest_afd.report.html import markdown_to_html
+from pytest_afd.report.interruptions import interrupted_lines
 from pytest_afd.report.loading import (
     REPORT_DIR_NAME,
     LoadedResult,
@@ -236,6 +237,7 @@ def render_markdown(
         f"{len(loaded.skipped)} file(s) skipped.",
         "",
         *_sessions_lines(loaded, all_sessions),
+        *interrupted_lines(results_dir, (r.session for r in loaded.results)),
     ]
     if loaded.legacy:
         lines += [
