@@ -60,7 +60,9 @@ def test_references_stable_cases_selected_unstable_rejected_with_reasons(study):
 
 def test_references_winner_of_every_session_is_the_reference_policy(study):
     docs = _two_sessions(cpu_manifest(), winner="request_boundary")
-    assert select(study, docs)["reference"]["policy"] == "request_boundary"
+    reference = select(study, docs)["reference"]
+    assert (reference["policy"], reference["control_policy"]) == ("request_boundary",
+                                                                  "token_balanced")
     docs[0]["evidence"]["stage_a"]["ranking"]["winner"] = "token_balanced"  # s1 disagrees
     assert select(study, docs)["reference"]["policy"] == "token_balanced"
 
