@@ -6,7 +6,14 @@ import json
 import pytest
 
 from pytest_afd.study import cli
-from pytest_afd.study.document import StudyError, derive, load_study, study_digest, write_study
+from pytest_afd.study.document import (
+    StudyError,
+    belongs,
+    derive,
+    load_study,
+    study_digest,
+    write_study,
+)
 from tests.study.study_helpers import freeze
 
 
@@ -69,6 +76,10 @@ def test_study_change_is_a_new_study_with_its_parent(tmp_path):
                    name="s3")
     assert again["parent_digest"] == study["digest"] and again["stack"]["cann"] == "8.2"
     assert again["stack"]["model"] == study["stack"]["model"]
+    grandchild = derive(child, name="s4")
+    assert grandchild["lineage"] == [study["digest"], child["digest"]]
+    assert belongs(grandchild, study["digest"]) and belongs(grandchild, grandchild["digest"])
+    assert not belongs(study, child["digest"])
 
 
 def test_study_freeze_takes_launch_commands_from_afd_launch_plan(tmp_path, capsys):
