@@ -105,6 +105,10 @@ class RatioInterval:
     high: float
     n_a: int
     n_b: int
+    se: float = 0.0
+    """Standard error of the log ratio (0: exact)."""
+    df: float = math.inf
+    """Welch-Satterthwaite degrees of freedom of the log ratio."""
 
     def to_json(self) -> dict[str, float | int]:
         return {"ratio": self.ratio, "low": self.low, "high": self.high,
@@ -137,8 +141,37 @@ def ratio_interval(control: Sequence[float], proposed: Sequence[float],
     if se == 0.0:  # identical repetitions on both sides: the ratio is exact
         return RatioInterval(math.exp(diff), math.exp(diff), math.exp(diff), n_a, n_b)
     df = (se2_a + se2_b) ** 2 / (se2_a**2 / (n_a - 1) + se2_b**2 / (n_b - 1))
+    return _interval(diff, se, df, n_a, n_b, confidence)
+
+
+def _interval(log_ratio: float, se: float, df: float, n_a: int, n_b: int,
+              confidence: float) -> RatioInterval:
+    if se == 0.0:
+        exact = math.exp(log_ratio)
+        return RatioInterval(exact, exact, exact, n_a, n_b)
     half = t_quantile(1 - (1 - confidence) / 2, df) * se
-    return RatioInterval(math.exp(diff), math.exp(diff - half), math.exp(diff + half), n_a, n_b)
+    return RatioInterval(math.exp(log_ratio), math.exp(log_ratio - half),
+                         math.exp(log_ratio + half), n_a, n_b, se, df)
+
+
+def pooled_interval(points: Sequence[RatioInterval],
+                    confidence: float = CONFIDENCE) -> RatioInterval:
+    """The mean log ratio over independent points (one region), with its Welch-Satterthwaite interval.
+
+    Each point is its own pair of cases, so their log ratios are independent:
+    the mean's variance is the sum of the points' variances over k squared.
+    """
+    if not points:
+        raise ValueError("pooled_interval() needs at least one point")
+    k = len(points)
+    log_ratio = sum(math.log(p.ratio) for p in points) / k
+    variance = sum(p.se**2 for p in points) / k**2
+    n_a, n_b = sum(p.n_a for p in points), sum(p.n_b for p in points)
+    if variance == 0.0:
+        return _interval(log_ratio, 0.0, math.inf, n_a, n_b, confidence)
+    df = (sum(p.se**2 for p in points) ** 2
+          / sum(p.se**4 / p.df for p in points if p.se > 0.0))
+    return _interval(log_ratio, math.sqrt(variance), df, n_a, n_b, confidence)
 
 
 def throughput_call(interval: RatioInterval, min_effect: float = MIN_EFFECT) -> str:
