@@ -14,6 +14,8 @@
 - ``profile-summary DIR... [--output DIR]``: profiles taken by hand (ascend_pt role
   directories or a CPU run's torch traces) -> profile.json and the per-layer and
   overlap plots (docs/profiling.md).
+- ``study freeze|verify|select-references|publish ...``: the RFC's frozen study, its
+  reference cases and its publication (``pytest_afd.study.cli``, docs/study.md).
 
 Each command is one ``_add_<name>`` parser builder plus one entry in ``COMMANDS``.
 """
@@ -275,6 +277,21 @@ COMMANDS: dict[str, tuple[Callable, Callable[[argparse.Namespace], int]]] = {
 }
 
 
+# --- study (pytest_afd.study.cli: its own subcommands) -----------------------------------------
+STUDY_COMMAND = "study"
+
+
+def _add_study(commands: argparse._SubParsersAction) -> None:
+    commands.add_parser(STUDY_COMMAND, add_help=False,
+                        help="the frozen study: freeze, verify, select-references, publish")
+
+
+def _study(argv: Sequence[str]) -> int:
+    from pytest_afd.study import cli
+
+    return cli.main(list(argv), prog=f"python -m pytest_afd {STUDY_COMMAND}")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pytest_afd",
@@ -284,10 +301,14 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     for add, _ in COMMANDS.values():
         add(commands)
+    _add_study(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == [STUDY_COMMAND]:  # the study CLI parses its own subcommands
+        return _study(argv[1:])
     args = _parser().parse_args(argv)
     return COMMANDS[args.command][1](args)
 
