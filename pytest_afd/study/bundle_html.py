@@ -22,14 +22,14 @@ PRINT_STYLE = (
     "<style>"
     "p.headline{font-size:110%;font-weight:bold;border-left:6px solid #c60;padding:.4em .8em;"
     "background:#fff4e5}"
-    "td.num{text-align:right}ul{margin:.4em 0 .8em 1.2em}"
+    "ul{margin:.4em 0 .8em 1.2em}table{display:block;overflow-x:auto;max-width:100%}"
     "@media print{@page{size:A4;margin:14mm}"
     "body{margin:0;max-width:none;font-size:10pt}nav#contents{display:none}"
     "th{cursor:auto;background:#eee !important}"
     "table,figure,tr,img{page-break-inside:avoid;break-inside:avoid}"
     "h2,h3{page-break-after:avoid;break-after:avoid}"
     "p.headline{background:none;border-left:4px solid #000}"
-    "table{font-size:8pt}img{max-width:100%;border:none}}"
+    "table{display:table;font-size:7pt;overflow:visible}img{max-width:100%;border:none}}"
     "</style>"
 )
 

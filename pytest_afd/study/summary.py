@@ -122,7 +122,10 @@ def regions_section(series_docs: Sequence[Mapping[str, Any]],
         if index in plots:
             path, caption = plots[index]
             lines += [f"![{caption}]({path})", "", f"*{caption}.*", ""]
-    lines += ["### All regions", "", *table(REGION_HEADER, region_rows(series_docs)), ""]
+    shown = [[*row[:-1], str(len(row[-1].split()))] for row in region_rows(series_docs)]
+    lines += ["### All regions", "", "Supporting case ids: regions.json and tables/regions.csv; "
+              "per point: the tested-points table.", "",
+              *table((*REGION_HEADER[:-1], "supporting cases"), shown), ""]
     return lines
 
 

@@ -107,3 +107,24 @@ def planted_pairs(*, imbalances=PLANTED_IMBALANCES, threshold=PLANTED_THRESHOLD,
 def write(directory, doc):
     """Validated against schemas/result.schema.json before it is written."""
     return results.write_result(results.result_path(directory, doc["case_id"]), doc)
+
+
+def freeze_study(directory, manifest, *, name="planted", reduced_layers=10):
+    """A study frozen from ``manifest`` (what ``study freeze --from-manifest`` writes)."""
+    import argparse
+    import json
+
+    from pytest_afd.study import freeze
+
+    source = directory / "frozen-from.json"
+    source.write_text(json.dumps(manifest))
+    output = directory / f"{name}.study.json"
+    parser = argparse.ArgumentParser()
+    freeze.add_arguments(parser)
+    args = parser.parse_args(["--name", name, "--output", str(output), "--from-manifest",
+                              str(source), "--checkpoint", "full", "--layers", "61",
+                              "--reduced-checkpoint", "reduced",
+                              "--reduced-layers", str(reduced_layers)])
+    study = freeze.build_study(args)
+    output.write_text(json.dumps(study, indent=2))
+    return output
