@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -106,18 +106,19 @@ def _ttfts(doc: Mapping[str, Any]) -> list[float]:
     return repetitions_of(ttft_of(doc, TTFT_PERCENTILE))
 
 
-def _interval(control, proposed, values) -> tuple[RatioInterval | None, str]:
+def _interval(control, proposed, values, family: int) -> tuple[RatioInterval | None, str]:
     a, b = _pooled(control, values), _pooled(proposed, values)
     try:
-        return effects.ratio_interval(a, b), ""
+        return effects.ratio_interval(a, b, family), ""
     except ValueError as exc:
         return None, str(exc)
 
 
 def make_point(series, condition: str, control: Sequence[Mapping[str, Any]],
-               proposed: Sequence[Mapping[str, Any]]) -> Point:
-    throughput, why = _interval(control, proposed, _throughputs)
-    ttft, _ = _interval(control, proposed, _ttfts)
+               proposed: Sequence[Mapping[str, Any]], family: int = 1) -> Point:
+    """``family``: how many points the series states together (their intervals are simultaneous)."""
+    throughput, why = _interval(control, proposed, _throughputs, family)
+    ttft, _ = _interval(control, proposed, _ttfts, family)
     if throughput is None:
         call, reason = effects.UNDECIDED, f"no interval: {why}"
     else:
@@ -144,12 +145,11 @@ def tested_points(docs: Sequence[Mapping[str, Any]]) -> list[Point]:
         status = doc.get("outcome", {}).get("status", PASSED)
         if policy in (CONTROL, PROPOSED) and status == PASSED and not is_instrumented(doc):
             sides[(stack_digest(doc["manifest"]), condition_of(doc))][policy].append(doc)
-    points = []
-    for (_, condition), found in sorted(sides.items()):
-        if found[CONTROL] and found[PROPOSED]:
-            points.append(make_point(series_of(found[CONTROL][0]), condition,
-                                     found[CONTROL], found[PROPOSED]))
-    return points
+    pairs = [(series_of(found[CONTROL][0]), condition, found)
+             for (_, condition), found in sorted(sides.items()) if found[CONTROL] and found[PROPOSED]]
+    family = Counter(series for series, _, _ in pairs)
+    return [make_point(series, condition, found[CONTROL], found[PROPOSED], family[series])
+            for series, condition, found in pairs]
 
 
 def _range(values: Sequence[float], reason: str) -> Any:

@@ -45,6 +45,25 @@ def test_aa_data_gives_no_policy_call(cv, n):
     assert false <= FALSE_CALL_LIMIT, f"A/A false-call rate {false:.3f} at cv {cv}, n {n}"
 
 
+def test_a_series_of_aa_points_stays_under_five_percent_family_wise():
+    """Six points stated together: Bonferroni keeps P(any false call) <= 5 %, not 6 x 2.5 %."""
+    rng = np.random.default_rng(5)
+    family = 6
+    series_with_a_call = 0
+    for _ in range(SIMULATIONS // 2):
+        calls = [throughput_call(ratio_interval(*_sides(rng, 1.0, 0.10, 3), family))
+                 for _ in range(family)]
+        series_with_a_call += any(call in (TOKEN_BALANCED, REQUEST_BOUNDARY) for call in calls)
+    assert series_with_a_call / (SIMULATIONS // 2) <= FALSE_CALL_LIMIT
+
+
+def test_a_family_widens_each_interval():
+    a, b = [100.0, 103.0, 98.0], [120.0, 118.0, 123.0]
+    alone, in_six = ratio_interval(a, b), ratio_interval(a, b, 6)
+    assert in_six.low < alone.low and in_six.high > alone.high and in_six.ratio == alone.ratio
+    assert in_six.to_json()["simultaneous_over"] == 6
+
+
 @pytest.mark.parametrize(("ratio", "expected"), [(1.2, TOKEN_BALANCED), (1 / 1.2, REQUEST_BOUNDARY)])
 def test_a_planted_twenty_percent_is_called(ratio, expected):
     rng = np.random.default_rng(7)

@@ -73,9 +73,10 @@ def make_case(condition, policy, *, imbalance, ratio=1.0, cv=0.02, repetitions=5
                            prefix_caching=hit > 0, chunk_size=chunk_size)
     evidence = results.evidence_from_outputs(runs[0], routing=routing, num_ep_ranks=4,
                                              requested_hit_ratio=hit or None)
+    manifest = manifest or make_manifest()
     doc = results.build_result(
-        case_id=f"{condition}/{policy}", case_kind=kind, backend="cpu", settings=settings,
-        manifest=manifest or make_manifest(), protocol={
+        case_id=f"{condition}/{policy}", case_kind=kind, backend=manifest["backend"]["name"],
+        settings=settings, manifest=manifest, protocol={
             "seed": 0, "warmups": 1, "repetitions": repetitions, "run_order": "interleaved"},
         workload=results.workload_json(dataset_name=condition.rsplit("/", 1)[-1],
                                        prompt_lengths=[PROMPT_TOKENS] * REQUESTS, seed=0),
