@@ -29,7 +29,8 @@ PRINT_STYLE = (
     "table,figure,tr,img{page-break-inside:avoid;break-inside:avoid}"
     "h2,h3{page-break-after:avoid;break-after:avoid}"
     "p.headline{background:none;border-left:4px solid #000}"
-    "table{display:table;font-size:7pt;overflow:visible}img{max-width:100%;border:none}}"
+    "table{display:table;width:100%;table-layout:fixed;font-size:6.5pt;overflow:visible}"
+    "td,th{overflow-wrap:anywhere;padding:1px 2px}img{max-width:100%;border:none}}"
     "</style>"
 )
 
