@@ -34,6 +34,7 @@ from pytest_afd.option_specs import (  # noqa: F401  (re-exported)
 )
 from pytest_afd.results_dir import OutputDirError, check_writable_dir
 from pytest_afd.stats import RepeatedRun, run_repeated
+from pytest_afd.study.document import StudyError, load_study
 from pytest_afd.topology import (
     Topology,
     TopologyError,
@@ -77,6 +78,8 @@ class AfdOptions:
     # --afd-devices-per-node given (flag, env or ini), not its default: a hardware backend
     # plans with it; a default is never a fact about the nodes.
     devices_per_node_given: bool = False
+    # --afd-study: the loaded, digest-checked study (pytest_afd.study), None without one.
+    study: Mapping[str, Any] | None = None
 
     def given_devices_per_node(self) -> int | None:
         """The nodes' NPU count the user gave, or None (the backend finds it or refuses)."""
@@ -223,6 +226,16 @@ def _check_output_dirs(values: dict[str, Any], sources: dict[str, str]) -> None:
             raise pytest.UsageError(str(exc)) from None
 
 
+def _study(values: dict[str, Any], sources: dict[str, str]) -> Mapping[str, Any] | None:
+    """The --afd-study file, schema- and digest-checked now (a bad study is a usage error)."""
+    if values["afd_study"] is None:
+        return None
+    try:
+        return load_study(values["afd_study"])
+    except StudyError as exc:
+        raise pytest.UsageError(f"{sources['afd_study']}: {exc}") from None
+
+
 def resolve_options(config: pytest.Config) -> AfdOptions:
     """Read and check every ``--afd-*`` option; a bad value is a UsageError naming it and its source."""
     rootdir = Path(config.rootpath)
@@ -264,4 +277,5 @@ def resolve_options(config: pytest.Config) -> AfdOptions:
         peer_timeout_s=values["afd_peer_timeout_s"],
         allow_emulated=values["afd_allow_emulated"],
         devices_per_node_given=not sources["afd_devices_per_node"].endswith(" default"),
+        study=_study(values, sources),
     )

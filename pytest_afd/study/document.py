@@ -63,9 +63,25 @@ def derive(parent: Mapping[str, Any], **changes: Any) -> dict[str, Any]:
     """A new study from ``parent`` with ``changes``: new ``frozen_at``, parent_digest, digest."""
     child = {key: value for key, value in parent.items() if key != DIGEST_KEY}
     child.update(changes)
-    child["parent_digest"] = parent[DIGEST_KEY]
+    child.update(descent(parent))
     child["frozen_at"] = utc_now()
     return seal(child)
+
+
+def descent(parent: Mapping[str, Any]) -> dict[str, Any]:
+    """``parent_digest`` and ``lineage`` (root first, parent last) of a study derived from ``parent``.
+
+    Why a lineage: gates and Stage A run under the frozen study, stages B-E under the
+    one select-references derived from it; publishing the last one must know that the
+    earlier results are the same study's, not another's.
+    """
+    return {"parent_digest": parent[DIGEST_KEY],
+            "lineage": [*parent.get("lineage", []), parent[DIGEST_KEY]]}
+
+
+def belongs(study: Mapping[str, Any], recorded_digest: str) -> bool:
+    """A result recorded under ``recorded_digest`` ran under this study or one of its ancestors."""
+    return recorded_digest == study[DIGEST_KEY] or recorded_digest in study.get("lineage", [])
 
 
 @functools.cache

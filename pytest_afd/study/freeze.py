@@ -24,6 +24,7 @@ from pytest_afd.study.document import (
     STUDY_KIND,
     STUDY_SCHEMA_VERSION,
     StudyError,
+    descent,
     load_study,
     seal,
     utc_now,
@@ -248,7 +249,7 @@ def build_study(args: argparse.Namespace) -> dict[str, Any]:
         "schema_version": STUDY_SCHEMA_VERSION,
         "name": args.name,
         "frozen_at": utc_now(),
-        "parent_digest": None if parent is None else parent["digest"],
+        "parent_digest": None,
         "topology": _topology(args, manifest, parent),
         "launch_commands": launch,
         "chunk_semantics": {"value": chunk, "note": args.chunk_note or CHUNK_NOTES[chunk]},
@@ -265,4 +266,6 @@ def build_study(args: argparse.Namespace) -> dict[str, Any]:
         "protocol": _protocol(args, manifest, parent),
         "references": None if parent is None else parent["references"],
     }
+    if parent is not None:
+        doc.update(descent(parent))
     return seal(doc)

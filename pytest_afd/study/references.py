@@ -214,24 +214,25 @@ def reference_configuration(selected: Sequence[Mapping[str, Any]], winner: str |
                             ) -> dict[str, Any]:
     """The workload and policies stages B-E use, and why; ``workload`` None when none is stable."""
     policy = winner or CANDIDATE_POLICY
+    control = CANDIDATE_POLICY if policy == CONTROL_POLICY else CONTROL_POLICY
     why_policy = (f"Stage A's winner in every session ({winner})" if winner
                   else f"no policy won Stage A in every session: the RFC's candidate {policy}")
     by_workload: dict[str, dict[str, Mapping[str, Any]]] = defaultdict(dict)
     for case in selected:
         by_workload[case["workload"]].setdefault(case["policy"], case)
-    options = [(max(cases[policy]["cv"], cases[CONTROL_POLICY]["cv"]), workload)
+    options = [(max(cases[policy]["cv"], cases[control]["cv"]), workload)
                for workload, cases in by_workload.items()
-               if policy in cases and CONTROL_POLICY in cases]
+               if policy in cases and control in cases]
     if not options:
-        return {"workload": None, "policy": policy, "control_policy": CONTROL_POLICY,
+        return {"workload": None, "policy": policy, "control_policy": control,
                 "case_ids": [], "reason": f"{why_policy}; no workload has both its {policy} and "
-                                          f"{CONTROL_POLICY} cases stable"}
+                                          f"{control} cases stable"}
     spread, workload = min(options)
     cases = by_workload[workload]
-    return {"workload": workload, "policy": policy, "control_policy": CONTROL_POLICY,
-            "case_ids": [cases[policy]["case_id"], cases[CONTROL_POLICY]["case_id"]],
+    return {"workload": workload, "policy": policy, "control_policy": control,
+            "case_ids": [cases[policy]["case_id"], cases[control]["case_id"]],
             "reason": f"{why_policy}; workload {workload}: the lowest spread (CV {spread:.3f}) "
-                      f"of the workloads whose {policy} and {CONTROL_POLICY} cases are stable"}
+                      f"of the workloads whose {policy} and {control} cases are stable"}
 
 
 def chunk_references(selected: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
