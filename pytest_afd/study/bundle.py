@@ -63,13 +63,16 @@ def _files_of(source: Path) -> tuple[list[tuple[Path, dict[str, Any]]], list[tup
 
 
 def study_contradictions(study: Mapping[str, Any], doc: Mapping[str, Any]) -> list[Contradicted]:
-    """The frozen study's check, plus a study digest recorded by the run that is not this study's."""
-    from pytest_afd.study.check import contradictions  # d41's check: lazy, it reads the tolerances
+    """The frozen study's check, plus a study digest recorded by the run that is neither this
+    study's nor an ancestor's (gates and Stage A run under the study select-references derived from).
+    """
+    from pytest_afd.study.check import contradictions  # lazy: it reads the tolerance profiles
+    from pytest_afd.study.document import belongs
 
     found = [Contradicted(c.field, c.study_value, c.run_value)
              for c in contradictions(study, doc["manifest"])]
     recorded = doc["manifest"].get(STUDY_KEY)
-    if isinstance(recorded, Mapping) and recorded.get("digest") != study["digest"]:
+    if isinstance(recorded, Mapping) and not belongs(study, str(recorded.get("digest"))):
         found.append(Contradicted("digest", study["digest"], recorded.get("digest")))
     return found
 
