@@ -77,16 +77,33 @@ def study_contradictions(study: Mapping[str, Any], doc: Mapping[str, Any]) -> li
     return found
 
 
+BUNDLE_MARKERS = ("regions.json", SUMS_FILE)
+
+
+def in_bundle(path: Path, source: Path) -> bool:
+    """Whether ``path`` lies in an earlier bundle under ``source`` (its raw/ copies are not new results)."""
+    top = source.resolve()
+    for parent in path.resolve().parents:
+        if all((parent / marker).is_file() for marker in BUNDLE_MARKERS):
+            return True
+        if parent == top:
+            return False
+    return False
+
+
 def read_inputs(sources: Sequence[Path], study: Mapping[str, Any]) -> Inputs:
+    """Every result under ``sources`` once: a file is known by its bytes' digest (the same result
+    given twice, or copied, must not count its repetitions twice), earlier bundles skipped."""
     inputs = Inputs()
-    seen: set[Path] = set()
+    seen: set[str] = set()
     for source in sources:
         found, unusable = _files_of(source)
-        inputs.unusable += unusable
+        inputs.unusable += [(p, why) for p, why in unusable if not in_bundle(p, source)]
         for path, doc in found:
-            if path.resolve() in seen:
+            digest = sha256_of(path)
+            if digest in seen or in_bundle(path, source):
                 continue
-            seen.add(path.resolve())
+            seen.add(digest)
             contradicted = study_contradictions(study, doc)
             if contradicted:
                 inputs.excluded.append(Exclusion(doc["case_id"], str(path), tuple(contradicted)))

@@ -82,3 +82,17 @@ def test_ttft_moving_against_throughput_leaves_the_point_undecided():
     (point,) = regions.tested_points([control, slower_first_token])
     assert point.throughput.ratio == pytest.approx(sd.PLANTED_RATIO, rel=0.05)
     assert point.call == "undecided" and "TTFT p50 moves against it" in point.reason
+
+
+def test_an_earlier_bundle_and_a_repeated_file_are_not_read_twice(tmp_path):
+    manifest = sd.make_manifest()
+    study = sd.freeze_study(tmp_path, manifest)
+    results = tmp_path / "results"
+    paths = [sd.write(results, doc) for doc in sd.planted_pairs(manifest=manifest)]
+    args = ["--study", str(study), "--output"]
+    assert publish.main([str(results), *args, str(results / "bundle-1")]) == 0
+    assert publish.main([str(results), str(paths[0]), *args, str(tmp_path / "bundle-2")]) == 0
+    first, second = (json.loads((d / "regions.json").read_text())
+                     for d in (results / "bundle-1", tmp_path / "bundle-2"))
+    assert second["included_cases"] == first["included_cases"] and len(first["included_cases"]) == 12
+    assert second["series"] == first["series"]
