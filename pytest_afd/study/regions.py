@@ -163,10 +163,18 @@ def _effect(intervals: Sequence[RatioInterval | None], what: str) -> Any:
     return effects.pooled_interval(known).to_json()
 
 
+def workload_shape(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """Requests and prompt-length mean / CV of the workload (what "workload shape" means here)."""
+    lengths = doc["workload"]["prompt_lengths"]
+    return {"requests": doc["workload"]["request_count"], "mean_prompt_tokens": lengths["mean"],
+            "prompt_cv": lengths["cv"]}
+
+
 def _point_json(point: Point) -> dict[str, Any]:
     return {
         "condition": point.condition,
         "workload": point.workload,
+        "workload_shape": workload_shape(point.control[0]),
         AXIS: point.imbalance if point.imbalance is not None else absent(NO_IMBALANCE),
         "call": point.call,
         "reason": point.reason,
