@@ -66,11 +66,17 @@ def study_contradictions(study: Mapping[str, Any], doc: Mapping[str, Any]) -> li
     """The frozen study's check, plus a study digest recorded by the run that is neither this
     study's nor an ancestor's (gates and Stage A run under the study select-references derived from).
     """
-    from pytest_afd.study.check import contradictions  # lazy: it reads the tolerance profiles
+    from pytest_afd.study.check import (  # lazy: it reads the tolerance profiles
+        SCOPE_ALL,
+        SCOPE_STACK,
+        contradictions,
+    )
     from pytest_afd.study.document import belongs
 
+    # Gates run layouts and small models of their own: checked on the stack (check.SCOPE_STACK).
+    scope = SCOPE_STACK if doc.get("case_kind") == "gate" else SCOPE_ALL
     found = [Contradicted(c.field, c.study_value, c.run_value)
-             for c in contradictions(study, doc["manifest"])]
+             for c in contradictions(study, doc["manifest"], scope=scope)]
     recorded = doc["manifest"].get(STUDY_KEY)
     if isinstance(recorded, Mapping) and not belongs(study, str(recorded.get("digest"))):
         found.append(Contradicted("digest", study["digest"], recorded.get("digest")))
