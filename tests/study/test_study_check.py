@@ -1,6 +1,7 @@
 """contradictions(study, manifest): every frozen field caught with both values, nothing else."""
 
 import dataclasses
+import json
 
 import pytest
 
@@ -86,3 +87,21 @@ def test_check_gate_scope_is_the_stack_and_tolerances(tmp_path):
         "stack.afd_plugin": ("deadbeef", "cafef00d")}
     with pytest.raises(ValueError, match="scope='topology'"):
         contradictions(study, other, scope="topology")
+
+
+def test_check_verify_cli_lists_contradicting_runs(tmp_path, capsys):
+    from pytest_afd.study import cli
+
+    freeze(tmp_path, "--afd-plugin", "deadbeef")
+    runs = {}
+    for name, commit in (("same", "deadbeef"), ("other", "cafef00d")):
+        runs[name] = tmp_path / f"{name}.json"
+        runs[name].write_text(json.dumps(cpu_manifest(environ={"AFD_PLUGIN_COMMIT": commit})))
+    capsys.readouterr()
+    study = str(tmp_path / "s.json")
+    assert cli.main(["verify", study, "--manifest", str(runs["same"])]) == 0
+    assert cli.main(["verify", study, "--manifest", str(runs["same"]), "--manifest",
+                     str(runs["other"])]) == 1
+    out = capsys.readouterr().out
+    assert f"{runs['same']}: consistent" in out
+    assert "stack.afd_plugin: study 'deadbeef', run 'cafef00d'" in out
