@@ -119,6 +119,14 @@ def latest_sessions(docs: Sequence[Mapping[str, Any]], kind: str) -> list[str]:
     return sorted(newest, key=lambda s: newest[s])[-MAX_SESSIONS:]
 
 
+def distribution(doc: Mapping[str, Any]) -> str:
+    """The case's workload distribution (``workload.spec``; the dataset name adds the order)."""
+    spec = doc["workload"].get("spec")
+    if isinstance(spec, Mapping) and spec.get("distribution"):
+        return str(spec["distribution"])
+    return str(doc["workload"]["dataset"]["name"])
+
+
 def _figures(case_id: str, by_session: Mapping[str, Mapping[str, Any]], sessions: Sequence[str]
              ) -> tuple[dict[str, Any] | None, str | None]:
     """(figures, None) for a case measured in every session, else (None, reason)."""
@@ -145,7 +153,7 @@ def _figures(case_id: str, by_session: Mapping[str, Mapping[str, Any]], sessions
     return {
         "case_id": case_id,
         "policy": doc["settings"]["split_policy"],
-        "workload": doc["workload"]["dataset"]["name"],
+        "workload": distribution(doc),
         "sessions": len(sessions),
         "repetitions": count,
         "median_tokens_per_s": statistics.median(medians),

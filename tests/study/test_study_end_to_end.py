@@ -119,7 +119,7 @@ def test_study_end_to_end_on_cpu(tmp_path):
         assert doc["manifest"]["study"]["digest"] == child["digest"], doc["case_id"]
         used = doc["evidence"].get("study_reference")
         if doc["case_kind"] in ("stage_b", "stage_d", "stage_e") and used is not None:
-            assert doc["workload"]["dataset"]["name"] == reference["workload"], doc["case_id"]
+            assert doc["workload"]["spec"]["distribution"] == reference["workload"], doc["case_id"]
             assert doc["settings"]["split_policy"] in (reference["policy"],
                                                        reference["control_policy"])
     kinds = {doc["case_kind"] for doc in _results(later) if "study_reference" in doc["evidence"]}

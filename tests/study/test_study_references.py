@@ -18,7 +18,7 @@ def _doc(session, workload, policy, reps, manifest, *, kind="stage_a", winner=No
         "case_id": case or f"{NODE}/{workload}/{policy}",
         "settings": {"split_policy": policy, "chunk_size": chunk,
                      "stage_sizes": {"scale": 1 / 64}},
-        "workload": {"dataset": {"name": workload}},
+        "workload": {"dataset": {"name": f"{workload}-fixed"}, "spec": {"distribution": workload}},
         "metrics": {"prefill_tokens_per_s": {"repetitions": list(reps)}},
         "outcome": {"status": status}, "manifest": manifest,
         "evidence": {"stage_a": {"ranking": {"winner": winner}}},
