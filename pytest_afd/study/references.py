@@ -160,7 +160,7 @@ def _figures(case_id: str, by_session: Mapping[str, Mapping[str, Any]], sessions
         "session_medians": medians,
         "cv": max(cvs),
         "session_difference": session_difference(medians),
-        "chunk_size": doc["settings"].get("chunk_size"),
+        "chunk_size": (doc["settings"].get("chunked_prefill") or {}).get("chunk_size"),
         "stage_scale": (doc["settings"].get("stage_sizes") or {}).get("scale"),
     }, None
 

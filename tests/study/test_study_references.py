@@ -16,7 +16,8 @@ def _doc(session, workload, policy, reps, manifest, *, kind="stage_a", winner=No
     return {
         "case_kind": kind, "session_id": session, "created_at": f"2026-12-0{session[-1]}T00:00:00Z",
         "case_id": case or f"{NODE}/{workload}/{policy}",
-        "settings": {"split_policy": policy, "chunk_size": chunk,
+        "settings": {"split_policy": policy,
+                     "chunked_prefill": {"enabled": chunk is not None, "chunk_size": chunk},
                      "stage_sizes": {"scale": 1 / 64}},
         "workload": {"dataset": {"name": f"{workload}-fixed"}, "spec": {"distribution": workload}},
         "metrics": {"prefill_tokens_per_s": {"repetitions": list(reps)}},
