@@ -27,6 +27,8 @@ from stage_d_chunks import (
 )
 from stage_study import reference_evidence, study_reference
 
+from pytest_afd.verdicts import SWEEP_SOURCE
+
 pytestmark = [pytest.mark.stage_d, pytest.mark.slow]
 
 SWEEP_WORKLOAD = "bimodal"  # long requests that a chunk actually cuts
@@ -104,7 +106,7 @@ def test_stage_d_chunk_sweep_then_best_two(stage_runner):
     assert UNCHUNKED not in omitted, "the unchunked reference must always be measurable"
     best = best_sizes(throughput)
     assert best, f"no valid chunk size among {candidates} (omitted: {omitted})"
-    best_source = "this session's sweep"
+    best_source = SWEEP_SOURCE
     if reference is not None and reference.logical_chunk_sizes is not None:
         best = [stage_runner.sizes.tokens(size) for size in reference.logical_chunk_sizes]
         best_source = f"the study {reference.study}"
