@@ -12,7 +12,7 @@ def _doc(source):
     doc["evidence"]["stage_d_best_sizes"] = [1024, 512]
     if source is not None:
         doc["evidence"]["stage_d_best_sizes_source"] = source
-    return stamped(doc, "passed", session="s1")
+    return stamped(doc, "passed", session="s1", created_at="2026-12-07T12:00:00+00:00")
 
 
 def test_stage_d_verdict_names_the_source_of_the_follow_up_sizes():
