@@ -168,6 +168,12 @@ def test_raw_results_are_copied_byte_for_byte_and_every_file_has_its_digest(plan
     assert (bundle / "study.json").read_bytes() == planted["study"].read_bytes()
 
 
+def test_the_bundle_carries_the_per_stage_report_of_the_included_cases(planted):
+    report = (planted["bundle"] / "report" / "report.md").read_text()
+    assert "12 result(s) reported" in report and "other-commit" not in report
+    assert "## stage_c" in report and list((planted["bundle"] / "report" / "plots").glob("*.png"))
+
+
 def test_the_page_is_self_contained_and_has_print_rules(planted):
     page = (planted["bundle"] / "study.html").read_text()
     assert "@media print" in page and "@page" in page
