@@ -75,9 +75,8 @@ def test_an_instrumented_case_is_left_out_of_the_regions_and_named(reduced):
 
 def test_a_recorded_profiler_overhead_and_schedule_reach_the_methodology(reduced):
     (control, proposed) = _pair("stage_c/x", reduced)
-    proposed["evidence"]["profile"] = {"profiler_overhead": {"ratio": 1.25},
-                                       "schedule": {"skip_first": 4, "wait": 0, "warmup": 1,
-                                                    "active": 5, "repeat": 1}}
+    proposed = sd.with_profile(proposed, ratio=1.25, schedule={
+        "skip_first": 4, "wait": 0, "warmup": 1, "active": 5, "repeat": 1})
     lines = "\n".join(methodology.methodology_lines([control, proposed]))
     assert "Headline runs: 2 of 2 cases" in lines
     assert "| stage_c/x/token_balanced | 1.250 |" in lines

@@ -129,3 +129,17 @@ def freeze_study(directory, manifest, *, name="planted", reduced_layers=10):
     study = freeze.build_study(args)
     output.write_text(json.dumps(study, indent=2))
     return output
+
+
+def with_profile(doc, *, ratio, schedule):
+    """``doc`` carrying one instrumented run's profile (schema-valid, empty trace tables)."""
+    profile = {
+        "source": "torch_trace", "analyzer": {"name": "torch.profiler", "version": "test"},
+        "roles": {}, "per_layer": [], "unclassified": [], "per_step": [], "collectives": [],
+        "straggler": results.absent("no FFN role traced"), "schedule": dict(schedule),
+        "profiler_overhead": {"instrumented_wall_s": ratio * BASE_WALL_S,
+                              "non_instrumented_wall_s": BASE_WALL_S, "ratio": ratio},
+    }
+    profiled = {**doc, "evidence": {**doc["evidence"], "profile": profile}}
+    results.validate_result(profiled)
+    return profiled
