@@ -130,10 +130,26 @@ def _tolerances(study: Mapping[str, Any], manifest: Mapping[str, Any]) -> list[C
     return found
 
 
-def contradictions(study: Mapping[str, Any], manifest: Mapping[str, Any]) -> list[Contradiction]:
-    """Every field where ``manifest`` (a result's manifest) is not what ``study`` froze."""
-    return (_stack(study, manifest) + _topology(study, manifest) + _model(study, manifest)
-            + _tolerances(study, manifest))
+SCOPE_ALL = "all"
+SCOPE_STACK = "stack"
+"""Gates: only the software stack and the tolerances. A gate checks the split path's
+correctness on layouts and small models of its own (other topologies, 2-layer
+models, no backend at all), so their topology and model are the gate's, not the
+study's; a gate on another stack commit or tolerance still certifies nothing here."""
+
+
+def contradictions(study: Mapping[str, Any], manifest: Mapping[str, Any], *,
+                   scope: str = SCOPE_ALL) -> list[Contradiction]:
+    """Every field where ``manifest`` (a result's manifest) is not what ``study`` froze.
+
+    ``scope`` :data:`SCOPE_STACK` leaves out the topology and the model (gates).
+    """
+    if scope not in (SCOPE_ALL, SCOPE_STACK):
+        raise ValueError(f"scope={scope!r}; expected {SCOPE_ALL!r} or {SCOPE_STACK!r}")
+    found = _stack(study, manifest)
+    if scope == SCOPE_ALL:
+        found += _topology(study, manifest) + _model(study, manifest)
+    return found + _tolerances(study, manifest)
 
 
 def contradiction_message(study: Mapping[str, Any], found: list[Contradiction]) -> str:

@@ -50,7 +50,7 @@ def test_plugin_study_contradicting_run_fails_before_it_measures(fake, monkeypat
     path, study = _freeze(fake, "pinned", "--vllm-ascend", PINNED_VLLM_ASCEND, "--layers", "61")
     monkeypatch.setenv("AFD_STUDY", str(path))  # the environment variable works as the flag
     result = run_fast(fake)
-    result.assert_outcomes(errors=1)
+    result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         f"*the run contradicts the frozen study 'pinned' ({study['digest']}) in 2 field(s):*",
         f"*stack.vllm_ascend: study '{PINNED_VLLM_ASCEND}', run '<absent: *",
@@ -69,3 +69,33 @@ def test_plugin_study_hand_edited_file_is_a_usage_error(fake):
     result.stderr.fnmatch_lines([
         f"*--afd-study: study {path}: field 'digest' is sha256:* but the content hashes to "
         "sha256:*: the file was edited after it was frozen*"])
+
+
+GATE_THEN_STAGE = """
+import pytest
+
+@pytest.mark.gate
+def test_study_gate(record_case):
+    record_case()
+
+@pytest.mark.stage_a
+def test_study_stage(record_case):
+    record_case()
+"""
+
+
+def test_plugin_study_gates_are_checked_on_the_stack_only(fake):
+    """A gate runs its own small model and layouts: another layer count is not a contradiction
+    for it, but is for the stage case after it (the cached session manifest is rechecked)."""
+    fake.makepyfile(test_study=USER)
+    path, _ = _freeze(fake, "layers", "--layers", "61")
+    fake.makepyfile(test_study=GATE_THEN_STAGE)
+    result = run_fast(fake, "--afd-study", str(path))
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*test_study_stage*", "*stack.model.layers: study 61, run 2*"])
+    for written in _results(fake):
+        written.unlink()
+    fake.makepyfile(test_study=USER)
+    pinned, _ = _freeze(fake, "pinned", "--vllm-ascend", PINNED_VLLM_ASCEND)
+    fake.makepyfile(test_study=GATE_THEN_STAGE)
+    run_fast(fake, "--afd-study", str(pinned)).assert_outcomes(failed=2)

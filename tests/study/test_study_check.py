@@ -2,8 +2,10 @@
 
 import dataclasses
 
+import pytest
+
 from pytest_afd.golden_compare import PROFILES
-from pytest_afd.study.check import Contradiction, contradictions, tolerance_table
+from pytest_afd.study.check import SCOPE_STACK, Contradiction, contradictions, tolerance_table
 from pytest_afd.study.document import derive
 from tests.study.study_helpers import FULL_LAYERS, cpu_manifest, freeze
 
@@ -70,3 +72,17 @@ def test_check_absent_study_value_pins_nothing(tmp_path):
     run["software"]["vllm_revision"] = "0.9.9"
     assert contradictions(study, run) == []
     assert dataclasses.is_dataclass(Contradiction) and Contradiction.__dataclass_params__.frozen
+
+
+def test_check_gate_scope_is_the_stack_and_tolerances(tmp_path):
+    study = freeze(tmp_path, "--afd-plugin", "deadbeef")
+    gate = cpu_manifest("reduced:num_hidden_layers=2", 2, topology="dp2tp4-ep8",
+                        environ={"AFD_PLUGIN_COMMIT": "deadbeef"})
+    assert contradictions(study, gate, scope=SCOPE_STACK) == []
+    assert {c.field for c in contradictions(study, gate)} == {"topology.name",
+                                                              "stack.model.checkpoint"}
+    other = cpu_manifest(topology="dp2tp4-ep8", environ={"AFD_PLUGIN_COMMIT": "cafef00d"})
+    assert _fields(contradictions(study, other, scope=SCOPE_STACK)) == {
+        "stack.afd_plugin": ("deadbeef", "cafef00d")}
+    with pytest.raises(ValueError, match="scope='topology'"):
+        contradictions(study, other, scope="topology")
