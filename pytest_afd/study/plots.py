@@ -39,8 +39,9 @@ def draw_series(series: Mapping[str, Any], title: str):
         axis.axhspan(1 / (1 + effects.MIN_EFFECT), 1 + effects.MIN_EFFECT, color="0.6",
                      alpha=BAND_ALPHA, label=f"±{effects.MIN_EFFECT:.0%} (no effect)")
         axis.axhline(1.0, color="0.3", linewidth=0.8)
-        for boundary in series["boundaries"]:
-            axis.axvspan(*boundary["between"], color="C1", alpha=SPAN_ALPHA)
+        for index, boundary in enumerate(series["boundaries"]):
+            axis.axvspan(*boundary["between"], color="C1", alpha=SPAN_ALPHA,
+                         label="boundary (between tested points)" if index == 0 else None)
         for call, colour in CALL_COLOURS.items():
             chosen = [p for p in points if p["call"] == call and _known(p[key])]
             if not chosen:
