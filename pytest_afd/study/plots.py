@@ -8,7 +8,7 @@ points it lies between (nothing between them was measured).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from pytest_afd.report import layout
@@ -69,11 +69,3 @@ def series_title(series: Mapping[str, Any]) -> str:
 def series_file(index: int) -> str:
     return f"regions-series{index + 1}.png"
 
-
-def plotted(series_docs: Sequence[Mapping[str, Any]]):
-    """(file name, caption, figure) for every series with something to draw."""
-    for index, series in enumerate(series_docs):
-        title = series_title(series)
-        figure = draw_series(series, title)
-        if figure is not None:
-            yield series_file(index), title, figure
