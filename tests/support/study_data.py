@@ -28,12 +28,12 @@ SESSION = "session-1"
 
 
 def make_manifest(*, num_layers=10, emulated=True, vllm_ascend=STACK_COMMIT, repetitions=5,
-                  routing="natural"):
+                  routing="natural", topology=TOPOLOGY):
     protocol = {"seed": 0, "warmups": 1, "repetitions": repetitions, "run_order": "interleaved",
                 "instrumented": False, "routing": routing}
     description = {"model": {"num_layers": num_layers, "quantization": "none"},
                    "software": {"vllm_ascend_revision": vllm_ascend}}
-    return collect_manifest(topology=parse_topology(TOPOLOGY), backend_name="cpu" if emulated
+    return collect_manifest(topology=parse_topology(topology), backend_name="cpu" if emulated
                             else "vllm_ascend", backend_description=description,
                             model_name="reduced" if num_layers < 61 else "full",
                             protocol=protocol, emulated=emulated, environ={})
