@@ -137,7 +137,7 @@ def _named(cases: Sequence[str]) -> str:
 
 
 def _share(part: Sequence[Any], whole: Sequence[Any]) -> str:
-    return "all" if len(part) == len(whole) else f"{len(part)} of {len(whole)}"
+    return f"all {len(whole)}" if len(part) == len(whole) else f"{len(part)} of {len(whole)}"
 
 
 def required_repetitions(study: Mapping[str, Any]) -> int:
@@ -153,7 +153,7 @@ def _evidence_limitations(docs: Sequence[Mapping[str, Any]], study: Mapping[str,
     reduced = [d for d in docs if (layer_count(d) or 0) < FULL_MODEL_LAYERS]
     if reduced:
         counts = sorted({str(layer_count(d) or "unknown") for d in reduced})
-        found.append(Limitation(REDUCED_LAYERS, f"reduced layers only: {_share(reduced, docs)} cases "
+        found.append(Limitation(REDUCED_LAYERS, f"reduced layers only: {_share(reduced, docs)} measured cases "
                                 f"ran {'/'.join(counts)} of the model's {FULL_MODEL_LAYERS} layers",
                                 _cases(reduced)))
     forced = [d for d in docs if routing(d) == FORCED_ROUTING]
