@@ -35,6 +35,7 @@ from pytest_afd.study.limitations import (
 RAW_DIR = "raw"
 SUMS_FILE = "SHA256SUMS"
 STUDY_KEY = "study"
+GATE_KIND = "gate"
 
 
 class PublishError(ValueError):
@@ -66,15 +67,12 @@ def study_contradictions(study: Mapping[str, Any], doc: Mapping[str, Any]) -> li
     """The frozen study's check, plus a study digest recorded by the run that is neither this
     study's nor an ancestor's (gates and Stage A run under the study select-references derived from).
     """
-    from pytest_afd.study.check import (  # lazy: it reads the tolerance profiles
-        SCOPE_ALL,
-        SCOPE_STACK,
-        contradictions,
-    )
+    from pytest_afd.study.check import SCOPE_ALL, SCOPE_STACK, contradictions  # lazy: tolerances
     from pytest_afd.study.document import belongs
 
-    # Gates run layouts and small models of their own: checked on the stack (check.SCOPE_STACK).
-    scope = SCOPE_STACK if doc.get("case_kind") == "gate" else SCOPE_ALL
+    # A gate checks correctness on layouts and small models of its own: stack and tolerances only,
+    # as the plugin checks it when it runs (pytest_afd.study.check.SCOPE_STACK).
+    scope = SCOPE_STACK if doc["case_kind"] == GATE_KIND else SCOPE_ALL
     found = [Contradicted(c.field, c.study_value, c.run_value)
              for c in contradictions(study, doc["manifest"], scope=scope)]
     recorded = doc["manifest"].get(STUDY_KEY)

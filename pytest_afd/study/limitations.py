@@ -27,6 +27,7 @@ FORCED_ROUTING = "forced_balanced"
 EXPECTED_STAGES = ("gate", "stage_a", "stage_b", "stage_c", "stage_d", "stage_e", "stage_f")
 """The RFC's sequence: correctness gates, then Stages A-F."""
 PASSED = "passed"
+GATE_KIND = "gate"
 SHOWN_CASES = 5
 
 REDUCED_LAYERS = "reduced_layers"
@@ -136,7 +137,7 @@ def _named(cases: Sequence[str]) -> str:
 
 
 def _share(part: Sequence[Any], whole: Sequence[Any]) -> str:
-    return "all" if len(part) == len(whole) else f"{len(part)} of {len(whole)}"
+    return f"all {len(whole)}" if len(part) == len(whole) else f"{len(part)} of {len(whole)}"
 
 
 def required_repetitions(study: Mapping[str, Any]) -> int:
@@ -152,7 +153,7 @@ def _evidence_limitations(docs: Sequence[Mapping[str, Any]], study: Mapping[str,
     reduced = [d for d in docs if (layer_count(d) or 0) < FULL_MODEL_LAYERS]
     if reduced:
         counts = sorted({str(layer_count(d) or "unknown") for d in reduced})
-        found.append(Limitation(REDUCED_LAYERS, f"reduced layers only: {_share(reduced, docs)} cases "
+        found.append(Limitation(REDUCED_LAYERS, f"reduced layers only: {_share(reduced, docs)} measured cases "
                                 f"ran {'/'.join(counts)} of the model's {FULL_MODEL_LAYERS} layers",
                                 _cases(reduced)))
     forced = [d for d in docs if routing(d) == FORCED_ROUTING]
@@ -184,9 +185,15 @@ def derive_limitations(
     exclusions: Sequence[Exclusion] = (),
     pairs: int,
 ) -> list[Limitation]:
-    """Every limitation the evidence shows; ``pairs``: tested token_balanced/request_boundary points."""
-    found = _evidence_limitations(docs, study)
-    profiled = [d for d in docs if is_instrumented(d)]
+    """Every limitation the evidence shows; ``pairs``: tested token_balanced/request_boundary points.
+
+    The measured cases' limits (layers, routing, emulation, sessions, repetitions,
+    instrumentation) are over the performance cases; a missing stage and a case
+    that did not pass (a failed gate too) over every case.
+    """
+    measured = performance_cases(docs)
+    found = _evidence_limitations(measured, study)
+    profiled = [d for d in measured if is_instrumented(d)]
     if profiled:
         found.append(Limitation(PROFILED, f"a profiled run: {len(profiled)} cases measured under the "
                                 "profiler are "
@@ -209,8 +216,14 @@ def derive_limitations(
     return found
 
 
-def production_evidence(docs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return [d for d in docs if not production_gaps(d)]
+def performance_cases(docs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The measured cases (not gates): what the regions' evidence and its limits are about.
+
+    A gate checks correctness on small models and layouts of its own, with no
+    throughput repetitions; counting it would say "2 of 61 layers" or "too few
+    repetitions" of a case that never measured performance.
+    """
+    return [d for d in docs if d["case_kind"] != GATE_KIND]
 
 
 def headline_line(docs: Sequence[Mapping[str, Any]], production_regions: int) -> str:
@@ -218,6 +231,7 @@ def headline_line(docs: Sequence[Mapping[str, Any]], production_regions: int) ->
     if production_regions:
         return (f"Production recommendation: {production_regions} region(s) rest on full-layer "
                 "natural-routing evidence measured on Ascend NPUs without instrumentation.")
+    docs = performance_cases(docs)
     gaps: dict[str, int] = {}
     for doc in docs:
         for gap in production_gaps(doc):
@@ -225,7 +239,7 @@ def headline_line(docs: Sequence[Mapping[str, Any]], production_regions: int) ->
             gaps[key] = gaps.get(key, 0) + 1
     why = "; ".join(f"{key} in {count} of {len(docs)} cases" for key, count in gaps.items())
     if not docs:
-        why = "no result was included"
+        why = "no performance case was included"
     elif not gaps:
         why = "no region decided a policy on full-layer natural-routing evidence"
     return ("This bundle makes no production recommendation: the RFC requires full-layer "

@@ -81,7 +81,8 @@ def methodology_lines(docs: Sequence[Mapping[str, Any]]) -> list[str]:
     ratios = [float(row[1]) for row in rows if row[1] != "-"]
     lines = [
         f"- Headline runs: {len(headline)} of {len(docs)} cases were measured without "
-        "instrumentation; every table, plot and region uses only those.",
+        "instrumentation; the regions, tested points and plots use only those (the cases "
+        "table lists every case with its instrumented flag).",
         f"- Instrumented runs: {len(rows)} case(s) carry a profiled run"
         + (f"; profiler overhead (wall-time ratio) median {statistics.median(ratios):.3f}, "
            f"range {min(ratios):.3f}-{max(ratios):.3f}." if ratios else "."),

@@ -8,7 +8,7 @@ points it lies between (nothing between them was measured).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from pytest_afd.report import layout
@@ -39,8 +39,9 @@ def draw_series(series: Mapping[str, Any], title: str):
         axis.axhspan(1 / (1 + effects.MIN_EFFECT), 1 + effects.MIN_EFFECT, color="0.6",
                      alpha=BAND_ALPHA, label=f"±{effects.MIN_EFFECT:.0%} (no effect)")
         axis.axhline(1.0, color="0.3", linewidth=0.8)
-        for boundary in series["boundaries"]:
-            axis.axvspan(*boundary["between"], color="C1", alpha=SPAN_ALPHA)
+        for index, boundary in enumerate(series["boundaries"]):
+            axis.axvspan(*boundary["between"], color="C1", alpha=SPAN_ALPHA,
+                         label="boundary (between tested points)" if index == 0 else None)
         for call, colour in CALL_COLOURS.items():
             chosen = [p for p in points if p["call"] == call and _known(p[key])]
             if not chosen:
@@ -68,11 +69,3 @@ def series_title(series: Mapping[str, Any]) -> str:
 def series_file(index: int) -> str:
     return f"regions-series{index + 1}.png"
 
-
-def plotted(series_docs: Sequence[Mapping[str, Any]]):
-    """(file name, caption, figure) for every series with something to draw."""
-    for index, series in enumerate(series_docs):
-        title = series_title(series)
-        figure = draw_series(series, title)
-        if figure is not None:
-            yield series_file(index), title, figure

@@ -27,10 +27,14 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from pytest_afd.report import layout
+from pytest_afd.report.html import markdown_to_html
+from pytest_afd.report.loading import LoadedResult, LoadedResults
+from pytest_afd.report.rendering import prepare_report_dir, render_markdown
 from pytest_afd.results import load_schema
 from pytest_afd.study import effects, limitations, methodology, plots, regions, summary
 from pytest_afd.study.bundle import (
     CASE_HEADER,
+    RAW_DIR,
     Inputs,
     PublishError,
     case_rows,
@@ -49,6 +53,8 @@ SUMMARY_FILE = "study.md"
 PAGE_FILE = "study.html"
 TABLES_DIR = "tables"
 PLOTS_DIR = "plots"
+STAGE_REPORT_DIR = "report"
+STAGE_REPORT_PAGE = f"{STAGE_REPORT_DIR}/report.html"
 USAGE_ERROR = 2
 INTERVAL_NAME = ("Welch t interval on log repetitions (ratio of geometric means), computed once "
                  "at publication")
@@ -109,6 +115,20 @@ def _write_plots(series_docs, output: Path) -> dict[int, tuple[str, str]]:
     return placed
 
 
+def write_stage_report(included: list[tuple[Path, dict[str, Any]]], raw: list[tuple[str, str]],
+                       output: Path) -> None:
+    """The report's per-stage tables and plots of the included results (``report/``), read from
+    their raw copies: the same tables ``python -m pytest_afd report`` makes, one per stage and stack."""
+    report_dir = output / STAGE_REPORT_DIR
+    prepare_report_dir(report_dir)
+    loaded = LoadedResults(results=[LoadedResult(output / name, doc)
+                                    for (name, _), (_, doc) in zip(raw, included, strict=False)])
+    text = render_markdown(loaded, Path(RAW_DIR), report_dir, all_sessions=True)
+    (report_dir / "report.md").write_text(text + "\n")
+    (report_dir / "report.html").write_text(markdown_to_html(text, "study results by stage",
+                                                             base_dir=report_dir))
+
+
 def publish(sources: list[Path], study_path: Path, output: Path) -> dict[str, Any]:
     """Write the bundle; returns regions.json's document."""
     from pytest_afd.study.check import StudyError, load_study  # d41's reader (digest checked)
@@ -137,6 +157,7 @@ def publish(sources: list[Path], study_path: Path, output: Path) -> dict[str, An
     doc = regions_document(study, series_docs, found, inputs, headline, production > 0)
     validate_regions(doc)
     raw = copy_raw(inputs, output)
+    write_stage_report(inputs.included, raw, output)
     (output / STUDY_COPY).write_bytes(study_path.read_bytes())
     (output / REGIONS_FILE).write_text(json.dumps(doc, indent=2) + "\n")
     tables = output / TABLES_DIR

@@ -34,7 +34,10 @@ METHOD_TEXT = (
     "otherwise it is undecided. A region is a maximal run of adjacent points (ordered by the "
     "realized imbalance of request_boundary's split) with the same call; its effect pools its "
     "points' log ratios. A boundary lies between the last tested point of one region and the "
-    "first of the next: nothing between them was measured."
+    "first of the next: nothing between them was measured. The intervals hold for the sessions "
+    "measured: with one session they do not cover between-session noise (see the limitations); "
+    "the stage report's 'beyond the between-session noise' verdicts use that stricter "
+    "cross-session rule."
 )
 
 
@@ -152,7 +155,9 @@ def render(*, headline: str, study: Mapping[str, Any], counts: Mapping[str, int]
              f"{counts['unusable']} unusable.", ""]
     lines += regions_section(series_docs, plots)
     lines += limitation_lines(limitations, exclusions)
-    lines += ["## Tested points", "", *table(POINT_HEADER, point_rows(series_docs)), "",
+    lines += ["## Tested points", "",
+              "Per-stage tables and plots of every included case (the report's): "
+              "`report/report.html` (and `report/report.md`).", "", *table(POINT_HEADER, point_rows(series_docs)), "",
               "## Cases", "", *table(CASE_HEADER, case_rows(docs)), "",
               "## Profiler methodology", "", *methodology, "",
               "## Method", "", METHOD_TEXT.format(confidence=effects.CONFIDENCE,

@@ -75,9 +75,8 @@ def test_an_instrumented_case_is_left_out_of_the_regions_and_named(reduced):
 
 def test_a_recorded_profiler_overhead_and_schedule_reach_the_methodology(reduced):
     (control, proposed) = _pair("stage_c/x", reduced)
-    proposed["evidence"]["profile"] = {"profiler_overhead": {"ratio": 1.25},
-                                       "schedule": {"skip_first": 4, "wait": 0, "warmup": 1,
-                                                    "active": 5, "repeat": 1}}
+    proposed = sd.with_profile(proposed, ratio=1.25, schedule={
+        "skip_first": 4, "wait": 0, "warmup": 1, "active": 5, "repeat": 1})
     lines = "\n".join(methodology.methodology_lines([control, proposed]))
     assert "Headline runs: 2 of 2 cases" in lines
     assert "| stage_c/x/token_balanced | 1.250 |" in lines
@@ -122,3 +121,15 @@ def test_without_any_one_production_condition_the_first_line_refuses(manifest_ov
     assert labels == {regions.DIAGNOSTIC}
     line = headline_line(docs, 0)
     assert line.startswith("This bundle makes no production recommendation") and named in line
+
+
+def test_gates_do_not_count_as_performance_evidence_but_a_failed_gate_is_named(reduced):
+    docs = _pair("stage_c/x", reduced)
+    gate = sd.make_case("gate_1/split", "token_balanced", imbalance=0.0, kind="gate",
+                        repetitions=1, manifest=sd.make_manifest(num_layers=2), status="failed")
+    found = _kinds([*docs, gate])
+    assert "10 of the model's 61 layers" in found[limitations.REDUCED_LAYERS].text
+    assert gate["case_id"] not in found[limitations.REDUCED_LAYERS].cases
+    assert limitations.FEW_REPETITIONS not in found
+    assert found[limitations.NOT_PASSED].cases == (gate["case_id"],)
+    assert "in 2 of 2 cases" in headline_line([*docs, gate], 0)

@@ -11,12 +11,14 @@ field and both values) a result from another vLLM-Ascend commit.
 import csv
 import hashlib
 import json
+import shutil
 
 import pytest
 from jsonschema import Draft202012Validator
 
 from pytest_afd.results import load_schema
 from pytest_afd.study import effects, publish, regions
+from pytest_afd.study.bundle_check import bundle_problems
 from tests.support import study_data as sd
 
 NO_PRODUCTION = "This bundle makes no production recommendation"
@@ -168,6 +170,12 @@ def test_raw_results_are_copied_byte_for_byte_and_every_file_has_its_digest(plan
     assert (bundle / "study.json").read_bytes() == planted["study"].read_bytes()
 
 
+def test_the_bundle_carries_the_per_stage_report_of_the_included_cases(planted):
+    report = (planted["bundle"] / "report" / "report.md").read_text()
+    assert "12 result(s) reported" in report and "other-commit" not in report
+    assert "## stage_c" in report and list((planted["bundle"] / "report" / "plots").glob("*.png"))
+
+
 def test_the_page_is_self_contained_and_has_print_rules(planted):
     page = (planted["bundle"] / "study.html").read_text()
     assert "@media print" in page and "@page" in page
@@ -187,3 +195,18 @@ def test_usage_errors_name_the_bad_input(planted, tmp_path, capsys):
                          str(tmp_path / "b2")]) == 2
     assert f"--study {edited}" in capsys.readouterr().err
     assert not (tmp_path / "b2").exists()
+
+
+def test_the_bundle_agrees_with_itself_and_a_tampered_copy_is_caught(planted, tmp_path):
+    assert bundle_problems(planted["bundle"]) == []
+    copy = tmp_path / "copy"
+    shutil.copytree(planted["bundle"], copy)
+    table_path = copy / "tables" / "regions.csv"
+    table_path.write_text(table_path.read_text().replace(",token_balanced,token_balanced,",
+                                                         ",request_boundary,request_boundary,"))
+    raw = sorted((copy / "raw").iterdir())[0]
+    raw.write_bytes(raw.read_bytes() + b" ")
+    problems = bundle_problems(copy)
+    assert any("call 'request_boundary' != regions.json 'token_balanced'" in p for p in problems)
+    assert f"raw/{raw.name}: sha256 differs from SHA256SUMS" in problems
+    assert "tables/regions.csv: sha256 differs from SHA256SUMS" in problems

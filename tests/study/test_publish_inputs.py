@@ -96,3 +96,24 @@ def test_an_earlier_bundle_and_a_repeated_file_are_not_read_twice(tmp_path):
                      for d in (results / "bundle-1", tmp_path / "bundle-2"))
     assert second["included_cases"] == first["included_cases"] and len(first["included_cases"]) == 12
     assert second["series"] == first["series"]
+
+
+def test_a_gate_is_checked_on_the_stack_only(tmp_path):
+    """A gate runs its own layouts and small models: another topology is its own, another commit is not."""
+    manifest = sd.make_manifest()
+    study = sd.freeze_study(tmp_path, manifest)
+    results = tmp_path / "results"
+    for doc in sd.planted_pairs(manifest=manifest, imbalances=(0.5,)):
+        sd.write(results, doc)
+    own_layout = sd.make_manifest(num_layers=2, topology="dp2tp4-ep8")
+    other_commit = sd.make_manifest(num_layers=2, topology="dp2tp4-ep8", vllm_ascend="ffff999")
+    for name, gate_manifest in (("own", own_layout), ("other", other_commit)):
+        sd.write(results, sd.make_case(f"gate/{name}", "token_balanced", imbalance=0.0,
+                                       kind="gate", manifest=gate_manifest))
+    assert publish.main([str(results), "--study", str(study), "--output",
+                         str(tmp_path / "bundle")]) == 0
+    doc = json.loads((tmp_path / "bundle" / "regions.json").read_text())
+    assert "gate/own/token_balanced" in doc["included_cases"]
+    (excluded,) = doc["excluded"]
+    assert excluded["case_id"] == "gate/other/token_balanced"
+    assert [c["field"] for c in excluded["contradictions"]] == ["stack.vllm_ascend"]

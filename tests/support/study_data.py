@@ -28,12 +28,12 @@ SESSION = "session-1"
 
 
 def make_manifest(*, num_layers=10, emulated=True, vllm_ascend=STACK_COMMIT, repetitions=5,
-                  routing="natural"):
+                  routing="natural", topology=TOPOLOGY):
     protocol = {"seed": 0, "warmups": 1, "repetitions": repetitions, "run_order": "interleaved",
                 "instrumented": False, "routing": routing}
     description = {"model": {"num_layers": num_layers, "quantization": "none"},
                    "software": {"vllm_ascend_revision": vllm_ascend}}
-    return collect_manifest(topology=parse_topology(TOPOLOGY), backend_name="cpu" if emulated
+    return collect_manifest(topology=parse_topology(topology), backend_name="cpu" if emulated
                             else "vllm_ascend", backend_description=description,
                             model_name="reduced" if num_layers < 61 else "full",
                             protocol=protocol, emulated=emulated, environ={})
@@ -129,3 +129,17 @@ def freeze_study(directory, manifest, *, name="planted", reduced_layers=10):
     study = freeze.build_study(args)
     output.write_text(json.dumps(study, indent=2))
     return output
+
+
+def with_profile(doc, *, ratio, schedule):
+    """``doc`` carrying one instrumented run's profile (schema-valid, empty trace tables)."""
+    profile = {
+        "source": "torch_trace", "analyzer": {"name": "torch.profiler", "version": "test"},
+        "roles": {}, "per_layer": [], "unclassified": [], "per_step": [], "collectives": [],
+        "straggler": results.absent("no FFN role traced"), "schedule": dict(schedule),
+        "profiler_overhead": {"instrumented_wall_s": ratio * BASE_WALL_S,
+                              "non_instrumented_wall_s": BASE_WALL_S, "ratio": ratio},
+    }
+    profiled = {**doc, "evidence": {**doc["evidence"], "profile": profile}}
+    results.validate_result(profiled)
+    return profiled
