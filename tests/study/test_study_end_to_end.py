@@ -149,3 +149,8 @@ def test_study_end_to_end_on_cpu(tmp_path):
     bundle = tmp_path / "bundle"
     _study(tmp_path, "publish", *map(str, every), "--study", str(chunked), "--output", str(bundle))
     assert (bundle / "regions.json").is_file() and (bundle / "study.html").is_file()
+    from pytest_afd.study.bundle_check import bundle_problems  # p41's: regions vs own tables
+
+    assert bundle_problems(bundle) == []
+    regions = json.loads((bundle / "regions.json").read_text())
+    assert regions["production_recommendation"] is False  # CPU, reduced layers: diagnostic
