@@ -267,6 +267,15 @@ OPTION_SPECS = (
         env="AFD_STAGE_SCALE",
         default_note="1/64 on the cpu backend, 1 otherwise",
     ),
+    OptionSpec(
+        "--afd-study",
+        "afd_study",
+        "a frozen study JSON (docs/study.md): every case's manifest records its name and "
+        "digest, a case whose stack, topology, model or tolerances contradict it fails before "
+        "it measures, and stages B-E use its reference cases",
+        kind="path",
+        env="AFD_STUDY",
+    ),
 )
 
 

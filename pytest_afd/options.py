@@ -36,6 +36,7 @@ from pytest_afd.option_specs import (  # noqa: F401  (re-exported)
 from pytest_afd.results_dir import OutputDirError, check_writable_dir
 from pytest_afd.sequential import SequentialDesign
 from pytest_afd.stats import RepeatedRun, run_repeated
+from pytest_afd.study.document import StudyError, load_study
 from pytest_afd.topology import (
     Topology,
     TopologyError,
@@ -82,6 +83,8 @@ class AfdOptions:
     # --afd-sequential: comparisons measured until decided, from `repeats` to `max_repeats`.
     sequential: bool = False
     max_repeats: int = DEFAULT_MAX_SEQUENTIAL_REPEATS
+    # --afd-study: the loaded, digest-checked study (pytest_afd.study), None without one.
+    study: Mapping[str, Any] | None = None
 
     def given_devices_per_node(self) -> int | None:
         """The nodes' NPU count the user gave, or None (the backend finds it or refuses)."""
@@ -235,6 +238,16 @@ def _check_output_dirs(values: dict[str, Any], sources: dict[str, str]) -> None:
             raise pytest.UsageError(str(exc)) from None
 
 
+def _study(values: dict[str, Any], sources: dict[str, str]) -> Mapping[str, Any] | None:
+    """The --afd-study file, schema- and digest-checked now (a bad study is a usage error)."""
+    if values["afd_study"] is None:
+        return None
+    try:
+        return load_study(values["afd_study"])
+    except StudyError as exc:
+        raise pytest.UsageError(f"{sources['afd_study']}: {exc}") from None
+
+
 def resolve_options(config: pytest.Config) -> AfdOptions:
     """Read and check every ``--afd-*`` option; a bad value is a UsageError naming it and its source."""
     rootdir = Path(config.rootpath)
@@ -283,4 +296,5 @@ def resolve_options(config: pytest.Config) -> AfdOptions:
         devices_per_node_given=not sources["afd_devices_per_node"].endswith(" default"),
         sequential=values["afd_sequential"],
         max_repeats=values["afd_max_repeats"],
+        study=_study(values, sources),
     )

@@ -121,6 +121,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if not is_worker(config):
         config.pluginmanager.register(FinalLine(state), FINAL_LINE_PLUGIN)
     config.pluginmanager.register(deployment_plan, deployment_plan.PLUGIN_NAME)
+    if state.options.study is not None:  # --afd-study: record it, refuse contradicting runs
+        from pytest_afd.study.pytest_plugin import PLUGIN_NAME, StudyPlugin
+
+        config.pluginmanager.register(StudyPlugin(state.options.study), PLUGIN_NAME)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

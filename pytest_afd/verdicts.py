@@ -23,6 +23,8 @@ from pytest_afd import conclusions, session_noise
 STAGE_A_KEY = "stage_a"
 RANKING_KEY = "ranking"
 STAGE_D_BEST_KEY = "stage_d_best_sizes"
+STAGE_D_BEST_SOURCE_KEY = "stage_d_best_sizes_source"  # suites/stage_d: whose sizes they are
+SWEEP_SOURCE = "this session's sweep"
 CONTROL_POLICY = "request_boundary"
 PROPOSED_POLICY = "token_balanced"
 STATUS_ORDER = ("passed", "failed", "error", "skipped")
@@ -133,11 +135,14 @@ def stage_conclusion(docs: Sequence[Mapping[str, Any]]) -> str:
             f"{len(ratios)} condition(s), {len(beyond)} beyond the noise "
             f"({sum(r > 1 for r in beyond)} faster, {sum(r < 1 for r in beyond)} slower)"
         )
-    best = {tuple(doc["evidence"][STAGE_D_BEST_KEY]) for doc in docs
+    best = {(tuple(doc["evidence"][STAGE_D_BEST_KEY]),
+             doc["evidence"].get(STAGE_D_BEST_SOURCE_KEY, SWEEP_SOURCE)) for doc in docs
             if isinstance(doc["evidence"].get(STAGE_D_BEST_KEY), list)}
-    for sizes in sorted(best):
+    for sizes, source in sorted(best):
+        whose = ("the fastest chunked sizes of the sweep" if source == SWEEP_SOURCE
+                 else f"frozen in {source}")
         parts.append("follow-ups ran chunk sizes " + ", ".join(map(str, sizes))
-                     + " (the fastest chunked sizes of the sweep; not a verdict)")
+                     + f" ({whose}; not a verdict)")
     return "; ".join(parts)
 
 
