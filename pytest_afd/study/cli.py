@@ -1,4 +1,4 @@
-"""``python -m pytest_afd study COMMAND``: freeze, verify, select-references, publish.
+"""``pytest-afd study COMMAND``: freeze, verify, select-references, publish.
 
 - ``freeze --name N --output FILE [...]``: write a frozen study (docs/study.md).
 - ``verify FILE [--manifest RESULT_OR_MANIFEST...]``: check the schema and the
@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None, prog: str = "pytest-afd study") -> int:
     parser = argparse.ArgumentParser(
         prog=prog, description="The RFC's study: freeze, verify, select-references, publish "
         "(docs/study.md).")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     help="the study step to run")
     for add, _ in COMMANDS.values():
         add(commands)
     _add_publish(commands)

@@ -65,38 +65,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from-study", default=None, metavar="FILE",
                         help="derive from this study (parent_digest set; flags override)")
     parser.add_argument("--npu-topology", default=None, help="topology, e.g. dp3pcp8-ep8")
-    parser.add_argument("--devices-per-node", type=int, default=None)
+    parser.add_argument("--devices-per-node", type=int, default=None,
+                        help="NPUs per physical node (the topology's nodes follow from it)")
     parser.add_argument("--nodes", type=int, default=None, help="physical nodes the study uses")
     parser.add_argument("--tp-sp-maps-to", choices=TERMINOLOGY_CHOICES, default=None,
                         help="what the RFC's TP/SP means on this stack (default: from the "
                              "Attention part's dims, pcp first)")
-    parser.add_argument("--terminology-note", default=None)
+    parser.add_argument("--terminology-note", default=None,
+                        help="free text: how the RFC's TP/SP terms map onto this stack")
     parser.add_argument("--launch-plan", action="append", default=[], metavar="FILE",
                         help="'afd-launch-plan --json' output (repeat: AFD and baseline)")
-    parser.add_argument("--chunk-semantics", choices=CHUNK_SEMANTICS, default=None)
-    parser.add_argument("--chunk-note", default=None)
-    parser.add_argument("--cache-hit-generator", default=None)
-    parser.add_argument("--cache-hit-verification", default=None)
+    parser.add_argument("--chunk-semantics", choices=CHUNK_SEMANTICS, default=None,
+                        help="whether the chunk-size flag counts per DP replica or globally")
+    parser.add_argument("--chunk-note", default=None,
+                        help="free text on the chunk-size flag (docs/chunk-planner.md)")
+    parser.add_argument("--cache-hit-generator", default=None,
+                        help="the generator that sets the prefix-hit ratio (Stage B)")
+    parser.add_argument("--cache-hit-verification", default=None,
+                        help="how the realized hit ratio is read back at run time")
     parser.add_argument("--pp-reference", default=None, metavar="TOPOLOGY",
                         help="the PP / dynamic CPP reference layout (Stage F), e.g. pp4pcp8")
     parser.add_argument("--pp-terminology", default=None,
                         help="the stack's name and flags for that layout")
-    parser.add_argument("--pp-note", default=None)
+    parser.add_argument("--pp-note", default=None,
+                        help="free text on the PP / dynamic CPP reference (Stage F)")
     for field, flag in STACK_FLAGS.items():
         parser.add_argument(flag, default=None, dest=f"stack_{field}",
                             help=f"pinned {field} commit or version")
     parser.add_argument("--checkpoint", default=None, help="the full model's checkpoint")
     parser.add_argument("--revision", default=None, help="the checkpoint's revision")
-    parser.add_argument("--quantization", default=None)
+    parser.add_argument("--quantization", default=None,
+                        help="the checkpoint's quantization, e.g. w8a8")
     parser.add_argument("--layers", type=int, default=None, help="the full model's layer count")
     parser.add_argument("--reduced-checkpoint", default=None,
                         help="the reduced-layer variant's checkpoint (the diagnostic stages)")
-    parser.add_argument("--reduced-layers", type=int, default=None)
-    parser.add_argument("--warmups", type=int, default=None)
-    parser.add_argument("--repetitions", type=int, default=None)
-    parser.add_argument("--run-order", choices=RUN_ORDERS, default=None)
-    parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--routing", choices=("natural", "forced_balanced"), default=None)
+    parser.add_argument("--reduced-layers", type=int, default=None,
+                        help="the reduced model's layer count (the recipe's first ten)")
+    parser.add_argument("--warmups", type=int, default=None,
+                        help="warm-up runs per case the protocol discards")
+    parser.add_argument("--repetitions", type=int, default=None,
+                        help="measured repetitions per case (fixed protocol)")
+    parser.add_argument("--run-order", choices=RUN_ORDERS, default=None,
+                        help="the order cases and repetitions run in")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="the workloads' random seed")
+    parser.add_argument("--routing", choices=("natural", "forced_balanced"), default=None,
+                        help="expert routing of the headline runs")
     parser.add_argument("--stage-scale", type=float, default=None,
                         help="the stage scale the study runs at (default: the manifest "
                              "backend's default, else 1)")

@@ -66,8 +66,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="results directories holding Stage A (and optionally Stage D) runs")
     parser.add_argument("--study", required=True, help="the frozen study to derive from")
     parser.add_argument("--output", required=True, help="the new study JSON")
-    parser.add_argument("--max-cv", type=float, default=MAX_CV)
-    parser.add_argument("--max-session-difference", type=float, default=MAX_SESSION_DIFFERENCE)
+    parser.add_argument("--max-cv", type=float, default=MAX_CV,
+                        help="largest repetition CV of a stable case (a fraction; default %(default)s)")
+    parser.add_argument("--max-session-difference", type=float, default=MAX_SESSION_DIFFERENCE,
+                        help="largest relative difference of a case's median between two "
+                        "sessions (a fraction; default %(default)s)")
 
 
 def cv(values: Sequence[float]) -> float:
