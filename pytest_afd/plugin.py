@@ -25,6 +25,7 @@ from pytest_afd import (
     hardware,
     hookspecs,
     outcomes,
+    profile_ledger,
     reference_phase,
 )
 from pytest_afd.backends.base import Backend, BackendUnavailable
@@ -253,6 +254,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         extra["lost_workers"] = state.lost_workers
     if measured is not None:
         extra[hardware.SUMMARY_KEY] = measured
+    profiles = profile_ledger.count_entries(state.written)
+    if profiles.instrumented or state.options.profile:
+        extra[profile_ledger.SUMMARY_KEY] = profiles.summary(state.options.profile)
+    if profiles.fails(state.options.profile) and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # asked for profiles, got none
     summary_path = state.options.results_dir / SUMMARY_FILE
     try:
         outcomes.tracker(session.config).write_summary(

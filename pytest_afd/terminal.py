@@ -6,7 +6,7 @@ import difflib
 import re
 from typing import Any
 
-from pytest_afd import verdicts
+from pytest_afd import profile_ledger, verdicts
 from pytest_afd.markers import MARKERS, STAGE_MARKERS
 from pytest_afd.session import AfdSession
 
@@ -51,6 +51,7 @@ def write_results_table(reporter: Any, state: AfdSession, summary_file: str) -> 
             f"(summary: {state.options.results_dir / summary_file})"
         )
         reporter.write_line("verdicts (python -m pytest_afd report for the full report):")
+        write_profile_lines(reporter, state)
         paths = [entry["path"] for entry in state.written]
         for line in verdicts.summary_lines_from_files(paths, STAGE_MARKERS):
             reporter.write_line(f"  {line}")
@@ -63,6 +64,21 @@ def write_results_table(reporter: Any, state: AfdSession, summary_file: str) -> 
         reporter.write_line(
             f"{len(state.golden_updates)} golden(s) updated in {state.options.golden_dir}"
         )
+
+
+def write_profile_lines(reporter: Any, state: AfdSession) -> None:
+    """The session's profile count first (issue 45): red when it fails the session,
+    then a warning naming the cases of a partial loss."""
+    profiles = profile_ledger.count_entries(state.written)
+    requested = state.options.profile
+    if not (profiles.instrumented or requested):
+        return
+    failing = profiles.fails(requested)
+    reporter.write_line(f"  {profiles.line(requested)}", red=failing, yellow=not failing
+                        and bool(profiles.lost))
+    warning = profiles.warning()
+    if warning:
+        reporter.write_line(f"  warning: {warning}", yellow=True)
 
 
 def write_no_case_selected(reporter: Any, state: AfdSession, config: Any, summary_file: str
