@@ -39,6 +39,7 @@ def start(runtime, settings: RunSettings) -> TraceRun | None:
         Path(keep_root).mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix=TRACE_ROOT_PREFIX, dir=keep_root or None))
     runtime.trace_dir = str(root)
+    runtime.trace_errors = []
     return TraceRun(runtime, root, bool(keep_root))
 
 
@@ -51,8 +52,9 @@ def finish(run: TraceRun | None, outputs: RunOutputs) -> RunOutputs:
     run.runtime.trace_dir = None
     try:
         topology = run.runtime.topology
-        problem = trace_check.missing_traces(
-            run.root, {ATTENTION_ROLE: topology.num_attention, FFN_ROLE: topology.num_ffn})
+        problem = trace_check.write_failures(run.runtime.trace_errors) or \
+            trace_check.missing_traces(
+                run.root, {ATTENTION_ROLE: topology.num_attention, FFN_ROLE: topology.num_ffn})
         if problem is None:
             outputs.profile = _analyse(run.root, outputs, topology.num_ffn)
         else:

@@ -8,7 +8,9 @@ left under the run's trace root (``<root>/<role>/rank<i>/step<n>.pt.trace.json``
 - the root itself gone (removed before or while it was analysed);
 - no trace file at all (no rank's profiler exported one);
 - a rank that wrote no trace, or lacks a step the other ranks traced;
-- an empty (truncated) trace file.
+- an empty (truncated) trace file;
+- before all of these, a rank's own report that it could not write its trace
+  (:func:`write_failures`: the directory unwritable, the export failing).
 
 A trace that is there but cannot be parsed, or an analysis that raises, is named
 by :func:`analysis_failure` with the exception's type and text. Only a listing
@@ -65,6 +67,14 @@ def missing_traces(root: Path, ranks: Mapping[str, int]) -> str | None:
     if empty:
         return f"truncated trace file(s) of 0 bytes: {_named(sorted(empty))} under {root}"
     return None
+
+
+def write_failures(errors: list[str]) -> str | None:
+    """The ranks' own reports of traces they could not write (None: none failed)."""
+    if not errors:
+        return None
+    unique = list(dict.fromkeys(errors))
+    return f"trace writing failed on {len(unique)} rank-step(s): {_named(unique)}"
 
 
 def analysis_failure(error: BaseException) -> str:
