@@ -26,11 +26,17 @@ def runtime(afd_config):
     runtime.close()
 
 
+@pytest.fixture(autouse=True)
+def kept_traces(monkeypatch, tmp_path):
+    """Trace roots under the test's tmp dir, kept (finish must not remove what a test reads)."""
+    monkeypatch.setenv(cpu_run.ENV_KEEP_TRACES, str(tmp_path / "kept"))
+
+
 def instrumented_run(runtime, afd_config, steps=1, before_steps=None):
-    """``steps`` instrumented steps into a fresh trace root (kept: the test inspects it);
-    ``before_steps(root)`` may break the root first."""
+    """``steps`` instrumented steps into a fresh trace root; ``before_steps(root)`` may
+    break the root first."""
     run = cpu_run.start(runtime, INSTRUMENTED)
-    run.keep = True  # the test's tmp dir cleans up; finish must not remove what we inspect
+    assert run.keep
     if before_steps is not None:
         before_steps(run.root)
     ids, metadata = make_batch(afd_config, LENGTHS, seed=3)
@@ -119,7 +125,8 @@ def test_traces_removed_before_the_analysis_are_named(runtime, afd_config):
     assert "was gone when the analysis began" in outputs.profile_absent_reason
 
 
-def test_no_trace_written_at_all_is_named(runtime, afd_config):
+def test_no_trace_written_at_all_is_named(runtime, afd_config, monkeypatch):
+    monkeypatch.delenv(cpu_run.ENV_KEEP_TRACES)
     run = cpu_run.start(runtime, INSTRUMENTED)  # the run's root, but no instrumented step
     outputs = finish(run)
     assert outputs.profile is None
