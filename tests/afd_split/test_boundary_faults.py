@@ -136,3 +136,16 @@ def test_a_padded_total_of_one_row_is_accepted_and_zero_is_refused():
         SplitConstraints(padded_total=0)
     with pytest.raises(ValueError, match=r"padded_total=1 is below round_up\(T=2"):
         one.total_rows_for(2)
+
+
+# --- A survivor of the sampled mutmut run (docs/ci.md) ---------------------------------------
+
+
+def test_request_fields_name_the_counts_that_overflow_int64():
+    """Kills ``RequestFields.from_requests__mutmut_16`` (the overflow names another field):
+    counts past int64 are named as the caller's ``num_scheduled_tokens``."""
+    from afd_split.checks.requests import RequestFields
+
+    huge = np.iinfo(np.int64).max // 2 + 1
+    with pytest.raises(ValueError, match=r"^num_scheduled_tokens add up to \d+ tokens, past"):
+        RequestFields.from_requests([huge, huge])
