@@ -149,3 +149,46 @@ def test_request_fields_name_the_counts_that_overflow_int64():
     huge = np.iinfo(np.int64).max // 2 + 1
     with pytest.raises(ValueError, match=r"^num_scheduled_tokens add up to \d+ tokens, past"):
         RequestFields.from_requests([huge, huge])
+
+
+def test_a_parent_whose_seq_lens_disagree_names_num_computed_tokens():
+    """Kills ``_diagnose_parent__mutmut_65`` (the field left unnamed in the message)."""
+    from afd_split import SplitInvariantError
+    from afd_split.checks.diagnosis import diagnose_split
+
+    counts = [4, 4]
+    plan = plan_split(counts, policy=TB)
+    qsl, seq_lens, computed = (np.array(a, dtype=np.int64) for a in request_arrays(counts))
+    seq_lens[1] += 2  # seq - query != computed for request 1
+    with pytest.raises(SplitInvariantError,
+                       match=r"parent request 1: num_computed_tokens 0 != expected 2"):
+        diagnose_split(plan, qsl, seq_lens, computed, [])
+
+
+def test_the_first_token_beyond_the_block_table_is_named_in_a_later_request():
+    """Kills ``name_token_violation__mutmut_47`` (``+`` -> ``-`` in the token named):
+    request 1 starts at token 3; its position 8 (token 3 + 8 = 11) is block 2 of 2 columns."""
+    from afd_split import SplitInvariantError
+    from afd_split.checks.tokens import name_token_violation
+
+    qsl = np.array([0, 3, 13])
+    query_lens, computed = np.array([3, 10]), np.array([0, 0])
+    seq_lens = computed + query_lens
+    meta = BatchMetadata(qsl, seq_lens, computed, slot_mapping=[0, 1, 2, *range(8, 18)],
+                         block_table=[[0, 1], [2, 3]], positions=[0, 1, 2, *range(10)],
+                         block_size=4)
+    with pytest.raises(SplitInvariantError,
+                       match=r"^token 11: block 2 is beyond the block table's 2 columns"):
+        name_token_violation(meta, qsl, query_lens, computed, seq_lens)
+
+
+def test_a_cost_model_of_one_moe_layer_is_accepted_and_a_bad_coefficient_named():
+    """Kills ``CostModel.__post_init__`` mutants 21 (minimum layers 1 -> 2) and 7 (the
+    coefficient's name in the error)."""
+    from afd_split.plan.cost import CostModel
+
+    assert CostModel(1e-6, 1e-9, 1e-6, num_moe_layers=1).num_moe_layers == 1
+    with pytest.raises(ValueError, match=r"^CostModel.num_moe_layers must be >= 1, got 0"):
+        CostModel(1e-6, 1e-9, 1e-6, num_moe_layers=0)
+    with pytest.raises(ValueError, match=r"^CostModel.expert_per_token_s must be a finite"):
+        CostModel(1e-6, 1e-9, -1.0)
