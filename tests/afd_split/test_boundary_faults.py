@@ -192,3 +192,24 @@ def test_a_cost_model_of_one_moe_layer_is_accepted_and_a_bad_coefficient_named()
         CostModel(1e-6, 1e-9, 1e-6, num_moe_layers=0)
     with pytest.raises(ValueError, match=r"^CostModel.expert_per_token_s must be a finite"):
         CostModel(1e-6, 1e-9, -1.0)
+
+
+@pytest.mark.parametrize("name", ["attention_per_token_s", "attention_per_key_s",
+                                  "expert_per_token_s", "attention_fixed_s", "expert_fixed_s",
+                                  "transfer_per_token_s"])
+def test_every_bad_cost_coefficient_is_named(name):
+    """Kills the family of ``CostModel.__post_init__`` mutants that rename a coefficient."""
+    from afd_split.plan.cost import CostModel
+
+    values = {"attention_per_token_s": 1e-6, "attention_per_key_s": 1e-9,
+              "expert_per_token_s": 1e-6, name: float("nan")}
+    with pytest.raises(ValueError, match=rf"^CostModel\.{name} must be a finite number >= 0"):
+        CostModel(**values)
+
+
+def test_constraints_record_their_own_field_names():
+    """Kills ``SplitConstraints.to_dict`` mutants that rename a key (evidence and plan
+    fingerprints read these names)."""
+    constraints = SplitConstraints(align=2, padded_total=8, min_ubatch_tokens=3, pcp_size=1)
+    assert constraints.to_dict() == {"align": 2, "padded_total": 8, "min_ubatch_tokens": 3,
+                                     "pcp_size": 1}
