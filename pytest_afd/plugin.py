@@ -27,6 +27,7 @@ from pytest_afd import (
     hookspecs,
     interrupted,
     outcomes,
+    profile_ledger,
     reference_phase,
 )
 from pytest_afd.backends.base import Backend, BackendUnavailable
@@ -298,6 +299,11 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     gates = gate_runs.ledger_of(session.config)
     if gates is not None and gates.summary() is not None:
         extra[gate_runs.SUMMARY_KEY] = gates.summary()
+    profiles = profile_ledger.count_entries(state.written)
+    if profiles.instrumented or state.options.profile:
+        extra[profile_ledger.SUMMARY_KEY] = profiles.summary(state.options.profile)
+    if profiles.fails(state.options.profile) and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # asked for profiles, got none
     summary_path = state.options.results_dir / SUMMARY_FILE
     try:
         outcomes.tracker(session.config).write_summary(

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pytest_afd import outcomes
+from pytest_afd import outcomes, profile_ledger
 from pytest_afd.manifest import absent
 from pytest_afd.results import (
     CASE_KINDS,
@@ -47,6 +47,7 @@ def summary_entry(doc: dict[str, Any], nodeid: str, path: Path) -> dict[str, Any
         "synthetic": doc["labels"]["synthetic"],
         "comparability": doc["labels"]["comparability"],
         "manifest_digest": doc["manifest_digest"],
+        profile_ledger.ENTRY_KEY: profile_ledger.status_of(doc),
     }
 
 

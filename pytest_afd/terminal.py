@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pytest_afd import gate_runs, hardware, outcomes, verdicts
+from pytest_afd import gate_runs, hardware, outcomes, profile_ledger, verdicts
 from pytest_afd.markers import MARKERS, STAGE_MARKERS
 from pytest_afd.session import AfdSession
 from pytest_afd.shared_results import kept_sessions_line
@@ -113,6 +113,7 @@ def write_results_table(reporter: Any, state: AfdSession, summary_file: str, *,
         if kept:
             reporter.write_line(kept)
         reporter.write_line("verdicts (pytest-afd report for the full report):")
+        write_profile_lines(reporter, state)
         for line in leading or ():
             reporter.write_line(f"  {line}")
         paths = [entry["path"] for entry in state.written]
@@ -127,6 +128,21 @@ def write_results_table(reporter: Any, state: AfdSession, summary_file: str, *,
         reporter.write_line(
             f"{len(state.golden_updates)} golden(s) updated in {state.options.golden_dir}"
         )
+
+
+def write_profile_lines(reporter: Any, state: AfdSession) -> None:
+    """The session's profile count first (issue 45): red when it fails the session,
+    then a warning naming the cases of a partial loss."""
+    profiles = profile_ledger.count_entries(state.written)
+    requested = state.options.profile
+    if not (profiles.instrumented or requested):
+        return
+    failing = profiles.fails(requested)
+    reporter.write_line(f"  {profiles.line(requested)}", red=failing, yellow=not failing
+                        and bool(profiles.lost))
+    warning = profiles.warning()
+    if warning:
+        reporter.write_line(f"  warning: {warning}", yellow=True)
 
 
 def write_no_case_selected(reporter: Any, state: AfdSession, config: Any, summary_file: str

@@ -50,7 +50,13 @@ def analyzer() -> dict[str, str]:
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    doc = file_manager().read_json_file(str(path))
+    """The trace's events; a file that does not parse is named with the parser's error."""
+    reader = file_manager()  # outside the try: a missing msprof-analyze says so itself
+    try:
+        doc = reader.read_json_file(str(path))
+    except RuntimeError as error:  # msprof-analyze's wrapper of the JSON error
+        raise ValueError(f"parse error in trace {str(path)!r} (truncated or corrupt?): "
+                         f"{error.__cause__ or error}") from error
     return doc.get("traceEvents", []) if isinstance(doc, dict) else doc
 
 

@@ -14,7 +14,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pytest_afd import conclusions, session_noise, verdicts
+from pytest_afd import conclusions, profile_ledger, session_noise, verdicts
 from pytest_afd.markers import MARKERS, STAGE_MARKERS
 from pytest_afd.report import layout
 from pytest_afd.report.gates import MAX_PLOTTED_GATES, gates_section
@@ -204,6 +204,10 @@ def _verdicts(results: Sequence[LoadedResult]) -> list[str]:
     """The report's first section: Stage A's ranking, then every stage's conclusion."""
     docs = [r.doc for r in results]
     lines = ["## Verdicts", ""]
+    profiles = profile_ledger.count_docs(docs)
+    if profiles.instrumented:  # issue 45: a lost profile is said for the session, not per case only
+        warning = profiles.warning()
+        lines += [f"**{profiles.line(False)}**" + (f"; {warning}" if warning else "") + ".", ""]
     rankings = verdicts.stage_a_rankings(docs)
     stage_a_docs = [r.doc for r in results if r.stage == "stage_a"]
     for test, ranking in rankings:
