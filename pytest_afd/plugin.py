@@ -23,9 +23,18 @@ from pytest_afd.core.backend import Backend, BackendUnavailable
 from pytest_afd.core.markers import MARKER_SIGNATURES, MARKERS
 from pytest_afd.golden import reference_phase
 from pytest_afd.golden.store import RECORD_PHASE_COMMAND, UPDATE_GOLDEN_COMMAND, GoldenStore
+from pytest_afd.results import profile_ledger
 from pytest_afd.results.directory import remove_stale_temp_files
 from pytest_afd.results.shared import SessionLease
-from pytest_afd.run import ab, deployment_plan, early_setup, hardware, outcomes
+from pytest_afd.run import (
+    ab,
+    deployment_plan,
+    early_setup,
+    gate_runs,
+    hardware,
+    interrupted,
+    outcomes,
+)
 from pytest_afd.run.hardware_markers import hardware_skip_reason
 from pytest_afd.run.option_specs import value_flags
 from pytest_afd.run.options import (  # noqa: F401  (AfdOptions and the defaults are re-exported)
@@ -51,7 +60,7 @@ from pytest_afd.run.terminal import (
     write_results_table,
     write_write_errors,
 )
-from pytest_afd.topology.spec import RankInfo, Topology
+from pytest_afd.topology.spec import RankInfo, Topology, afd_suggestion
 
 SUMMARY_FILE = "summary.json"
 WORKEROUTPUT_KEY = "afd_results"
@@ -106,9 +115,17 @@ def pytest_configure(config: pytest.Config) -> None:
                                      phase=reference_phase.reference_phase(config),
                                      golden_dir=state.options.golden_dir)
     config.pluginmanager.register(ledger, hardware.PLUGIN_NAME)
+    interrupted.register(config)
+    gate_runs.register(config, require_hardware=state.options.require_hardware,
+                       exempt_phase=reference_phase.reference_phase(config) == reference_phase.PHASE_RECORD,
+                       measured=lambda: ledger.measured, hardware_backend=ledger.applies)
     if not is_worker(config):
         config.pluginmanager.register(FinalLine(state), FINAL_LINE_PLUGIN)
     config.pluginmanager.register(deployment_plan, deployment_plan.PLUGIN_NAME)
+    if state.options.study is not None:  # --afd-study: record it, refuse contradicting runs
+        from pytest_afd.run.study_plugin import PLUGIN_NAME, StudyPlugin
+
+        config.pluginmanager.register(StudyPlugin(state.options.study), PLUGIN_NAME)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -122,10 +139,13 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     )
     lines = [
         f"afd: backend={opts.backend} topology={topo.canonical} ({roles}, "
-        f"{topo.nodes_needed(opts.devices_per_node)} nodes of {opts.devices_per_node}) "
+        f"{devices_phrase(topo, opts.given_devices_per_node())}) "
         f"model={opts.model} routing={opts.routing} seed={opts.seed} repeats={opts.repeats} "
         f"warmups={opts.warmups} order={opts.run_order}"
     ]
+    note = topology_note(opts)
+    if note is not None:
+        lines.append(note)
     if state.stale_temp_removed:
         lines.append(
             f"afd: removed {len(state.stale_temp_removed)} stale temp file(s) of killed writes "
@@ -134,6 +154,24 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     if opts.backend == "cpu":
         lines.append(f"afd: CPU emulation: {topo.cpu_emulation().note}")
     return lines
+
+
+def devices_phrase(topo: Topology, devices_per_node: int | None) -> str:
+    """``N nodes of D`` when the user gave the devices per node, else the device count
+    alone: the node count of a default would misstate a 2 x 16 recipe as 4 x 8."""
+    if devices_per_node is None:
+        return (f"{topo.devices_needed} devices; devices per node not given "
+                "(--afd-devices-per-node)")
+    return f"{topo.nodes_needed(devices_per_node)} nodes of {devices_per_node}"
+
+
+def topology_note(opts: AfdOptions) -> str | None:
+    """The "did you mean" warning of a co-located topology one dash from an AFD layout."""
+    suggestion = afd_suggestion(opts.topology, opts.aliases)
+    if suggestion is None:
+        return None
+    return (f"afd: WARNING: --npu-topology {opts.topology_spec!r} is a co-located (non-AFD) "
+            f"layout; did you mean {suggestion} (Attention and FFN on their own ranks)?")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -244,7 +282,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             "write_errors": state.write_errors,
         }
         return
-    if state.selected_no_case:  # `-m gates` (a typo): the last session's summary stays
+    stopped = interrupted_block(session.config)
+    if state.selected_no_case and stopped is None:  # `-m gates` (a typo): the summary stays
         return
     if state.lost_workers:
         recover_lost_results(state)
@@ -255,6 +294,16 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         extra["lost_workers"] = state.lost_workers
     if measured is not None:
         extra[hardware.SUMMARY_KEY] = measured
+    if stopped is not None:
+        extra[interrupted.SUMMARY_KEY] = stopped
+    gates = gate_runs.ledger_of(session.config)
+    if gates is not None and gates.summary() is not None:
+        extra[gate_runs.SUMMARY_KEY] = gates.summary()
+    profiles = profile_ledger.count_entries(state.written)
+    if profiles.instrumented or state.options.profile:
+        extra[profile_ledger.SUMMARY_KEY] = profiles.summary(state.options.profile)
+    if profiles.fails(state.options.profile) and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED  # asked for profiles, got none
     summary_path = state.options.results_dir / SUMMARY_FILE
     try:
         outcomes.tracker(session.config).write_summary(
@@ -265,6 +314,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         state.write_errors.append(write_error(summary_path, exc, "no summary was written"))
     if state.write_errors:
         session.exitstatus = EXIT_RESULTS_UNWRITABLE
+
+
+def interrupted_block(config: pytest.Config) -> dict[str, Any] | None:
+    """An interrupted session's ``summary.json`` entry (None otherwise); the running case's
+    written results are stamped with the interruption (once)."""
+    ledger = interrupted.ledger_of(config)
+    tracker = outcomes.tracker(config)
+    block = ledger.block(tracker.outcomes) if ledger is not None else None
+    if block is not None and tracker.unfinished["reason"] == outcomes.NOT_FINISHED:
+        tracker.stamp_unfinished({"status": outcomes.ERROR,
+                                  "reason": interrupted.interrupted_reason(block["during"])})
+    return block
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -293,6 +354,17 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         return
     if state.selected_no_case and not config.option.collectonly:
         write_no_case_selected(terminalreporter, state, config, SUMMARY_FILE)
+    stopped = interrupted_block(config)
+    gates = gate_runs.ledger_of(config)
+    leading = [] if stopped is None else [stopped["line"]]
+    if gates is not None and gates.gate_cases:
+        leading.append(gates.line())
     if state.written or state.golden_updates or state.lost_workers:
-        write_results_table(terminalreporter, state, SUMMARY_FILE)
+        write_results_table(terminalreporter, state, SUMMARY_FILE, leading=leading,
+                            stopped=stopped is not None)
+    elif stopped is not None:
+        terminalreporter.write_line(f"afd: {stopped['line']}", yellow=True)
     write_write_errors(terminalreporter, state, EXIT_RESULTS_UNWRITABLE)
+    note = topology_note(state.options)
+    if note is not None:
+        terminalreporter.write_line(note, yellow=True)

@@ -108,7 +108,8 @@ def pytest_afd_deployment_settings(config: pytest.Config, item: pytest.Item) -> 
     """The ``afd_deployments`` marker's settings at the stage scale (None: no marker).
 
     Each marker argument is a dict of :func:`stage_settings` overrides (plus
-    optional ``model`` and ``npu_topology``), or a function of a context
+    optional ``model``, ``npu_topology`` and ``cases``: how many measured cases use
+    it, for the listing's device-time estimate), or a function of a context
     (``sizes``, ``topology``, ``options``, ``item``) returning a list of them.
     """
     marker = item.get_closest_marker(DEPLOYMENTS_MARKER)
@@ -122,10 +123,11 @@ def pytest_afd_deployment_settings(config: pytest.Config, item: pytest.Item) -> 
         for overrides in argument(context) if callable(argument) else [argument]:
             fields = dict(overrides)
             model = fields.pop("model", None)
+            cases = fields.pop("cases", None)  # measured cases on it (the cost estimate)
             spec = fields.pop("npu_topology", None)
             topology = options.topology if spec is None else parse_topology(spec, options.aliases)
             entries.append({"settings": stage_settings(options, sizes, topology, **fields),
-                            "npu_topology": topology.canonical, "model": model})
+                            "npu_topology": topology.canonical, "model": model, "cases": cases})
     return entries
 
 

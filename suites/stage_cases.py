@@ -30,6 +30,8 @@ PHASES = (PHASE_COLD, PHASE_STEADY)
 
 THROUGHPUT_METRIC = "prefill_tokens_per_s"
 NO_STEP_EVIDENCE = "the backend reported no per-step split evidence"
+# Used only when the backend gave no specific reason (RunOutputs.profile_absent_reason).
+NO_PROFILE_REASON = "the instrumented run left no analysable profiler traces (no reason given)"
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from stage_cases import (
+    NO_PROFILE_REASON,
     NO_STEP_EVIDENCE,
     MeasuredCase,
     StageCase,
@@ -111,7 +112,7 @@ class StageResults:
             evidence["profile"] = with_overhead(
                 instrumented.profile, instrumented.wall_time_s, [run.wall_time_s for run in runs]
             ) if instrumented.profile else afd_result_docs.absent(
-                "the instrumented run left no analysable profiler traces")
+                instrumented.profile_absent_reason or NO_PROFILE_REASON)
         settings_doc = afd_result_docs.settings_json(case.settings)
         settings_doc["prefix_cache"]["phase"] = case.phase
         settings_doc["stage_sizes"] = self.sizes.to_json()

@@ -38,6 +38,7 @@ from pytest_afd.results import documents as afd_result_docs
 from pytest_afd.run import ab as afd_ab
 from pytest_afd.run import progress as afd_progress
 from pytest_afd.stats import host as afd_host
+from pytest_afd.stats import sequential_run as afd_sequential
 from pytest_afd.topology.spec import Topology
 from pytest_afd.workloads import Workload, make_workload
 
@@ -181,7 +182,8 @@ class StageRunner(StageResults):
         return afd_host.measured_run(lambda: backend.run(case.workload.prompts(), settings))
 
     def measure(
-        self, cases: Sequence[StageCase], *, explain: bool = False, write: bool = True
+        self, cases: Sequence[StageCase], *, explain: bool = False, write: bool = True,
+        comparisons: Sequence[tuple[str, str]] | None = None,
     ) -> dict[str, MeasuredCase]:
         """Warm up, measure every case in one interleaved/random schedule, write one result each.
 
@@ -189,7 +191,10 @@ class StageRunner(StageResults):
         after the measured ones, when the backend declares instrumentation;
         its timings go to the evidence, never to the headline metrics.
         ``write=False`` leaves writing to :meth:`write` (a stage that adds
-        cross-case evidence first).
+        cross-case evidence first). Under ``--afd-sequential`` each comparison
+        (``comparisons``, default :func:`default_comparisons`) is measured until
+        decided (``pytest_afd.stats.sequential_run``); otherwise every case gets
+        exactly ``--afd-repeats``.
         """
         originals = [case.name for case in cases]
         if self.ab is not None:
@@ -211,7 +216,7 @@ class StageRunner(StageResults):
             def call() -> dict[str, float]:
                 case = by_name[name]
                 run = calls[name] + 1
-                phase = "warmup" if run <= warmups else f"{run - warmups}/{self.options.repeats}"
+                phase = "warmup" if run <= warmups else f"{run - warmups}/{planned}"
                 self._report_progress(progress, case, phase, positions[name])
                 output = self._run_once(case, case.settings)
                 calls[name] += 1
@@ -222,7 +227,8 @@ class StageRunner(StageResults):
 
             return call
 
-        repeated = self.options.repeat({name: make_call(name) for name in names})
+        planned = f"<={self.options.max_repeats}" if self.options.sequential else self.options.repeats
+        repeated = self._repeat({name: make_call(name) for name in names}, cases, comparisons)
         done = {}
         for case in cases:
             backend = self._handle(case).backend
@@ -230,7 +236,9 @@ class StageRunner(StageResults):
             if wanted and CAP_INSTRUMENTATION in backend.capabilities:
                 self._report_progress(progress, case, "instrumented", positions[case.name])
                 instrumented = self._run_once(case, replace(case.settings, instrument=True))
-            doc = self._result(case, measured[case.name], instrumented, repeated.protocol_json())
+            protocol = (repeated.protocol_json(case.name) if self.options.sequential
+                        else repeated.protocol_json())
+            doc = self._result(case, measured[case.name], instrumented, protocol)
             if wanted and instrumented is None:
                 doc["evidence"]["per_layer_timings"] = afd_result_docs.absent(
                     f"an instrumented run was asked for, but backend {backend.name!r} does not "
@@ -245,9 +253,24 @@ class StageRunner(StageResults):
                 done.setdefault(name, done[f"{name}/{afd_ab.SIDES[0]}"])
         return done
 
+    def _repeat(self, calls: dict[str, Callable[[], dict[str, float]]],
+                cases: Sequence[StageCase], comparisons: Sequence[tuple[str, str]] | None):
+        """Fixed repetitions (the default), or sequential ones per comparison."""
+        if not self.options.sequential:
+            return self.options.repeat(calls)
+        if comparisons is None:
+            comparisons = afd_sequential.default_comparisons(
+                cases, afd_ab.SIDES if self.ab is not None else None)
+        return afd_sequential.run_sequential(
+            calls, comparisons, design=self.options.sequential_design(),
+            warmups=self.options.warmups, run_order=self.options.run_order,
+            seed=self.options.seed)
+
     def _progress(self, cases: Sequence[StageCase], *, instrumented: bool) -> afd_progress.Progress:
-        """One step per backend run: warmups, measured repetitions, instrumented runs."""
-        runs_per_case = self.options.warmups + self.options.repeats
+        """One step per backend run: warmups, measured repetitions (sequential: at most
+        the maximum), instrumented runs."""
+        measured = self.options.max_repeats if self.options.sequential else self.options.repeats
+        runs_per_case = self.options.warmups + measured
         explained = sum(
             CAP_INSTRUMENTATION in self._handle(case).backend.capabilities for case in cases
         )

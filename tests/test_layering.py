@@ -59,6 +59,22 @@ def test_import_linter_contracts_are_kept():
     assert f"{ROOMS_CONTRACT} KEPT" in report, report
 
 
+def test_every_room_of_pytest_afd_is_in_the_rooms_contract():
+    """A module or package left out of the layers would escape the contract: a new one
+    must be given its room (pyproject.toml, docs/contracts.md)."""
+    import tomllib
+
+    config = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    (rooms,) = [contract for contract in config["tool"]["importlinter"]["contracts"]
+                if contract["id"] == "harness-rooms"]
+    named = {name.strip() for layer in rooms["layers"] for name in layer.replace(":", "|").split("|")}
+    package = REPO_ROOT / "pytest_afd"
+    present = {path.stem for path in package.glob("*.py") if path.name != "__init__.py"}
+    present |= {path.name for path in package.iterdir() if (path / "__init__.py").exists()}
+    assert present - named == set(), "rooms missing from the harness-rooms contract"
+    assert named - present == set(), "the contract names rooms that do not exist"
+
+
 VIOLATIONS = {
     # The plan layer reaching up into the engine glue.
     "plan_imports_engine": (

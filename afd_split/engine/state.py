@@ -26,9 +26,18 @@ class BufferContents:
 
     Any object with ``clone()`` and ``copy_(other)`` (a torch tensor) works; the
     snapshot is one clone, the restore one in-place copy, so views stay views.
+    ``limit``: only the first ``limit`` entries (along the first dimension) are kept
+    and restored, the prefix the guarded build can write; upstream sizes these
+    buffers from the deployment, so copying all of them costs a one-request step
+    as much as a full one (issue 43). None: the whole buffer.
     """
 
     buffer: Any
+    limit: int | None = None
+
+    def region(self) -> Any:
+        """The part of the buffer that is snapshot and restored (a view)."""
+        return self.buffer if self.limit is None else self.buffer[:self.limit]
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,7 +60,8 @@ def _snapshot(targets) -> list[tuple[object, str, object]]:
     saved = []
     for target in targets:
         if isinstance(target, BufferContents):
-            saved.append((target.buffer, _CONTENTS, target.buffer.clone()))
+            region = target.region()
+            saved.append((region, _CONTENTS, region.clone()))
             continue
         if isinstance(target, AllBindings):
             saved.append((target.owner, _ALL, dict(vars(target.owner))))

@@ -7,12 +7,7 @@ command the user typed.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Sequence
-
-USAGE_ERROR = 2
-STUDY_MODULE = "pytest_afd.study.cli"
 
 
 def launch_plan(argv: Sequence[str], prog: str) -> int:
@@ -47,12 +42,6 @@ def deploy_cpu(argv: Sequence[str], prog: str) -> int:
 
 def study(argv: Sequence[str], prog: str) -> int:
     """The rest of argv goes to ``pytest_afd.study.cli.main(argv, prog=...)`` unchanged."""
-    try:
-        found = importlib.util.find_spec(STUDY_MODULE) is not None
-    except ModuleNotFoundError:  # pytest_afd.study itself is absent
-        found = False
-    if not found:
-        print(f"{prog}: error: the study commands are not in this install "
-              f"(module {STUDY_MODULE} not found)", file=sys.stderr)
-        return USAGE_ERROR
-    return importlib.import_module(STUDY_MODULE).main(list(argv), prog=prog)
+    from pytest_afd.study.cli import main
+
+    return main(list(argv), prog=prog)

@@ -161,6 +161,10 @@ class RunOutputs:
     # Instrumented runs: the profiler-trace evidence (pytest_afd.profiling, the result's
     # evidence.profile); None when no trace was analysed.
     profile: dict[str, Any] | None = None
+    # Why ``profile`` is None after an instrumented run (the case's absent reason, issue 45:
+    # the traces' directory gone, a rank's file missing or empty, a parse error, the analysis
+    # raising); None: not instrumented, or the backend gave no reason.
+    profile_absent_reason: str | None = None
     # Measured runs: npu-smi samples (pytest_afd.profiling.device_metrics); None: not sampled.
     device_metrics: dict[str, Any] | None = None
 

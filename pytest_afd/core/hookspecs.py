@@ -38,7 +38,9 @@ def pytest_afd_result_written(config, path, result):
 @pytest.hookspec(firstresult=True)
 def pytest_afd_deployment_settings(config, item):
     """The deployments ``item`` runs: a list of ``{"settings": RunSettings, "npu_topology":
-    str | None, "model": str | None}`` (None: the session's), or None when it declares none.
+    str | None, "model": str | None, "cases": int | None}`` (None: the session's; ``cases``:
+    measured cases on it, default 1, for the listing's device-time estimate), or None when
+    it declares none.
 
     ``--afd-list-deployments`` lists them; under ``AFD_ASCEND_DEPLOY_COMMAND`` the
     cases are ordered and deployments stopped by them; a run of undeclared

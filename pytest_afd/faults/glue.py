@@ -97,6 +97,54 @@ def tail_host_computed_plus_one() -> contextlib.AbstractContextManager[None]:
     return _patched_in((ADAPTER_COMMON_MODULE,), "cut_request_arrays", make)
 
 
+def tail_host_field_plus_one() -> contextlib.AbstractContextManager[None]:
+    """The tail's produced host computed-tokens field one too high for its first request.
+
+    Applied to the field values the split produced (``split_fields``'s result, every
+    computed-tokens host copy alike), not to the helper that derives them: a check
+    that re-derives the split through ``cut_request_arrays`` sees the right values
+    and lets it through; only a check that reads the produced ubatches back sees it.
+    """
+
+    def make(original):
+        def faulty(plan, common, program, recompute, parent, *, padded_rows):
+            per_ubatch = original(plan, common, program, recompute, parent, padded_rows=padded_rows)
+            for values in per_ubatch[1:]:
+                for name in program.computed_sources:
+                    field = values.get(name)
+                    if field is not None:
+                        field = field.clone()
+                        field[0] += 1
+                        values[name] = field
+            return per_ubatch
+
+        return faulty
+
+    return _patched_in((ADAPTER_VLLM_MODULE, ADAPTER_ASCEND_MODULE), "split_fields", make)
+
+
+def check_rederives_split() -> contextlib.AbstractContextManager[None]:
+    """The adapters' check re-derives the split through ``afd_split.engine.common``'s
+    ``cut_request_arrays`` (looked up there at each call) instead of reading the
+    produced ubatches back: it inherits any fault of that helper and sees none of
+    the produced fields."""
+    from afd_split.engine.slicing import check_split
+
+    common_module = importlib.import_module(ADAPTER_COMMON_MODULE)
+
+    def make(_original):
+        # Named as the function it replaces: a source mutant of it keeps its name in tracebacks.
+        def checked_results(plan, common, positions, block_size, program, parent, per_ubatch,
+                            results, check):
+            produced = [pieces[:3] for pieces in common_module.cut_request_arrays(plan, *parent)]
+            check_split(plan, parent, produced, check)
+            return results
+
+        return checked_results
+
+    return _patched_in((ADAPTER_VLLM_MODULE, ADAPTER_ASCEND_MODULE), "checked_results", make)
+
+
 def check_reads_plan() -> contextlib.AbstractContextManager[None]:
     """The adapter's check compares the plan's own split of the parent, not what it produced."""
     from afd_split.checks.requests import cut_request_arrays

@@ -3,10 +3,13 @@
 The split-path faults (:mod:`pytest_afd.faults.registry`) break correctness; this one
 only costs time. ``PYTEST_AFD_PERF_FAULT=slowdown:0.3`` makes each run measured
 through :func:`pytest_afd.stats.host.measured_run` do 30 % more work: after the
-backend returns, the process spins until it has used 0.3 x the run's elapsed
-time in CPU seconds (on a loaded host that takes longer), and that wall time is added to the run's wall time and to every request's TTFT (the
-spin is part of the measured span). CPU time grows with it, so the CPU-time
-metric sees the slowdown even on a loaded host.
+backend returns, the process spins until it has used 0.3 x the CPU seconds the
+run itself used (this process and its AFD ranks), and that wall time is added
+to the run's wall time and to every request's TTFT (the spin is part of the
+measured span). So the work is 1.3x at any contention: on a busy host the spin
+gets the share of a CPU the run got and the wall time grows about 1.3x too.
+(It used to spin 0.3 x the run's *elapsed* time, which on a host giving the run
+5 % of a CPU was six times the run's own work, not 30 % more; issue 40.)
 
 ``compare`` must call B worse when B ran under the fault and A did not
 (tests/report/test_compare_noise.py builds such a pair with :meth:`Slowdown.slowed`).
@@ -35,10 +38,11 @@ class Slowdown:
     def extra_seconds(self, elapsed_s: float) -> float:
         return self.extra_fraction * elapsed_s
 
-    def slow_down(self, outputs: RunOutputs, elapsed_s: float) -> None:
-        """Spin until the process has used the extra CPU time (real work, not a wait), then
-        extend the run's wall time and TTFTs by the wall time that took."""
-        target = time.process_time() + self.extra_seconds(elapsed_s)
+    def slow_down(self, outputs: RunOutputs, work_s: float) -> None:
+        """Spin until the process has used ``extra_fraction`` x ``work_s`` more CPU time (the
+        run's own CPU seconds: real work, not a wait), then extend the run's wall time and
+        TTFTs by the wall time that took."""
+        target = time.process_time() + self.extra_seconds(work_s)
         started = time.perf_counter()
         while time.process_time() < target:
             pass

@@ -15,7 +15,6 @@ from typing import Any
 
 from pytest_afd.profiling import evidence, kernels, msprof
 
-US_PER_S = 1e6
 SOURCE = "ascend_pt"
 
 
@@ -26,15 +25,14 @@ def analyzer() -> dict[str, str]:
 def load_role(role: str, collection: Path, workdir: Path) -> evidence.RoleData:
     """Run msprof-analyze on ``collection`` and place every rank's kernels in their ranges."""
     result = msprof.run_cluster_analysis(collection, workdir / role)
-    steps_by_rank: dict[int, dict[str, dict[str, float]]] = {}
+    steps_by_rank: dict[int, dict[str, evidence.StepTrace]] = {}
     for row in msprof.step_trace(result):
         values = {k: v for k, v in row.items() if k not in ("rank", "step")}
         steps_by_rank.setdefault(row["rank"], {})[row["step"]] = values
     ranks = []
     for rank_dir in kernels.rank_dirs(collection):
         rank = kernels.rank_id(rank_dir)
-        items = [evidence.WorkItem(k.step, k.name, k.op_type, float(k.start_us) / US_PER_S,
-                                   k.duration_us / US_PER_S, k.tag)
+        items = [evidence.WorkItem(k.step, k.name, k.op_type, k.start_ns, k.duration_ns, k.tag)
                  for k in kernels.read_kernels(rank_dir)]
         ranks.append(evidence.RankData(rank, items, steps_by_rank.get(rank, {})))
     if not ranks:

@@ -96,7 +96,9 @@ class ProfiledBackend:
         new = {role: sorted(self._found(role, path) - before[role])
                for role, path in self.trace_dirs.items()}
         outputs.profile = self._analyse(new, outputs, wall, key)
-        if outputs.profile is not None:
+        if outputs.profile is None:
+            outputs.profile_absent_reason = self.last_problem
+        else:
             problem = evidence.attach_to_steps(outputs.steps, outputs.profile)
             outputs.profile["steps_attached"] = problem is None
             if problem:

@@ -22,13 +22,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from statistics import fmean
 from typing import Any
 
 from afd_split.ranges import RangeTag
-from pytest_afd.profiling import overlap
-from pytest_afd.profiling.components import ROUTED_MOE, UNCLASSIFIED, classify
-from pytest_afd.results.manifest import absent
+from pytest_afd.core.absent import absent
+from pytest_afd.profiling import overlap, straggler
+from pytest_afd.profiling.components import UNCLASSIFIED, classify
+from pytest_afd.profiling.timebase import NS_PER_MS, seconds
 
 ATTENTION_ROLE = "attention"
 FFN_ROLE = "ffn"
@@ -39,11 +41,13 @@ MAX_LISTED_NAMES = 5
 
 @dataclass(frozen=True)
 class WorkItem:
+    """One kernel (or CPU range) of one rank, times in integer nanoseconds (profiling.timebase)."""
+
     step: str
     name: str
     op_type: str
-    start_s: float
-    duration_s: float
+    start_ns: int
+    duration_ns: int
     tag: RangeTag | None
 
     @property
@@ -55,19 +59,27 @@ class WorkItem:
         return classify(self.op_type, self.stage_name)
 
     @property
-    def interval(self) -> tuple[float, float]:
-        return (self.start_s, self.start_s + self.duration_s)
+    def interval(self) -> tuple[int, int]:
+        return (self.start_ns, self.start_ns + self.duration_ns)
+
+    @property
+    def duration_s(self) -> float:
+        return seconds(self.duration_ns)
 
     @property
     def busy(self) -> bool:
         return self.stage_name not in WAIT_RANGES
 
 
+# A rank's step trace row: msprof-analyze's columns in integer ns, None where unknown.
+StepTrace = dict[str, "int | None"]
+
+
 @dataclass
 class RankData:
     rank: int
     items: list[WorkItem]
-    steps: dict[str, dict[str, float]]  # step -> step-trace seconds
+    steps: dict[str, StepTrace]  # step -> step-trace nanoseconds
 
 
 @dataclass
@@ -77,7 +89,9 @@ class RoleData:
     collectives: list[dict[str, Any]] = field(default_factory=list)
 
     def steps(self) -> list[str]:
-        return sorted({s for rank in self.ranks for s in rank.steps}, key=_step_key)
+        found = {s for rank in self.ranks for s in rank.steps}
+        found |= {item.step for rank in self.ranks for item in rank.items}
+        return sorted(found, key=_step_key)
 
 
 def _step_key(step: str) -> tuple[int, str]:
@@ -85,45 +99,78 @@ def _step_key(step: str) -> tuple[int, str]:
 
 
 def per_layer(roles: Sequence[RoleData]) -> list[dict[str, Any]]:
-    """Seconds per step by (role, layer, stage, range, component): rank mean and slowest rank."""
+    """Seconds per step by (role, layer, stage, range, component): rank mean and slowest rank.
+
+    A rank with no kernel of a key ran none (the export lists every kernel), so its
+    time for that key is 0 as the input says, not an unknown.
+    """
     records = []
     for role in roles:
         num_steps = max(1, len(role.steps()))
-        per_rank: dict[tuple, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+        per_rank: dict[tuple, dict[int, int]] = defaultdict(lambda: defaultdict(int))
         for rank in role.ranks:
             for item in rank.items:
                 tag = item.tag
                 key = (tag.layer if tag else -1, tag.ubatch if tag else -1,
                        item.stage_name or "none", item.component)
-                per_rank[key][rank.rank] += item.duration_s / num_steps
+                per_rank[key][rank.rank] += item.duration_ns
         for (layer, stage, range_kind, component), by_rank in sorted(per_rank.items()):
-            values = [by_rank.get(rank.rank, 0.0) for rank in role.ranks]
+            values = [by_rank.get(rank.rank, 0) for rank in role.ranks]
             records.append({"role": role.role, "layer": layer, "stage": stage,
                             "range": range_kind, "component": component,
-                            "seconds": fmean(values), "max_rank_seconds": max(values)})
+                            "seconds": seconds(Fraction(sum(values), len(values) * num_steps)),
+                            "max_rank_seconds": seconds(Fraction(max(values), num_steps))})
     return records
 
 
 def unclassified(roles: Sequence[RoleData]) -> list[dict[str, Any]]:
     """Every unknown operator type, by role: count, seconds and a few kernel names."""
     found: dict[tuple[str, str], dict[str, Any]] = {}
+    nanos: dict[tuple[str, str], int] = defaultdict(int)
     for role in roles:
         for rank in role.ranks:
             for item in rank.items:
                 if item.component != UNCLASSIFIED:
                     continue
-                entry = found.setdefault((role.role, item.op_type), {
-                    "role": role.role, "type": item.op_type, "count": 0, "seconds": 0.0,
-                    "names": []})
+                key = (role.role, item.op_type)
+                entry = found.setdefault(key, {
+                    "role": role.role, "type": item.op_type, "count": 0, "names": []})
                 entry["count"] += 1
-                entry["seconds"] += item.duration_s
+                nanos[key] += item.duration_ns
                 if item.name not in entry["names"] and len(entry["names"]) < MAX_LISTED_NAMES:
                     entry["names"].append(item.name)
-    return [found[key] for key in sorted(found)]
+    return [{**found[key], "seconds": seconds(nanos[key])} for key in sorted(found)]
 
 
-def _busy_intervals(role: RoleData, step: str) -> list[tuple[float, float]]:
+def _busy_intervals(role: RoleData, step: str) -> list[tuple[int, int]]:
     return [i.interval for r in role.ranks for i in r.items if i.step == step and i.busy]
+
+
+def _exposed_bubble(attention: RoleData, step: str) -> float | dict:
+    """The worst Attention rank's Free + Bubble + time in wait ranges, or why it is unknown."""
+    worst = None
+    for rank in attention.ranks:
+        row = rank.steps.get(step)
+        if row is None:
+            return absent(f"Attention rank {rank.rank} has no step-trace row for step {step!r}")
+        if row.get("free_ns") is None or row.get("bubble_ns") is None:
+            return absent(f"Attention rank {rank.rank}'s step trace has no Free/Bubble "
+                          f"for step {step!r}")
+        waiting = sum(i.duration_ns for i in rank.items if i.step == step and not i.busy)
+        total = row["free_ns"] + row["bubble_ns"] + waiting
+        worst = total if worst is None else max(worst, total)
+    return seconds(worst) if worst is not None else absent("no Attention rank")
+
+
+def _critical_path(roles: Mapping[str, RoleData], step: str) -> dict[str, Any]:
+    stages = [(rank.steps[step]["stage_ns"], role.role, rank.rank)
+              for role in roles.values() for rank in role.ranks
+              if step in rank.steps and rank.steps[step].get("stage_ns") is not None]
+    if not stages:
+        return {"critical_path_s": absent(f"no step-trace Stage time for step {step!r}")}
+    nanos, role_name, rank_id = max(stages)
+    return {"critical_path_s": seconds(nanos), "critical_role": role_name,
+            "critical_rank": rank_id}
 
 
 def per_step(roles: Mapping[str, RoleData]) -> list[dict[str, Any]]:
@@ -139,42 +186,17 @@ def per_step(roles: Mapping[str, RoleData]) -> list[dict[str, Any]]:
                 "one role did no work in this step")
         else:
             record["overlap_fraction"] = absent("needs profiles of both roles")
-        if attention is not None:
-            record["exposed_bubble_s"] = max(
-                rank.steps.get(step, {}).get("free_s", 0.0)
-                + rank.steps.get(step, {}).get("bubble_s", 0.0)
-                + sum(i.duration_s for i in rank.items if i.step == step and not i.busy)
-                for rank in attention.ranks)
-        else:
-            record["exposed_bubble_s"] = absent("no Attention-side profile")
-        stages = [(rank.steps[step]["stage_s"], role.role, rank.rank)
-                  for role in roles.values() for rank in role.ranks if step in rank.steps]
-        if stages:
-            seconds, role_name, rank_id = max(stages)
-            record.update(critical_path_s=seconds, critical_role=role_name, critical_rank=rank_id)
-        else:
-            record.update(critical_path_s=absent("no step trace for this step"))
-        if ffn is not None:
-            record["straggler_s"] = _step_straggler(ffn, step)
-        comm = {role.role: _comm_overlap(role, step) for role in roles.values()}
-        record["communication_overlap_fraction"] = comm
+        record["exposed_bubble_s"] = (_exposed_bubble(attention, step) if attention is not None
+                                      else absent("no Attention-side profile"))
+        record.update(_critical_path(roles, step))
+        figure = straggler.step_straggler(ffn, step)
+        record["straggler_s"] = figure.get("straggler_s", figure)
+        if "slowest_rank" in figure:
+            record["straggler_slowest_rank"] = figure["slowest_rank"]
+        record["communication_overlap_fraction"] = {
+            role.role: _comm_overlap(role, step) for role in roles.values()}
         records.append(record)
     return records
-
-
-def _step_straggler(ffn: RoleData, step: str) -> float:
-    """Sum over MoE layers of max - mean routed-expert seconds across FFN ranks in ``step``."""
-    by_layer: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    for rank in ffn.ranks:
-        for item in rank.items:
-            if (item.step == step and item.component == ROUTED_MOE and item.tag is not None
-                    and item.tag.layer >= 0):
-                by_layer[item.tag.layer][rank.rank] += item.duration_s
-    total = 0.0
-    for per_rank in by_layer.values():
-        values = [per_rank.get(rank.rank, 0.0) for rank in ffn.ranks]
-        total += max(values) - fmean(values)
-    return total
 
 
 # Per-step fields Stage A (top level) and Stage E (``profile.critical_path_s``) read.
@@ -201,65 +223,78 @@ def attach_to_steps(steps: list[dict[str, Any]], profile: Mapping[str, Any]) -> 
 
 def _comm_overlap(role: RoleData, step: str) -> float | dict:
     rows = [rank.steps[step] for rank in role.ranks if step in rank.steps]
-    total = sum(row["communication_s"] for row in rows)
+    if not rows:
+        return absent(f"no step-trace row for step {step!r}")
+    if any(row.get("communication_ns") is None or row.get("overlapped_ns") is None
+           for row in rows):
+        return absent("the step trace has no Communication/Overlapped column")
+    total = sum(row["communication_ns"] for row in rows)
     if total <= 0:
         return absent("no collective in this step")
-    return sum(row["overlapped_s"] for row in rows) / total
+    return sum(row["overlapped_ns"] for row in rows) / total
+
+
+BUSY_COLUMNS = ("computing_ns", "communication_not_overlapped_ns", "free_ns", "bubble_ns")
 
 
 def busy_fraction(role: RoleData) -> float | dict:
     rows = [row for rank in role.ranks for row in rank.steps.values()]
-    e2e = sum(r["computing_s"] + r["communication_not_overlapped_s"] + r["free_s"] for r in rows)
-    if e2e <= 0:
+    if not rows:
         return absent(f"no step trace for the {role.role} role")
-    idle = sum(r["free_s"] + r["bubble_s"] for r in rows)
+    if any(row.get(column) is None for row in rows for column in BUSY_COLUMNS):
+        return absent(f"the {role.role} role's step trace lacks one of {BUSY_COLUMNS}")
+    e2e = sum(r["computing_ns"] + r["communication_not_overlapped_ns"] + r["free_ns"]
+              for r in rows)
+    if e2e <= 0:
+        return absent(f"the {role.role} role's step trace spans no time")
+    idle = sum(r["free_ns"] + r["bubble_ns"] for r in rows)
     return max(0.0, 1.0 - idle / e2e)
 
 
-def straggler(ffn: RoleData | None,
-              expert_load_per_rank: Sequence[Sequence[int]] | None) -> dict[str, Any]:
-    """Per MoE layer: each FFN rank's routed-expert seconds per step, and max - mean."""
-    if ffn is None:
-        return absent("no FFN-side profile")
-    num_steps = max(1, len(ffn.steps()))
-    by_layer: dict[int, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    for rank in ffn.ranks:
-        for item in rank.items:
-            if item.component == ROUTED_MOE and item.tag is not None and item.tag.layer >= 0:
-                by_layer[item.tag.layer][rank.rank] += item.duration_s / num_steps
-    layers = []
-    for layer in sorted(by_layer):
-        values = [by_layer[layer].get(rank.rank, 0.0) for rank in ffn.ranks]
-        slowest = max(range(len(values)), key=values.__getitem__)
-        layers.append({"layer": layer, "per_rank_s": values,
-                       "straggler_s": max(values) - fmean(values),
-                       "slowest_rank": ffn.ranks[slowest].rank})
-    load = ([list(map(int, row)) for row in expert_load_per_rank] if expert_load_per_rank
-            else absent("the run reported no per-rank expert load for these steps"))
-    return {"per_layer": layers, "total_s": sum(e["straggler_s"] for e in layers),
-            "expert_load_per_rank": load}
-
-
 def collectives(roles: Sequence[RoleData]) -> list[dict[str, Any]]:
-    """Per role and group, per step (mean over steps and ranks): ops, time, volume, bandwidth."""
+    """Per role and group, per step (mean over steps and ranks): ops, time, volume, bandwidth.
+
+    Each record's volume and transit time already count a transfer once
+    (``msprof.collectives``: SDMA + RDMA); bandwidth is volume / transit time, per
+    transport too, as msprof-analyze's communication analysis computes it.
+    """
     grouped: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for role in roles:
         for record in role.collectives:
             grouped[(role.role, record["group"])].append(record)
-    out = []
-    for (role, group), records in sorted(grouped.items()):
-        steps = {r["step"] for r in records}
-        ranks = {r["rank"] for r in records}
-        per = max(1, len(steps) * len(ranks))
-        transit = sum(r["transit_time_s"] for r in records)
-        volume = sum(r["volume_mb"] for r in records)
-        out.append({"role": role, "group": group, "ranks": sorted(ranks),
-                    "ops_per_step": sum(r["num_ops"] for r in records) / per,
-                    "time_s_per_step": sum(r["time_s"] for r in records) / per,
-                    "volume_mb_per_step": volume / per,
-                    "bandwidth_gb_s": volume / (transit * 1e3) if transit > 0 else absent(
-                        "no transit time recorded")})
+    return [_group_figures(role, group, records) for (role, group), records in
+            sorted(grouped.items())]
+
+
+def _group_figures(role: str, group: str, records: list[dict]) -> dict[str, Any]:
+    steps = {r["step"] for r in records}
+    ranks = {r["rank"] for r in records}
+    per = len(steps) * len(ranks)
+    times = [r["time_ns"] for r in records]
+    out: dict[str, Any] = {
+        "role": role, "group": group, "ranks": sorted(ranks),
+        "ops_per_step": sum(r["num_ops"] for r in records) / per,
+        "time_s_per_step": (seconds(sum(times) / per) if None not in times else
+                            absent("a rank's communication.json has no Elapse Time(ms)"))}
+    out.update(_volume_figures(records, per))
     return out
+
+
+def _volume_figures(records: list[dict], per: int) -> dict[str, Any]:
+    volume = sum(r["volume_mb"] for r in records)
+    transit = sum(r["transit_time_ns"] for r in records)
+    transports: dict[str, dict[str, Any]] = {}
+    for name in sorted({t for r in records for t in r.get("transports", {})}):
+        size = sum(r["transports"].get(name, {}).get("volume_mb", 0.0) for r in records)
+        nanos = sum(r["transports"].get(name, {}).get("transit_time_ns", 0) for r in records)
+        transports[name] = {
+            "volume_mb_per_step": size / per,
+            "bandwidth_gb_s": size / (nanos / NS_PER_MS) if nanos > 0 else absent(
+                f"no {name} transit time recorded")}
+    return {"volume_mb_per_step": volume / per,
+            "bandwidth_gb_s": volume / (transit / NS_PER_MS) if transit > 0 else absent(
+                "no transit time recorded"),
+            "transports": transports}
 
 
 def build(roles: Mapping[str, RoleData], *, source: str, analyzer: Mapping[str, Any],
@@ -276,7 +311,7 @@ def build(roles: Mapping[str, RoleData], *, source: str, analyzer: Mapping[str, 
         "per_layer": per_layer(ordered),
         "unclassified": unclassified(ordered),
         "per_step": per_step(roles),
-        "straggler": straggler(roles.get(FFN_ROLE), expert_load_per_rank),
+        "straggler": straggler.summary(roles.get(FFN_ROLE), expert_load_per_rank),
         "collectives": collectives(ordered),
         "schedule": dict(schedule) if schedule else absent("the profile's schedule was not given"),
         "profiler_overhead": dict(overhead) if overhead else absent(

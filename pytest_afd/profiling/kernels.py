@@ -15,26 +15,27 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass
-from decimal import Decimal
 from pathlib import Path
 
 from afd_split.ranges import RangeTag, parse_range
 from pytest_afd.profiling.msprof import file_manager
+from pytest_afd.profiling.timebase import NS_PER_S, us_to_ns
 
 OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
 KERNEL_DETAILS = "kernel_details.csv"
 TRACE_VIEW = "trace_view.json"
 PROFILER_INFO_PREFIX = "profiler_info_"
-US_PER_S = 1e6
-# Timestamps are compared at nanosecond resolution (trace_view keeps 3 decimals of us).
-_QUANTUM = Decimal("0.001")
+# kernel_details.csv without a "Step Id" column (no profiler schedule): msprof-analyze's
+# KernelDetailsBean gives -1; the step trace's Step is then empty too.
+VOID_STEP = -1
+NO_STEP = ""
 
 
 @dataclass(frozen=True)
 class Interval:
     tag: RangeTag
-    start_us: Decimal
-    end_us: Decimal
+    start_ns: int
+    end_ns: int
 
 
 @dataclass(frozen=True)
@@ -42,13 +43,13 @@ class Kernel:
     step: str
     name: str
     op_type: str
-    start_us: Decimal
-    duration_us: float
+    start_ns: int
+    duration_ns: int
     tag: RangeTag | None  # the AFD range it was launched in; None outside every range
 
     @property
-    def end_us(self) -> Decimal:
-        return self.start_us + Decimal(str(self.duration_us))
+    def end_ns(self) -> int:
+        return self.start_ns + self.duration_ns
 
 
 def rank_id(rank_dir: Path) -> int:
@@ -68,11 +69,7 @@ def rank_dirs(collection: Path) -> list[Path]:
     return sorted(found, key=rank_id)
 
 
-def _q(value) -> Decimal:
-    return Decimal(str(value).strip()).quantize(_QUANTUM)
-
-
-def read_ranges_and_flows(trace_view: Path) -> tuple[list[Interval], dict[Decimal, Decimal]]:
+def read_ranges_and_flows(trace_view: Path) -> tuple[list[Interval], dict[int, int]]:
     """AFD ranges, and device-start -> host-launch time for every launch flow."""
     from msprof_analyze.compare_tools.compare_backend.compare_bean.origin_data_bean.trace_event_bean import (
         TraceEventBean,
@@ -82,29 +79,32 @@ def read_ranges_and_flows(trace_view: Path) -> tuple[list[Interval], dict[Decima
     if isinstance(events, dict):
         events = events.get("traceEvents", [])
     ranges: list[Interval] = []
-    starts: dict[object, Decimal] = {}
-    ends: dict[object, Decimal] = {}
+    starts: dict[object, int] = {}
+    ends: dict[object, int] = {}
+    where = str(trace_view)
     for raw in events:
         event = TraceEventBean(raw)
+        # The raw "ts" text, not the bean's float (a float of us loses the ns digits).
         if event.is_x_mode():
             tag = parse_range(event.name)
             if tag is not None:
-                start = _q(event.start_time)
-                ranges.append(Interval(tag, start, start + _q(event.dur)))
+                start = us_to_ns(raw.get("ts"), f"{where}: ts of {event.name!r}")
+                ranges.append(Interval(tag, start, start + us_to_ns(
+                    raw.get("dur", 0), f"{where}: dur of {event.name!r}")))
         elif event.is_flow_start():
-            starts[raw.get("id")] = _q(event.start_time)
+            starts[raw.get("id")] = us_to_ns(raw.get("ts"), f"{where}: flow ts")
         elif event.is_flow_end():
-            ends[raw.get("id")] = _q(event.start_time)
+            ends[raw.get("id")] = us_to_ns(raw.get("ts"), f"{where}: flow ts")
     launches = {ends[key]: starts[key] for key in ends if key in starts}
-    return sorted(ranges, key=lambda r: r.start_us), launches
+    return sorted(ranges, key=lambda r: r.start_ns), launches
 
 
-def innermost(ranges: list[Interval], starts: list[Decimal], time_us: Decimal) -> RangeTag | None:
-    """The tag of the latest-starting range that contains ``time_us`` (ranges nest)."""
-    index = bisect.bisect_right(starts, time_us) - 1
+def innermost(ranges: list[Interval], starts: list[int], time_ns: int) -> RangeTag | None:
+    """The tag of the latest-starting range that contains ``time_ns`` (ranges nest)."""
+    index = bisect.bisect_right(starts, time_ns) - 1
     while index >= 0:
         candidate = ranges[index]
-        if candidate.start_us <= time_us < candidate.end_us:
+        if candidate.start_ns <= time_ns < candidate.end_ns:
             return candidate.tag
         index -= 1
     return None
@@ -123,15 +123,19 @@ def read_kernels(rank_dir: Path) -> list[Kernel]:
     rows = file_manager().read_csv_file(str(details), KernelDetailsBean)
     trace_view = output / TRACE_VIEW
     ranges, launches = read_ranges_and_flows(trace_view) if trace_view.is_file() else ([], {})
-    starts = [r.start_us for r in ranges]
+    starts = [r.start_ns for r in ranges]
     kernels = []
-    for row in rows:
-        start = _q(row.start_time)
+    for number, row in enumerate(rows, start=2):
+        where = f"{str(details)!r} line {number}"
+        # The bean's raw text (its float properties would round the ns digits away).
+        start = us_to_ns(row._start_time, f"{where}: Start Time(us)")
+        duration = us_to_ns(row._duration, f"{where}: Duration(us)")
         placed_at = launches.get(start, start)
-        kernels.append(Kernel(str(row.step_id), row.name, row.op_type, start, row.duration,
+        step = NO_STEP if row.step_id == VOID_STEP else str(row.step_id)
+        kernels.append(Kernel(step, row.name, row.op_type, start, duration,
                               innermost(ranges, starts, placed_at)))
     return kernels
 
 
 def seconds(kernels: Iterable[Kernel]) -> float:
-    return sum(k.duration_us for k in kernels) / US_PER_S
+    return sum(k.duration_ns for k in kernels) / NS_PER_S

@@ -10,6 +10,14 @@ rank's ``communication.json`` into ``cluster_communication.json`` with a
 bandwidth per transport). ``communication_group.json`` names each group
 (``pg_name`` from the ranks' ``profiler_metadata.json``). Here we only run it
 and read its output files with its own readers.
+
+Transports: CANN's HCCL analysis writes five rows per op in "Communication
+Bandwidth Info" (msprof-analyze ``Constant``: RDMA, HCCS, PCIE, SDMA, SIO). SDMA
+is the *aggregate* of HCCS, PCIE and SIO (the msprof parser sums those link
+types into it); RDMA is separate. A transfer is therefore counted once as
+SDMA + RDMA (SDMA rebuilt from HCCS + PCIE + SIO only when a file lacks the row),
+and each transport's bandwidth is its size / its transit time, as
+msprof-analyze's ``CommunicationAnalysis.compute_bandwidth_ratio`` does.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pytest_afd.profiling.timebase import ms_to_ns, us_to_ns
+
 PACKAGE = "msprof-analyze"
 INSTALL_HINT = "pip install 'pytest-afd[profile]' (or: pip install msprof-analyze==26.2.0)"
 OUTPUT_DIR = "cluster_analysis_output"
@@ -29,20 +39,23 @@ COMMUNICATION_JSON = "cluster_communication.json"
 GROUP_JSON = "communication_group.json"
 TOTAL_OP_PREFIX = "Total Op Info@"
 RANK_ROW = "rank"
-US_PER_S = 1e6
-MS_PER_S = 1e3
+SDMA, RDMA = "SDMA", "RDMA"
+SDMA_LINKS = ("HCCS", "PCIE", "SIO")  # the link types SDMA aggregates
+TRANSIT_SIZE = "Transit Size(MB)"
+TRANSIT_TIME = "Transit Time(ms)"
+ELAPSE_TIME = "Elapse Time(ms)"
 # msprof-analyze takes a few seconds on small traces; real clusters take minutes.
 ANALYSIS_TIMEOUT_S = 1800
 _CLI = ("import sys; from msprof_analyze.cli.entrance import msprof_analyze_cli; "
         "sys.exit(msprof_analyze_cli())")
 STEP_TRACE_FIELDS = {
-    "Computing": "computing_s",
-    "Communication(Not Overlapped)": "communication_not_overlapped_s",
-    "Overlapped": "overlapped_s",
-    "Communication": "communication_s",
-    "Free": "free_s",
-    "Stage": "stage_s",
-    "Bubble": "bubble_s",
+    "Computing": "computing_ns",
+    "Communication(Not Overlapped)": "communication_not_overlapped_ns",
+    "Overlapped": "overlapped_ns",
+    "Communication": "communication_ns",
+    "Free": "free_ns",
+    "Stage": "stage_ns",
+    "Bubble": "bubble_ns",
 }
 
 
@@ -93,15 +106,18 @@ def run_cluster_analysis(collection: Path, output: Path) -> Path:
 
 
 def step_trace(result: Path) -> list[dict[str, Any]]:
-    """Per rank and step: the step-trace columns in seconds."""
-    rows = file_manager().read_csv_file(str(Path(result) / STEP_TRACE_CSV))
+    """Per rank and step: the step-trace columns in integer ns (None: no value in the file)."""
+    path = Path(result) / STEP_TRACE_CSV
+    rows = file_manager().read_csv_file(str(path))
     records = []
-    for row in rows:
+    for number, row in enumerate(rows, start=2):
         if row.get("Type") != RANK_ROW:
             continue
-        record: dict[str, Any] = {"rank": int(row["Index"]), "step": str(row["Step"])}
+        record: dict[str, Any] = {"rank": int(row["Index"]), "step": str(row["Step"] or "")}
         for column, key in STEP_TRACE_FIELDS.items():
-            record[key] = float(row.get(column) or 0.0) / US_PER_S
+            text = row.get(column)
+            record[key] = (us_to_ns(text, f"{str(path)!r} line {number}: {column}")
+                           if text not in (None, "") else None)
         records.append(record)
     return sorted(records, key=lambda r: (r["rank"], r["step"]))
 
@@ -114,6 +130,24 @@ def group_names(result: Path) -> dict[str, str]:
     doc = file_manager().read_json_file(str(path))
     return {str(entry["group_name"]): str(entry.get("pg_name") or entry["group_name"])
             for entry in doc.get("comm_group_parallel_info", [])}
+
+
+def transports(bandwidth: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """SDMA and RDMA of one "Communication Bandwidth Info": size (MB) and transit time (ns).
+
+    HCCS, PCIE and SIO are the parts SDMA already sums, so they are not added again.
+    """
+    def entry(rows: list[dict[str, Any]], where: str) -> dict[str, Any]:
+        return {"volume_mb": float(sum(float(r.get(TRANSIT_SIZE) or 0) for r in rows)),
+                "transit_time_ns": sum(ms_to_ns(r.get(TRANSIT_TIME) or 0, where) for r in rows)}
+
+    sdma = ([bandwidth[SDMA]] if SDMA in bandwidth else
+            [bandwidth[link] for link in SDMA_LINKS if link in bandwidth])
+    out = {SDMA: entry(sdma, f"{SDMA} {TRANSIT_TIME}")}
+    if RDMA in bandwidth:
+        out[RDMA] = entry([bandwidth[RDMA]], f"{RDMA} {TRANSIT_TIME}")
+    return {name: figures for name, figures in out.items()
+            if figures["volume_mb"] or figures["transit_time_ns"]}
 
 
 def collectives(result: Path) -> list[dict[str, Any]]:
@@ -133,17 +167,18 @@ def collectives(result: Path) -> list[dict[str, Any]]:
                 count = sum(1 for name in ops if not name.startswith(TOTAL_OP_PREFIX)
                             and name.endswith(f"@{group}"))
                 for rank, info in per_rank.items():
-                    time_info = info.get("Communication Time Info", {})
-                    bandwidth = info.get("Communication Bandwidth Info", {})
-                    size_mb = sum(t.get("Transit Size(MB)", 0.0) for t in bandwidth.values())
-                    transit_ms = sum(t.get("Transit Time(ms)", 0.0) for t in bandwidth.values())
+                    elapse = info.get("Communication Time Info", {}).get(ELAPSE_TIME)
+                    by_transport = transports(info.get("Communication Bandwidth Info", {}))
                     records.append({
                         "group": names.get(group, group), "group_hash": group,
                         "ranks": ranks, "step": step.removeprefix("step"), "rank": int(rank),
                         "num_ops": count,
-                        "time_s": float(time_info.get("Elapse Time(ms)", 0.0)) / MS_PER_S,
-                        "transit_time_s": float(transit_ms) / MS_PER_S,
-                        "volume_mb": float(size_mb),
-                        "bandwidth_gb_s": float(size_mb) / transit_ms if transit_ms else None,
+                        "time_ns": (ms_to_ns(elapse, f"{str(path)!r}: {op_name} rank {rank} "
+                                                     f"{ELAPSE_TIME}")
+                                    if elapse is not None else None),
+                        "transit_time_ns": sum(t["transit_time_ns"]
+                                               for t in by_transport.values()),
+                        "volume_mb": sum(t["volume_mb"] for t in by_transport.values()),
+                        "transports": by_transport,
                     })
     return records

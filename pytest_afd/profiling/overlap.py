@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-Interval = tuple[float, float]
+Interval = tuple[float, float]  # profiles: integer ns (profiling.timebase); the CPU runtime: s
 
 
 def _calculator():
@@ -68,7 +68,7 @@ def step_trace(busy: Sequence[Interval], communication: Sequence[Interval],
     The msprof-analyze definitions (its ``RangeCaculator.compute_pipeline_overlap``),
     for traces torch_npu did not already reduce (CPU ``torch.profiler`` traces).
     ``blocked`` (waiting on the peer) is neither computing nor free: the caller
-    counts it as bubble.
+    counts it as bubble. Intervals in integer ns give the figures in integer ns.
     """
     calculator, time_range = _calculator()
     from msprof_analyze.cluster_analyse.common_func.time_range_calculator import (
@@ -84,13 +84,13 @@ def step_trace(busy: Sequence[Interval], communication: Sequence[Interval],
     communication_s = sum(r.end_ts - r.start_ts for r in comm)
     not_overlapped = sum(r.end_ts - r.start_ts for r in pure)
     covered = union_length([(r.start_ts, r.end_ts) for r in compute + comm] + list(blocked))
-    free = max(0.0, (window[1] - window[0]) - covered)
+    free = max(0, (window[1] - window[0]) - covered)
     return {
-        "computing_s": computing,
-        "communication_not_overlapped_s": not_overlapped,
-        "overlapped_s": communication_s - not_overlapped,
-        "communication_s": communication_s,
-        "free_s": free,
-        "stage_s": computing + not_overlapped + free,
-        "bubble_s": 0.0,
+        "computing_ns": computing,
+        "communication_not_overlapped_ns": not_overlapped,
+        "overlapped_ns": communication_s - not_overlapped,
+        "communication_ns": communication_s,
+        "free_ns": free,
+        "stage_ns": computing + not_overlapped + free,
+        "bubble_ns": 0,
     }

@@ -1,5 +1,6 @@
-"""``pytest-afd profile-summary DIR...``: profiles taken by hand -> the same JSON
-and the report's per-layer and overlap plots.
+"""``pytest-afd profile-summary DIR...``: profiles taken by hand -> the figures
+(printed; ``--json`` prints the JSON instead), the same JSON and the report's per-layer
+and overlap plots.
 
 A DIR is ``ROLE=PATH`` or a bare PATH:
 
@@ -101,6 +102,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     summary.add_argument("--output", default="profile-summary",
                          help="directory for profile.json and plots/ (default %(default)s)")
     summary.add_argument("--no-plots", action="store_true", help="write the JSON only")
+    summary.add_argument("--json", action="store_true",
+                         help="print the profile JSON instead of the figures (machines)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,6 +122,13 @@ def run(args: argparse.Namespace) -> int:
         from pytest_afd.report.profile_plots import save_profile_plots
 
         written += save_profile_plots(profile, output / "plots")
+    if args.json:
+        print(json.dumps(profile, indent=1, sort_keys=True))
+        return 0
+    from pytest_afd.profiling.summary_text import render
+
+    print(render(profile))
+    print("\nWritten:")
     for path in written:
-        print(path)
+        print(f"  {path}")
     return 0

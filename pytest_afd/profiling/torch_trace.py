@@ -27,9 +27,9 @@ from afd_split.ranges import parse_range
 from pytest_afd.profiling import evidence, overlap
 from pytest_afd.profiling.components import RANGE_TYPE
 from pytest_afd.profiling.msprof import file_manager
+from pytest_afd.profiling.timebase import us_to_ns
 
 SOURCE = "torch_trace"
-US_PER_S = 1e6
 COMMUNICATION_STAGES = frozenset({"dispatch", "recv", "send"})
 _RANK_DIR = re.compile(r"^rank(\d+)$")
 # gloo's own send/recv events carry the tensor's type and shape (c10d's, a TensorList).
@@ -50,7 +50,13 @@ def analyzer() -> dict[str, str]:
 
 
 def read_events(path: Path) -> list[dict[str, Any]]:
-    doc = file_manager().read_json_file(str(path))
+    """The trace's events; a file that does not parse is named with the parser's error."""
+    reader = file_manager()  # outside the try: a missing msprof-analyze says so itself
+    try:
+        doc = reader.read_json_file(str(path))
+    except RuntimeError as error:  # msprof-analyze's wrapper of the JSON error
+        raise ValueError(f"parse error in trace {str(path)!r} (truncated or corrupt?): "
+                         f"{error.__cause__ or error}") from error
     return doc.get("traceEvents", []) if isinstance(doc, dict) else doc
 
 
@@ -62,8 +68,9 @@ def read_items(events: list[dict[str, Any]], step: str) -> list[evidence.WorkIte
         if tag is None:
             continue
         items.append(evidence.WorkItem(step, event["name"], RANGE_TYPE,
-                                       float(event["ts"]) / US_PER_S,
-                                       float(event.get("dur", 0.0)) / US_PER_S, tag))
+                                       us_to_ns(event["ts"], f"{event['name']!r} ts"),
+                                       us_to_ns(event.get("dur", 0), f"{event['name']!r} dur"),
+                                       tag))
     return items
 
 
@@ -82,22 +89,22 @@ def read_messages(events: list[dict[str, Any]], step: str, rank: int,
         elements = 1
         for size in dims[0]:
             elements *= int(size)
-        seconds = float(event.get("dur", 0.0)) / US_PER_S
+        nanos = us_to_ns(event.get("dur", 0), f"{str(where)!r}: {event['name']} dur")
         records.append({"group": CONNECTOR_GROUP, "step": step, "rank": rank, "num_ops": 1,
-                        "time_s": seconds, "transit_time_s": seconds,
+                        "time_ns": nanos, "transit_time_ns": nanos,
                         "volume_mb": elements * ELEMENT_BYTES[types[0]] / BYTES_PER_MB})
     return records
 
 
-def rank_step_trace(items: list[evidence.WorkItem]) -> dict[str, float]:
+def rank_step_trace(items: list[evidence.WorkItem]) -> evidence.StepTrace:
     if not items:
-        return overlap.step_trace([], [], (0.0, 0.0))
+        return overlap.step_trace([], [], (0, 0))
     blocked = [i.interval for i in items if not i.busy]
     comm = [i.interval for i in items if i.busy and i.stage_name in COMMUNICATION_STAGES]
     busy = [i.interval for i in items if i.busy and i.stage_name not in COMMUNICATION_STAGES]
-    window = (min(i.start_s for i in items), max(i.start_s + i.duration_s for i in items))
+    window = (min(i.interval[0] for i in items), max(i.interval[1] for i in items))
     trace = overlap.step_trace(busy, comm, window, blocked)
-    trace["bubble_s"] = overlap.union_length(blocked)
+    trace["bubble_ns"] = overlap.union_length(blocked)
     return trace
 
 

@@ -28,10 +28,13 @@ from pytest_afd.report.noise import (
     CPU_CONTENTION_FLOOR,
     INCONCLUSIVE_HOST,
     Calibration,
+    HostConditions,
     host_conditions,
     host_difference,
     host_text,
     oversubscribed,
+    share_difference,
+    shares_differ,
 )
 from pytest_afd.report.tables import EMPTY, fmt, fmt_measure
 from pytest_afd.report.values import (
@@ -191,11 +194,17 @@ def _floor_text(a: Sequence[float], b: Sequence[float], calibrated: tuple[float,
 
 
 def compare_case(
-    a: LoadedResult, b: LoadedResult, condition: str, calibration: Calibration | None = None
+    a: LoadedResult, b: LoadedResult, condition: str, calibration: Calibration | None = None,
+    *, same_contention: bool = False,
 ) -> CaseComparison:
+    """One case's rows. ``same_contention``: the stage's pooled CPU shares matched
+    (:func:`stage_contention`), so a case whose three shares happen to drift apart is
+    not excluded for it."""
     hosts = host_conditions(a.doc), host_conditions(b.doc)
     host_change = host_difference(*hosts)
-    cpu_comparable = host_change is None or not oversubscribed(*hosts)
+    change = None if same_contention and host_change is None else (
+        share_difference(*hosts) or host_change)
+    cpu_comparable = change is None or not oversubscribed(*hosts)
     host_cell = f"{host_text(hosts[0])} → {host_text(hosts[1])}"
     cpu = CPU_METRIC.read
     direction = cpu_direction(repetitions_of(cpu(a.doc)), repetitions_of(cpu(b.doc)))
@@ -207,7 +216,7 @@ def compare_case(
         ratio, interval, call = significance_call(
             left, right, metric.higher_is_better,
             floor=None if calibrated is None else calibrated[0],
-            host_change=host_change, host_robust=metric.host_robust and cpu_comparable,
+            host_change=change, host_robust=metric.host_robust and cpu_comparable,
             cpu_agrees=agrees(metric, median_ratio, direction),
         )  # fmt: skip
         if ratio is not None:
@@ -221,7 +230,7 @@ def compare_case(
                 fmt(ratio),
                 interval_text,
                 call,
-                _floor_text(left, right, calibrated, host_change, metric),
+                _floor_text(left, right, calibrated, change, metric),
                 host_cell,
             )
         )
@@ -243,5 +252,26 @@ def compare_results(
     labels: dict[str, str] = {}
     for members in by_stage.values():
         labels.update(condition_labels(members))
-    return [compare_case(a[case], b[case], labels[case], calibration) for case in shared]
+    matched = {stage: stage_contention([a[c] for c in shared if a[c].stage == stage],
+                                       [b[c] for c in shared if a[c].stage == stage])
+               for stage in by_stage}
+    return [compare_case(a[case], b[case], labels[case], calibration,
+                         same_contention=matched[a[case].stage]) for case in shared]
+
+
+def stage_contention(a: Sequence[LoadedResult], b: Sequence[LoadedResult]) -> bool:
+    """Whether A and B met the same contention over a stage: every case recorded CPU shares
+    and the median of all A's repetitions' shares matches B's (within
+    :data:`~pytest_afd.report.noise.CPU_SHARE_TOLERANCE`). Contention belongs to the
+    session, so it is judged over all of a stage's repetitions, not from three of one case."""
+    pooled = []
+    for side in (a, b):
+        hosts = [host_conditions(result.doc) for result in side]
+        if not hosts or any(h is None or not h.shares for h in hosts):
+            return False
+        if len({h.cpu_count for h in hosts}) != 1:
+            return False
+        shares = tuple(share for h in hosts for share in h.shares)
+        pooled.append(HostConditions(hosts[0].cpu_count, hosts[0].load, shares))
+    return pooled[0].cpu_count == pooled[1].cpu_count and not shares_differ(*pooled)
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_afd.report.loading import LoadedResult
-from pytest_afd.report.noise import host_conditions, host_difference
+from pytest_afd.report.noise import host_conditions, host_difference, share_difference
 from pytest_afd.report.tables import EMPTY
 from pytest_afd.report.values import stack_short_label
 
@@ -47,7 +47,7 @@ def notes(a: LoadedResult, b: LoadedResult) -> str:
     if a.status not in ("passed", "unknown") or b.status not in ("passed", "unknown"):
         notes.append(f"verdicts {a.status} / {b.status}")
     hosts = host_conditions(a.doc), host_conditions(b.doc)
-    change = host_difference(*hosts)
+    change = share_difference(*hosts) or host_difference(*hosts)
     if change is not None:
         notes.append(f"host conditions differ ({change})")
     elif None in hosts:

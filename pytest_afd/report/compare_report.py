@@ -28,7 +28,12 @@ from pytest_afd.report.compare import (
     compare_results,
 )
 from pytest_afd.report.html import markdown_to_html
-from pytest_afd.report.noise import CPU_CONTENTION_FLOOR, INCONCLUSIVE_HOST, Calibration
+from pytest_afd.report.noise import (
+    CPU_CONTENTION_FLOOR,
+    CPU_SHARE_TOLERANCE,
+    INCONCLUSIVE_HOST,
+    Calibration,
+)
 from pytest_afd.report.rendering import PLOTS_DIR_NAME, prepare_report_dir, slug
 from pytest_afd.report.selection import Side, legend_names
 from pytest_afd.report.sidebyside import draw_side_by_side
@@ -85,8 +90,10 @@ def render_comparison(
         "runs): a case's change must beat that case's widest A/A deviation, a stage-wide "
         "change the stage's" if calibration is not None else session_noise.UNCALIBRATED_RULE)
     called = [f"{c.case_id.rpartition('::')[2]} {row[0]}: {row[5]} x{row[3]}"
-              for c in comparisons for row in c.rows if row[5] in ("B better", "B worse")]
+              for c in comparisons for row in c.rows if row[5].startswith(("B better", "B worse"))]
+    verdict = stage_calls.verdict_line(comparisons, stages)
     terminal = [
+        verdict,
         f"A: {side_a.name} ({len(a)} cases)  B: {side_b.name} ({len(b)} cases); "
         f"{len(comparisons)} shared",
         f"between-session noise: {noise_rule}",
@@ -96,6 +103,8 @@ def render_comparison(
     ]
     lines = [
         "# pytest-afd comparison",
+        "",
+        f"**{verdict}**",
         "",
         f"A: `{side_a.name}` ({len(a)} cases). B: `{side_b.name}` ({len(b)} cases).",
         "",
@@ -107,11 +116,14 @@ def render_comparison(
         f"seed {BOOTSTRAP_SEED}). A change is called only when the interval excludes 1, "
         "the min-max ranges of A and B do not overlap, B / A lies beyond the noise between "
         f"sessions on this host ({noise_rule}) and, for wall-time metrics, CPU time moved the "
-        f"same way; otherwise: {NO_DIFFERENCE}. When the recorded host conditions differ "
-        "(1-minute load per CPU further apart than 0.5, or another CPU count), wall-time "
-        f"metrics are '{INCONCLUSIVE_HOST} (load a → b)' and CPU time must also beat "
-        f"{CPU_CONTENTION_FLOOR:.0%} (what contention can add to the same work), or is "
-        "inconclusive too when either side's load exceeded its CPU count.",
+        f"same way; otherwise: {NO_DIFFERENCE}. Contention is judged by the CPU share each "
+        "repetition got (CPU time / wall time), not by the lagging load average: when A's "
+        f"and B's median shares differ by more than {CPU_SHARE_TOLERANCE:.0%} (or the CPU "
+        f"counts differ), wall-time metrics are '{INCONCLUSIVE_HOST} (CPU share a → b ...)' "
+        f"and CPU time must also beat {CPU_CONTENTION_FLOOR:.0%} (what contention can add to "
+        "the same work), or is inconclusive too when either side's load exceeded its CPU "
+        "count. Results without per-repetition CPU times keep the load rule (1-minute load "
+        "per CPU further apart than 0.5).",
         "",
         "## Stage-wide calls",
         "",

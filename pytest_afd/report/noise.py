@@ -4,17 +4,26 @@ A change between A and B is called only beyond a noise floor measured on the
 same host: the larger coefficient of variation of the two sides' repetitions
 and, when one is given, a named A/A calibration (two runs of the same code,
 compared with ``compare --calibrate``; its per-case |B / A - 1| is noise by
-construction). When the recorded host conditions differ (load per CPU, CPU
-count), wall-time metrics are "inconclusive: host conditions differ (load a ->
-b)"; CPU time, which a busier host stretches far less, is still compared, with
-a higher floor and the host difference named, unless either side was
-oversubscribed (more load than CPUs): then it is inconclusive too.
+construction).
+
+Contention is judged by what each repetition actually got: its CPU share (CPU
+time over wall time, recorded per repetition by pytest_afd.stats.host), not by the
+1-minute load average, which lags a change by a minute or more (issue 40: an A/A
+pair whose load was still rising read "load 2.6 -> 3.8" and every case went
+inconclusive). Two sides whose median CPU shares lie within
+:data:`CPU_SHARE_TOLERANCE` ran under the same contention, whatever the load
+averages say. When the shares differ, wall-time metrics are "inconclusive: host
+conditions differ (CPU share a -> b ...)" and CPU time is compared above
+:data:`CPU_CONTENTION_FLOOR`. Results without per-repetition CPU times fall back
+to the load rule: wall-time metrics inconclusive when the loads differ; CPU time
+still compared with a higher floor unless either side was oversubscribed.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -33,6 +42,8 @@ CPU_CONTENTION_FLOOR = 0.15
 # the same Stage A cases took 2x the CPU seconds at load 14 as at load 7 on 2 CPUs.
 OVERSUBSCRIBED_LOAD_PER_CPU = 1.0
 ONE_MINUTE = 0
+# Median CPU shares of A and B within this factor either way: the same contention.
+CPU_SHARE_TOLERANCE = 0.15
 INCONCLUSIVE_HOST = "inconclusive: host conditions differ"
 CALIBRATION_KIND = "afd-calibration"
 CALIBRATION_VERSION = 1
@@ -43,10 +54,35 @@ class HostConditions:
     cpu_count: int
     # Mean 1-minute load average over every repetition's before/after reading.
     load: float
+    # Per repetition: CPU time over wall time (empty when a wall time was 0).
+    shares: tuple[float, ...] = ()
 
     @property
     def load_per_cpu(self) -> float:
         return self.load / self.cpu_count
+
+    @property
+    def cpu_share(self) -> float | None:
+        """Median CPU share over the repetitions; None when not every one has one."""
+        if not self.shares:
+            return None
+        ordered = sorted(self.shares)
+        middle = len(ordered) // 2
+        return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def repetition_shares(host: Mapping[str, Any]) -> tuple[float, ...]:
+    """Each repetition's CPU share (recorded, else CPU time / wall time); () when any
+    repetition's wall time is 0."""
+    shares = []
+    for rep in host["repetitions"]:
+        if "cpu_share" in rep:
+            shares.append(float(rep["cpu_share"]))
+        elif float(rep["wall_time_s"]) > 0:
+            shares.append(float(rep["cpu_time_s"]) / float(rep["wall_time_s"]))
+        else:
+            return ()
+    return tuple(shares) if all(share > 0 for share in shares) else ()
 
 
 def host_conditions(doc: Mapping[str, Any]) -> HostConditions | None:
@@ -59,7 +95,16 @@ def host_conditions(doc: Mapping[str, Any]) -> HostConditions | None:
         for rep in host["repetitions"]
         for reading in (rep["load_before"], rep["load_after"])
     ]
-    return HostConditions(int(host["cpu_count"]), sum(readings) / len(readings))
+    return HostConditions(int(host["cpu_count"]), sum(readings) / len(readings),
+                          repetition_shares(host))
+
+
+def shares_differ(a: HostConditions, b: HostConditions) -> bool | None:
+    """Whether A's and B's median CPU shares differ beyond :data:`CPU_SHARE_TOLERANCE`;
+    None when either side has none."""
+    if a.cpu_share is None or b.cpu_share is None:
+        return None
+    return abs(math.log(b.cpu_share / a.cpu_share)) > math.log1p(CPU_SHARE_TOLERANCE)
 
 
 def oversubscribed(a: HostConditions | None, b: HostConditions | None) -> bool:
@@ -68,21 +113,37 @@ def oversubscribed(a: HostConditions | None, b: HostConditions | None) -> bool:
 
 
 def host_text(host: HostConditions | None) -> str:
-    return "not recorded" if host is None else f"load {host.load:.2g} / {host.cpu_count} CPUs"
+    if host is None:
+        return "not recorded"
+    share = "" if host.cpu_share is None else f", CPU share {host.cpu_share:.2f}"
+    return f"load {host.load:.2g} / {host.cpu_count} CPUs{share}"
 
 
 def host_difference(a: HostConditions | None, b: HostConditions | None) -> str | None:
     """``"load 0.3 → 5.1"`` (or the CPU counts) when A's and B's hosts differ; None when alike.
 
-    Unrecorded conditions are not a difference (they are named in the notes instead).
+    With per-repetition CPU shares on both sides, only the shares decide (see
+    :func:`share_difference`); the load averages are named beside them. Unrecorded
+    conditions are not a difference (they are named in the notes instead).
     """
     if a is None or b is None:
         return None
     if a.cpu_count != b.cpu_count:
         return f"CPUs {a.cpu_count} → {b.cpu_count}, load {a.load:.2g} → {b.load:.2g}"
+    if shares_differ(a, b) is not None:
+        return None
     if abs(a.load_per_cpu - b.load_per_cpu) > HOST_LOAD_TOLERANCE_PER_CPU:
         return f"load {a.load:.2g} → {b.load:.2g}"
     return None
+
+
+def share_difference(a: HostConditions | None, b: HostConditions | None) -> str | None:
+    """``"CPU share 0.52 → 0.31 (load 2.6 → 3.8)"`` when both sides recorded CPU shares and
+    they differ beyond :data:`CPU_SHARE_TOLERANCE` on the same CPU count."""
+    if a is None or b is None or a.cpu_count != b.cpu_count or not shares_differ(a, b):
+        return None
+    return (f"CPU share {a.cpu_share:.2f} → {b.cpu_share:.2f} "
+            f"(load {a.load:.2g} → {b.load:.2g})")
 
 
 # --- A/A calibrations -----------------------------------------------------------------------

@@ -27,9 +27,14 @@ def _mean_of(steps: Sequence[Mapping[str, Any]], key: str) -> str:
     return fmt(fmean(values)) if values else EMPTY
 
 
+def _ms(value: Any) -> str:
+    seconds = _number(value)
+    return EMPTY if seconds is None else f"{seconds * MS_PER_S:.3g} ms"  # absent: unknown
+
+
 def _collectives(profile: Mapping[str, Any]) -> str:
     parts = [f"{c['role']}/{c['group']}: {c['ops_per_step']:.3g} ops, "
-             f"{c['time_s_per_step'] * MS_PER_S:.3g} ms, {c['volume_mb_per_step']:.3g} MB"
+             f"{_ms(c['time_s_per_step'])}, {c['volume_mb_per_step']:.3g} MB"
              for c in profile.get("collectives", [])]
     return "; ".join(parts) or EMPTY
 

@@ -18,6 +18,7 @@ from pytest_afd.core.markers import MARKERS, STAGE_MARKERS
 from pytest_afd.report import layout
 from pytest_afd.report.gates import MAX_PLOTTED_GATES, gates_section
 from pytest_afd.report.html import markdown_to_html
+from pytest_afd.report.interruptions import interrupted_lines
 from pytest_afd.report.loading import (
     REPORT_DIR_NAME,
     LoadedResult,
@@ -44,6 +45,7 @@ from pytest_afd.report.tables import (
     workload_table,
 )
 from pytest_afd.report.values import stack_description, stack_short_label
+from pytest_afd.results import profile_ledger
 from pytest_afd.stats import conclusions, session_noise, verdicts
 
 REPORT_FILE_NAME = "report.md"
@@ -203,6 +205,10 @@ def _verdicts(results: Sequence[LoadedResult]) -> list[str]:
     """The report's first section: Stage A's ranking, then every stage's conclusion."""
     docs = [r.doc for r in results]
     lines = ["## Verdicts", ""]
+    profiles = profile_ledger.count_docs(docs)
+    if profiles.instrumented:  # issue 45: a lost profile is said for the session, not per case only
+        warning = profiles.warning()
+        lines += [f"**{profiles.line(False)}**" + (f"; {warning}" if warning else "") + ".", ""]
     rankings = verdicts.stage_a_rankings(docs)
     stage_a_docs = [r.doc for r in results if r.stage == "stage_a"]
     for test, ranking in rankings:
@@ -236,6 +242,7 @@ def render_markdown(
         f"{len(loaded.skipped)} file(s) skipped.",
         "",
         *_sessions_lines(loaded, all_sessions),
+        *interrupted_lines(results_dir, (r.session for r in loaded.results)),
     ]
     if loaded.legacy:
         lines += [

@@ -90,6 +90,24 @@ def _comparable_ratios(members: Sequence[CaseComparison], metric: str) -> list[f
     return ratios
 
 
+# How a wall-time metric scales with the CPU share a run got: tokens/s with it, TTFT against.
+SHARE_EXPONENT = {METRICS[0].name: 1, METRICS[1].name: -1}
+
+
+def pooled_share_ratio(members: Sequence[CaseComparison]) -> float | None:
+    """B / A of the median CPU share over all the stage's repetitions (None unless every
+    case recorded them): the contention difference a stage-wide wall-time mean removes."""
+    pooled: list[list[float]] = [[], []]
+    for comparison in members:
+        for index, side in enumerate((comparison.a, comparison.b)):
+            host = host_conditions(side.doc)
+            if host is None or not host.shares:
+                return None
+            pooled[index].extend(host.shares)
+    a_share, b_share = (session_noise.median(shares) for shares in pooled)
+    return b_share / a_share if a_share > 0 else None
+
+
 def stage_calls(comparisons: Sequence[CaseComparison], calibration: Calibration | None = None
                 ) -> list[StageCall]:
     """One call per stage and metric over the stage's shared cases."""
@@ -106,6 +124,10 @@ def stage_calls(comparisons: Sequence[CaseComparison], calibration: Calibration 
             stored = None if calibration is None else calibration.stage_floor(stage, metric.name)
             floor, source = ((stored, f"A/A {calibration.name!r}") if stored is not None
                              else (session_noise.UNCALIBRATED_STAGE_FLOOR, "uncalibrated rule"))
+            share = pooled_share_ratio(members) if metric.name in SHARE_EXPONENT else None
+            if share is not None:  # per unit of CPU share: what contention moved is taken out
+                ratios = [r / share ** SHARE_EXPONENT[metric.name] for r in ratios]
+                source += f"; per CPU share, B / A share x{share:.3g}"
             if len(ratios) < MIN_STAGE_CASES:
                 calls.append(StageCall(stage, metric.name, len(ratios), None, None, floor, source,
                                        f"{NO_DIFFERENCE} (fewer than {MIN_STAGE_CASES} cases)"))
@@ -196,3 +218,46 @@ def case_calls(comparisons: Sequence[CaseComparison]) -> Mapping[str, int]:
         for row in comparison.rows:
             counts[row[5].partition(" (")[0]] += 1
     return counts
+
+
+# --- the first line of compare's answer -------------------------------------------------------
+CALLED = ("B better", "B worse")
+INTERLEAVED_HINT = ("measure A and B interleaved in one session instead: "
+                    "pytest -m <stage> --afd-ab A B (docs/report.md, \"Interleaved A/B\")")
+
+
+def excluded_cases(comparisons: Sequence[CaseComparison]) -> dict[str, int]:
+    """Why shared cases left the wall-time calls: reason -> how many cases (a case counts
+    once, under its first wall-time metric's reason)."""
+    reasons: dict[str, int] = defaultdict(int)
+    for comparison in comparisons:
+        call = comparison.rows[0][5]
+        if call.startswith(INCONCLUSIVE_HOST):
+            reasons[call.removeprefix("inconclusive: ")] += 1
+        elif call.startswith("not measured"):
+            reasons["not measured on both sides"] += 1
+    return dict(reasons)
+
+
+def verdict_line(comparisons: Sequence[CaseComparison], calls: Sequence[StageCall]) -> str:
+    """compare's first line: the stage-wide calls made, else whether it could decide at all
+    (how many cases were excluded and why, and the interleaved method that decides)."""
+    if not comparisons:
+        return f"verdict: cannot decide: A and B share no case; {INTERLEAVED_HINT}"
+    made = [c for c in calls if c.call in CALLED]
+    reasons = excluded_cases(comparisons)
+    excluded = sum(reasons.values())
+    why = "; ".join(f"{n} {reason}" for reason, n in sorted(reasons.items(), key=lambda i: -i[1]))
+    if made:
+        text = "verdict: " + "; ".join(f"{c.stage} {c.metric}: {c.call} x{c.geomean:.3g}"
+                                       for c in made)
+        return text + (f" ({excluded} of {len(comparisons)} case(s) excluded: {why})"
+                       if excluded else "")
+    starved = [c for c in calls if c.cases < MIN_STAGE_CASES]
+    if excluded and starved:
+        return (f"verdict: cannot decide: {excluded} of {len(comparisons)} shared case(s) "
+                f"excluded ({why}), leaving fewer than {MIN_STAGE_CASES} comparable cases in "
+                f"{len({c.stage for c in starved})} stage(s); {INTERLEAVED_HINT}")
+    tail = f" ({excluded} of {len(comparisons)} case(s) excluded: {why})" if excluded else ""
+    return (f"verdict: no significant difference in any stage over {len(comparisons)} shared "
+            f"case(s){tail}")

@@ -31,7 +31,7 @@ from pytest_afd.report.values import (
     ttft_of,
 )
 from pytest_afd.results.documents import is_absent
-from pytest_afd.stats.session_noise import UNCALIBRATED_RULE
+from pytest_afd.stats.session_noise import UNCALIBRATED_RULE, WITHIN_RULE, same_session
 from pytest_afd.stats.verdicts import INSIDE_NOISE, noise_mark
 
 DIGEST_SHORT_CHARS = 12  # after the "sha256:" prefix
@@ -216,6 +216,7 @@ def comparison_table(results: Sequence[LoadedResult]) -> list[str]:
     labels = condition_labels(results)
     cells = {(labels[r.case_id], r.policy): median_of(throughput(r.doc)) for r in results}
     reps = {(labels[r.case_id], r.policy): repetitions_of(throughput(r.doc)) for r in results}
+    docs = {(labels[r.case_id], r.policy): r.doc for r in results}
     with_ratio = CONTROL_POLICY in policies and PROPOSED_POLICY in policies
     header = ["condition", *policies]
     if with_ratio:
@@ -227,13 +228,16 @@ def comparison_table(results: Sequence[LoadedResult]) -> list[str]:
             proposed = cells.get((condition, PROPOSED_POLICY))
             control = cells.get((condition, CONTROL_POLICY))
             ratio = fmt(proposed / control if proposed and control else None, 3)
+            sides = [docs[key] for key in ((condition, CONTROL_POLICY),
+                                           (condition, PROPOSED_POLICY)) if key in docs]
             mark = noise_mark(reps.get((condition, CONTROL_POLICY), []),
-                              reps.get((condition, PROPOSED_POLICY), []))
+                              reps.get((condition, PROPOSED_POLICY), []),
+                              within=len(sides) == 2 and same_session(*sides))  # noqa: PLR2004
             row.append(f"{ratio} ({mark})" if ratio != EMPTY else ratio)
         rows.append(row)
-    note = (f"{PROPOSED_POLICY} / {CONTROL_POLICY} is {INSIDE_NOISE} unless the min-max ranges "
-            "of the repetitions do not overlap and the ratio lies beyond the between-session "
-            f"noise ({UNCALIBRATED_RULE}).")
+    note = (f"{PROPOSED_POLICY} / {CONTROL_POLICY} is {INSIDE_NOISE} unless, {WITHIN_RULE}; "
+            "across sessions, unless the min-max ranges of the repetitions do not overlap and "
+            f"the ratio lies beyond the between-session noise ({UNCALIBRATED_RULE}).")
     return ["Median prefill tokens/s per policy:", "", *table(header, rows), "",
             *([note, ""] if with_ratio else [])]
 

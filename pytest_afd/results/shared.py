@@ -10,9 +10,12 @@ developer rerunning a case while a sweep runs). The guarantees:
   workers too); the kernel drops it when the process dies, so "live" never
   outlasts the session.
 * A case's result goes to its usual file (:func:`pytest_afd.results.documents.result_path`)
-  unless that file holds the result of another *live* session; then it goes to
-  ``<stem>-<digest>.<session id>.json``. A finished session's file is replaced
-  as before (a rerun replaces the last run).
+  unless that file holds the result of another session, live or finished; then
+  it goes to ``<stem>-<digest>.<session id>.json``. A rerun into the same
+  directory keeps the earlier session's results beside its own (``report``
+  shows the latest session, ``--all-sessions`` / ``--a-session`` the others),
+  and the terminal says which sessions' results were kept
+  (:func:`kept_sessions_line`).
 * The end-of-test outcome rewrite is a compare-and-swap on ``session_id``: a
   file that now holds another session's result is left alone (and reported).
 * Each session's summary is kept at ``.afd-sessions/<session id>.summary.json``;
@@ -23,11 +26,13 @@ developer rerunning a case while a sweep runs). The guarantees:
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import fcntl
+import glob
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,13 +143,13 @@ def _owner(path: Path) -> Any:
 
 
 def write_claimed_result(directory: Path, doc: dict[str, Any]) -> Path:
-    """Write ``doc`` to its usual file, or to its session's own file while another live
-    session's result is there; claim and write are one step under the directory lock."""
+    """Write ``doc`` to its usual file, or to its session's own file while another
+    session's result (live or finished) is there: a rerun never replaces an earlier
+    session's result. Claim and write are one step under the directory lock."""
     session_id, case_id = doc["session_id"], doc["case_id"]
     with results_dir_lock(directory):
         path = result_path(directory, case_id)
-        owner = _owner(path)
-        if owner not in (None, session_id) and session_is_live(directory, owner):
+        if _owner(path) not in (None, session_id):
             path = session_result_path(directory, case_id, session_id)
         write_result(path, doc)
     return path
@@ -177,3 +182,44 @@ def write_session_summary(directory: Path, summary_name: str, summary: dict[str,
             for other in concurrent]}
         atomic_write_json(own, doc)
         return atomic_write_json(directory / summary_name, doc)
+
+
+def kept_sessions(directory: Path, case_ids: Iterable[str], session_id: str
+                  ) -> dict[str, tuple[int, str]]:
+    """Other sessions' results kept beside this session's for the same case ids:
+    session id -> (how many, newest ``created_at``)."""
+    found: dict[str, tuple[int, str]] = {}
+    for case_id in sorted(set(case_ids)):
+        usual = result_path(directory, case_id)
+        for path in [usual, *sorted(directory.glob(f"{glob.escape(usual.stem)}.*.json"))]:
+            try:
+                doc = json.loads(path.read_text())
+            except (OSError, ValueError, RecursionError):
+                continue
+            other = doc.get("session_id") if isinstance(doc, dict) else None
+            if other in (None, session_id) or doc.get("case_id") != case_id:
+                continue
+            count, newest = found.get(str(other), (0, ""))
+            found[str(other)] = (count + 1, max(newest, str(doc.get("created_at") or "")))
+    return found
+
+
+def _clock(created_at: str) -> str:
+    """``2026-12-07T06:41:09+00:00`` -> ``2026-12-07 06:41`` (the text as it is when unparsable)."""
+    try:
+        return dt.datetime.fromisoformat(created_at).strftime("%Y-%m-%d %H:%M")
+    except ValueError:
+        return created_at or "an unknown time"
+
+
+def kept_sessions_line(directory: Path, case_ids: Iterable[str], session_id: str) -> str | None:
+    """``kept 17 results of session X from 2026-12-07 06:41 beside this session's ...``;
+    None when no earlier session wrote the same cases into ``directory``."""
+    kept = kept_sessions(directory, case_ids, session_id)
+    if not kept:
+        return None
+    parts = [f"{count} result(s) of session {other} from {_clock(newest)}"
+             for other, (count, newest) in sorted(kept.items(), key=lambda item: item[1][1])]
+    return (f"kept {'; '.join(parts)} in {directory} beside this session's (nothing replaced): "
+            "'python -m pytest_afd report' shows the latest session, --all-sessions or "
+            "--a-session SESSION the others")

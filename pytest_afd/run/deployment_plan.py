@@ -30,13 +30,17 @@ from typing import Any
 import pytest
 
 from pytest_afd.core.backend import RunSettings
+from pytest_afd.core.markers import STAGE_MARKERS
 from pytest_afd.run.session import afd_session, is_worker
+from pytest_afd.scheduling import study_cost
 
 PLUGIN_NAME = "afd-deployments"
 FLAG = "--afd-list-deployments"
 DEST = "afd_list_deployments"
 LISTING_FILE = "deployments.json"
 HARDWARE_BACKEND = "vllm-ascend"
+DEPLOY_TIME_FLAG = "--afd-deploy-time-s"
+DEPLOY_TIME_DEST = "afd_deploy_time_s"
 EXIT_DEPLOYMENT_ERROR = 7
 """Exit status of a session stopped by a deployment error (unreachable, never healthy, bad file)."""
 _DECLARED = pytest.StashKey[dict[str, list[dict[str, Any]]]]()
@@ -46,8 +50,27 @@ _NEEDED_AFTER = pytest.StashKey[dict[str, set[str]]]()
 def add_option(group: pytest.OptionGroup) -> None:
     group.addoption(FLAG, dest=DEST, action="store_true", default=False,
                     help="print the deployments (server-side settings, afd-launch-plan command "
-                         "line, cases) the selected cases need as JSON, write them to "
-                         f"<results dir>/{LISTING_FILE}, and run nothing")
+                         "line, cases) the selected cases need and their estimated device time "
+                         f"as JSON, write them to <results dir>/{LISTING_FILE}, and run nothing")
+    group.addoption(DEPLOY_TIME_FLAG, dest=DEPLOY_TIME_DEST, default=None,
+                    help="seconds one deployment takes to come up, for the listing's device-time "
+                         "estimate (default: the median recorded by earlier sessions under "
+                         "<results dir>/deployments, else "
+                         f"{study_cost.DEFAULT_DEPLOY_TIME_S:g} s)")
+
+
+def given_deploy_time(config: pytest.Config) -> float | None:
+    """``--afd-deploy-time-s`` as seconds > 0, or None; a bad value is a usage error naming it."""
+    text = config.getoption(DEPLOY_TIME_DEST)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value != float("inf")):
+        raise pytest.UsageError(f"{DEPLOY_TIME_FLAG}={text!r}: expected seconds > 0")
+    return value
 
 
 def _deployment_errors() -> tuple[type[BaseException], ...]:
@@ -73,7 +96,8 @@ def declared(config: pytest.Config, item: pytest.Item) -> list[dict[str, Any]] |
     options = afd_session(config).options
     return [{"settings": entry["settings"],
              "npu_topology": entry.get("npu_topology") or options.topology.canonical,
-             "model": entry.get("model") or options.model} for entry in entries]
+             "model": entry.get("model") or options.model,
+             "cases": entry.get("cases") or 1} for entry in entries]
 
 
 def _entry_key(entry: dict[str, Any]) -> str:
@@ -82,11 +106,10 @@ def _entry_key(entry: dict[str, Any]) -> str:
 
 
 def _group_order(items: list[pytest.Item], keys: dict[str, list[str]]) -> list[pytest.Item]:
-    """Stable order in which cases with the same set of configurations are adjacent."""
-    first_seen: dict[tuple[str, ...], int] = {}
-    for index, item in enumerate(items):
-        first_seen.setdefault(tuple(sorted(keys.get(item.nodeid, ()))), index)
-    return sorted(items, key=lambda item: first_seen[tuple(sorted(keys.get(item.nodeid, ())))])
+    """Cases sharing a configuration run together (``study_cost.configuration_order``), so
+    each configuration deploys once per session, however many stages it holds."""
+    by_id = {item.nodeid: item for item in items}
+    return [by_id[nodeid] for nodeid in study_cost.configuration_order(list(by_id), keys)]
 
 
 @pytest.hookimpl(trylast=True)
@@ -131,13 +154,42 @@ def listing(config: pytest.Config, items: list[pytest.Item]) -> dict[str, Any]:
             if item.nodeid not in entries[key]["cases"]:
                 entries[key]["cases"].append(item.nodeid)
     undeclared = [item.nodeid for item in items if item.nodeid not in table]
+    estimate = _estimate(config, items, table)
     notes = [] if options.devices_per_node_given else [
         f"nodes and afd_launch_plan assume the default {options.devices_per_node} NPUs per node: "
         "pass --afd-devices-per-node (or AFD_DEVICES_PER_NODE) with your nodes' count"]
     return {"deployments": list(entries.values()), "undeclared_cases": undeclared,
-            "notes": notes,
+            "notes": notes, "estimated_device_time": estimate,
             "undeclared_note": "these cases declare no deployments (pure-Python checks, or "
                                "gates: they deploy on first use)"}
+
+
+def _stage_of(item: pytest.Item) -> str:
+    """The stage a case belongs to (what one stage session would hold), or ``other``."""
+    return next((name for name in STAGE_MARKERS if item.get_closest_marker(name)), "other")
+
+
+def _estimate(config: pytest.Config, items: list[pytest.Item],
+              table: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The selection's device time (``study_cost.estimate``) in the order it would run."""
+    options = afd_session(config).options
+    keys = {nodeid: [_entry_key(entry) for entry in entries] for nodeid, entries in table.items()}
+    nodeids = [item.nodeid for item in items]
+    sessions: dict[str, list[str]] = {}
+    for item in items:
+        sessions.setdefault(_stage_of(item), []).append(item.nodeid)
+    try:
+        deploy_s, source = study_cost.deploy_time(given_deploy_time(config), options.results_dir)
+    except ValueError as error:  # a recorded deploy-times file that is not one
+        raise pytest.UsageError(f"{FLAG}: {error}") from None
+    high = options.max_repeats if options.sequential else options.repeats
+    return study_cost.estimate(
+        runs_per_repetition=sum(entry["cases"] for entries in table.values() for entry in entries),
+        cases=len(table),
+        deploys=study_cost.deploys_needed(study_cost.configuration_order(nodeids, keys), keys),
+        deploys_separately=study_cost.deploys_by_session(sessions, keys),
+        deploy_s=deploy_s, deploy_source=source, warmups=options.warmups,
+        repetitions=(options.repeats, high))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -151,6 +203,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     (results_dir / LISTING_FILE).write_text(text + "\n")
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
+    sys.stderr.write(f"pytest-afd: {document['estimated_device_time']['summary']}\n")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -4,8 +4,12 @@ A ``--afd-backend vllm-ascend`` session on a machine without a deployment
 skips every case that needs one, and the pure-Python checks still pass, so the
 session would exit 0 and a misconfigured CI node would look green. The ledger
 counts the test cases whose call completed at least one backend run on
-hardware (a run on the harness's own CPU HTTP server standing in for a
-deployment is counted apart), reports the count in the terminal summary and in
+hardware and then ended in an outcome (passed or failed: a case that skipped
+after its runs, e.g. for want of a split-none reference deployment, measured
+nothing and is listed apart). A run on the harness's own CPU HTTP server is
+counted apart as a stand-in in every mode (launched, attached, deployed by a
+command): the server labels itself and the backend reads the label per run.
+The ledger reports the counts in the terminal summary and in
 ``summary.json``, and with ``--afd-require-hardware`` turns zero into a failed
 session (``--afd-allow-emulated``: stand-in cases meet the requirement, still
 counted apart). A ``--afd-reference-phase record`` session writes the cases it
@@ -32,6 +36,8 @@ WORKEROUTPUT_KEY = "afd_hardware"
 RECORDED_CASES_FILE = "record-phase-cases.json"
 PHASE_RECORD = "record"
 PHASE_CHECK = "check"
+STAND_IN = "stand_in"
+HARDWARE = "hardware"
 
 
 @dataclass(eq=False)  # identity-hashed: registered as a pytest plugin
@@ -49,6 +55,10 @@ class HardwareLedger:
     golden_dir: Path | None = None
     stand_in_device: str | None = None
     failed_session: bool = False
+    # Cases that completed runs on the deployment, then skipped: never counted as measured.
+    skipped_after_runs: list[str] = field(default_factory=list)
+    # Node id -> where its runs went (STAND_IN / HARDWARE), until its call report arrives.
+    _pending: dict[str, str] = field(default_factory=dict)
     # Check phase: cases the record phase measured that this session did not.
     missing_from_record: list[str] = field(default_factory=list)
 
@@ -56,25 +66,47 @@ class HardwareLedger:
     def applies(self) -> bool:
         return self.backend_name in HARDWARE_BACKENDS
 
-    def _completed_runs(self) -> int:
-        # Through any wrapper (worker evidence): each HTTP backend's own count.
-        return sum(getattr(backend, "completed_runs", 0) or 0 for backend in self.current_backends())
+    def _run_counts(self) -> tuple[int, int]:
+        """(completed runs, of them on a stand-in) over every backend, through any wrapper
+        (worker evidence): each HTTP backend's own counts."""
+        completed = stand_in = 0
+        for backend in self.current_backends():
+            completed += getattr(backend, "completed_runs", 0) or 0
+            stand_in += getattr(backend, "stand_in_runs", 0) or 0
+        return completed, stand_in
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
-        before = self._completed_runs()
+        before = self._run_counts()
         try:
             return (yield)
         finally:
-            if self.applies and self._completed_runs() > before:
-                self._count(item.nodeid)
+            after = self._run_counts()
+            if self.applies and after[0] > before[0]:
+                # Counted once the report says the case ended in an outcome (not skipped).
+                self._pending[item.nodeid] = self._where(after[1] > before[1])
 
-    def _count(self, nodeid: str) -> None:
-        if self.stand_in_device is None and not self.on_hardware:
-            for backend in self.current_backends():
-                ask = getattr(backend, "stand_in_device", None)
-                self.stand_in_device = self.stand_in_device or (ask() if ask is not None else None)
-        (self.on_stand_in if self.stand_in_device is not None else self.on_hardware).append(nodeid)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """A case that ran on the deployment counts only when it ran to an outcome: one that
+        skipped after its runs (a reference deployment missing) measured nothing."""
+        if report.when != "call" or report.nodeid not in self._pending:
+            return
+        where = self._pending.pop(report.nodeid)
+        if report.skipped:
+            self.skipped_after_runs.append(report.nodeid)
+        else:
+            (self.on_stand_in if where == STAND_IN else self.on_hardware).append(report.nodeid)
+
+    def _where(self, stand_in_runs: bool) -> str:
+        """``STAND_IN`` when a run was served by a labelled stand-in (the backends' per-run
+        count) or any backend says it is one (``stand_in_device``), else ``HARDWARE``:
+        never hardware on a doubt."""
+        for backend in self.current_backends():
+            ask = getattr(backend, "stand_in_device", None)
+            device = ask() if ask is not None else None
+            self.stand_in_device = self.stand_in_device or device
+            stand_in_runs = stand_in_runs or device is not None
+        return STAND_IN if stand_in_runs else HARDWARE
 
     @property
     def measured(self) -> list[str]:
@@ -113,6 +145,7 @@ class HardwareLedger:
             "fails_session": self.failed_session,
             "measured_cases": sorted(self.on_hardware),
             "stand_in_cases": sorted(self.on_stand_in),
+            "skipped_after_runs": sorted(self.skipped_after_runs),
             "missing_from_record_phase": self.missing_from_record,
         }
 
@@ -121,6 +154,9 @@ class HardwareLedger:
         if self.on_stand_in:
             text += (f"; {len(self.on_stand_in)} ran on a pytest-afd server standing in for the "
                      f"deployment (device {self.stand_in_device})")
+        if self.skipped_after_runs:
+            text += (f"; {len(self.skipped_after_runs)} ran on the deployment but skipped "
+                     "(not counted as measured)")
         if self.require_hardware and not self.requirement_met:
             text += "; --afd-require-hardware: failing the session"
         if self.missing_from_record:
@@ -135,7 +171,8 @@ class HardwareLedger:
         if hasattr(config, "workerinput"):  # an xdist worker: the controller decides
             config.workeroutput[WORKEROUTPUT_KEY] = {
                 "on_hardware": self.on_hardware, "on_stand_in": self.on_stand_in,
-                "stand_in_device": self.stand_in_device}
+                "stand_in_device": self.stand_in_device,
+                "skipped_after_runs": self.skipped_after_runs}
             return
         listing_only = session.config.getoption("afd_list_deployments", False)
         if not self.applies or listing_only or session.config.getoption("collectonly") or session.exitstatus not in (
@@ -157,6 +194,7 @@ class HardwareLedger:
             return
         self.on_hardware.extend(output["on_hardware"])
         self.on_stand_in.extend(output["on_stand_in"])
+        self.skipped_after_runs.extend(output.get("skipped_after_runs", []))
         self.stand_in_device = self.stand_in_device or output["stand_in_device"]
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

@@ -4,7 +4,6 @@ with pytest's parser. Resolution and checks live in :mod:`pytest_afd.run.options
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -72,12 +71,11 @@ class OptionSpec:
 # instead of running for hours (seeds: numpy's legacy 32-bit seed range).
 MAX_REPEATS = 1000
 MAX_WARMUPS = 100
+DEFAULT_MAX_SEQUENTIAL_REPEATS = 16
+"""``--afd-max-repeats``'s default (pytest_afd.stats.sequential's last planned look)."""
 MAX_SEED = 2**32 - 1
 MAX_DEVICES_PER_NODE = 64
 MAX_PEER_TIMEOUT_S = 86_400
-# Backends that need scaled-down stages to run in minutes; the rest run at FULL_SCALE.
-DEFAULT_STAGE_SCALES = MappingProxyType({"cpu": 1 / 64})
-FULL_SCALE = 1.0
 
 OPTION_SPECS = (
     OptionSpec(
@@ -134,6 +132,27 @@ OPTION_SPECS = (
         MIN_REPETITIONS,
         kind="int",
         env="AFD_REPEATS",
+        minimum=MIN_REPETITIONS,
+        maximum=MAX_REPEATS,
+    ),
+    OptionSpec(
+        "--afd-sequential",
+        "afd_sequential",
+        "sequential repetitions: measure each comparison from --afd-repeats on until its "
+        "interval decides it or --afd-max-repeats is reached (docs/stages.md); off: every "
+        "case gets exactly --afd-repeats (the headline protocol)",
+        False,
+        kind="bool",
+        env="AFD_SEQUENTIAL",
+    ),
+    OptionSpec(
+        "--afd-max-repeats",
+        "afd_max_repeats",
+        f"with --afd-sequential: the most measured repetitions per case, >= --afd-repeats, "
+        f"at most {MAX_REPEATS}",
+        DEFAULT_MAX_SEQUENTIAL_REPEATS,
+        kind="int",
+        env="AFD_MAX_REPEATS",
         minimum=MIN_REPETITIONS,
         maximum=MAX_REPEATS,
     ),
@@ -243,6 +262,15 @@ OPTION_SPECS = (
         kind="scale",
         env="AFD_STAGE_SCALE",
         default_note="1/64 on the cpu backend, 1 otherwise",
+    ),
+    OptionSpec(
+        "--afd-study",
+        "afd_study",
+        "a frozen study JSON (docs/study.md): every case's manifest records its name and "
+        "digest, a case whose stack, topology, model or tolerances contradict it fails before "
+        "it measures, and stages B-E use its reference cases",
+        kind="path",
+        env="AFD_STUDY",
     ),
 )
 

@@ -20,9 +20,8 @@ from pytest_afd.core.backend import RunSettings
 from pytest_afd.results.directory import OutputDirError, check_writable_dir
 from pytest_afd.run.option_specs import (  # noqa: F401  (re-exported)
     DEFAULT_GOLDEN_DIR,
+    DEFAULT_MAX_SEQUENTIAL_REPEATS,
     DEFAULT_RESULTS_DIR,
-    DEFAULT_STAGE_SCALES,
-    FULL_SCALE,
     MAX_DEVICES_PER_NODE,
     MAX_REPEATS,
     MAX_SEED,
@@ -34,12 +33,15 @@ from pytest_afd.run.option_specs import (  # noqa: F401  (re-exported)
     add_options,
 )
 from pytest_afd.stats.repetitions import RepeatedRun, run_repeated
+from pytest_afd.stats.sequential import SequentialDesign
+from pytest_afd.study.document import StudyError, load_study
 from pytest_afd.topology.spec import (
     Topology,
     TopologyError,
     load_aliases,
     parse_topology,
 )
+from pytest_afd.workloads.scale import DEFAULT_STAGE_SCALES, FULL_SCALE
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off", "")
@@ -77,6 +79,11 @@ class AfdOptions:
     # --afd-devices-per-node given (flag, env or ini), not its default: a hardware backend
     # plans with it; a default is never a fact about the nodes.
     devices_per_node_given: bool = False
+    # --afd-sequential: comparisons measured until decided, from `repeats` to `max_repeats`.
+    sequential: bool = False
+    max_repeats: int = DEFAULT_MAX_SEQUENTIAL_REPEATS
+    # --afd-study: the loaded, digest-checked study (pytest_afd.study), None without one.
+    study: Mapping[str, Any] | None = None
 
     def given_devices_per_node(self) -> int | None:
         """The nodes' NPU count the user gave, or None (the backend finds it or refuses)."""
@@ -100,6 +107,9 @@ class AfdOptions:
             "warmups": self.warmups,
             "repetitions": self.repeats,
             "run_order": self.run_order,
+            # Not "sequential": the result schema's protocol.sequential is the measured record.
+            **({"repetitions_rule": "sequential", "max_repetitions": self.max_repeats}
+               if self.sequential else {}),
             "instrumented": self.profile,
             "routing": self.routing,
         }
@@ -113,6 +123,10 @@ class AfdOptions:
             "seed": self.seed,
         }
         return run_repeated(cases, **{**kwargs, **overrides})
+
+    def sequential_design(self) -> SequentialDesign:
+        """The stopping rule of ``--afd-sequential`` (first look at ``repeats``)."""
+        return SequentialDesign(min_repetitions=self.repeats, max_repetitions=self.max_repeats)
 
 
 def _raw_option(config: pytest.Config, spec: OptionSpec) -> tuple[Any, str]:
@@ -223,6 +237,16 @@ def _check_output_dirs(values: dict[str, Any], sources: dict[str, str]) -> None:
             raise pytest.UsageError(str(exc)) from None
 
 
+def _study(values: dict[str, Any], sources: dict[str, str]) -> Mapping[str, Any] | None:
+    """The --afd-study file, schema- and digest-checked now (a bad study is a usage error)."""
+    if values["afd_study"] is None:
+        return None
+    try:
+        return load_study(values["afd_study"])
+    except StudyError as exc:
+        raise pytest.UsageError(f"{sources['afd_study']}: {exc}") from None
+
+
 def resolve_options(config: pytest.Config) -> AfdOptions:
     """Read and check every ``--afd-*`` option; a bad value is a UsageError naming it and its source."""
     rootdir = Path(config.rootpath)
@@ -238,6 +262,11 @@ def resolve_options(config: pytest.Config) -> AfdOptions:
         raise pytest.UsageError(
             f"{sources['afd_peer_timeout_s']}={values['afd_peer_timeout_s']}: the peer timeout "
             f"is the CPU AFD runtime's; --afd-backend is {values['afd_backend']!r}")
+    if values["afd_sequential"] and values["afd_max_repeats"] < values["afd_repeats"]:
+        raise pytest.UsageError(
+            f"{sources['afd_max_repeats']}={values['afd_max_repeats']} is below "
+            f"{sources['afd_repeats']}={values['afd_repeats']}: the most repetitions must be at "
+            "least the first look")
     return AfdOptions(
         topology_spec=values["npu_topology"],
         backend=values["afd_backend"],
@@ -264,4 +293,7 @@ def resolve_options(config: pytest.Config) -> AfdOptions:
         peer_timeout_s=values["afd_peer_timeout_s"],
         allow_emulated=values["afd_allow_emulated"],
         devices_per_node_given=not sources["afd_devices_per_node"].endswith(" default"),
+        sequential=values["afd_sequential"],
+        max_repeats=values["afd_max_repeats"],
+        study=_study(values, sources),
     )

@@ -84,6 +84,9 @@ class OutcomeTracker:
             else new_session_id()
         )
         self.outcomes: dict[str, dict[str, Any]] = {}
+        # The outcome of a written result whose test reached none (an interrupted session
+        # replaces it with the interruption: pytest_afd.run.interrupted).
+        self.unfinished: dict[str, Any] = {"status": ERROR, "reason": NOT_FINISHED}
 
     # ---- hooks ------------------------------------------------------------------
     @pytest.hookimpl(optionalhook=True)
@@ -108,7 +111,16 @@ class OutcomeTracker:
                 "outcome": {"status": ERROR, "reason": NOT_FINISHED}}
 
     def outcome_of(self, nodeid: str) -> dict[str, Any]:
-        return self.outcomes.get(nodeid, {"status": ERROR, "reason": NOT_FINISHED})
+        return self.outcomes.get(nodeid, self.unfinished)
+
+    def stamp_unfinished(self, outcome: dict[str, Any]) -> None:
+        """Stamp the results of tests that reached no outcome (an interrupted session's
+        running case) with ``outcome`` instead of "the test did not finish"."""
+        self.unfinished = outcome
+        state = afd_session(self.config)
+        for nodeid in {entry["nodeid"] for entry in state.written
+                       if not entry.get("outcome_stamped")}:
+            self._stamp_final(nodeid)
 
     def _stamp_final(self, nodeid: str) -> None:
         """Rewrite the results this process wrote for ``nodeid`` with its real outcome,

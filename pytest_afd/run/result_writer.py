@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from pytest_afd.results import profile_ledger
 from pytest_afd.results.directory import results_written_since
 from pytest_afd.results.documents import (
     CASE_KINDS,
@@ -47,6 +48,7 @@ def summary_entry(doc: dict[str, Any], nodeid: str, path: Path) -> dict[str, Any
         "synthetic": doc["labels"]["synthetic"],
         "comparability": doc["labels"]["comparability"],
         "manifest_digest": doc["manifest_digest"],
+        profile_ledger.ENTRY_KEY: profile_ledger.status_of(doc),
     }
 
 

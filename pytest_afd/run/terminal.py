@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from pytest_afd.core.markers import MARKERS, STAGE_MARKERS
-from pytest_afd.run import hardware
+from pytest_afd.results import profile_ledger
+from pytest_afd.results.shared import kept_sessions_line
+from pytest_afd.run import gate_runs, hardware, outcomes
 from pytest_afd.run.session import AfdSession
 from pytest_afd.stats import verdicts
 
@@ -18,6 +20,7 @@ MARK_OPERATORS = frozenset(("and", "or", "not"))
 PERCENT = 100.0
 PASSED = "passed"
 MAX_NAMED_CASES = 5  # cases named per row of the outcome table; the rest are counted
+INTERRUPTED = "interrupted"  # the outcome of the case a Ctrl-C stopped (pytest_afd.run.interrupted)
 
 
 def _format_value(value: float | None) -> str:
@@ -41,7 +44,8 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
                       ).rstrip() for row in [header, *rows]]
 
 
-def outcome_rows(entries: list[dict[str, Any]], outcomes: dict[str, str]) -> list[tuple[str, ...]]:
+def outcome_rows(entries: list[dict[str, Any]], case_outcomes: dict[str, str]
+                 ) -> list[tuple[str, ...]]:
     """One row per test function: how many of its cases passed, failed, ... (a gate has no
     headline figure: its result is its outcome). Cases not passed are named in the row."""
     groups: dict[str, list[dict[str, Any]]] = {}
@@ -51,11 +55,11 @@ def outcome_rows(entries: list[dict[str, Any]], outcomes: dict[str, str]) -> lis
     for test, members in sorted(groups.items()):
         counts: dict[str, int] = {}
         for entry in members:
-            outcome = outcomes.get(entry["nodeid"], "unknown")
+            outcome = case_outcomes.get(entry["nodeid"], "unknown")
             counts[outcome] = counts.get(outcome, 0) + 1
         text = ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items()))
         odd = sorted(entry["case_id"].removeprefix(test) for entry in members
-                     if outcomes.get(entry["nodeid"], "unknown") != PASSED)
+                     if case_outcomes.get(entry["nodeid"], "unknown") != PASSED)
         if odd:
             shown = ", ".join(odd[:MAX_NAMED_CASES])
             more = len(odd) - MAX_NAMED_CASES
@@ -64,36 +68,56 @@ def outcome_rows(entries: list[dict[str, Any]], outcomes: dict[str, str]) -> lis
     return rows
 
 
-def measured_rows(entries: list[dict[str, Any]], outcomes: dict[str, str]) -> list[tuple[str, ...]]:
+def measured_rows(entries: list[dict[str, Any]], case_outcomes: dict[str, str]
+                  ) -> list[tuple[str, ...]]:
     """One row per case with a headline figure: its median and CV (percent)."""
-    return [(entry["case_id"], entry["case_kind"], outcomes.get(entry["nodeid"], "unknown"),
+    return [(entry["case_id"], entry["case_kind"], case_outcomes.get(entry["nodeid"], "unknown"),
              f"{entry['metric']} {_format_value(entry['median'])} {entry['unit']}".strip(),
              format_cv(entry["cv"]), _labels(entry))
             for entry in sorted(entries, key=lambda e: e["case_id"])]
 
 
-def write_results_table(reporter: Any, state: AfdSession, summary_file: str) -> None:
+def write_results_table(reporter: Any, state: AfdSession, summary_file: str, *,
+                        leading: list[str] | None = None, stopped: bool = False) -> None:
     """Gate-style cases (no headline figure) as outcome counts per test; measured cases one
-    row each with their figure; then where the files and the summary are."""
+    row each with their figure; then where the files and the summary are.
+
+    ``leading``: session lines that lead the verdicts (an interrupted session's
+    ``interrupted: 12 of 17 cases not run``, the gates' split-path count);
+    ``stopped``: the session was interrupted, so a case without an outcome (the one
+    running) shows ``interrupted``, not ``unknown``.
+    """
     reporter.section("pytest-afd results")
+    case_outcomes = state.outcomes
+    if stopped:
+        case_outcomes = {**{entry["nodeid"]: INTERRUPTED for entry in state.written},
+                         **case_outcomes}
     measured = [entry for entry in state.written if entry["median"] is not None]
     outcome_only = [entry for entry in state.written if entry["median"] is None]
     if outcome_only:
         for line in _table(("test (cases without a headline figure)", "kind", "cases",
-                            "outcomes"), outcome_rows(outcome_only, state.outcomes)):
+                            "outcomes"), outcome_rows(outcome_only, case_outcomes)):
             reporter.write_line(line)
     if measured:
         if outcome_only:
             reporter.write_line("")
         for line in _table(("case", "kind", "outcome", "headline (median)", "CV", "labels"),
-                           measured_rows(measured, state.outcomes)):
+                           measured_rows(measured, case_outcomes)):
             reporter.write_line(line)
     if state.written:
         reporter.write_line(
             f"{len(state.written)} result JSON file(s) in {state.options.results_dir} "
             f"(summary: {state.options.results_dir / summary_file})"
         )
+        kept = kept_sessions_line(state.options.results_dir,
+                                  (entry["case_id"] for entry in state.written),
+                                  outcomes.tracker(state.config).session_id)
+        if kept:
+            reporter.write_line(kept)
         reporter.write_line("verdicts (pytest-afd report for the full report):")
+        write_profile_lines(reporter, state)
+        for line in leading or ():
+            reporter.write_line(f"  {line}")
         paths = [entry["path"] for entry in state.written]
         for line in verdicts.summary_lines_from_files(paths, STAGE_MARKERS):
             reporter.write_line(f"  {line}")
@@ -106,6 +130,21 @@ def write_results_table(reporter: Any, state: AfdSession, summary_file: str) -> 
         reporter.write_line(
             f"{len(state.golden_updates)} golden(s) updated in {state.options.golden_dir}"
         )
+
+
+def write_profile_lines(reporter: Any, state: AfdSession) -> None:
+    """The session's profile count first (issue 45): red when it fails the session,
+    then a warning naming the cases of a partial loss."""
+    profiles = profile_ledger.count_entries(state.written)
+    requested = state.options.profile
+    if not (profiles.instrumented or requested):
+        return
+    failing = profiles.fails(requested)
+    reporter.write_line(f"  {profiles.line(requested)}", red=failing, yellow=not failing
+                        and bool(profiles.lost))
+    warning = profiles.warning()
+    if warning:
+        reporter.write_line(f"  warning: {warning}", yellow=True)
 
 
 def write_no_case_selected(reporter: Any, state: AfdSession, config: Any, summary_file: str
@@ -156,6 +195,10 @@ def failure_reasons(config: Any, state: AfdSession) -> list[str]:
         if ledger.missing_from_record:
             reasons.append(f"the check phase measured {len(ledger.missing_from_record)} case(s) "
                            "fewer than the record phase recorded")
+    gates = config.pluginmanager.get_plugin(gate_runs.PLUGIN_NAME)
+    if gates is not None and gates.failed_session:
+        reasons.append(f"--afd-require-hardware: 0 of {len(gates.counted())} split-path gate "
+                       "cases ran against the deployment")
     if state.write_errors:
         reasons.append(f"{len(state.write_errors)} result write(s) failed: "
                        f"{state.write_errors[0]}")

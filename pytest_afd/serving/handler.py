@@ -30,6 +30,7 @@ from pytest_afd.serving.requests import (
     INSTRUMENT_HEADER,
     INSTRUMENT_ON,
     PREFILL_MAX_TOKENS,
+    STAND_IN_FIELD,
     BadRequest,
     ServingLimits,
     check_prompt,
@@ -63,6 +64,8 @@ class HandlerServer(Protocol):
     def answering(self) -> contextlib.AbstractContextManager[None]: ...
 
 RETRY_AFTER_S = "5"
+# The stand-in label's device before the server has an engine to ask (still a stand-in).
+STAND_IN_UNKNOWN_DEVICE = "unknown (pytest-afd server)"
 
 
 def client_message(error_text: str) -> str:
@@ -218,9 +221,11 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(body)
         elif self.path == "/v1/models":
+            # The stand-in label (STAND_IN_FIELD): this server is never hardware, in any mode.
             self._send_json(HTTPStatus.OK, {"object": "list", "data": [
                 {"id": self.server.served_model_name, "object": "model",
-                 "root": self.server.served_model_name, "owned_by": "pytest-afd"}]})
+                 "root": self.server.served_model_name, "owned_by": "pytest-afd",
+                 STAND_IN_FIELD: self._stand_in_label()}]})
         elif self.path == "/afd/describe":
             self._send_json(HTTPStatus.OK, {
                 "backend": engine.backend.describe(),
@@ -228,6 +233,18 @@ class Handler(BaseHTTPRequestHandler):
             })
         else:
             self._send_error_json(HTTPStatus.NOT_FOUND, f"no route GET {self.path}")
+
+    def _stand_in_label(self) -> dict[str, str]:
+        """``{"device": ...}`` of this server: its engine backend's device (asked once), or
+        ``STAND_IN_UNKNOWN_DEVICE`` before an engine is attached; never absent."""
+        label = getattr(self.server, "stand_in_label", None)
+        if label is None:
+            engine = self.server.engine
+            device = None if engine is None else engine.backend.describe().get("device")
+            label = {"device": str(device or STAND_IN_UNKNOWN_DEVICE)}
+            if engine is not None:
+                self.server.stand_in_label = label
+        return label
 
     def do_POST(self) -> None:
         with self.server.answering():

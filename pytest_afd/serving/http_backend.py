@@ -29,6 +29,7 @@ from pytest_afd.core.backend import (
 from pytest_afd.serving.client import Arrival, ClientError, CompletionsClient
 from pytest_afd.serving.lifecycle import ManagedServer, ServerSpec
 from pytest_afd.serving.logprobs import DEFAULT_NUM_LOGPROBS
+from pytest_afd.serving.requests import STAND_IN_FIELD
 
 # RequestOutput.next_token of a request that produced no token.
 NO_TOKEN = -1
@@ -163,6 +164,11 @@ class HttpBackend:
         self.requested: list[RunSettings] = []
         # Runs in which every request came back without error (the no-false-green count).
         self.completed_runs = 0
+        # Of those, the runs a pytest-afd server standing in for the deployment served (its
+        # label read from the session that served the run, while it was up), and its device.
+        self.stand_in_runs = 0
+        self.last_stand_in_device: str | None = None
+        self._labels: dict[str, str | None] = {}  # base URL -> stand-in device (None: none)
 
     def _client(self, session: ServerSession) -> CompletionsClient:
         if self._request_timeout_s is None:
@@ -211,6 +217,10 @@ class HttpBackend:
             ))
         if outputs and all(output.error is None for output in outputs):
             self.completed_runs += 1
+            device = self._stand_in_label(session)
+            if device is not None:
+                self.stand_in_runs += 1
+                self.last_stand_in_device = device
         return RunOutputs(requests=outputs, wall_time_s=time.perf_counter() - started,
                           steps_absent_reason=STEPS_NOT_OVER_HTTP)
 
@@ -241,16 +251,42 @@ class HttpBackend:
             raise ClientError("no server session yet")
         return self._client(self._session).get_json("/afd/describe")
 
+    def _stand_in_label(self, session: ServerSession) -> str | None:
+        """The stand-in device the server of ``session`` labels itself with, else None (asked
+        once per server: its ``/v1/models`` entries' ``STAND_IN_FIELD``, else its
+        ``/afd/describe``; a vLLM deployment has neither)."""
+        url = session.base_url
+        if url not in self._labels:
+            client = self._client(session)
+            device = None
+            try:
+                for entry in client.get_json("/v1/models")["data"]:
+                    label = entry.get(STAND_IN_FIELD) if isinstance(entry, dict) else None
+                    if isinstance(label, dict) and label.get("device") is not None:
+                        device = str(label["device"])
+            except (ClientError, ValueError, KeyError, TypeError):
+                device = None
+            if device is None:
+                try:
+                    device = client.get_json("/afd/describe")["backend"]["device"]
+                except (ClientError, ValueError, KeyError, TypeError):
+                    device = None
+            self._labels[url] = device
+        return self._labels[url]
+
     def stand_in_device(self) -> str | None:
         """The device of a pytest-afd server standing in for a deployment, else None.
 
-        Only the harness's own server answers ``/afd/describe``; a vLLM
-        deployment does not, so it counts as the hardware it was launched on.
+        The harness's own server labels itself (``/v1/models``, ``/afd/describe``); a vLLM
+        deployment does not, so it counts as the hardware it was launched on. The label
+        read when a run completed is kept: a case that dropped its session (a later
+        run asked for a deployment that is missing) is still known to have run on it.
         """
-        try:
-            return self.server_description()["backend"]["device"]
-        except (ClientError, ValueError, KeyError, TypeError):
+        if self.last_stand_in_device is not None:
+            return self.last_stand_in_device
+        if self._session is None:
             return None
+        return self._stand_in_label(self._session)
 
     def drop_session(self) -> None:
         """Stop the current servers; the next run starts its deployment afresh (launch mode's

@@ -21,6 +21,11 @@ PREFILL_MAX_TOKENS = 1
 # harness's own CPU server profiles the batches holding one (docs/profiling.md).
 INSTRUMENT_HEADER = "X-AFD-Instrument"
 INSTRUMENT_ON = "1"
+# The harness's own server labels each ``/v1/models`` entry with the device it runs on
+# (``{"device": "cpu"}``): it stands in for a deployment in every mode (launched, attached
+# through a URL, deployed by a command), and a client reads this label instead of trusting
+# the mode. A vLLM deployment has no such key.
+STAND_IN_FIELD = "afd_stand_in"
 # One prompt at most this many tokens: the CPU backend prefills about 250
 # tokens/s with the reduced model, so 4,096 tokens hold the engine ~15 s at worst.
 DEFAULT_MAX_PROMPT_TOKENS = 4096

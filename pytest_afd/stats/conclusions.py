@@ -5,9 +5,11 @@ A stage's cases are grouped by condition: the case id without its last segment
 ``pp/<layout>``). Within a condition every measured variant competes, the
 references too (``none``: no split; ``unchunked``), on the median prefill
 throughput the stage's table and plots show. The fastest is a *winner* only
-when its lead over the runner-up lies beyond the between-session noise
-(:func:`pytest_afd.stats.session_noise.beyond`); otherwise the row says "inside the
-noise". The report's "Fastest per condition" table and the stage's one-line
+when its lead over the runner-up lies beyond the noise: inside one session
+the repetitions' Welch interval and a minimum effect
+(:func:`pytest_afd.stats.session_noise.within_session_beyond`), across sessions the
+between-session rule (:func:`pytest_afd.stats.session_noise.beyond`); otherwise the
+row says "inside the noise". The report's "Fastest per condition" table and the stage's one-line
 conclusion are both made from :func:`fastest_rows`, so they cannot disagree.
 """
 
@@ -26,8 +28,8 @@ PAIR_ROLES = ("afd", "pp")
 NODE_SEPARATOR = "::"
 HEADER = ("condition", "fastest", "tokens/s", "runner-up", "tokens/s ", "fastest / runner-up",
           "call")
-WINNER = "winner (beyond the between-session noise)"
-INSIDE = "inside the between-session noise"
+WINNER = "winner (beyond the noise)"
+INSIDE = "inside the noise"
 ALONE = "only variant measured"
 
 
@@ -92,13 +94,16 @@ def _repetitions(doc: Mapping[str, Any]) -> list[float]:
 def fastest_rows(docs: Sequence[Mapping[str, Any]]) -> list[FastestRow]:
     """One row per condition with at least one measured variant, in condition order."""
     groups: dict[str, dict[str, list[float]]] = defaultdict(dict)
+    written: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for doc in docs:
         repetitions = _repetitions(doc)
         if repetitions:
             condition, variant = condition_and_variant(doc["case_id"])
             groups[condition][variant] = repetitions
+            written[condition].append(doc)
     rows = []
     for condition, variants in sorted(groups.items()):
+        within = session_noise.same_session(*written[condition])
         ranked = sorted(variants, key=lambda v: (-session_noise.median(variants[v]), v))
         leader = ranked[0]
         runner = ranked[1] if len(ranked) > 1 else None
@@ -108,7 +113,8 @@ def fastest_rows(docs: Sequence[Mapping[str, Any]]) -> list[FastestRow]:
             fastest_median=session_noise.median(variants[leader]),
             runner_up=runner,
             runner_up_median=None if runner is None else session_noise.median(variants[runner]),
-            winner=runner is not None and session_noise.beyond(variants[runner], variants[leader]),
+            winner=runner is not None and session_noise.beyond_noise(
+                variants[runner], variants[leader], within=within),
         ))  # fmt: skip
     return rows
 
@@ -130,10 +136,10 @@ def fastest_text(rows: Sequence[FastestRow]) -> str:
     if winners:
         named = ", ".join(f"{row.condition}: {row.fastest} x{row.ratio:.3g} over {row.runner_up}"
                           for row in winners)
-        parts.append(f"a winner beyond the between-session noise in {len(winners)} of "
+        parts.append(f"a winner beyond the noise in {len(winners)} of "
                      f"{len(compared)}: {named}")
     else:
-        parts.append(f"no winner beyond the between-session noise in any of {len(compared)} "
+        parts.append(f"no winner beyond the noise in any of {len(compared)} "
                      "condition(s)")
     return "; ".join(parts)
 

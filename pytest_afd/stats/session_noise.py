@@ -9,6 +9,15 @@ between-session noise: a stored A/A calibration of this host when there is one
 (``compare --calibrate RUN RUN [RUN...]``), otherwise the conservative rule
 below, which the output states. Pure functions over result documents: the
 plugin's terminal summary and the report share them without importing matplotlib.
+
+Inside one session that rule is far too coarse: the cases of one comparison ran
+their repetitions interleaved (``--afd-run-order interleaved``, the default), so
+the session's drift hits both sides and each side's repetitions are a sample of
+the same host. There :func:`within_session_beyond` calls a change from a 95 %
+Welch interval of the ratio of geometric means (Welch's t on log values) plus a
+minimum effect of :data:`WITHIN_MIN_EFFECT`: a 1.2x change is called when the
+repetitions' dispersion allows it (tests/report/test_within_session_power.py
+proves the A/A false-call rate and the power by seeded simulation).
 """
 
 from __future__ import annotations
@@ -79,6 +88,79 @@ def beyond(a: Sequence[float], b: Sequence[float], floor: float | None = None) -
     ratio = median(b) / median(a)
     limit = uncalibrated_floor(a, b) if floor is None else max(floor, cv(a), cv(b))
     return ranges_apart(a, b) and outside(ratio, limit)
+
+
+# --- within one session ------------------------------------------------------------------------
+# A within-session change must be further from 1 than this factor either way, beside its
+# interval excluding 1: smaller moves are real but too small to act on.
+WITHIN_MIN_EFFECT = 0.05
+# Two-sided 95 % Student-t quantiles t(0.975, df) for df = 1..30; beyond 30 the last
+# (2.042 > 1.960) keeps the interval conservative. A non-integer Welch df rounds down.
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+WITHIN_CONFIDENCE = 0.95
+WITHIN_RULE = (
+    f"within one session: {WITHIN_CONFIDENCE:.0%} Welch interval of the ratio of geometric "
+    f"means (t on log values) excludes 1 and the ratio is beyond x{1 + WITHIN_MIN_EFFECT:g} "
+    "either way"
+)
+
+
+def t_975(df: float) -> float:
+    """t(0.975, floor(df)) from :data:`T_975` (df below 1 counts as 1)."""
+    index = min(max(math.floor(df), 1), len(T_975)) - 1
+    return T_975[index]
+
+
+def _log_mean_var(values: Sequence[float]) -> tuple[float, float]:
+    logs = [math.log(v) for v in values]
+    mean = sum(logs) / len(logs)
+    return mean, sum((x - mean) ** 2 for x in logs) / (len(logs) - 1)
+
+
+def welch_log_interval(a: Sequence[float], b: Sequence[float]
+                       ) -> tuple[float, float, float] | None:
+    """(B / A ratio of geometric means, 95 % low, high) by Welch's t on log values.
+
+    None when either side has fewer than two positive values or neither side
+    varies at all (no dispersion to judge a difference by).
+    """
+    if len(a) < 2 or len(b) < 2 or min(a) <= 0 or min(b) <= 0:  # noqa: PLR2004
+        return None
+    mean_a, var_a = _log_mean_var(a)
+    mean_b, var_b = _log_mean_var(b)
+    se_a, se_b = var_a / len(a), var_b / len(b)
+    se = math.sqrt(se_a + se_b)
+    if se == 0:
+        return None
+    df = (se_a + se_b) ** 2 / ((se_a**2 / (len(a) - 1) if se_a else 0.0)
+                               + (se_b**2 / (len(b) - 1) if se_b else 0.0))
+    diff, half = mean_b - mean_a, t_975(df) * se
+    return math.exp(diff), math.exp(diff - half), math.exp(diff + half)
+
+
+def within_session_beyond(a: Sequence[float], b: Sequence[float],
+                          min_effect: float = WITHIN_MIN_EFFECT) -> bool:
+    """Whether B differs from A inside one session: the Welch interval of B / A excludes
+    1 and the ratio is further from 1 than ``1 + min_effect`` either way."""
+    found = welch_log_interval(a, b)
+    if found is None:
+        return False
+    ratio, low, high = found
+    return (low > 1 or high < 1) and outside(ratio, min_effect)
+
+
+def same_session(*docs: Mapping[str, Any]) -> bool:
+    """Whether every document was written by one recorded session."""
+    sessions = {doc.get("session_id") for doc in docs}
+    return len(sessions) == 1 and None not in sessions
+
+
+def beyond_noise(a: Sequence[float], b: Sequence[float], *, within: bool) -> bool:
+    """:func:`within_session_beyond` for two sides of one session, else :func:`beyond`
+    (the between-session rule)."""
+    return within_session_beyond(a, b) if within else beyond(a, b)
 
 
 # --- host conditions -------------------------------------------------------------------------

@@ -23,6 +23,8 @@ from pytest_afd.stats import conclusions, session_noise
 STAGE_A_KEY = "stage_a"
 RANKING_KEY = "ranking"
 STAGE_D_BEST_KEY = "stage_d_best_sizes"
+STAGE_D_BEST_SOURCE_KEY = "stage_d_best_sizes_source"  # suites/stage_d: whose sizes they are
+SWEEP_SOURCE = "this session's sweep"
 CONTROL_POLICY = "request_boundary"
 PROPOSED_POLICY = "token_balanced"
 STATUS_ORDER = ("passed", "failed", "error", "skipped")
@@ -41,10 +43,14 @@ def _measured(doc: Mapping[str, Any]) -> list[float]:
 _median = session_noise.median
 
 
-def noise_mark(control: Sequence[float], proposed: Sequence[float]) -> str:
-    """Whether proposed / control lies beyond the between-session noise
-    (:func:`pytest_afd.stats.session_noise.beyond`: apart ranges and the conservative floor)."""
-    return BEYOND_NOISE if session_noise.beyond(control, proposed) else INSIDE_NOISE
+def noise_mark(control: Sequence[float], proposed: Sequence[float], *,
+               within: bool = False) -> str:
+    """Whether proposed / control lies beyond the noise: inside one session (``within``)
+    the repetitions' Welch interval and a minimum effect
+    (:func:`pytest_afd.stats.session_noise.within_session_beyond`), else the between-session
+    rule (:func:`pytest_afd.stats.session_noise.beyond`: apart ranges and the conservative floor)."""
+    return BEYOND_NOISE if session_noise.beyond_noise(control, proposed, within=within) \
+        else INSIDE_NOISE
 
 
 def _condition(doc: Mapping[str, Any]) -> str:
@@ -56,17 +62,18 @@ def _condition(doc: Mapping[str, Any]) -> str:
 
 def policy_ratios(docs: Sequence[Mapping[str, Any]]) -> list[tuple[str, float, str]]:
     """(condition, proposed / control median throughput, noise mark) per shared condition."""
-    sides: dict[str, dict[str, list[float]]] = defaultdict(dict)
+    sides: dict[str, dict[str, Mapping[str, Any]]] = defaultdict(dict)
     for doc in docs:
         policy = doc["settings"]["split_policy"]
         if policy in (CONTROL_POLICY, PROPOSED_POLICY) and _measured(doc):
-            sides[_condition(doc)][policy] = _measured(doc)
+            sides[_condition(doc)][policy] = doc
     rows = []
     for condition, found in sorted(sides.items()):
         if len(found) == 2:  # noqa: PLR2004 - both policies
-            control, proposed = found[CONTROL_POLICY], found[PROPOSED_POLICY]
+            control, proposed = _measured(found[CONTROL_POLICY]), _measured(found[PROPOSED_POLICY])
+            within = session_noise.same_session(found[CONTROL_POLICY], found[PROPOSED_POLICY])
             rows.append((condition, _median(proposed) / _median(control),
-                         noise_mark(control, proposed)))
+                         noise_mark(control, proposed, within=within)))
     return rows
 
 
@@ -128,11 +135,14 @@ def stage_conclusion(docs: Sequence[Mapping[str, Any]]) -> str:
             f"{len(ratios)} condition(s), {len(beyond)} beyond the noise "
             f"({sum(r > 1 for r in beyond)} faster, {sum(r < 1 for r in beyond)} slower)"
         )
-    best = {tuple(doc["evidence"][STAGE_D_BEST_KEY]) for doc in docs
+    best = {(tuple(doc["evidence"][STAGE_D_BEST_KEY]),
+             doc["evidence"].get(STAGE_D_BEST_SOURCE_KEY, SWEEP_SOURCE)) for doc in docs
             if isinstance(doc["evidence"].get(STAGE_D_BEST_KEY), list)}
-    for sizes in sorted(best):
+    for sizes, source in sorted(best):
+        whose = ("the fastest chunked sizes of the sweep" if source == SWEEP_SOURCE
+                 else f"frozen in {source}")
         parts.append("follow-ups ran chunk sizes " + ", ".join(map(str, sizes))
-                     + " (the fastest chunked sizes of the sweep; not a verdict)")
+                     + f" ({whose}; not a verdict)")
     return "; ".join(parts)
 
 

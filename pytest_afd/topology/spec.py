@@ -56,6 +56,7 @@ __all__ = [
     "RolePart",
     "Topology",
     "TopologyError",
+    "afd_suggestion",
     "load_aliases",
     "parse_topology",
 ]
@@ -182,6 +183,44 @@ def parse_topology(spec: str, aliases: Mapping[str, str] | None = None) -> Topol
             f"attention + {topology.ffn_ranks} ffn); at most {MAX_TOTAL_RANKS} are supported"
         )
     return topology
+
+
+def afd_suggestion(topology: Topology, aliases: Mapping[str, str] | None = None) -> str | None:
+    """The AFD layout a co-located ``topology`` is one ``-`` away from, when it looks meant.
+
+    ``dp3pcp8ep8`` is grammatical (24 co-located ranks, experts over 8 of them), so
+    refusing it would refuse a valid layout; but with the dash lost it silently runs
+    a non-AFD layout. Suggested when inserting ``-`` between two dims gives a valid
+    AFD topology that is a known layout (an alias target with an FFN part), or whose
+    FFN part is ``ep`` alone while the co-located ``ep`` spans fewer ranks than the
+    part has per stage (a lost dash's signature; ``dp32ep32``, co-located EP over
+    every rank, is left alone). None otherwise.
+    """
+    if topology.is_afd:
+        return None
+    part = topology.attention
+    tokens = [f"{dim}{size}" for dim, size in part.dims.items()]
+    targets = {**BUILTIN_ALIASES, **(aliases or {})}.values()
+    known = set()
+    for target in targets:
+        try:
+            parsed = parse_topology(target)
+        except TopologyError:
+            continue
+        if parsed.is_afd:
+            known.add(parsed.canonical)
+    per_stage = part.size("dp") * part.size("pcp") * part.group
+    for cut in range(1, len(tokens)):
+        try:
+            candidate = parse_topology(f"{''.join(tokens[:cut])}-{''.join(tokens[cut:])}")
+        except TopologyError:
+            continue
+        if not candidate.is_afd:  # the text is an alias name (``dp32-ep32``: co-located)
+            continue
+        lost_dash = set(candidate.ffn.dims) == {"ep"} and part.size("ep") < per_stage
+        if candidate.canonical in known or lost_dash:
+            return candidate.canonical
+    return None
 
 
 def load_aliases(path: str | Path) -> dict[str, str]:

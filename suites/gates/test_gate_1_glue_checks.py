@@ -7,7 +7,8 @@ read-back host copies and the fields the kernels read. Each case injects one
 production fault of the adapters (``pytest_afd.faults.registry``) into a real run and
 asserts that the run fails in the check meant to see it:
 
-* a tail host computed-tokens copy one too high: the adapter's own check
+* a tail host computed-tokens copy one too high, written into the produced
+  ubatch's host field: the adapter's own check
   (on hardware the only one that reads the host copies every step), in a
   small batch (the request check's lists path) and above 32 requests (its
   bytes path);
@@ -49,6 +50,11 @@ PREFIX_SEED_SUFFIX = 8
 SMALL_LENGTHS = (40, 150)  # the second is a 96-token prefix hit; the cut falls inside it
 MANY_LENGTHS = (3,) * 20 + (60,) + (3,) * 20
 ADAPTERS_PATH = "afd_split/engine/"
+# The wrong host copy is written into the produced ubatch's host field after the split
+# produced it (not into ``cut_request_arrays``, the helper that derives it): a check that
+# re-derives the split through that helper instead of reading the ubatches back misses it
+# (``adapter_check_rederives_split``) and fails these cases.
+WRONG_HOST_COPY = "adapter_tail_host_field_plus_one"
 ENGINE_STEP_PATH = "afd_split/hook/planning/engine_step.py"
 
 
@@ -100,7 +106,7 @@ def test_gate_1_the_adapters_check_rejects_a_wrong_host_copy(glue_case, batch):
     assert splits.num_split > 0 and not splits.violations
     widest = max(len(step["schedule"]["requests"]) for step in clean.steps if step["is_split"])
     assert (widest > LIST_CHECK_MAX_REQUESTS) == (batch == "bytes_path"), widest
-    with get_fault("adapter_tail_host_computed_plus_one").applied(), \
+    with get_fault(WRONG_HOST_COPY).applied(), \
             pytest.raises(SplitInvariantError) as raised:
         run_measured(backend, prompts, settings, seed_prompts=seeds)
     assert _raised_in(raised, ADAPTERS_PATH), (
@@ -206,7 +212,7 @@ def test_gate_1_the_read_back_check_rejects_a_wrong_host_copy(layout, batch):
     assert (len(tokens) > LIST_CHECK_MAX_REQUESTS) == (batch == "bytes_path")
     plan, pairs = _field_by_field_split(layout, tokens, computed)
     assert len(pairs) == len(plan.ubatches)
-    with get_fault("adapter_tail_host_computed_plus_one").applied(), \
+    with get_fault(WRONG_HOST_COPY).applied(), \
             pytest.raises(SplitInvariantError) as raised:
         _field_by_field_split(layout, tokens, computed)
     assert any(entry.name == READBACK_CHECK for entry in raised.traceback), (

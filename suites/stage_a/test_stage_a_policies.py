@@ -131,13 +131,21 @@ def _annotate(measured, workloads, policies, runner) -> dict:
     return ranking
 
 
+def afd_sequential_on(runner) -> bool:
+    return bool(getattr(runner.options, "sequential", False))
+
+
 def _check_matrix(runner, measured, workloads, policies, repetitions) -> None:
     """Headline sanity first; then, where the backend reports steps, the split evidence."""
     for name, item in measured.items():
         metrics = item.result["metrics"]
         requests = item.case.workload.num_requests
         assert metrics["failed_requests"] == 0, f"{name}: failed requests"
-        assert metrics["completed_requests"] == requests * repetitions, name
+        # Sequential sessions measure each case until its comparisons stopped: its own count,
+        # which the protocol records (and which is never below the first look).
+        expected = item.result["protocol"]["repetitions"] if afd_sequential_on(runner) else repetitions
+        assert expected >= repetitions and len(item.runs) == expected, name
+        assert metrics["completed_requests"] == requests * expected, name
     runner.require_evidence(measured, "steps")
     for name, item in measured.items():
         tokens = item.result["evidence"]["tokens"]
@@ -158,7 +166,8 @@ def _check_matrix(runner, measured, workloads, policies, repetitions) -> None:
             )
 
 
-@pytest.mark.afd_deployments(*({"split_policy": policy} for policy in POLICIES))
+@pytest.mark.afd_deployments(*({"split_policy": policy, "cases": len(WORKLOADS)}
+                               for policy in POLICIES))
 @pytest.mark.parametrize(
     "size",
     [
@@ -183,7 +192,8 @@ def test_stage_a_policy_matrix(stage_runner, afd_options, pytestconfig, size):
 
 
 @pytest.mark.slow
-@pytest.mark.afd_deployments(*({"split_policy": policy, "model": FULL_MODEL} for policy in POLICIES))
+@pytest.mark.afd_deployments(*({"split_policy": policy, "model": FULL_MODEL,
+                                 "cases": len(FULL_MODEL_WORKLOADS)} for policy in POLICIES))
 def test_stage_a_full_model_confirmation(stage_runner, afd_options, pytestconfig):
     """The winning and control policies again, on the full-depth model."""
     if afd_options.model == FULL_MODEL:

@@ -201,3 +201,44 @@ def test_stage_runner_reports_progress_per_run(make_runner):
     )
     assert any("case=2/2 steady" in line and "rep=3/3" in line for line in lines)
     assert lines[-1].startswith(f"test_x {total}/{total} runs done in ")
+
+
+class _PolicyTimedBackend:
+    """The scripted backend with seeded, policy-dependent wall times (sequential runs)."""
+
+    def __init__(self, backend, factors, seed=0):
+        import numpy as np
+
+        self.inner, self.factors, self.rng = backend, factors, np.random.default_rng(seed)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def run(self, prompts, settings):
+        outputs = self.inner.run(prompts, settings)
+        noise = float(self.rng.normal(0.0, 0.05))
+        outputs.wall_time_s = MEASURED_WALL_S * self.factors[settings.split_policy] * (1 + noise)
+        return outputs
+
+
+def test_sequential_measures_each_comparison_until_decided_and_records_why(make_runner):
+    runner, backend = make_runner({CAP_SPLIT}, sequential=True, max_repeats=16)
+    timed = _PolicyTimedBackend(backend, {"none": 1.0, "token_balanced": 1.5,
+                                          "request_boundary": 1.0}, seed=4)
+    runner.handle.backend = timed
+    workload = runner.workload("uniform")
+    cases = [runner.case(name=policy, workload=workload,
+                         settings=runner.settings(split_policy=policy))
+             for policy in ("none", "token_balanced", "request_boundary")]
+    measured = runner.measure(cases)
+    slower = measured["token_balanced"].result["protocol"]
+    decided = slower["sequential"]["comparisons"]
+    assert [(c["a"], c["b"], c["stopped"], c["verdict"]) for c in decided] == [
+        ("none", "token_balanced", "excludes_threshold", "higher")]
+    assert slower["repetitions"] == decided[0]["repetitions"] == len(measured["token_balanced"].runs)
+    same = measured["request_boundary"].result["protocol"]["sequential"]["comparisons"][0]
+    assert same["stopped"] in ("equivalent", "max_repetitions") and same["verdict"] != "higher"
+    reference = measured["none"].result["protocol"]
+    assert reference["repetitions"] == max(len(item.runs) for item in measured.values())
+    assert len(reference["sequential"]["comparisons"]) == 2
+    assert len(runner.writer.docs) == 3  # every document schema-valid (CollectingWriter)

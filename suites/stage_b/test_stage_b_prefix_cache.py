@@ -7,13 +7,16 @@ the shared prefix seeded by one prompt, before every run). The realized ratio
 comes from the runtime's per-request cached tokens, never from how the input
 was built; logical prompt tokens and newly scheduled tokens are both recorded.
 Token-balanced runs the whole sweep; request-boundary joins it at the extreme
-and midpoint ratios to see whether cache hits change the preferred split.
+and midpoint ratios to see whether cache hits change the preferred split. Under
+``--afd-study`` with references, the study's reference workload and policy pair
+replace bimodal / token_balanced / request_boundary (suites/stage_study.py).
 """
 
 from __future__ import annotations
 
 import pytest
 from stage_b_ratios import ratio_label, realizable_ratios
+from stage_study import reference_evidence, study_reference
 
 from pytest_afd.workloads import STAGE_B_HIT_RATIOS
 
@@ -26,12 +29,12 @@ CONTROL_POLICY = "request_boundary"
 PHASES = ("cold", "steady")
 
 
-def _cases(stage_runner, workloads, notes):
+def _cases(stage_runner, workloads, notes, sweep_policy, control_policy, evidence):
     ratios = sorted(workloads)
     control_ratios = {ratios[0], ratios[len(ratios) // 2], ratios[-1]}
     cases = []
     for ratio in ratios:
-        policies = (SWEEP_POLICY, CONTROL_POLICY) if ratio in control_ratios else (SWEEP_POLICY,)
+        policies = (sweep_policy, control_policy) if ratio in control_ratios else (sweep_policy,)
         for policy in policies:
             for phase in PHASES:
                 cases.append(
@@ -41,6 +44,7 @@ def _cases(stage_runner, workloads, notes):
                         settings=stage_runner.settings(split_policy=policy, prefix_caching=True),
                         phase=phase,
                         notes=notes.get(ratio),
+                        evidence=dict(evidence),
                     )
                 )
     return cases
@@ -50,17 +54,22 @@ def _cases(stage_runner, workloads, notes):
     *({"split_policy": policy, "prefix_caching": True} for policy in (SWEEP_POLICY, CONTROL_POLICY))
 )
 def test_stage_b_hit_ratio_sweep(stage_runner):
+    reference = study_reference(stage_runner.options)
+    distribution = reference.workload if reference else DISTRIBUTION
+    sweep_policy = reference.policy if reference else SWEEP_POLICY
+    control_policy = reference.control_policy if reference else CONTROL_POLICY
     workloads, notes = realizable_ratios(
-        lambda ratio: stage_runner.workload(DISTRIBUTION, requested_hit_ratio=ratio),
+        lambda ratio: stage_runner.workload(distribution, requested_hit_ratio=ratio),
         STAGE_B_HIT_RATIOS,
     )
-    measured = stage_runner.measure(_cases(stage_runner, workloads, notes))
+    measured = stage_runner.measure(_cases(stage_runner, workloads, notes, sweep_policy,
+                                           control_policy, reference_evidence(reference)))
     for name, item in measured.items():
         assert item.result["metrics"]["failed_requests"] == 0, name
     for ratio in workloads:
         label = ratio_label(ratio)
-        cold = measured[f"{label}/cold/{SWEEP_POLICY}"].realized_hit_ratio
-        steady = measured[f"{label}/steady/{SWEEP_POLICY}"].realized_hit_ratio
+        cold = measured[f"{label}/cold/{sweep_policy}"].realized_hit_ratio
+        steady = measured[f"{label}/steady/{sweep_policy}"].realized_hit_ratio
         assert steady >= cold, f"{label}: steady-state hit ratio {steady} < cold {cold}"
         if ratio > 0:
             assert steady > 0, f"{label}: the runtime reported no cache hit in the steady phase"

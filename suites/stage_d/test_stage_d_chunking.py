@@ -7,7 +7,11 @@ planner's plan is recorded next to each measurement (forwards, tail batches,
 rows per rank, communication rounds) and the backend's forward steps must
 match it. Then the best two sizes, with the unchunked reference, under a
 balanced and an imbalanced workload at a low and a high prefix-hit ratio
-(steady-state cache).
+(steady-state cache). Under ``--afd-study`` with references the sweep runs the
+study's reference workload and policy, and the follow-ups run the study's
+frozen best two sizes when it has them (select-references over Stage D sweep
+results), not this session's: two sessions' best two differ within the noise
+(suites/stage_study.py).
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from stage_d_chunks import (
     plan_sweep,
     scaled_candidates,
 )
+from stage_study import reference_evidence, study_reference
+
+from pytest_afd.stats.verdicts import SWEEP_SOURCE
 
 pytestmark = [pytest.mark.stage_d, pytest.mark.slow]
 
@@ -30,20 +37,27 @@ FOLLOW_UP_WORKLOADS = ("uniform", "long_short")  # balanced, imbalanced
 FOLLOW_UP_HIT_RATIOS = (0.0, 0.75)  # low, high
 
 
+def _policy(options) -> str:
+    reference = study_reference(options)
+    return reference.policy if reference else POLICY
+
+
 def _sweep_cases(stage_runner, workload, candidates, cached_tokens=None, phase="cold", prefix=""):
     """Valid candidates become cases; invalid ones are written as omitted right away."""
     round_capacity = stage_runner.sizes.tokens(LOGICAL_ROUND_CAPACITY)
-    base = stage_runner.settings(split_policy=POLICY, prefix_caching=phase == "steady")
+    policy = _policy(stage_runner.options)
+    base = stage_runner.settings(split_policy=policy, prefix_caching=phase == "steady")
     planned = plan_sweep(workload.prompt_lengths, candidates, base, round_capacity, cached_tokens)
     cases, omitted = [], []
     for candidate in planned:
         settings = stage_runner.settings(
-            split_policy=POLICY,
+            split_policy=policy,
             chunk_size=candidate.chunk_size,
             prefix_caching=phase == "steady",
         )
         name = f"{prefix}{workload.name}/{chunk_label(candidate.chunk_size)}"
-        evidence = {"chunk_plan": candidate.plan.to_json(), "chunk_sweep": candidate.to_json()}
+        evidence = {"chunk_plan": candidate.plan.to_json(), "chunk_sweep": candidate.to_json(),
+                    **reference_evidence(study_reference(stage_runner.options))}
         if not candidate.plan.valid:
             stage_runner.record_omitted(
                 name=name,
@@ -62,10 +76,19 @@ def _sweep_cases(stage_runner, workload, candidates, cached_tokens=None, phase="
     return cases, omitted
 
 
+def _against_unchunked(cases):
+    """``--afd-sequential`` comparisons: every chunk size against the unchunked case
+    measured on the same workload (the stage's reference)."""
+    reference = {id(case.workload): case.name for case in cases
+                 if case.settings.chunk_size is UNCHUNKED}
+    return [(reference[id(case.workload)], case.name) for case in cases
+            if case.settings.chunk_size is not UNCHUNKED and id(case.workload) in reference]
+
+
 def _deployments(context):
     """Every candidate chunk size, cold (sweep) and steady (follow-ups); unused ones never deploy."""
     return [
-        {"split_policy": POLICY, "chunk_size": size, "prefix_caching": steady}
+        {"split_policy": _policy(context.options), "chunk_size": size, "prefix_caching": steady}
         for steady in (False, True)
         for size in scaled_candidates(context.sizes.tokens)
     ]
@@ -73,10 +96,11 @@ def _deployments(context):
 
 @pytest.mark.afd_deployments.with_args(_deployments)
 def test_stage_d_chunk_sweep_then_best_two(stage_runner):
+    reference = study_reference(stage_runner.options)
     candidates = scaled_candidates(stage_runner.sizes.tokens)
-    workload = stage_runner.workload(SWEEP_WORKLOAD)
+    workload = stage_runner.workload(reference.workload if reference else SWEEP_WORKLOAD)
     cases, omitted = _sweep_cases(stage_runner, workload, candidates, prefix="sweep/")
-    sweep = stage_runner.measure(cases)
+    sweep = stage_runner.measure(cases, comparisons=_against_unchunked(cases))
     throughput = {}
     for case in cases:
         item = sweep[case.name]
@@ -91,6 +115,10 @@ def test_stage_d_chunk_sweep_then_best_two(stage_runner):
     assert UNCHUNKED not in omitted, "the unchunked reference must always be measurable"
     best = best_sizes(throughput)
     assert best, f"no valid chunk size among {candidates} (omitted: {omitted})"
+    best_source = SWEEP_SOURCE
+    if reference is not None and reference.logical_chunk_sizes is not None:
+        best = [stage_runner.sizes.tokens(size) for size in reference.logical_chunk_sizes]
+        best_source = f"the study {reference.study}"
 
     follow_ups = []
     for name in FOLLOW_UP_WORKLOADS:
@@ -108,7 +136,8 @@ def test_stage_d_chunk_sweep_then_best_two(stage_runner):
             follow_ups.extend(cases)
     for case in follow_ups:
         case.evidence["stage_d_best_sizes"] = best
-    measured = stage_runner.measure(follow_ups)
+        case.evidence["stage_d_best_sizes_source"] = best_source
+    measured = stage_runner.measure(follow_ups, comparisons=_against_unchunked(follow_ups))
     stage_runner.require_evidence(sweep, "steps")
     for name, item in measured.items():
         requested = item.case.workload.spec.requested_hit_ratio

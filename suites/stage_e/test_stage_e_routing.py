@@ -7,12 +7,15 @@ the per-step correlation of the straggler EP rank's load with the step's
 critical-path time (or the reason it is absent). Forced-balanced results are labelled
 synthetic (performance only, never an accuracy claim). A backend without
 forced routing runs the natural cases and skips the forced ones with the reason.
+Under ``--afd-study`` with references the study's reference workload and policy
+replace trace_conv / token_balanced (suites/stage_study.py).
 """
 
 from __future__ import annotations
 
 import pytest
 from stage_e_heat import critical_path_correlation, heat_summary
+from stage_study import reference_evidence, study_reference
 
 from pytest_afd.core.backend import CAP_FORCED_ROUTING
 from pytest_afd.results.manifest import absent
@@ -29,21 +32,27 @@ SIZE = 0.5
 
 def _deployments(context):
     depth = context.item.callspec.params["depth"]
-    return [{"split_policy": POLICY, "routing": routing, "model": depth} for routing in ROUTINGS]
+    reference = study_reference(context.options)
+    policy = reference.policy if reference else POLICY
+    return [{"split_policy": policy, "routing": routing, "model": depth} for routing in ROUTINGS]
 
 
 @pytest.mark.afd_deployments.with_args(_deployments)
 @pytest.mark.parametrize("depth", DEPTHS)
 def test_stage_e_depth_x_routing(stage_runner, depth):
+    reference = study_reference(stage_runner.options)
+    policy = reference.policy if reference else POLICY
     runner = stage_runner.on(model_name=depth)
-    workload = runner.workload(WORKLOAD, scale=runner.sizes.scale * SIZE)
+    workload = runner.workload(reference.workload if reference else WORKLOAD,
+                               scale=runner.sizes.scale * SIZE)
     forced_supported = CAP_FORCED_ROUTING in runner.backend.capabilities
     routings = ROUTINGS if forced_supported else ("natural",)
     cases = [
         runner.case(
             name=f"{depth}/{routing}",
             workload=workload,
-            settings=runner.settings(split_policy=POLICY, routing=routing),
+            settings=runner.settings(split_policy=policy, routing=routing),
+            evidence=reference_evidence(reference),
             notes="synthetic: forced-balanced routing, performance only (no accuracy claim)"
             if routing == "forced_balanced"
             else None,

@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -23,33 +22,21 @@ from pytest_afd.backends.vllm_ascend.deployments import (
     parse_deployments,
 )
 from pytest_afd.core.backend import RunSettings
-from pytest_afd.serving.http_backend import cpu_server_spec, server_side_settings
-from pytest_afd.serving.lifecycle import ServerGroup
+from pytest_afd.serving.http_backend import server_side_settings
+from tests.support.ascend_deployments import (
+    CASES,
+    DEPLOYMENT_VARIABLES,
+    REPO,
+    SMALL,
+    TOPOLOGY,
+    cpu_servers,
+    entry,
+)
 from tests.support.inner_pytest import UNRELATED_PLUGINS
 
 pytest_plugins = ["pytester"]
 
-REPO = Path(__file__).resolve().parents[2]
-TOPOLOGY = "dp3pcp8-ep8"
-DEPLOYMENT_VARIABLES = ("AFD_ASCEND_SERVER_URL", "AFD_ASCEND_SERVER_SETTINGS", "AFD_ASCEND_DEPLOYMENTS",
-                        "AFD_ASCEND_DEPLOY_COMMAND", "AFD_BACKEND", "AFD_REQUIRE_HARDWARE",
-                        "AFD_REFERENCE_PHASE", "AFD_EVIDENCE_DIR", "AFD_ALLOW_EMULATED",
-                        "AFD_ASCEND_SERVED_MODEL_NAME", "AFD_DEVICES_PER_NODE")
-SMALL = {"block_size": 16, "max_num_batched_tokens": 512, "max_num_seqs": 8}
 CPU_DEPLOY = f"{sys.executable} -m pytest_afd.cli deploy-cpu"
-CASES = """
-import pytest
-from pytest_afd.core.backend import PromptRequest, RunSettings
-
-SMALL = dict(block_size=16, max_num_batched_tokens=512, max_num_seqs=8, return_logits=False)
-PROMPTS = [PromptRequest("r0", tuple(range(1, 40)))]
-
-
-def run(backend, policy):
-    outputs = backend.run(PROMPTS, RunSettings(split_policy=policy, **SMALL))
-    assert outputs.requests[0].error is None, outputs.requests[0].error
-    return outputs
-"""
 
 
 @pytest.fixture
@@ -61,19 +48,6 @@ def no_deployment(monkeypatch):
 
 def settings(policy: str) -> RunSettings:
     return server_side_settings(RunSettings(split_policy=policy, **SMALL), LAUNCH_FIELDS)
-
-
-def cpu_servers(tmp_path: Path, *policies: str) -> ServerGroup:
-    """One CPU server per policy, named after it; entering the group starts them together
-    (their torch imports overlap) and returns once each is healthy."""
-    specs = [cpu_server_spec(RunSettings(split_policy=policy, **SMALL), name=policy,
-                             log_dir=tmp_path, topology=TOPOLOGY, model_name="reduced", seed=0)
-             for policy in policies]
-    return ServerGroup(specs, tmp_path)
-
-
-def entry(url: str, policy: str, **extra) -> dict:
-    return {"url": url, "settings": {"split_policy": policy, **SMALL}, **extra}
 
 
 # -- the file ------------------------------------------------------------------------------------
@@ -156,6 +130,38 @@ def test_manifest(afd_manifest):
     result.stdout.fnmatch_lines(["*0 cases measured on hardware*; 2 ran on a pytest-afd server*"])
 
 
+def test_attached_stand_in_is_never_hardware_and_a_skipped_case_is_not_measured(
+        pytester, tmp_path, no_deployment):
+    """Issue 40, finding 1: the harness's CPU server attached through AFD_ASCEND_SERVER_URL
+    is a stand-in (it labels itself; the client reads the label even after the case dropped
+    its session), and a case that ran then skipped (no split-none deployment for its
+    reference) counts as measured nowhere: --afd-require-hardware fails the session."""
+    with cpu_servers(tmp_path, "token_balanced") as servers:
+        [balanced] = servers.servers
+        no_deployment.setenv("AFD_ASCEND_SERVER_URL", balanced.base_url)
+        no_deployment.setenv("AFD_ASCEND_SERVER_SETTINGS",
+                             json.dumps({"split_policy": "token_balanced", **SMALL}))
+        pytester.makepyfile(CASES + """
+def test_reference_missing(afd_backend):  # first: the label is asked after its session is gone
+    run(afd_backend, "token_balanced")
+    run(afd_backend, "none")  # no split-none deployment: the case skips
+
+def test_measured(afd_backend):
+    run(afd_backend, "token_balanced")
+""")
+        result = pytester.runpytest("--afd-backend", "vllm-ascend", "--npu-topology", TOPOLOGY,
+                                    "--afd-require-hardware", "-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*0 cases measured on hardware*; 1 ran on a pytest-afd server*"
+                                 "(device cpu)*failing the session*"])
+    hardware = json.loads((pytester.path / "afd-results" / "summary.json").read_text())["hardware"]
+    assert hardware["cases_measured_on_hardware"] == 0 and hardware["cases_on_stand_in"] == 1
+    assert hardware["stand_in_device"] == "cpu" and hardware["fails_session"] is True
+    assert [case.split("::")[-1] for case in hardware["skipped_after_runs"]] == [
+        "test_reference_missing"]
+
+
 def test_dead_deployment_is_one_session_error_naming_it(pytester, no_deployment):
     no_deployment.setenv("AFD_ASCEND_SERVER_URL", "http://127.0.0.1:9")  # discard port: refused
     no_deployment.setenv("AFD_ASCEND_SERVER_SETTINGS", json.dumps({"split_policy": "none"}))
@@ -234,6 +240,18 @@ def test_d_undeclared_run_fails(afd_backend):
     assert plan["nodes"] == 2 and plan["afd_launch_plan"][:3] == ["afd-launch-plan", "--npu-topology",
                                                                    TOPOLOGY]
     assert not list(state.glob("*.json")), "every deployment was stopped with `down`"
+    # Each deploy's seconds are recorded, and the next listing estimates with their median.
+    times = json.loads((work / "deploy-times.json").read_text())
+    assert sorted(json.loads(key)["split_policy"] for key in times) == sorted(deployed)
+    assert all(len(seconds) == 1 and seconds[0] > 0 for seconds in times.values())
+    listing = pytester.runpytest("--afd-backend", "vllm-ascend", "--npu-topology", TOPOLOGY,
+                                 "-p", "no:cacheprovider", "--afd-list-deployments")
+    assert listing.ret == 0
+    estimate = json.loads((pytester.path / "afd-results" / "deployments.json").read_text())[
+        "estimated_device_time"]
+    assert "median of 3 deploy times recorded" in estimate["deploy_time_source"]
+    assert estimate["deploys"] == 2  # none and token_balanced, as declared, each once
+    listing.stderr.fnmatch_lines(["pytest-afd: estimated device time *2 deploys x *"])
 
 
 def test_deploy_command_that_never_prints_a_url_stops_the_session(pytester, tmp_path, no_deployment):
@@ -303,6 +321,14 @@ def test_list_deployments_for_stage_a_runs_nothing(tmp_path, no_deployment):
     assert all(item["devices_per_node_given"] for item in reduced) and document["notes"] == []
     assert '"deployments"' in completed.stdout
     assert not (tmp_path / "summary.json").exists(), "nothing ran, nothing summarized"
+    # The selection's device time: the smallest matrix declares 4 cases per policy.
+    estimate = document["estimated_device_time"]
+    assert estimate["deploy_time_source"].startswith("stated default")
+    assert estimate["measured_cases"] >= 12 and estimate["deploys"] == len(document["deployments"])
+    step = 140_000 / (6688 * 32)
+    assert estimate["device_s"]["low"] == pytest.approx(
+        estimate["deploys"] * 600 + estimate["measured_cases"] * (1 + 3) * step)
+    assert "pytest-afd: estimated device time" in completed.stderr
 
 
 # -- labels: emulated everywhere -----------------------------------------------------------------

@@ -26,8 +26,10 @@ from pytest_afd.backends.vllm_ascend.backend import (
     served_model_name,
 )
 from pytest_afd.core.backend import BackendUnavailable, PromptRequest, RunSettings
+from pytest_afd.serving.client import CompletionsClient
 from pytest_afd.serving.http_backend import cpu_server_spec
 from pytest_afd.serving.lifecycle import LOOPBACK_HOST, ManagedServer
+from pytest_afd.serving.requests import STAND_IN_FIELD
 from pytest_afd.serving.server import AfdHTTPServer
 from pytest_afd.topology.spec import parse_topology
 
@@ -66,6 +68,9 @@ def test_the_one_served_model_is_discovered_from_the_real_handler():
     with serving(AfdHTTPServer((LOOPBACK_HOST, 0), None, "reduced")) as url:
         assert served_model_name(url, {}) == "reduced"
         assert served_model_name(url, {ENV_SERVED_MODEL_NAME: "given"}) == "given"
+        # The harness's server labels itself a stand-in, engine or not (issue 40).
+        [entry] = CompletionsClient(url, model="").get_json("/v1/models")["data"]
+        assert entry[STAND_IN_FIELD]["device"]
 
 
 def test_several_models_name_the_variable_to_set():

@@ -74,7 +74,12 @@ def test_nightly_triggers_and_runner():
     job = doc["jobs"]["ascend"]
     # A repository variable, defaulting to vllm-ascend's own 16-NPU A3 nightly pool.
     assert job["runs-on"] == "${{ vars.AFD_ASCEND_RUNNER || 'linux-aarch64-nightly-a3-16' }}"
-    assert "vllm-ascend" in job["container"]["image"]
+    # The container is the image job's digest-checked name@sha256 of a vllm-ascend tag.
+    assert job["container"]["image"] == "${{ needs.image.outputs.image }}"
+    assert job["needs"] == "image"
+    image_step = doc["jobs"]["image"]["steps"][-1]
+    assert "vllm-ascend" in image_step["env"]["IMAGE"]
+    assert image_step["run"].startswith(".ci/check-image-digest")
     assert "/dev/davinci_manager" in job["container"]["options"]
 
 

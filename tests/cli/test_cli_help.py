@@ -4,28 +4,16 @@ reads as plain text; the checker itself fails on a parser that breaks any of tho
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import subprocess
 import sys
 
 import pytest
 
 from pytest_afd.cli import COMMANDS, PROG, main, top_parser
-from pytest_afd.cli.wrapped import STUDY_MODULE
 from tests.support.cli_help import capture_parser, help_problems
 
 
-def _study_present() -> bool:
-    try:
-        return importlib.util.find_spec(STUDY_MODULE) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-WALKED = [name for name in COMMANDS if name != "study" or _study_present()]
-
-
-@pytest.mark.parametrize("name", WALKED)
+@pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_every_subcommand_help_names_it_and_helps_every_option(name):
     prog = f"{PROG} {name}"
     parser = capture_parser(COMMANDS[name].load(), prog)
@@ -52,12 +40,6 @@ def test_an_unknown_subcommand_is_named_with_the_choices(capsys):
         main(["reprot"])
     assert exited.value.code == 2
     assert "invalid choice: 'reprot'" in capsys.readouterr().err
-
-
-@pytest.mark.skipif(_study_present(), reason="pytest_afd.study is installed: walked above")
-def test_study_without_its_package_exits_2_saying_so(capsys):
-    assert main(["study", "freeze"]) == 2
-    assert f"module {STUDY_MODULE} not found" in capsys.readouterr().err
 
 
 def test_top_level_help_imports_no_subcommand_module():

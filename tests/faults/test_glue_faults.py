@@ -55,7 +55,8 @@ def test_the_glue_faults_are_registered():
         "engine_check_unchecked", "request_check_tail_plus_one", "fingerprint_without_cut",
         "step_record_padding_as_real",
         "stage_build_shares_builder_slot_buffer", "pcp_padded_slot_buffer_reused",
-        "adapter_readback_unchecked",
+        "adapter_readback_unchecked", "adapter_tail_host_field_plus_one",
+        "adapter_check_rederives_split",
     }  # fmt: skip
     assert len(MANY[0]) > LIST_CHECK_MAX_REQUESTS
 
@@ -252,3 +253,46 @@ def test_readback_unchecked_fails_the_gate_that_runs_checked_results(tmp_path):
     clean, faulty = gate(None), gate("adapter_readback_unchecked")
     assert clean.returncode == 0 and "4 passed" in clean.stdout, clean.stdout[-1500:]
     assert faulty.returncode == 1 and "4 failed" in faulty.stdout, faulty.stdout[-1500:]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_check_that_rederives_the_split_misses_a_wrong_produced_field(layout):
+    """``adapter_check_rederives_split`` still raises on a fault of the helper it re-derives
+    through (the old way the gate injected), but lets a wrong produced host field through."""
+    plan, metadata = _batch(*SMALL)
+    with faults.get_fault("adapter_check_rederives_split").applied():
+        with faults.get_fault("adapter_tail_host_computed_plus_one").applied(), \
+                pytest.raises(SplitInvariantError):
+            _stages(plan, metadata, layout)
+        with faults.get_fault("adapter_tail_host_field_plus_one").applied():
+            pairs, _ = _stages(plan, metadata, layout)  # not seen
+    with faults.get_fault("adapter_tail_host_field_plus_one").applied(), \
+            pytest.raises(SplitInvariantError) as raised:
+        _stages(plan, metadata, layout)  # the clean read-back check sees it
+    assert any(entry.name == "checked_results" for entry in raised.traceback)
+    boundary = plan.boundary_request
+    expected = metadata.num_computed_tokens[boundary] + plan.ubatches[0].num_real_tokens \
+        - metadata.query_start_loc[boundary]
+    assert int(pairs[1][0]._num_computed_tokens_cpu[0]) == expected + 1
+
+
+GLUE_GATES = "test_gate_1_glue_checks.py"
+
+
+def test_rederiving_check_fails_the_gate_that_corrupts_the_produced_field(tmp_path):
+    """``fault-check``'s way (``$PYTEST_AFD_FAULT`` in a ``pytest -m gate`` run): the gate 1
+    glue-check module passes clean and fails under ``adapter_check_rederives_split`` (its
+    wrong-host-copy cases: two on the CPU backend's engine glue, four on the read-back path)."""
+    def gate(fault: str | None) -> subprocess.CompletedProcess:
+        env = {key: value for key, value in os.environ.items() if key != faults.FAULT_ENV}
+        if fault is not None:
+            env[faults.FAULT_ENV] = fault
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-m", "gate", "-q", "-p", "no:cacheprovider",
+             *UNRELATED_PLUGINS, "--afd-results-dir", str(tmp_path / (fault or "clean")),
+             str(GATES_DIR / GLUE_GATES), "-k", "wrong_host_copy"],
+            capture_output=True, text=True, env=env, timeout=300, check=False)
+
+    clean, faulty = gate(None), gate("adapter_check_rederives_split")
+    assert clean.returncode == 0 and "6 passed" in clean.stdout, clean.stdout[-1500:]
+    assert faulty.returncode == 1 and "6 failed" in faulty.stdout, faulty.stdout[-1500:]

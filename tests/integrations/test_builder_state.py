@@ -15,6 +15,7 @@ from afd_split.hook.glue.builder_state import (
     builder_state_targets,
     metadata_builders,
     own_stage_views,
+    stage_write_bound,
     stage_written_buffers,
 )
 
@@ -74,3 +75,26 @@ def test_own_stage_views_copies_only_fields_viewing_a_guarded_buffer():
     assert stage.positions is other
     assert own_stage_views([stage], []) == 0
     assert isinstance(BufferContents(buffer).buffer, torch.Tensor)
+
+
+def test_a_limited_guard_restores_its_prefix_only_and_keeps_views():
+    buffer = torch.arange(10)
+    view = buffer[:4]
+    with preserved_state(BufferContents(buffer, limit=6)):
+        buffer[:8] = -1  # a build writing past the limit
+    assert view.tolist() == [0, 1, 2, 3] and view.data_ptr() == buffer.data_ptr()
+    assert buffer.tolist() == [0, 1, 2, 3, 4, 5, -1, -1, 8, 9]  # the tail is not restored
+    with preserved_state(BufferContents(buffer, limit=100)):  # past the end: the whole buffer
+        buffer.fill_(7)
+    assert buffer.tolist() == [0, 1, 2, 3, 4, 5, -1, -1, 8, 9]
+
+
+def test_stage_write_bound_by_hand():
+    # 3 requests, 1,000 tokens at PCP 8: 1,000 + 2 * 8 * (3 + 1) = 1,064 slots; the per-rank
+    # rows (130 padded) * 8 = 1,040 are fewer.
+    assert stage_write_bound([500, 300, 200], 128, 130, 8) == 1064
+    # DP padding past the scheduled tokens: the padded rows decide.
+    assert stage_write_bound([10], 10, 4096, 1) == 4096
+    assert stage_write_bound([10], 10, None, 1) == 10 + 2 * 1 * 2
+    targets = builder_state_targets([], [torch.zeros(3)], limit=5)
+    assert [t.limit for t in targets] == [5]

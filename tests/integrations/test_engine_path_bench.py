@@ -34,18 +34,27 @@ def test_report_has_every_target_with_fractions_and_load(bench, tmp_path, capsys
     layouts = report["metadata_layouts"]
     assert len(layouts) == 3 and layouts[1:] == ["vllm-ascend-v0.19.1rc1-standin",
                                                  "vllm-ascend-v0.26.0rc-standin"]
-    # One target per layout, at the recipe's batch: 32 requests filling 140,000 tokens.
-    assert [t["name"] for t in report["targets"]] == [
-        f"host_cost_per_step_{layout}" for layout in layouts]
+    # One target per layout and batch size: the recipe's 32 requests filling 140,000 tokens
+    # and one request (issue 43: every size), each against the NPU step of its tokens.
+    assert [(t["layout"], t["batch"], t["num_requests"]) for t in report["targets"]] == [
+        (layout, batch, n) for layout in layouts for batch, n in (("recipe", 32), ("sizes", 1))]
     for target in report["targets"]:
-        assert (target["num_requests"], target["num_tokens"]) == (32, 140_000)
+        if target["batch"] == "recipe":
+            assert target["num_tokens"] == 140_000
+            assert target["npu_step_us"] == pytest.approx(140_000 / (6688 * 32) * 1e6)
         assert target["max_fraction"] == 0.01 and isinstance(target["met"], bool)
         assert target["met"] == (target["measured_fraction"] <= 0.01)
         # The host cost includes the builder-state guard, and the fraction is of that sum.
         assert 0 < target["builder_state_guard_thread_cpu_us"] < target["host_cost_thread_cpu_us"]
         assert target["measured_fraction"] == pytest.approx(
-            target["host_cost_thread_cpu_us"] / target["modelled_step_us"])
-        assert target["context_ratio_engine_to_plugin_thread_cpu"] > 0
+            target["host_cost_thread_cpu_us"] / target["npu_step_us"])
+        assert target["npu_step_us"] == pytest.approx(target["num_tokens"] / 214_016 * 1e6)
+        assert target["ratio_engine_to_plugin_thread_cpu"] > 0
+        assert target["builder_state_guard_whole_buffers_thread_cpu_us"] > 0
+    # The guard copies only the step's bound: one request's step copies far fewer bytes.
+    one, recipe = (next(r for r in report["sizes"] if r["num_requests"] == n) for n in (1, 32))
+    assert one["guarded_bytes_per_step"] < recipe["guarded_bytes_per_step"]
+    assert recipe["guarded_bytes_per_step"] <= report["builder_state_guard"]["guarded_bytes"]
     guard = report["builder_state_guard"]
     assert guard["pcp"] == 8 and guard["guarded_buffers"] == 3  # two SFA-CP bufs + padded slots
     assert guard["stage_fields_owned_per_step"] == 2

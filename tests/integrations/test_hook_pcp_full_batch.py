@@ -55,9 +55,15 @@ def test_stage_builds_leave_the_full_batch_bit_identical(standin_plugin, kind, s
                                                          computed, pcps):
     for pcp in pcps:
         for rank in range(pcp):
+            captured = {}
             runner, full, before, stages = _built(standin_plugin, kind, scheduled, computed, pcp,
-                                                  rank)
+                                                  rank, captured=captured)
             assert changed_fields(before, full) == [], (pcp, rank)
+            # The guard restores only stage_write_bound's prefix: whole buffers equal before
+            # and after show the stage builds wrote nothing past it (issue 43).
+            now = stage_written_buffers(metadata_builders(runner), runner.pcp_manager)
+            assert all(torch.equal(a, b) for a, b in zip(captured["buffers"], now, strict=True)), (
+                pcp, rank)
             plan = runner._afd_async_moe_ubatch_metadata["ubatch_slices"].plan
             assert plan.boundary_request is not None
             slots = global_slots(runner)

@@ -20,6 +20,8 @@ from pytest_afd.report.loading import load_results
 from pytest_afd.results.shared import (
     SESSIONS_DIR_NAME,
     SessionLease,
+    kept_sessions,
+    kept_sessions_line,
     live_sessions,
     restamp_outcome,
     session_is_live,
@@ -30,6 +32,7 @@ from tests.support.plugin_pytester import AFD_ENV, FAKE_CONFTEST
 from tests.support.result_data import PROTOCOL, make_outputs
 
 SESSION_TIMEOUT_S = 300
+ROOT = Path(__file__).resolve().parents[2]
 CASE_ID = "test_shared.py::test_case"
 
 SHARED_CASE = """
@@ -63,6 +66,8 @@ def test_case(record_case):
 def _session(project: Path, results: Path, sync: Path, role: str) -> subprocess.Popen:
     env = {key: value for key, value in os.environ.items() if key not in AFD_ENV}
     env.update(SYNC_DIR=str(sync), SESSION_ROLE=role, FAKE_CLOSED_FILE=str(sync / "closed"))
+    # This checkout's pytest_afd, not whichever one is installed.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
     return subprocess.Popen(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:randomly",
          *UNRELATED_PLUGINS, "--afd-results-dir", str(results), "test_shared.py"],
@@ -139,15 +144,71 @@ def _doc(session_id: str, note: str) -> dict:
 
 
 def test_a_rewrite_of_a_file_another_session_replaced_is_refused(tmp_path):
-    """The compare-and-swap itself: a finished session's file replaced by a later one."""
-    earlier = SessionLease(tmp_path, "earlier").acquire()
-    path = write_claimed_result(tmp_path, _doc("earlier", "first"))
-    earlier.release()  # finished: a later session may replace its file
-    later = SessionLease(tmp_path, "later").acquire()
-    assert write_claimed_result(tmp_path, _doc("later", "second")) == path
+    """The compare-and-swap itself: a file that now holds another session's result."""
+    from pytest_afd.results import documents as results
+
+    path = results.result_path(tmp_path, CASE_ID)
+    results.write_result(path, _doc("later", "second"))
     assert restamp_outcome(tmp_path, path, "earlier", {"status": "passed", "reason": None}) == (
         "later")
     assert json.loads(path.read_text())["outcome"]["status"] == "error"  # untouched
+    later = SessionLease(tmp_path, "later").acquire()
     assert live_sessions(tmp_path, besides="nobody") == ["later"]
     later.release()
     assert live_sessions(tmp_path, besides="nobody") == []
+
+
+def test_a_rerun_keeps_a_finished_sessions_result_and_says_so(tmp_path):
+    """Issue 40 finding 4: a later session used to replace a finished session's file."""
+    earlier = SessionLease(tmp_path, "earlier").acquire()
+    first = write_claimed_result(tmp_path, _doc("earlier", "first"))
+    earlier.release()  # finished
+    later = SessionLease(tmp_path, "later").acquire()
+    second = write_claimed_result(tmp_path, _doc("later", "second"))
+    later.release()
+    assert second != first
+    assert json.loads(first.read_text())["session_id"] == "earlier"
+    assert json.loads(second.read_text())["session_id"] == "later"
+    assert kept_sessions(tmp_path, [CASE_ID], "later") == {
+        "earlier": (1, json.loads(first.read_text())["created_at"])}
+    line = kept_sessions_line(tmp_path, [CASE_ID], "later")
+    assert line.startswith("kept 1 result(s) of session earlier from ")
+    assert kept_sessions_line(tmp_path, ["other.py::case"], "later") is None
+    # A third session keeps both earlier ones.
+    third = write_claimed_result(tmp_path, _doc("third", "third"))
+    assert len({first, second, third}) == 3
+    assert sorted(kept_sessions(tmp_path, [CASE_ID], "third")) == ["earlier", "later"]
+    loaded = load_results(tmp_path)
+    assert sorted(r.session for r in loaded.results) == ["earlier", "later", "third"]
+    assert [r.session for r in load_results(tmp_path, session="earlier").results] == ["earlier"]
+
+
+RERUN_CASE = """
+def test_case(record_case):
+    record_case()
+"""
+
+
+def test_a_rerun_into_the_same_results_dir_keeps_both_sessions(tmp_path):
+    """Two real sessions one after the other: both sessions' results stay, the second
+    session's terminal names what it kept, and compare can pick either session."""
+    project, results = tmp_path / "project", tmp_path / "results"
+    project.mkdir()
+    (project / "conftest.py").write_text(FAKE_CONFTEST)
+    (project / "test_shared.py").write_text(RERUN_CASE)
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    code_1, out_1 = _finish(_session(project, results, sync, "A"))
+    code_2, out_2 = _finish(_session(project, results, sync, "A"))
+    assert code_1 == 0 and code_2 == 0, out_1 + out_2
+    docs = [json.loads(path.read_text()) for path in results.glob("*.json")
+            if path.name != "summary.json"]
+    sessions = sorted({doc["session_id"] for doc in docs})
+    assert len(docs) == 2 and len(sessions) == 2  # the rerun replaced nothing
+    assert "result(s) of session" not in out_1
+    summary = json.loads((results / "summary.json").read_text())
+    [earlier] = [s for s in sessions if s != summary["session_id"]]
+    assert f"kept 1 result(s) of session {earlier} from " in out_2, out_2
+    assert {r.session for r in load_results(results).results} == set(sessions)
+    assert [r.session for r in load_results(results, latest_only=True).results] == [
+        summary["session_id"]]

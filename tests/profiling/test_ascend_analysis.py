@@ -81,9 +81,9 @@ def test_device_times_alone_would_misplace_kernels():
     rank_dir = kernels.rank_dirs(ROLE_DIRS["attention"])[0]
     ranges, _ = kernels.read_ranges_and_flows(
         rank_dir / kernels.OUTPUT_DIR / kernels.TRACE_VIEW)
-    starts = [r.start_us for r in ranges]
+    starts = [r.start_ns for r in ranges]
     wrong = [k for k in kernels.read_kernels(rank_dir)
-             if (tag := kernels.innermost(ranges, starts, k.start_us)) is None
+             if (tag := kernels.innermost(ranges, starts, k.start_ns)) is None
              or (tag.layer, tag.ubatch) != _encoded(k)]
     assert wrong
 
@@ -96,8 +96,8 @@ def test_step_trace_comes_from_msprof_analyze(fixture_analysis_session):
     assert {(r["rank"], r["step"]) for r in rows} == {(0, "1"), (0, "2"), (1, "1"), (1, "2")}
     csv_path = next(kernels.rank_dirs(ROLE_DIRS["ffn"])[0].rglob("step_trace_time.csv"))
     first = csv_path.read_text().splitlines()[1].split(",")
-    assert rows[0]["computing_s"] == pytest.approx(float(first[1]) / 1e6)
-    assert rows[0]["free_s"] == pytest.approx(float(first[5]) / 1e6)
+    assert rows[0]["computing_ns"] == round(float(first[1]) * 1e3)
+    assert rows[0]["free_ns"] == round(float(first[5]) * 1e3)
 
 
 def test_nothing_is_dropped(profile):

@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import json
 from collections import Counter
-from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ pytest.importorskip("msprof_analyze")
 from afd_split.hook.glue import layer_ranges  # noqa: E402
 from afd_split.ranges import NO_INDEX, RangeTag, parse_range  # noqa: E402
 from pytest_afd.profiling import kernels, torch_trace  # noqa: E402
+from pytest_afd.profiling.timebase import us_to_ns  # noqa: E402
 
 HIDDEN = 16
 NUM_LAYERS = 4
@@ -211,10 +211,10 @@ def test_each_matmul_is_placed_in_the_range_of_the_module_that_ran_it(
         profiled_trace: Path) -> None:
     """The hardware path's placement (``kernels.innermost``) over the CPU trace's ops."""
     ranges, _ = kernels.read_ranges_and_flows(profiled_trace)
-    starts = [r.start_us for r in ranges]
+    starts = [r.start_ns for r in ranges]
     events = json.loads(profiled_trace.read_text())["traceEvents"]
     placed = Counter(
-        kernels.innermost(ranges, starts, Decimal(str(event["ts"])).quantize(Decimal("0.001")))
+        kernels.innermost(ranges, starts, us_to_ns(event["ts"]))
         for event in events if event.get("ph") == "X" and event.get("name") == "aten::linear")
     linears = {"attention": 2, "dense_mlp": 1, "route": 1}  # Linear modules per stage call
     assert placed == {tag: linears[tag.stage] for tag in expected_ranges()}

@@ -20,17 +20,29 @@ def test_summary_of_both_roles_writes_json_and_plots(tmp_path, capsys, reused_ms
     out = tmp_path / "summary"
     assert main(["profile-summary", f"attention={DATA / 'attention'}", str(DATA / "ffn"),
                  "--output", str(out)]) == 0
-    printed = capsys.readouterr().out.split()
+    printed = capsys.readouterr().out
     profile = json.loads((out / summary.PROFILE_JSON).read_text())
     # The CLI writes what the API gives (the session's real ascend.analyse of both roles).
     assert len(reused_msprof.reused) == 2
     assert profile == json.loads(json.dumps(reused_msprof.profile))
     assert profile["source"] == "ascend_pt"
     assert set(profile["roles"]) == {"attention", "ffn"}
-    assert {Path(p).name for p in printed} == {"profile.json", "profile_layers.png",
+    written = printed.split("Written:")[1].split()
+    assert {Path(p).name for p in written} == {"profile.json", "profile_layers.png",
                                                "profile_overlap.png"}
+    # The figures themselves are printed, not only file paths.
+    assert "Per role" in printed and "straggler" in printed and "Collectives" in printed
+    assert f"{profile['straggler']['slowest_rank']})" in printed
     layers = profile_plots.layer_components(profile)
     assert len(layers) == 3 and "ffn/routed_moe" in layers[2]
+
+
+def test_summary_json_flag_prints_the_profile(tmp_path, capsys, reused_msprof):
+    out = tmp_path / "summary"
+    assert main(["profile-summary", f"attention={DATA / 'attention'}", str(DATA / "ffn"),
+                 "--output", str(out), "--no-plots", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(
+        (out / summary.PROFILE_JSON).read_text())
 
 
 @pytest.mark.parametrize(("argv", "message"), [

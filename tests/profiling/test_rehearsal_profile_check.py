@@ -42,7 +42,7 @@ def fixture_profile(tmp_path_factory, fixture_analysis_session) -> dict:
     profile = json.loads((out / summary.PROFILE_JSON).read_text())
     # The fixtures carry no expert load: the straggler rows a run's analysis adds beside it.
     profile["straggler"] = {"per_layer": [{"layer": 0, "straggler_s": 1e-4}],
-                            "expert_load_per_rank": [[3, 5]]}
+                            "total_s": 1e-4, "expert_load_per_rank": [[3, 5]]}
     return profile
 
 
@@ -65,7 +65,7 @@ def test_filled_profiles_pass(fixture_profile, tmp_path):
 @pytest.mark.parametrize(("fault", "named"), [
     ("per_layer", "no per-layer rows"),
     ("per_step", "per-step overlap missing (0 steps)"),
-    ("straggler", "no straggler per layer"),
+    ("straggler", "no straggler figure"),
     ("collectives", "no collectives"),
     ("roles", "no utilization (busy_fraction) for ['attention', 'ffn']"),
 ])
@@ -86,3 +86,12 @@ def test_absent_profile_and_no_results_are_named(tmp_path):
         "x stage_a::c0: no profile evidence (the case was not instrumented)"]
     assert module.check_profiled(write_results(tmp_path / "e", []), "x") == [
         f"x: no result in {tmp_path / 'e'}"]
+
+
+def test_an_absent_straggler_is_named(fixture_profile, tmp_path):
+    """The FFN role emits no layer range on hardware: only the per-step figure counts."""
+    module = rehearsal_module()
+    broken = copy.deepcopy(fixture_profile)
+    broken["straggler"]["total_s"] = {"value": None, "absent_reason": "one FFN rank"}
+    results = write_results(tmp_path / "r", [broken])
+    assert module.check_profiled(results, "x") == ["x stage_a::c0: no straggler figure"]

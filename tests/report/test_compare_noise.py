@@ -37,8 +37,11 @@ SLOWDOWN = perf_fault.Slowdown(0.3)
 CALLS = ("B better", "B worse")
 
 
-def _side(directory, *, wall_s=1.0, load=QUIET, cpu_s=CPU_S, spread=0.01, fault=None):
+def _side(directory, *, wall_s=1.0, load=QUIET, cpu_s=None, spread=0.01, fault=None):
+    """One side's results; CPU time ``cpu_s`` (default: the wall time's CPU_S share, the
+    CPU-bound work of a host under the same contention)."""
     workload = make_workload("uniform", **SMALL)
+    cpu_s = CPU_S * wall_s if cpu_s is None else cpu_s
     for policy in POLICIES:
         doc = make_result(
             f"{NODE}/uniform/{policy}", "stage_d", workload, policy, wall_s=wall_s,
@@ -79,17 +82,18 @@ def _calls(rows):
 
 def test_a_a_pair_on_a_loaded_host_makes_no_call_and_names_the_host(tmp_path):
     # B is the same code, run while other processes load the host: wall time
-    # stretches by half, CPU time by 8 % (contention), repetitions are tight.
+    # stretches by half, CPU time by 8 % (contention): its CPU share fell from 0.9 to 0.65.
     _side(tmp_path / "a", load=QUIET)
     _side(tmp_path / "b", wall_s=1.5, load=LOADED, cpu_s=CPU_S * 1.08)
     rows = _compare(tmp_path, tmp_path / "a", tmp_path / "b")
     assert len(rows) == len(POLICIES) * 3
+    differ = "host conditions differ (CPU share 0.90 → 0.65 (load 0.2 → 5))"
     for row in rows:
         assert row[7] not in CALLS, row
-        assert "host conditions differ (load 0.2 → 5)" in row[10]
-        assert row[9] == "load 0.2 / 2 CPUs → load 5 / 2 CPUs"
+        assert differ in row[10]
+        assert row[9] == "load 0.2 / 2 CPUs, CPU share 0.90 → load 5 / 2 CPUs, CPU share 0.65"
     # Load 5 on 2 CPUs is oversubscribed: not even CPU time is comparable.
-    assert set(_calls(rows).values()) == {"inconclusive: host conditions differ (load 0.2 → 5)"}
+    assert set(_calls(rows).values()) == {f"inconclusive: {differ}"}
 
 
 def test_a_a_pair_on_a_busier_host_compares_cpu_time_above_the_contention_floor(tmp_path):
@@ -100,7 +104,7 @@ def test_a_a_pair_on_a_busier_host_compares_cpu_time_above_the_contention_floor(
         if metric == "CPU time (s)":
             assert call == NO_DIFFERENCE  # 8 % apart, inside the floors
         else:
-            assert call == "inconclusive: host conditions differ (load 0.2 → 1.8)"
+            assert call.startswith("inconclusive: host conditions differ (CPU share 0.90 → ")
 
 
 def test_the_same_pair_on_a_quiet_host_is_inside_the_between_session_noise(tmp_path):
@@ -108,11 +112,18 @@ def test_the_same_pair_on_a_quiet_host_is_inside_the_between_session_noise(tmp_p
     # inside what sessions on this host move a case by (x2 uncalibrated) and CPU time did
     # not move: no call, and the output states the rule it used.
     _side(tmp_path / "a", load=QUIET)
-    _side(tmp_path / "b", wall_s=1.5, load=QUIET, cpu_s=CPU_S * 1.08)
+    _side(tmp_path / "b", wall_s=1.5, load=QUIET, cpu_s=CPU_S * 1.5 * 1.08)
     out = tmp_path / "out"
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--output", str(out)]) == 0
     calls = _calls(_rows(out / "compare.md"))
     assert set(calls.values()) == {NO_DIFFERENCE}
+    # The same wall times with the CPU time unmoved: B got a third less CPU (waiting or
+    # contention, only an interleaved run tells which): inconclusive, not a call.
+    _side(tmp_path / "c", wall_s=1.5, load=QUIET, cpu_s=CPU_S * 1.08)
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "c"), "--output", str(out)]) == 0
+    calls = _calls(_rows(out / "compare.md"))
+    assert {call for (_, metric), call in calls.items() if metric != "CPU time (s)"} == {
+        "inconclusive: host conditions differ (CPU share 0.90 → 0.65 (load 0.2 → 0.2))"}
     assert session_noise.UNCALIBRATED_RULE in (out / "compare.md").read_text()
 
 
@@ -140,7 +151,9 @@ def test_a_seeded_slowdown_on_a_busier_host_is_still_called_worse_by_cpu_time(tm
     _compare(tmp_path, tmp_path / "a", tmp_path / "b")
     stage = _stage_calls(tmp_path / "out" / "compare.md")
     assert stage["CPU time (s)"] == "B worse"
-    assert stage["prefill tokens/s"].startswith(NO_DIFFERENCE)  # host-inconclusive cases
+    # B's load average was higher, but its repetitions got the CPU share A's got (the
+    # fault's spin is CPU work): the same contention, so wall time is called too.
+    assert stage["prefill tokens/s"] == "B worse"
 
 
 def test_calibrate_from_runs_is_stored_for_the_host_and_used_by_default(tmp_path, monkeypatch,

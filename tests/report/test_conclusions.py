@@ -18,6 +18,8 @@ STAGE_A = "suites/stage_a/test_stage_a_policies.py::test_stage_a_policy_matrix[s
 STAGE_C = "suites/stage_c/test_stage_c_distributions.py::test_stage_c[x]"
 LATE = "2026-12-01T12:00:00+00:00"
 QUIET, OVERSUBSCRIBED = 0.4, 4.3  # 1-minute loads on the builders' 2-CPU host
+# Repetitions 30 % apart: inside one session a 10-35 % move is then inside the noise.
+WIDE = 0.3
 
 
 def _write(directory, node, kind, variants, *, dataset="bimodal", spread=0.02, load=QUIET,
@@ -47,19 +49,20 @@ def _report(directory):
 
 def test_stage_d_says_the_unchunked_reference_was_fastest(tmp_path):
     # The issue's sweep: unchunked 1.35x faster than the fastest chunk size, all inside the
-    # noise; the follow-ups' chunk sizes are named as what ran, not as the answer.
+    # noise (repetitions 30 % apart); the follow-ups' chunk sizes are named as what ran,
+    # not as the answer.
     _write(tmp_path, STAGE_D, "stage_d", {
         "sweep/bimodal-fixed/chunk512": ("token_balanced", 512, 1.6),
         "sweep/bimodal-fixed/chunk1024": ("token_balanced", 1024, 1.35),
         "sweep/bimodal-fixed/unchunked": ("token_balanced", None, 1.0),
-    }, extra_evidence={"stage_d_best_sizes": [1024, 512]})  # fmt: skip
+    }, extra_evidence={"stage_d_best_sizes": [1024, 512]}, spread=WIDE)  # fmt: skip
     _, conclusion, table = _report(tmp_path)
     line = conclusion["[stage_d](#stage_d)"]
     assert table == [["sweep/bimodal-fixed", "unchunked", table[0][2], "chunk1024",
                       table[0][4], "x1.35", conclusions.INSIDE]]
     assert ("the reference was fastest in 1 of 1 condition(s): sweep/bimodal-fixed "
             "(unchunked x1.35 over chunk1024, inside the noise)") in line
-    assert "no winner beyond the between-session noise" in line
+    assert "no winner beyond the noise" in line
     assert "follow-ups ran chunk sizes 1024, 512" in line and "not a verdict" in line
 
 
@@ -71,24 +74,25 @@ def test_stage_d_names_a_chunk_size_only_beyond_the_noise(tmp_path):
     })  # fmt: skip
     _, conclusion, table = _report(tmp_path)
     assert table[0][1] == "chunk1024" and table[0][6] == conclusions.WINNER
-    assert ("a winner beyond the between-session noise in 1 of 1: sweep/bimodal-fixed: "
+    assert ("a winner beyond the noise in 1 of 1: sweep/bimodal-fixed: "
             "chunk1024 x2.5 over unchunked") in conclusion["[stage_d](#stage_d)"]
     assert "the reference was fastest" not in conclusion["[stage_d](#stage_d)"]
 
 
 def test_two_candidates_inside_the_noise_make_no_winner(tmp_path):
-    # token_balanced 15 % faster than request_boundary, ranges apart: inside the noise of
-    # sessions (the conservative floor is 50 %), so neither the table nor the line names it.
+    # token_balanced 15 % faster than request_boundary inside a 30 %-per-repetition spread:
+    # inside the noise of one session, so neither the table nor the line names it
+    # (with 2 % spread it is a winner: tests/report/test_within_session_power.py).
     _write(tmp_path, STAGE_C, "stage_c", {
         "bimodal/fixed/none": ("none", None, 1.5),
         "bimodal/fixed/request_boundary": ("request_boundary", None, 1.15),
         "bimodal/fixed/token_balanced": ("token_balanced", None, 1.0),
-    })  # fmt: skip
+    }, spread=WIDE)  # fmt: skip
     text, conclusion, table = _report(tmp_path)
     assert table[0][1] == "token_balanced" and table[0][3] == "request_boundary"
     assert table[0][6] == conclusions.INSIDE
     line = conclusion["[stage_c](#stage_c)"]
-    assert "no winner beyond the between-session noise in any of 1 condition(s)" in line
+    assert "no winner beyond the noise in any of 1 condition(s)" in line
     assert "0 beyond the noise" in line
     comparison = next(row for row in text.splitlines() if row.startswith("| bimodal"))
     assert comparison.endswith("(inside the noise) |")
@@ -99,7 +103,7 @@ def test_stage_a_says_when_no_split_was_fastest(tmp_path):
         "uniform/none": ("none", None, 1.0),
         "uniform/request_boundary": ("request_boundary", None, 1.1),
         "uniform/token_balanced": ("token_balanced", None, 1.2),
-    }, dataset="uniform")  # fmt: skip
+    }, dataset="uniform", spread=WIDE)  # fmt: skip
     _, conclusion, table = _report(tmp_path)
     assert table[0][1:2] == ["none"]
     assert ("the reference was fastest in 1 of 1 condition(s): [smallest] uniform (none x1.1 over "
@@ -149,7 +153,7 @@ STAGE_CASES = {
 def test_every_stage_conclusion_says_what_its_table_says(tmp_path, stage):
     node, cases = STAGE_CASES[stage]
     _write(tmp_path, node, stage, {tail: (policy, None, wall)
-                                   for tail, (policy, wall) in cases.items()})
+                                   for tail, (policy, wall) in cases.items()}, spread=WIDE)
     _, conclusion, table = _report(tmp_path)
     line = conclusion[f"[{stage}](#{stage})"]
     winners = [row for row in table if row[6] == conclusions.WINNER]
@@ -160,7 +164,7 @@ def test_every_stage_conclusion_says_what_its_table_says(tmp_path, stage):
         if call == conclusions.WINNER:
             assert f"{condition}: {fastest} {ratio} over {runner}" in line
     if not winners:
-        assert f"no winner beyond the between-session noise in any of {len(table)}" in line
+        assert f"no winner beyond the noise in any of {len(table)}" in line
     # Stage F's afd/<layout> and pp/<layout> are one condition.
     parents = {tail.rsplit("/", 1)[0] for tail in cases} if stage != "stage_f" else {"pair"}
     assert len(table) == len(parents)

@@ -72,3 +72,17 @@ def test_noise_mark_needs_apart_ranges_and_a_ratio_beyond_the_spread():
     assert verdicts.noise_mark([100, 110, 120], [115, 125, 135]) == verdicts.INSIDE_NOISE
     assert verdicts.noise_mark([20, 100, 101], [102, 103, 104]) == verdicts.INSIDE_NOISE
     assert verdicts.noise_mark([], [1.0]) == verdicts.INSIDE_NOISE
+
+
+def test_the_report_counts_lost_profiles_first(tmp_path):
+    """Issue 45: the verdicts open with the session's profile count and the cases lost."""
+    reason = "no trace files were written under /tmp/afd-traces-x: no rank's profiler exported a trace"
+    workload = make_workload("uniform", **SMALL)
+    for policy in ("request_boundary", "token_balanced"):
+        doc = make_result(f"{NODE}/uniform/{policy}", "stage_a", workload, policy, wall_s=1.0)
+        doc["evidence"]["profile"] = {"value": None, "absent_reason": reason}
+        write(tmp_path, stamped(doc, "passed", session="s1", created_at=LATE))
+    text = report.render(tmp_path).read_text()
+    verdict_section = text[text.index("## Verdicts"):]
+    assert verdict_section.split("\n")[2] == (
+        f"**profiles: 0 of 2 instrumented cases; most common reason (2 of 2 lost): {reason}**.")

@@ -93,11 +93,34 @@ def stage_written_buffers(builders: Iterable, pcp_manager) -> list:
     return builder_owned_buffers(builders) + manager_owned_buffers(pcp_manager)
 
 
-def builder_state_targets(builders: Iterable, buffers: Iterable) -> list:
+def builder_state_targets(builders: Iterable, buffers: Iterable, limit: int | None = None) -> list:
     """``preserved_state`` targets: each builder's attribute bindings and each buffer's
-    contents."""
+    contents (its first ``limit`` entries: :func:`stage_write_bound`; None: all)."""
     return ([AllBindings(builder) for builder in builders]
-            + [BufferContents(buffer) for buffer in buffers])
+            + [BufferContents(buffer, limit) for buffer in buffers])
+
+
+PCP_PAD_PER_REQUEST = 2
+"""Upstream pads each request to a multiple of ``2 * pcp`` tokens (``PCPManager``; the
+builders' ``slot_mapping_buf`` holds ``max_num_batched_tokens + 2 * pcp * max_num_seqs``)."""
+
+
+def stage_write_bound(num_scheduled_tokens, num_tokens: int, num_tokens_padded: int | None,
+                      pcp_size: int) -> int:
+    """How many leading entries of a guarded buffer any build of this step can write.
+
+    Every buffer above is written from its start: slots (global, PCP-padded: at most
+    the step's tokens plus ``2 * pcp`` per request, one more request for a stage's cut
+    piece; or the padded rows per rank times ``pcp``) or per-request counts (fewer). A
+    stage's requests are pieces of the full batch's, so no stage writes further than
+    this bound: the guard copies that prefix, not the deployment-sized buffer.
+    """
+    pcp = max(1, int(pcp_size))
+    requests = len(num_scheduled_tokens)
+    padded_slots = int(sum(int(n) for n in num_scheduled_tokens)) + (
+        PCP_PAD_PER_REQUEST * pcp * (requests + 1))
+    rows = max(int(num_tokens), int(num_tokens_padded or 0)) * pcp
+    return max(padded_slots, rows)
 
 
 def _storage_key(tensor) -> int:

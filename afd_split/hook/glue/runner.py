@@ -23,6 +23,7 @@ from afd_split.hook.glue.builder_state import (
     builder_state_targets,
     metadata_builders,
     own_stage_views,
+    stage_write_bound,
     stage_written_buffers,
 )
 from afd_split.hook.glue.pcp_seam import check_rebuilt_stages, plan_pcp_runner_stages
@@ -155,8 +156,10 @@ def build_token_balanced_stages(runner, full_metadata, num_tokens: int,
     stage_args, stage_kwargs = stage_arguments(stage_slices)
     builders = metadata_builders(runner)
     buffers = stage_written_buffers(builders, getattr(runner, "pcp_manager", None))
+    pcp_size = stage_slices.pcp.relayout.pcp_size if stage_slices.pcp is not None else 1
+    bound = stage_write_bound(num_scheduled_tokens_np, num_tokens, num_tokens_padded, pcp_size)
     with preserved_state((runner, RUNNER_STATE_KEPT_ACROSS_STAGE_BUILD),
-                         *builder_state_targets(builders, buffers)):
+                         *builder_state_targets(builders, buffers, bound)):
         stage_attn_metadata, _ = runner._build_attention_metadata_with_ubatches(
             *stage_args, **stage_kwargs
         )

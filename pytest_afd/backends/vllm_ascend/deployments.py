@@ -50,6 +50,8 @@ ENV_DEPLOY_COMMAND = "AFD_ASCEND_DEPLOY_COMMAND"
 ENV_DEPLOY_TIMEOUT = "AFD_ASCEND_DEPLOY_TIMEOUT_S"
 # Loading a DeepSeek V3.2 W8A8 checkpoint on two nodes and joining HCCL groups takes minutes.
 DEFAULT_DEPLOY_TIMEOUT_S = 1800.0
+DEPLOY_TIMES_FILE = "deploy-times.json"
+"""Per settings key, the seconds each deploy took (pytest_afd.scheduling.study_cost reads it)."""
 DOWN_TIMEOUT_S = 300.0
 ACTION_UP = "up"
 ACTION_DOWN = "down"
@@ -319,7 +321,19 @@ class DeployPool:
             raise DeploymentUnreachable(
                 f"deployment {url} from ${ENV_DEPLOY_COMMAND} (settings {key}) never answered "
                 f"{HEALTH_PATH} within {self.timeout_s:g} s: {problem}")
+        self._record_deploy_time(key, time.monotonic() - started)
         return DeployedServer(base_url=url, model=self.served_name(url))
+
+    def _record_deploy_time(self, key: str, seconds: float) -> None:
+        """Append this deploy's seconds (command to healthy) to ``deploy-times.json`` next
+        to the plans: the listing's device-time estimate reads them (pytest_afd.scheduling.study_cost)."""
+        path = self.work_dir / DEPLOY_TIMES_FILE
+        try:
+            recorded = json.loads(path.read_text()) if path.exists() else {}
+        except ValueError:
+            recorded = {}  # a damaged record is replaced, never trusted
+        recorded.setdefault(key, []).append(round(seconds, 3))
+        path.write_text(json.dumps(recorded, indent=1) + "\n")
 
     def _down(self, url: str) -> str | None:
         completed = self._run([*self.command, ACTION_DOWN, url], DOWN_TIMEOUT_S)

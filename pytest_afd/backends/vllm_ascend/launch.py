@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_afd.backends.vllm_ascend import recipe
+from pytest_afd.backends.vllm_ascend import launch_gates, recipe
 from pytest_afd.backends.vllm_ascend.checks import (
     attention_shape,
     check_addresses,
@@ -335,6 +335,9 @@ def _build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                         help="set VLLM_SERVER_DEV_MODE=1 on the serving role: POST "
                              "/reset_prefix_cache for cold-cache phases (unauthenticated)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("--for-gates", action="store_true",
+                        help="the two deployments pytest -m gate runs its split path on (the "
+                             "gates' settings; token_balanced and the split-none reference)")
     profile_cli.add_arguments(parser)  # --profile: docs/profiling.md
     return parser
 
@@ -359,11 +362,18 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     parser = _build_parser(prog)
     args = parser.parse_args(argv)
     try:
-        plan = build_launch_plan(args.npu_topology, options_from_args(args))
-        plan = profile_cli.profiled_plan(plan, args, LaunchPlanError)
+        if args.for_gates:  # docs/gates.md "Attached gates"
+            plans = launch_gates.gate_plans(args.npu_topology, options_from_args(args),
+                                            build_launch_plan)
+        else:
+            plan = build_launch_plan(args.npu_topology, options_from_args(args))
+            plan = profile_cli.profiled_plan(plan, args, LaunchPlanError)
     except LaunchPlanError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
-    text = json.dumps(plan.to_json(), indent=2) + "\n" if args.json else plan.format_text()
+    if args.for_gates:
+        text = launch_gates.format_json(plans) if args.json else launch_gates.format_text(plans)
+    else:
+        text = json.dumps(plan.to_json(), indent=2) + "\n" if args.json else plan.format_text()
     try:
         sys.stdout.write(text)
         sys.stdout.flush()

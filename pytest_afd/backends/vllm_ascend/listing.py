@@ -95,8 +95,28 @@ def plan_document(topology: Topology, model_name: str, settings: RunSettings, *,
         "nodes": topology.nodes_needed(devices_per_node),
         "settings": launch_key(settings),
         "afd_launch_plan": launch_plan_argv(topology, path, devices_per_node, settings),
-        "plan_error": plan_error(topology, path, devices_per_node, settings),
+        "plan_error": _joined(model_path_error(model_name, environ),
+                              plan_error(topology, path, devices_per_node, settings)),
     }
+
+
+def model_path_error(model_name: str, environ: Mapping[str, str]) -> str | None:
+    """Why the plan has no real checkpoint path (None: ``$AFD_ASCEND_MODEL_PATH`` gives one).
+
+    Without the variable the plan's ``--model`` is the harness's model name
+    (``--afd-model``, e.g. ``reduced``), which no ``vllm serve`` can load: the plan
+    would read as ready while it cannot start.
+    """
+    if environ.get(ENV_MODEL_PATH, "").strip():
+        return None
+    return (f"no model path: --model {model_name!r} is the harness's model name (--afd-model), "
+            f"not a checkpoint; set ${ENV_MODEL_PATH} to the checkpoint path "
+            "('{model}' is replaced by the model name)")
+
+
+def _joined(*errors: str | None) -> str | None:
+    present = [error for error in errors if error]
+    return "; ".join(present) if present else None
 
 
 def plan_facts(plan: Mapping[str, Any]) -> dict[str, Any]:

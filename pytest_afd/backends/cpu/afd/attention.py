@@ -65,8 +65,9 @@ class AttentionRole(Role):
                 return self.copy_kv(**body)
         if command != COMMAND_FORWARD:
             raise ValueError(f"unknown command {command!r}")
-        with torch.inference_mode(), traced(self.spec, body):
-            return self.forward(**body)
+        with torch.inference_mode(), traced(self.spec, body) as trace:
+            reply = self.forward(**body)
+        return trace.annotate(reply)
 
     def copy_kv(self, *, block_size: int, src: np.ndarray, dst: np.ndarray) -> dict:
         """Copy KV slots in every layer (a partially reused prefix block, see BlockPool)."""

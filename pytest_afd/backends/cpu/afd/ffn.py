@@ -39,8 +39,9 @@ class FfnRole(Role):
             return {}
         if command != COMMAND_FORWARD:
             raise ValueError(f"unknown command {command!r}")
-        with torch.inference_mode(), traced(self.spec, body):
-            return self.serve(**body)
+        with torch.inference_mode(), traced(self.spec, body) as trace:
+            reply = self.serve(**body)
+        return trace.annotate(reply)
 
     def serve(
         self,

@@ -50,6 +50,7 @@ from pytest_afd.backends.cpu.afd.protocol import (
 )
 from pytest_afd.backends.cpu.afd.rank import COMMAND_COPY_KV, COMMAND_RESET_KV, RankLayout
 from pytest_afd.backends.cpu.afd.roles import make_role
+from pytest_afd.backends.cpu.afd.tracing import TRACE_ERROR_KEY
 from pytest_afd.backends.cpu.config import ModelConfig
 
 DEFAULT_STARTUP_TIMEOUT_S = 180.0
@@ -126,6 +127,8 @@ class AfdRuntime:
         self.step_timeout_s = max(step_timeout_s, peer_timeout_s + STEP_TIMEOUT_MARGIN_S)
         # Instrumented steps also write torch.profiler traces here (docs/profiling.md).
         self.trace_dir: str | None = None
+        # The ranks' trace-write failures since trace_dir was set (cpu_run names them).
+        self.trace_errors: list[str] = []
         specs = [RankSpec(ROLE_ATTENTION, i, i) for i in range(num_attention)]
         specs += [RankSpec(ROLE_FFN, f, num_attention + f) for f in range(num_ffn)]
         role_kwargs = {
@@ -275,6 +278,8 @@ class AfdRuntime:
             fault=fault,
         )
         replies = self._group.request(messages, self.step_timeout_s)
+        self.trace_errors += [reply.pop(TRACE_ERROR_KEY) for reply in replies.values()
+                              if isinstance(reply, dict) and TRACE_ERROR_KEY in reply]
         return forward_results(
             replies,
             batches,

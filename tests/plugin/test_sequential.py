@@ -1,0 +1,179 @@
+"""Sequential repetitions (pytest_afd.stats.sequential, .sequential_run): seeded simulations.
+
+Every statistical call here is shown by simulation, never by timing: coverage of the
+repeated intervals under optional stopping, A/A (no false call), power (a planted
+1.2x change is found), and the runner's pairing, stop records and errors.
+"""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as scipy_stats
+
+from pytest_afd.stats.sequential import (
+    STOP_EQUIVALENT,
+    STOP_MAX,
+    STOP_THRESHOLD,
+    VERDICT_HIGHER,
+    VERDICT_LOWER,
+    SequentialDesign,
+    decide_sequence,
+    paired_log_ratios,
+    planned_looks,
+)
+from pytest_afd.stats.sequential_run import default_comparisons, run_sequential
+
+pytest_plugins = ["pytester"]
+
+SIMULATIONS = 2000
+NOISE = 0.08
+"""Per-repetition log-ratio noise (sd), about the CPU stages' (benchmarks/data)."""
+
+
+def test_planned_looks_grow_and_end_at_the_maximum():
+    assert planned_looks(3, 16) == (3, 5, 8, 12, 16)
+    assert planned_looks(3, 3) == (3,)
+    assert planned_looks(4, 5) == (4, 5)
+    with pytest.raises(ValueError, match="max_repetitions=2 < min_repetitions=3"):
+        planned_looks(3, 2)
+    with pytest.raises(ValueError, match=r"alpha=1\.5"):
+        SequentialDesign(alpha=1.5)
+
+
+def test_interval_is_the_hand_computed_t_interval_at_the_spent_alpha():
+    design = SequentialDesign()
+    values = [0.1, 0.2, 0.3]
+    low, high = design.interval(values)
+    half = scipy_stats.t.ppf(1 - 0.05 / 5 / 2, 2) * 0.1 / math.sqrt(3)  # sd 0.1, 5 looks
+    assert (low, high) == pytest.approx((0.2 - half, 0.2 + half))
+
+
+def _coverage_misses(design: SequentialDesign, true_mean: float, rng) -> float:
+    """Share of sequences whose interval at *any* planned look misses the true mean
+    (the event optional stopping could pick): the CS guarantee is <= alpha."""
+    data = rng.normal(true_mean, NOISE, (SIMULATIONS, design.max_repetitions))
+    missed = np.zeros(SIMULATIONS, dtype=bool)
+    for i in range(SIMULATIONS):
+        for look in design.looks:
+            low, high = design.interval(list(data[i, :look]))
+            if not low <= true_mean <= high:
+                missed[i] = True
+                break
+    return missed.mean()
+
+
+@pytest.mark.parametrize("true_mean", [0.0, math.log(1.2)])
+def test_intervals_cover_the_mean_at_every_look_simultaneously(true_mean):
+    design = SequentialDesign()
+    assert _coverage_misses(design, true_mean, np.random.default_rng(7)) <= design.alpha
+
+
+def test_a_per_look_unadjusted_interval_would_not_cover_under_optional_stopping():
+    """The check above can fail: the same looks at the unadjusted alpha miss too often."""
+    naive = SequentialDesign(alpha=0.05 * 5)  # each look at 0.05: what re-checking does
+    assert naive.look_alpha == pytest.approx(0.05)
+    assert _coverage_misses(naive, 0.0, np.random.default_rng(7)) > 0.05
+
+
+def _decisions(effect: float, rng, design=None):
+    design = design or SequentialDesign()
+    data = rng.normal(effect, NOISE, (SIMULATIONS, design.max_repetitions))
+    return [decide_sequence(design, list(row)) for row in data]
+
+
+def test_aa_makes_no_more_than_alpha_false_calls():
+    decisions = _decisions(0.0, np.random.default_rng(11))
+    false_calls = np.mean([d.reason == STOP_THRESHOLD for d in decisions])
+    assert false_calls <= 0.05
+    assert {d.reason for d in decisions} <= {STOP_THRESHOLD, STOP_EQUIVALENT, STOP_MAX}
+
+
+def test_a_planted_1_2x_change_is_found_with_power_and_direction():
+    decisions = _decisions(math.log(1.2), np.random.default_rng(13))
+    found = [d for d in decisions if d.reason == STOP_THRESHOLD]
+    assert len(found) / SIMULATIONS >= 0.8
+    assert all(d.verdict == VERDICT_HIGHER for d in found)
+    lower = _decisions(-math.log(1.2), np.random.default_rng(17))
+    assert np.mean([d.verdict == VERDICT_LOWER for d in lower]) >= 0.8
+
+
+def test_a_clear_change_stops_at_the_first_look_and_equal_cases_can_stop_equivalent():
+    design = SequentialDesign()
+    clear = decide_sequence(design, [0.5, 0.52, 0.49] + [0.5] * 13)
+    assert (clear.reason, clear.repetitions) == (STOP_THRESHOLD, 3)
+    tight = decide_sequence(design, [0.001, -0.001, 0.0005, -0.0005, 0.0] + [0.0] * 11)
+    assert tight.reason == STOP_EQUIVALENT and tight.repetitions == 3
+    noisy = decide_sequence(design, list(np.random.default_rng(1).normal(0, 0.5, 16)))
+    assert noisy.reason == STOP_MAX and noisy.repetitions == 16
+
+
+def test_paired_log_ratios_refuse_non_positive_values():
+    assert paired_log_ratios([1.0, 2.0], [2.0, 2.0]) == pytest.approx([math.log(2), 0.0])
+    with pytest.raises(ValueError, match=r"case b has non-positive .* \[0.0\]"):
+        paired_log_ratios([1.0], [0.0])
+
+
+class _Clock:
+    """Cases whose 'wall time' is drawn from a seeded generator: one slower by ``factor``."""
+
+    def __init__(self, factors: dict[str, float], seed: int = 0):
+        self.rng = np.random.default_rng(seed)
+        self.factors = factors
+        self.calls: list[str] = []
+
+    def case(self, name: str):
+        def call():
+            self.calls.append(name)
+            return {"wall_time_s": self.factors[name] * math.exp(self.rng.normal(0, NOISE))}
+        return call
+
+
+def test_runner_measures_until_each_comparison_stops_and_records_why():
+    clock = _Clock({"ref": 1.0, "fast": 1.0 / 1.5, "same": 1.0}, seed=3)
+    cases = {name: clock.case(name) for name in clock.factors}
+    run = run_sequential(cases, [("ref", "fast"), ("ref", "same")],
+                         design=SequentialDesign(), warmups=1, seed=5)
+    fast = run.decisions[("ref", "fast")]
+    assert fast.reason == STOP_THRESHOLD and fast.verdict == VERDICT_LOWER
+    counts = {name: len(run.values[name]["wall_time_s"]) for name in cases}
+    assert counts["fast"] == fast.repetitions
+    same = run.decisions[("ref", "same")]
+    assert counts["same"] == same.repetitions and counts["ref"] == max(counts.values())
+    assert clock.calls[:3] == ["ref", "fast", "same"]  # warmups first
+    protocol = run.protocol_json("fast")
+    assert protocol["repetitions"] == fast.repetitions
+    assert [c["b"] for c in protocol["sequential"]["comparisons"]] == ["fast"]
+    assert protocol["sequential"]["comparisons"][0]["stopped"] == STOP_THRESHOLD
+    assert len(run.executed_order) == sum(counts.values())
+
+
+def test_runner_gives_a_case_in_no_comparison_the_first_look_and_checks_names():
+    clock = _Clock({"a": 1.0, "b": 1.0, "lone": 1.0})
+    cases = {name: clock.case(name) for name in clock.factors}
+    run = run_sequential(cases, [("a", "b")], design=SequentialDesign(max_repetitions=5),
+                         warmups=0)
+    assert len(run.values["lone"]["wall_time_s"]) == 3
+    with pytest.raises(ValueError, match=r"comparison \('a', 'x'\) must name two"):
+        run_sequential(cases, [("a", "x")], design=SequentialDesign())
+
+
+def test_default_comparisons_pair_ab_sides_or_each_case_with_its_workload_reference():
+    class Case:
+        def __init__(self, name, workload, phase="cold"):
+            self.name, self.phase = name, phase
+            self.workload = type("W", (), {"name": workload, "spec": ("spec", workload)})()
+
+    cases = [Case("u/none", "u"), Case("u/tb", "u"), Case("v/none", "v"), Case("v/tb", "v")]
+    assert default_comparisons(cases) == [("u/none", "u/tb"), ("v/none", "v/tb")]
+    ab = [Case("c/ab-A", "u"), Case("c/ab-B", "u")]
+    assert default_comparisons(ab, ("ab-A", "ab-B")) == [("c/ab-A", "c/ab-B")]
+
+
+def test_max_repeats_below_the_first_look_is_a_usage_error_naming_both(pytester):
+    pytester.makepyfile(test_x="def test_x(afd_options):\n    assert afd_options.sequential\n")
+    result = pytester.runpytest("--afd-sequential", "--afd-repeats", "5", "--afd-max-repeats", "4")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--afd-max-repeats=4 is below --afd-repeats=5*"])
+    ok = pytester.runpytest("--afd-sequential", "--afd-max-repeats", "8")
+    ok.assert_outcomes(passed=1)
