@@ -22,6 +22,17 @@ def test_afd_split_imports_no_pytest_or_vllm():
     assert out.stdout.strip() == "", f"afd_split imported {out.stdout.strip()} at import time"
 
 
+def test_the_plugin_loads_no_report_or_plotting_when_pytest_starts():
+    """The real-vLLM environments install no matplotlib, and every pytest start pays for what
+    the plugin imports: the report (and its plotting) loads only when a report is made."""
+    code = (
+        "import sys, pytest_afd.plugin\n"
+        "print(','.join(m for m in ('matplotlib', 'pytest_afd.report') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"pytest_afd.plugin imported {out.stdout.strip()}"
+
+
 def test_markers_registered(pytestconfig):
     registered = "\n".join(pytestconfig.getini("markers"))
     for name in ("gate", "stage_a", "stage_b", "stage_c", "stage_d", "stage_e", "stage_f"):

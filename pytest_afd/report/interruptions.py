@@ -13,11 +13,8 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from pytest_afd.results.shared import INTERRUPTED_SUMMARY_KEY as SUMMARY_KEY
 from pytest_afd.results.shared import session_summary_path
-
-SUMMARY_KEY = "interrupted"
-"""The ``summary.json`` key of an interrupted session (written by :mod:`pytest_afd.run.interrupted`;
-defined here so the report, which never imports pytest, reads it)."""
 
 
 def interrupted_lines(results_dir: Path, sessions: Iterable[str | None]) -> list[str]:

@@ -46,6 +46,12 @@ LOCK_FILE_MODE = 0o644
 _SESSION_ID_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 
+INTERRUPTED_SUMMARY_KEY = "interrupted"
+"""The ``summary.json`` key of an interrupted session: written by the session
+(:mod:`pytest_afd.run.interrupted`), read by the report; here, below both, so that neither
+imports the other (the plugin must not load the report's plotting when pytest starts)."""
+
+
 @contextlib.contextmanager
 def results_dir_lock(directory: Path) -> Iterator[None]:
     """Exclusive ``flock`` on the directory's lock file for claims, rewrites and summaries."""

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from pytest_afd.core.absent import absent
-from pytest_afd.report.interruptions import SUMMARY_KEY
+from pytest_afd.results.shared import INTERRUPTED_SUMMARY_KEY as SUMMARY_KEY
 from pytest_afd.run.session import AFD_CASE_MARKERS
 
 PLUGIN_NAME = "afd-interrupted"
