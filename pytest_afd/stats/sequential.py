@@ -36,6 +36,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pytest_afd.stats import student_t
+
 STOP_THRESHOLD = "excludes_threshold"
 STOP_EQUIVALENT = "equivalent"
 STOP_MAX = "max_repetitions"
@@ -62,9 +64,7 @@ LOOK_GROWTH = 1.5
 @functools.lru_cache(maxsize=256)
 def t_quantile(q: float, df: int) -> float:
     """Student-t quantile (cached: a session asks for the same few again and again)."""
-    from scipy import stats as scipy_stats  # lazy: only sequential sessions pay the import
-
-    return float(scipy_stats.t.ppf(q, df))
+    return student_t.t_quantile(q, df)
 
 
 def planned_looks(min_repetitions: int, max_repetitions: int,

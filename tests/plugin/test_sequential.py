@@ -177,3 +177,12 @@ def test_max_repeats_below_the_first_look_is_a_usage_error_naming_both(pytester)
     result.stderr.fnmatch_lines(["*--afd-max-repeats=4 is below --afd-repeats=5*"])
     ok = pytester.runpytest("--afd-sequential", "--afd-max-repeats", "8")
     ok.assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 5, 11, 40, 1000])
+@pytest.mark.parametrize("q", [0.5, 0.9, 0.975, 0.995, 0.999])
+def test_the_harness_t_quantile_matches_scipy(q, df):
+    """The harness's own quantile (no scipy at run time) against scipy's, the reference."""
+    from pytest_afd.stats.student_t import t_quantile as harness_t_quantile
+
+    assert harness_t_quantile(q, df) == pytest.approx(float(scipy_stats.t.ppf(q, df)), abs=1e-7)
