@@ -72,7 +72,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_load import DEFAULT_REPEATS, MAX_LOAD, load_note, run_until_quiet
+from bench_load import DEFAULT_REPEATS, MAX_LOAD, emit_report, load_note, run_until_quiet
 from engine_path_guard import RECIPE_MAX_NUM_SEQS, guard_callable, step_bound
 from engine_path_metadata import build_layout_batch, layout_kinds_here, plugin_style_slice
 from engine_path_parts import aten_ops, part_callables
@@ -378,13 +378,7 @@ def main(argv=None) -> int:
     report = run_until_quiet(lambda: run_once(args, layout_kinds, cost_model),
                              max_load=args.max_load,
                              repeats=args.repeats)
-    text = json.dumps(report, indent=2)
-    if args.output:
-        args.output.write_text(text + "\n")
-    if args.json:
-        print(text)
-    # With --json stdout stays pure JSON; the summary line goes to stderr.
-    print(one_line(report), file=sys.stderr if args.json else sys.stdout)
+    emit_report(report, one_line(report), output=args.output, as_json=args.json)
     return 0
 
 

@@ -34,10 +34,10 @@ import argparse
 import itertools
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
+from bench_load import emit_report
 from scipy import stats as scipy_stats
 
 from pytest_afd.stats.sequential import (
@@ -187,12 +187,7 @@ def main(argv=None) -> int:
               "planted_ratio": PLANTED_RATIO, "noise_provenance": document["provenance"],
               "metrics": [bench_metric(document, metric, args.sessions, args.seed)
                           for metric in METRICS]}
-    text = json.dumps(report, indent=2)
-    if args.output:
-        args.output.write_text(text + "\n")
-    if args.json:
-        print(text)
-    print(one_line(report), file=sys.stderr if args.json else sys.stdout)
+    emit_report(report, one_line(report), output=args.output, as_json=args.json)
     return 0
 
 

@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,11 +14,15 @@ BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("sequential_sim_bench_under_test",
-                                                  BENCH_DIR / "sequential_sim_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    sys.path.insert(0, str(BENCH_DIR))  # the benchmarks import their shared bench_load
+    try:
+        spec = importlib.util.spec_from_file_location("sequential_sim_bench_under_test",
+                                                      BENCH_DIR / "sequential_sim_bench.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCH_DIR))
 
 
 def test_noise_file_is_the_harness_record_with_provenance(bench):
