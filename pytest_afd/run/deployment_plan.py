@@ -39,6 +39,8 @@ FLAG = "--afd-list-deployments"
 DEST = "afd_list_deployments"
 LISTING_FILE = "deployments.json"
 HARDWARE_BACKEND = "vllm-ascend"
+STUDY_PLUGIN_NAME = "afd-study"
+"""``pytest_afd.run.study_plugin.PLUGIN_NAME`` (not imported: the study room loads only with a study)."""
 DEPLOY_TIME_FLAG = "--afd-deploy-time-s"
 DEPLOY_TIME_DEST = "afd_deploy_time_s"
 EXIT_DEPLOYMENT_ERROR = 7
@@ -182,14 +184,36 @@ def _estimate(config: pytest.Config, items: list[pytest.Item],
         deploy_s, source = study_cost.deploy_time(given_deploy_time(config), options.results_dir)
     except ValueError as error:  # a recorded deploy-times file that is not one
         raise pytest.UsageError(f"{FLAG}: {error}") from None
-    high = options.max_repeats if options.sequential else options.repeats
-    return study_cost.estimate(
+    warmups, repetitions, protocol_source = _protocol(config)
+    estimate = study_cost.estimate(
         runs_per_repetition=sum(entry["cases"] for entries in table.values() for entry in entries),
         cases=len(table),
         deploys=study_cost.deploys_needed(study_cost.configuration_order(nodeids, keys), keys),
         deploys_separately=study_cost.deploys_by_session(sessions, keys),
-        deploy_s=deploy_s, deploy_source=source, warmups=options.warmups,
-        repetitions=(options.repeats, high))
+        deploy_s=deploy_s, deploy_source=source, warmups=warmups, repetitions=repetitions)
+    return {**estimate, "protocol_source": protocol_source,
+            "summary": f"{estimate['summary']}; repetitions from the {protocol_source}"}
+
+
+def _protocol(config: pytest.Config) -> tuple[int, tuple[int, int], str]:
+    """(warmups, (fewest, most) repetitions, where they came from) for the estimate.
+
+    Under ``--afd-study`` the frozen study's protocol is what the study will spend,
+    so it wins over the session's options (a session that differs is the user's
+    next surprise, and the listing names the study it priced); otherwise the
+    session's ``--afd-warmups`` / ``--afd-repeats`` (a range under ``--afd-sequential``).
+    """
+    options = afd_session(config).options
+    high = options.max_repeats if options.sequential else options.repeats
+    study = getattr(config.pluginmanager.get_plugin(STUDY_PLUGIN_NAME), "study", None)
+    protocol = (study or {}).get("protocol") or {}
+    if not {"warmups", "repetitions"} <= protocol.keys():
+        return options.warmups, (options.repeats, high), "session options"
+    repetitions = int(protocol["repetitions"])
+    fewest_most = (repetitions, max(repetitions, high)) if options.sequential else (
+        repetitions, repetitions)
+    return (int(protocol["warmups"]), fewest_most,
+            f"study {study['name']!r} ({study['digest']}) protocol")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
