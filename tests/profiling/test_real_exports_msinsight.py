@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("msprof_analyze", reason="msprof-analyze not installed (extra [profile])")
 
-from pytest_afd.profiling import ascend, components, evidence, msprof
+from pytest_afd.profiling import ascend, components, evidence, msprof, summary_text
 
 EXPORT = Path(__file__).with_name("real_exports") / "msinsight_level1_2ranks"
 RANKS = (0, 1)
@@ -210,3 +210,13 @@ def test_unknowns_on_this_export_are_absent_with_reasons(analysed):
     assert "no routed-expert kernel" in step["straggler_s"]["absent_reason"]
     assert "both roles" in step["overlap_fraction"]["absent_reason"]
     assert step["straggler_s"]["value"] is None
+
+
+def test_printed_summary_shows_msprof_analyzes_collective_figures(analysed):
+    """What ``pytest-afd profile-summary`` prints for this export: the group's figures."""
+    _, profile, _ = analysed
+    text = summary_text.render(profile)
+    assert ("ranks [0, 1]: 4 ops, time 103.184 ms, volume 428 MB, bandwidth 15.6 GB/s "
+            "[SDMA 428 MB @ 15.6 GB/s]") in text
+    assert "critical path 136.581 ms (ffn rank 0)" in text
+    assert "straggler: no routed-expert kernel" in text
