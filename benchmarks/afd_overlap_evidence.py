@@ -9,6 +9,7 @@ import numpy as np
 
 from afd_split.plan.cost import StageSample, attended_keys_per_row
 from pytest_afd.backends.cpu.afd.evidence import ATTENTION, SENDER_KIND, WAIT_KINDS, Timeline
+from pytest_afd.core.absent import is_absent
 
 
 def ubatch_keys(plan) -> list[int]:
@@ -129,6 +130,13 @@ def cpu_replay_s(spans_by_rank) -> float:
     return max(clock.values())
 
 
+def median_or_absent(values: list) -> float | dict:
+    """Median of the measured values; the absent record itself when no run measured one
+    (the straggler with one FFN rank: unknown, never a median of 0)."""
+    measured = [v for v in values if not is_absent(v)]
+    return statistics.median(measured) if measured else values[0]
+
+
 def summarize_instrumented(runs) -> dict:
     med = statistics.median
     last = runs[-1]
@@ -151,7 +159,7 @@ def summarize_instrumented(runs) -> dict:
         "whole_batch_cpu_s": med(whole_batch_cpu_s(r) for r in runs),
         "cpu_replay_s": med(r["cpu_replay_s"] for r in runs),
         "per_ubatch": per_ubatch_times(last),
-        "straggler_s": med(r["straggler_s"] for r in runs),
+        "straggler_s": median_or_absent([r["straggler_s"] for r in runs]),
         "worst_expert_max_over_mean": last["load"]["worst_expert_max_over_mean"],
         "mean_expert_cv": float(
             np.mean([layer["expert"]["cv"] or 0.0 for layer in last["load"]["per_layer"]])

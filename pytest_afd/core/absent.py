@@ -14,3 +14,8 @@ def absent(reason: str) -> dict[str, Any]:
     if not reason or not reason.strip():
         raise ValueError("absent() needs a non-empty reason")
     return {"value": None, "absent_reason": reason}
+
+
+def is_absent(value: Any) -> bool:
+    """Whether ``value`` is an :func:`absent` record (a figure a consumer must skip, not read as 0)."""
+    return isinstance(value, dict) and value.get("value", 0) is None and "absent_reason" in value

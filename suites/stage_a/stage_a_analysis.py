@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from pytest_afd.core.absent import absent, is_absent
 from pytest_afd.stats.repetitions import CONFIDENCE, bootstrap_interval
 from pytest_afd.stats.session_noise import UNCALIBRATED_STAGE_FLOOR
 
@@ -132,12 +133,30 @@ def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
     return float(np.corrcoef(x, y)[0, 1])
 
 
-def afd_overlap(steps: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
-    """Mean overlap / straggler / bubble over the steps that carry AFD evidence, else None."""
+def _measured(value: Any) -> bool:
+    """A number the step measured: not an absent record (unknown is never averaged as 0)."""
+    return value is not None and not is_absent(value)
+
+
+def afd_overlap(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Mean overlap / straggler / bubble over the steps that carry AFD evidence, else None.
+
+    A key absent in every carrying step (e.g. the straggler with one FFN rank) stays an
+    absent record with the steps' reason; steps where it is absent do not enter its mean.
+    """
     carrying = [step for step in steps if all(key in step for key in AFD_OVERLAP_KEYS)]
     if not carrying:
         return None
-    return {key: float(np.mean([step[key] for step in carrying])) for key in AFD_OVERLAP_KEYS}
+    summary: dict[str, Any] = {}
+    for key in AFD_OVERLAP_KEYS:
+        values = [float(step[key]) for step in carrying if _measured(step[key])]
+        if values:
+            summary[key] = float(np.mean(values))
+        else:
+            reasons = sorted({step[key]["absent_reason"] for step in carrying
+                              if is_absent(step[key])})
+            summary[key] = absent("; ".join(reasons) or f"no step measured {key}")
+    return summary
 
 
 def correlation_evidence(points: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -155,11 +174,12 @@ def correlation_evidence(points: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
             imbalance, [float(p["relative_run_time"]) for p in split]
         ),
     }
-    with_afd = [p for p in split if all(key in p for key in AFD_OVERLAP_KEYS)]
     for key in AFD_OVERLAP_KEYS:
+        # Only points that measured the key: an absent straggler is not a straggler of 0.
+        with_key = [p for p in split if _measured(p.get(key))]
         evidence[f"imbalance_vs_{key}_r"] = (
-            pearson([float(p["imbalance"]) for p in with_afd], [float(p[key]) for p in with_afd])
-            if with_afd
+            pearson([float(p["imbalance"]) for p in with_key], [float(p[key]) for p in with_key])
+            if with_key
             else None
         )
     return evidence

@@ -144,6 +144,36 @@ def test_stage_a_afd_overlap_reads_only_steps_with_afd_evidence():
     )
 
 
+def test_stage_a_afd_overlap_keeps_an_absent_straggler_absent_never_zero():
+    one_rank = {"value": None, "absent_reason": "one FFN rank: no other rank"}
+    steps = [
+        {"overlap_fraction": 0.5, "straggler_s": one_rank, "exposed_bubble_s": 0.1},
+        {"overlap_fraction": 0.7, "straggler_s": one_rank, "exposed_bubble_s": 0.3},
+    ]
+    overlap = afd_overlap(steps)
+    assert overlap["overlap_fraction"] == pytest.approx(0.6)
+    assert overlap["straggler_s"] == {"value": None, "absent_reason": "one FFN rank: no other rank"}
+    # A step that measured it: its value alone makes the mean (the absent one is not a 0).
+    steps.append({"overlap_fraction": 0.6, "straggler_s": 0.4, "exposed_bubble_s": 0.2})
+    assert afd_overlap(steps)["straggler_s"] == pytest.approx(0.4)
+
+
+def test_stage_a_correlation_skips_points_whose_straggler_is_absent():
+    one_rank = {"value": None, "absent_reason": "one FFN rank"}
+    points = [
+        {"workload": w, "policy": "rb", "imbalance": i, "relative_run_time": 1 + i,
+         "overlap_fraction": 1 - i, "exposed_bubble_s": i, "straggler_s": s}
+        for w, i, s in (("a", 0.6, 0.3), ("b", 0.3, 0.2), ("c", 0.0, 0.1), ("d", 0.9, one_rank))
+    ]
+    evidence = correlation_evidence(points)
+    # Read as 0, point d would break the perfect correlation of the other three.
+    assert evidence["imbalance_vs_straggler_s_r"] == pytest.approx(1.0)
+    assert evidence["imbalance_vs_exposed_bubble_s_r"] == pytest.approx(1.0)
+    for point in points:
+        point["straggler_s"] = one_rank
+    assert correlation_evidence(points)["imbalance_vs_straggler_s_r"] is None
+
+
 def test_stage_a_correlation_uses_split_cases_and_afd_points_when_present():
     points = [
         {"workload": "w", "policy": "none", "imbalance": None, "relative_run_time": 1.0},

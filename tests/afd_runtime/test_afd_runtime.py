@@ -7,6 +7,7 @@ import pytest
 
 from afd_split import SplitConstraints
 from pytest_afd.backends.cpu.afd.evidence import ATTENTION, ROUTED_MOE, WAIT
+from pytest_afd.backends.cpu.afd.step_evidence import ONE_FFN_RANK
 from tests.support.afd_runtime_helpers import make_batch, plan_for, reference_forward
 
 LENGTHS = [90, 12, 20, 14]  # one long request: token_balanced cuts inside it
@@ -120,7 +121,8 @@ def test_instrumented_step_evidence(runtime_1p1, afd_config):
     assert 0 <= evidence["exposed_bubble_s"] < step
     assert 0 <= evidence["overlap_fraction"] <= 1
     assert 0 < evidence["critical_path_s"] <= step * 1.01
-    assert evidence["straggler_s"] == 0.0  # one FFN rank has nobody to straggle against
+    # One FFN rank has nobody to straggle against: absent with that reason, never 0.
+    assert evidence["straggler_s"] == {"value": None, "absent_reason": ONE_FFN_RANK}
     # Thread-CPU seconds never exceed the wall time of the same spans (beyond clock granularity).
     wall, cpu = evidence["totals_s"]["attention"], evidence["totals_cpu_s"]["attention"]
     assert 0 < cpu["attention"] <= wall["attention"] * 1.05 + 1e-3

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from pytest_afd.backends.cpu.afd import AfdRuntime
+from pytest_afd.core.absent import is_absent
 from tests.support.afd_runtime_helpers import (
     SEED,
     THREADS_PER_RANK,
@@ -51,6 +52,7 @@ def _check_policy(runtime, afd_config, reference_model, num_ffn, policy):
     served = evidence["ffn_rows_served"]
     if num_ffn == 1:
         assert served == {"FFN rank 0": rows}
+        assert is_absent(evidence["straggler_s"])  # nobody to straggle against: not 0
     else:
         per_rank = [sum(layer["ffn_rank_tokens"][f] for layer in evidence["load"]["per_layer"])
                     for f in range(num_ffn)]

@@ -11,7 +11,9 @@ Definitions (docs/afd-runtime.md has the long form):
 - overlap fraction: share of the lighter role's busy time that ran while the
   other role was busy.
 - straggler time: per (MoE layer, ubatch), slowest FFN rank's routed-expert
-  time minus the mean over FFN ranks, summed (0 with one FFN rank).
+  time minus the mean over FFN ranks, summed. With one FFN rank there is no
+  other rank to straggle against: an absent record with that reason, never 0
+  (a 0 would read as "the FFN ranks were balanced").
 """
 
 from __future__ import annotations
@@ -31,8 +33,13 @@ from pytest_afd.backends.cpu.afd.evidence import (
     per_layer_table,
     totals_by_kind,
 )
+from pytest_afd.core.absent import absent
 
 EVIDENCE_VERSION = 1
+# A straggler is one FFN rank slower than the others: it needs at least two.
+MIN_STRAGGLER_RANKS = 2
+ONE_FFN_RANK = ("one FFN rank: a straggler across FFN ranks needs at least two, "
+                "so there is no other rank to compare with")
 
 
 def _expert_load_evidence(
@@ -66,10 +73,14 @@ def _expert_load_evidence(
     }
 
 
-def _straggler_s(ffn_spans: Mapping[int, list[Span]]) -> float:
-    """Sum over (layer, ubatch) of max - mean routed-expert time across FFN ranks."""
-    if len(ffn_spans) < 2:  # noqa: PLR2004 - a straggler needs at least two FFN ranks
-        return 0.0
+def _straggler_s(ffn_spans: Mapping[int, list[Span]]) -> float | dict:
+    """Sum over (layer, ubatch) of max - mean routed-expert time across FFN ranks.
+
+    An absent record (:func:`pytest_afd.core.absent.absent`) with fewer than
+    :data:`MIN_STRAGGLER_RANKS` FFN ranks: undefined is not 0.
+    """
+    if len(ffn_spans) < MIN_STRAGGLER_RANKS:
+        return absent(ONE_FFN_RANK)
     per_key: dict[tuple[int, int], list[float]] = {}
     for spans in ffn_spans.values():
         own: dict[tuple[int, int], float] = {}
