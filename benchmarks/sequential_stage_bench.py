@@ -1,7 +1,7 @@
 """Sequential against fixed repetitions on the CPU backend's stages (issue 43 item 3).
 
-    python3 benchmarks/sequential_stage_bench.py [--fixed-repeats 12] [--nodes NODEID ...]
-        [--output out.json]
+    python3 benchmarks/sequential_stage_bench.py [--fixed-repeats 11] [--nodes NODEID ...]
+        [--output out.json] [--results-dirs DIR]
 
 Runs the selected stage cases (default: Stages A-D at their smallest size) twice in
 fresh pytest sessions, once with fixed repetitions (``--afd-repeats``; default 11,
@@ -143,16 +143,29 @@ def main(argv=None) -> int:
     parser.add_argument("--nodes", nargs="+", default=list(DEFAULT_NODES))
     parser.add_argument("--timeout-s", type=float, default=3600)
     parser.add_argument("--output", type=Path)
+    parser.add_argument("--results-dirs", type=Path,
+                        help="analyse an earlier run's fixed/ and sequential/ results again "
+                             "(no sessions: wall and CPU times are not measured)")
     args = parser.parse_args(argv)
     if args.fixed_repeats < 3:
         parser.error(f"--fixed-repeats={args.fixed_repeats} must be >= 3")
-    work = Path(tempfile.mkdtemp(prefix="sequential-stage-bench-"))
-    sessions = {
-        "fixed": run_session(args.nodes, work / "fixed",
-                             ["--afd-repeats", str(args.fixed_repeats)], args.timeout_s),
-        "sequential": run_session(args.nodes, work / "sequential", ["--afd-sequential"],
-                                  args.timeout_s),
-    }
+    if args.results_dirs is not None:
+        work = args.results_dirs
+        missing = [m for m in ("fixed", "sequential") if not (work / m).is_dir()]
+        if missing:
+            parser.error(f"--results-dirs={str(work)!r} has no {missing} folder")
+        sessions = {mode: {"args": "not run (--results-dirs)", "returncode": None,
+                           "wall_s": None, "child_cpu_s": None,
+                           "load_before": [math.nan] * 3, "load_after": [math.nan] * 3}
+                    for mode in ("fixed", "sequential")}
+    else:
+        work = Path(tempfile.mkdtemp(prefix="sequential-stage-bench-"))
+        sessions = {
+            "fixed": run_session(args.nodes, work / "fixed",
+                                 ["--afd-repeats", str(args.fixed_repeats)], args.timeout_s),
+            "sequential": run_session(args.nodes, work / "sequential", ["--afd-sequential"],
+                                      args.timeout_s),
+        }
     docs = {mode: read_results(work / mode) for mode in sessions}
     reps = {mode: sum(len(d["metrics"][METRIC]["repetitions"]) for d in found.values())
             for mode, found in docs.items()}
