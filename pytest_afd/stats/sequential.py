@@ -7,8 +7,9 @@ keeps being measured until one of three things holds:
 
 * ``excludes_threshold``: its interval excludes the decision threshold (a ratio
   of 1.0 by default): the two differ, in the direction the interval says;
-* ``equivalent``: its interval lies inside the stated equivalence margin
-  (``1/(1+m) .. 1+m`` on the ratio): the two are the same within ``m``;
+* ``equivalent``: its equivalence bounds lie inside the stated margin
+  (``1/(1+m) .. 1+m`` on the ratio): the two are the same within ``m`` (a real
+  difference smaller than the margin is not resolved: fixed repetitions are for that);
 * ``max_repetitions``: the most repetitions allowed were measured, undecided.
 
 Why not a bootstrap interval re-checked after every run: each check is another
@@ -89,7 +90,11 @@ DEFAULT_THRESHOLD_RATIO = 1.0
 MIN_PAIRS = 2
 """A t interval needs a sample variance: at least two paired repetitions."""
 LOOK_GROWTH = 1.0
-"""A look after every repetition from the first look on (growth 1: +1 each)."""
+"""A look after every repetition from the first look on (growth 1: +1 each) ..."""
+DENSE_LOOKS_UNTIL = 16
+"""... up to the default maximum; past it (``--afd-max-repeats`` may be up to 1000) the
+looks grow x1.2, so the calibration simulates tens of looks, not hundreds."""
+LATE_LOOK_GROWTH = 1.2
 BONFERRONI_LOOK_GROWTH = 1.5
 """The earlier rule's sparse looks (3, 5, 8, 12, 16): each costs it a share of alpha."""
 
@@ -103,14 +108,16 @@ def t_quantile(q: float, df: int) -> float:
 def planned_looks(min_repetitions: int, max_repetitions: int,
                   growth: float = LOOK_GROWTH) -> tuple[int, ...]:
     """The repetition counts at which intervals are checked: ``min``, then x``growth``
-    (rounded up, at least +1), ending exactly at ``max``."""
+    (rounded up, at least +1; growth 1: every repetition up to ``DENSE_LOOKS_UNTIL``,
+    then x``LATE_LOOK_GROWTH``), ending exactly at ``max``."""
     if min_repetitions < MIN_PAIRS:
         raise ValueError(f"min_repetitions={min_repetitions}: a t interval needs >= {MIN_PAIRS}")
     if max_repetitions < min_repetitions:
         raise ValueError(f"max_repetitions={max_repetitions} < min_repetitions={min_repetitions}")
     looks = [min_repetitions]
     while looks[-1] < max_repetitions:
-        looks.append(min(max_repetitions, max(looks[-1] + 1, math.ceil(looks[-1] * growth))))
+        step = LATE_LOOK_GROWTH if growth <= 1 and looks[-1] >= DENSE_LOOKS_UNTIL else growth
+        looks.append(min(max_repetitions, max(looks[-1] + 1, math.ceil(looks[-1] * step))))
     return tuple(looks)
 
 

@@ -35,6 +35,9 @@ CALIBRATION_SEED = 20261207
 MONTE_CARLO_SES = 2.0
 """The calibration target is ``level - 2 * se``: valid even if the estimate is high."""
 BISECTION_STEPS = 24
+CHUNK_SEQUENCES = 20_000
+DRAW_BUDGET = 4_000_000
+MIN_SEQUENCES = 4_000
 ONE_SIDED, TWO_SIDED = 1, 2
 SIDES = (ONE_SIDED, TWO_SIDED)
 
@@ -43,15 +46,19 @@ def studentized_paths(looks: tuple[int, ...], sequences: int = SEQUENCES,
                       seed: int = CALIBRATION_SEED) -> np.ndarray:
     """``t_k = mean_k / (s_k / sqrt n_k)`` at every look of i.i.d. N(0, 1) sequences
     (rows: sequences, columns: looks)."""
-    draws = np.random.default_rng(seed).standard_normal((sequences, max(looks)))
-    sums = np.cumsum(draws, axis=1)
-    squares = np.cumsum(draws * draws, axis=1)
-    columns = []
-    for n in looks:
-        mean = sums[:, n - 1] / n
-        var = (squares[:, n - 1] - n * mean * mean) / (n - 1)
-        columns.append(mean / np.sqrt(np.maximum(var, 1e-300) / n))
-    return np.stack(columns, axis=1)
+    rng = np.random.default_rng(seed)
+    blocks = []
+    for start in range(0, sequences, CHUNK_SEQUENCES):  # bounded memory at 1000 repetitions
+        draws = rng.standard_normal((min(CHUNK_SEQUENCES, sequences - start), max(looks)))
+        sums = np.cumsum(draws, axis=1)
+        squares = np.cumsum(draws * draws, axis=1)
+        columns = []
+        for n in looks:
+            mean = sums[:, n - 1] / n
+            var = (squares[:, n - 1] - n * mean * mean) / (n - 1)
+            columns.append(mean / np.sqrt(np.maximum(var, 1e-300) / n))
+        blocks.append(np.stack(columns, axis=1))
+    return np.concatenate(blocks)
 
 
 def look_quantiles(looks: tuple[int, ...], look_level: float, sides: int) -> np.ndarray:
@@ -70,12 +77,19 @@ def calibration_target(level: float, sequences: int = SEQUENCES) -> float:
     return level - MONTE_CARLO_SES * math.sqrt(level * (1.0 - level) / sequences)
 
 
+def sequences_for(looks: tuple[int, ...]) -> int:
+    """``SEQUENCES``, fewer past ``DRAW_BUDGET`` normal draws (a maximum of hundreds of
+    repetitions): the calibration target then keeps a wider Monte Carlo margin."""
+    return min(SEQUENCES, max(MIN_SEQUENCES, DRAW_BUDGET // max(looks)))
+
+
 @functools.lru_cache(maxsize=64)
 def calibrated_look_level(looks: tuple[int, ...], level: float, sides: int = 2,
-                          sequences: int = SEQUENCES, seed: int = CALIBRATION_SEED) -> float:
+                          sequences: int | None = None, seed: int = CALIBRATION_SEED) -> float:
     """The largest per-look nominal level whose simulated any-look crossing rate stays
     within the calibration target (bisection between Bonferroni's ``level / K``, always
     valid, and ``level``). One look needs no simulation: its level is ``level``."""
+    sequences = sequences_for(looks) if sequences is None else sequences
     if sides not in SIDES:
         raise ValueError(f"sides={sides!r}: expected one of {SIDES}")
     if not 0 < level < 1:

@@ -35,6 +35,9 @@ def test_planned_looks_grow_and_end_at_the_maximum():
     assert planned_looks(3, 16) == tuple(range(3, 17))  # a look after every repetition
     assert planned_looks(3, 16, growth=1.5) == (3, 5, 8, 12, 16)  # the earlier rule's
     assert SequentialDesign.bonferroni().looks == (3, 5, 8, 12, 16)
+    late = planned_looks(3, 1000)  # --afd-max-repeats' ceiling: x1.2 past 16, not 998 looks
+    assert late[:14] == tuple(range(3, 17)) and late[14:16] == (20, 24)
+    assert late[-1] == 1000 and len(late) < 40
     assert planned_looks(3, 3) == (3,)
     assert planned_looks(4, 5) == (4, 5)
     with pytest.raises(ValueError, match="max_repetitions=2 < min_repetitions=3"):

@@ -9,6 +9,7 @@ from pytest_afd.stats.sequential_bounds import (
     calibrated_look_level,
     calibration_target,
     crossing_rate,
+    sequences_for,
     studentized_paths,
 )
 
@@ -36,6 +37,15 @@ def test_one_look_needs_no_calibration_and_bad_arguments_are_named():
         calibrated_look_level(LOOKS, 0.05, 3)
     with pytest.raises(ValueError, match=r"level=1\.5"):
         calibrated_look_level(LOOKS, 1.5, 2)
+
+
+def test_long_designs_simulate_fewer_sequences_and_keep_a_wider_margin():
+    assert sequences_for(LOOKS) == 200_000
+    assert sequences_for((3, 1000)) == 4_000
+    assert calibration_target(0.05, 4_000) < calibration_target(0.05, 200_000) < 0.05
+    # Chunked draws are the same stream as one draw: the default level does not move.
+    assert studentized_paths((3, 4), 30_000, seed=5)[25_000] == pytest.approx(
+        studentized_paths((3, 4), 25_001, seed=5)[25_000])
 
 
 def test_studentized_paths_are_the_t_statistics_of_the_prefixes():
