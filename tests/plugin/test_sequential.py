@@ -32,7 +32,12 @@ NOISE = 0.08
 
 
 def test_planned_looks_grow_and_end_at_the_maximum():
-    assert planned_looks(3, 16) == (3, 5, 8, 12, 16)
+    assert planned_looks(3, 16) == tuple(range(3, 17))  # a look after every repetition
+    assert planned_looks(3, 16, growth=1.5) == (3, 5, 8, 12, 16)  # the earlier rule's
+    assert SequentialDesign.bonferroni().looks == (3, 5, 8, 12, 16)
+    late = planned_looks(3, 1000)  # --afd-max-repeats' ceiling: x1.2 past 16, not 998 looks
+    assert late[:14] == tuple(range(3, 17)) and late[14:16] == (20, 24)
+    assert late[-1] == 1000 and len(late) < 40
     assert planned_looks(3, 3) == (3,)
     assert planned_looks(4, 5) == (4, 5)
     with pytest.raises(ValueError, match="max_repetitions=2 < min_repetitions=3"):
@@ -42,43 +47,71 @@ def test_planned_looks_grow_and_end_at_the_maximum():
 
 
 def test_interval_is_the_hand_computed_t_interval_at_the_spent_alpha():
-    design = SequentialDesign()
     values = [0.1, 0.2, 0.3]
-    low, high = design.interval(values)
+    bonferroni = SequentialDesign.bonferroni()
     half = scipy_stats.t.ppf(1 - 0.05 / 5 / 2, 2) * 0.1 / math.sqrt(3)  # sd 0.1, 5 looks
-    assert (low, high) == pytest.approx((0.2 - half, 0.2 + half))
+    assert bonferroni.interval(values) == pytest.approx((0.2 - half, 0.2 + half))
+    design = SequentialDesign()
+    # Calibrated: one level for all 14 looks, above Bonferroni's alpha / 14, below alpha.
+    assert 0.05 / 14 < design.look_alpha < 0.05
+    half = scipy_stats.t.ppf(1 - design.look_alpha / 2, 2) * 0.1 / math.sqrt(3)
+    assert design.interval(values) == pytest.approx((0.2 - half, 0.2 + half))
+    one_sided = scipy_stats.t.ppf(1 - design.futility_look_level, 2) * 0.1 / math.sqrt(3)
+    assert design.equivalence_interval(values) == pytest.approx((0.2 - one_sided,
+                                                                 0.2 + one_sided))
 
 
-def _coverage_misses(design: SequentialDesign, true_mean: float, rng) -> float:
-    """Share of sequences whose interval at *any* planned look misses the true mean
-    (the event optional stopping could pick): the CS guarantee is <= alpha."""
-    data = rng.normal(true_mean, NOISE, (SIMULATIONS, design.max_repetitions))
-    missed = np.zeros(SIMULATIONS, dtype=bool)
-    for i in range(SIMULATIONS):
-        for look in design.looks:
-            low, high = design.interval(list(data[i, :look]))
-            if not low <= true_mean <= high:
-                missed[i] = True
-                break
-    return missed.mean()
+COVERAGE_SEQUENCES = 40_000
+"""Vectorized coverage check: Monte Carlo se of a 5% rate is 0.11 points."""
+
+
+def _miss_rates(design: SequentialDesign, true_mean: float, seed: int) -> tuple[float, float]:
+    """Share of sequences whose efficacy interval at *any* planned look misses the true
+    mean (the event optional stopping could pick), and whose equivalence upper bound at
+    any look falls below it; quantiles from scipy, the independent reference."""
+    data = np.random.default_rng(seed).normal(true_mean, NOISE,
+                                              (COVERAGE_SEQUENCES, design.max_repetitions))
+    missed = np.zeros(COVERAGE_SEQUENCES, dtype=bool)
+    below = np.zeros(COVERAGE_SEQUENCES, dtype=bool)
+    for n in design.looks:
+        mean = data[:, :n].mean(axis=1)
+        se = data[:, :n].std(axis=1, ddof=1) / math.sqrt(n)
+        missed |= np.abs(mean - true_mean) > scipy_stats.t.ppf(1 - design.look_alpha / 2,
+                                                               n - 1) * se
+        if design.futility_look_level is not None:
+            below |= mean + scipy_stats.t.ppf(1 - design.futility_look_level, n - 1) * se \
+                < true_mean
+    return float(missed.mean()), float(below.mean())
+
+
+def _three_se(rate: float) -> float:
+    return 3 * math.sqrt(rate * (1 - rate) / COVERAGE_SEQUENCES)
 
 
 @pytest.mark.parametrize("true_mean", [0.0, math.log(1.2)])
 def test_intervals_cover_the_mean_at_every_look_simultaneously(true_mean):
+    """Calibrated spending uses alpha, not less: the any-look miss rate is alpha within
+    Monte Carlo error (seeds unlike the calibration's), and so is the equivalence
+    bounds' one-sided miss rate at the futility level."""
     design = SequentialDesign()
-    assert _coverage_misses(design, true_mean, np.random.default_rng(7)) <= design.alpha
+    missed, below = _miss_rates(design, true_mean, seed=7)
+    assert design.alpha - _three_se(0.05) <= missed <= design.alpha + _three_se(0.05)
+    level = design.futility_level
+    assert level - _three_se(level) <= below <= level + _three_se(level)
+    # Bonferroni's union bound is valid but gives alpha away (the earlier rule's cost).
+    assert _miss_rates(SequentialDesign.bonferroni(), true_mean, seed=7)[0] < 0.04
 
 
 def test_a_per_look_unadjusted_interval_would_not_cover_under_optional_stopping():
     """The check above can fail: the same looks at the unadjusted alpha miss too often."""
-    naive = SequentialDesign(alpha=0.05 * 5)  # each look at 0.05: what re-checking does
+    naive = SequentialDesign.bonferroni(alpha=0.05 * 5)  # each look at 0.05: re-checking
     assert naive.look_alpha == pytest.approx(0.05)
-    assert _coverage_misses(naive, 0.0, np.random.default_rng(7)) > 0.05
+    assert _miss_rates(naive, 0.0, seed=7)[0] > 0.05 + _three_se(0.05)
 
 
-def _decisions(effect: float, rng, design=None):
+def _decisions(effect: float, rng, design=None, noise: float = NOISE):
     design = design or SequentialDesign()
-    data = rng.normal(effect, NOISE, (SIMULATIONS, design.max_repetitions))
+    data = rng.normal(effect, noise, (SIMULATIONS, design.max_repetitions))
     return [decide_sequence(design, list(row)) for row in data]
 
 
@@ -96,6 +129,38 @@ def test_a_planted_1_2x_change_is_found_with_power_and_direction():
     assert all(d.verdict == VERDICT_HIGHER for d in found)
     lower = _decisions(-math.log(1.2), np.random.default_rng(17))
     assert np.mean([d.verdict == VERDICT_LOWER for d in lower]) >= 0.8
+
+
+def test_a_change_as_large_as_the_margin_is_called_equivalent_at_most_the_futility_level():
+    """The equivalence stop's own error: with efficacy stops made rare (alpha 1e-4), a
+    real 1.2x change (the margin) is called equivalent at the futility level, not more;
+    with the futility bounds re-checked unadjusted at every look it would be more."""
+    effect = math.log(1.2)
+    design = SequentialDesign(alpha=1e-4)
+    equivalent = np.mean([d.reason == STOP_EQUIVALENT for d in
+                          _decisions(effect, np.random.default_rng(19), design, noise=0.17)])
+    assert equivalent <= design.futility_level + 3 * math.sqrt(0.1 * 0.9 / SIMULATIONS)
+    # Looks 3, 6, 12, 16, each at the one-sided 10% (Bonferroni's split of 40%).
+    unadjusted = SequentialDesign(alpha=1e-4, spending="bonferroni", futility_level=0.4,
+                                  look_growth=2.0)
+    assert unadjusted.futility_look_level == pytest.approx(0.1)
+    naive = np.mean([d.reason == STOP_EQUIVALENT for d in
+                     _decisions(effect, np.random.default_rng(19), unadjusted, noise=0.17)])
+    assert naive > design.futility_level + 3 * math.sqrt(0.1 * 0.9 / SIMULATIONS)
+
+
+def test_the_calibrated_rule_spends_fewer_repetitions_than_the_bonferroni_rule():
+    """At the recorded CPU noise (sd 0.17): equal cases stop equivalent instead of running
+    to the maximum, and a 1.5x change is called sooner; both keep the A/A rate."""
+    noise = 0.17
+    for effect in (0.0, math.log(1.5)):
+        new = _decisions(effect, np.random.default_rng(23), noise=noise)
+        old = _decisions(effect, np.random.default_rng(23), SequentialDesign.bonferroni(),
+                         noise=noise)
+        assert np.mean([d.repetitions for d in new]) < np.mean([d.repetitions for d in old])
+    aa = _decisions(0.0, np.random.default_rng(29), noise=noise)
+    assert np.mean([d.reason == STOP_THRESHOLD for d in aa]) <= 0.05
+    assert np.mean([d.verdict == "equivalent" for d in aa]) >= 0.8
 
 
 def test_a_clear_change_stops_at_the_first_look_and_equal_cases_can_stop_equivalent():

@@ -46,8 +46,11 @@ def test_report_has_every_target_with_a_met_flag(bench, tmp_path, capsys):
             targets = row["targets"]
             assert targets["aa_false_calls"]["met"] == (targets["aa_false_calls"]["measured"] <= 0.05)
             assert targets["power_1_2x"]["met"] == (targets["power_1_2x"]["measured"] >= 0.8)
-            assert sum(row["aa"]["stopped"].values()) == 60
+            assert sum(row["aa"]["stopped"].values()) == 60 * bench.AA_SESSIONS_FACTOR
             assert 3 <= row["aa"]["mean_repetitions"] <= row["max_repetitions"]
+        assert {row["design"] for row in entry["designs"]} == {"calibrated", "bonferroni_before"}
+        bound = entry["known_sd_bound"]
+        assert bound["looks"][0] == 2 and bound["fixed_z_test_n_at_equal_power"] >= 1
     assert capsys.readouterr().out.startswith("sequential_sim_bench: ")
 
 

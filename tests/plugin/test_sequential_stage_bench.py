@@ -1,0 +1,56 @@
+"""sequential_stage_bench's verdict comparison and replay, on hand-made result documents
+(the bench itself runs the stages: minutes, so never in the default run)."""
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCH_DIR))
+    try:
+        spec = importlib.util.spec_from_file_location("sequential_stage_bench_under_test",
+                                                      BENCH_DIR / "sequential_stage_bench.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(BENCH_DIR))
+
+
+def test_agreement_counts_calls_and_no_calls(bench):
+    assert bench.agreement("higher", "higher") == "same"
+    assert bench.agreement("higher", "lower") == "opposite"
+    assert bench.agreement("equivalent", "undecided") == "same"  # neither calls a change
+    assert bench.agreement("undecided", "undecided") == "same"
+    assert bench.agreement("lower", "undecided") == "sequential_only"
+    assert bench.agreement("equivalent", "higher") == "fixed_only"
+    assert bench.agreement("higher", None) == "no_fixed"
+
+
+def _doc(values):
+    return {"metrics": {"wall_time_s": {"repetitions": values}}}
+
+
+def test_replay_runs_the_rule_on_the_fixed_data_and_counts_each_case_once(bench):
+    base = [1.0 + 0.01 * ((i * 7) % 5) for i in range(11)]
+    docs = {"n/ref": _doc(base),
+            "n/slow": _doc([2 * v * (1 + 0.01 * (i % 3)) for i, v in enumerate(base)]),
+            "n/same": _doc([v * (1 + 0.005 * ((i % 3) - 1)) for i, v in enumerate(base)]),
+            "n/lone": _doc(base)}
+    rows = [{"a": "n/ref", "b": "n/slow"}, {"a": "n/ref", "b": "n/same"}]
+    replayed = bench.replay(docs, rows, fixed_repeats=11)
+    slow = replayed["verdicts"][("n/ref", "n/slow")]
+    same = replayed["verdicts"][("n/ref", "n/same")]
+    assert (slow.verdict, slow.repetitions) == ("higher", 3)
+    assert same.verdict == "equivalent" and same.repetitions <= 11
+    # ref measures until its last comparison stops, lone gets the first look.
+    assert replayed["repetitions"] == max(3, same.repetitions) + 3 + same.repetitions + 3
+    assert replayed["design"]["max_repetitions"] == 11
+    assert math.isclose(replayed["design"]["alpha"], 0.045)
