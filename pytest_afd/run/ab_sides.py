@@ -42,6 +42,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from afd_split.hook.planning.worker_evidence import EVIDENCE_DIR_ENV as EVIDENCE_VARIABLE
 from pytest_afd.core.absent import absent
 from pytest_afd.core.code_identity import checkout_commit
 from pytest_afd.run.ab import FLAG as SETTINGS_FLAG
@@ -238,15 +239,22 @@ def parse_sides(urls: Sequence[str] | None, pythons: Sequence[str] | None,
 
 
 # --- each side's backend -----------------------------------------------------------------------
-def side_environ(side: Side, base: Mapping[str, str], devices: int) -> dict[str, str]:
+def side_environ(side: Side, base: Mapping[str, str], devices: int,
+                 evidence_dir: Path | None = None) -> dict[str, str]:
     """The environment the side's vllm-ascend backend reads: its URL to attach to, or a deploy
-    command running the side's interpreter with ``PYTHONPATH`` = its checkout."""
+    command running the side's interpreter with ``PYTHONPATH`` = its checkout. ``evidence_dir``
+    (code sides): where that side's servers write their step lines, read back per run, so the
+    stage checks see each side's own steps (the deployments of a URL side write where they
+    were told)."""
     names = _variables()
     env = {key: value for key, value in base.items() if key not in names.picking}
     if side.url is not None:
         env[names.url] = side.url
         return env
     variables = [f"{name}={value}" for name, value in code_variables(side.checkout).items()]
+    if evidence_dir is not None:
+        env[EVIDENCE_VARIABLE] = str(evidence_dir)
+        variables.append(f"{EVIDENCE_VARIABLE}={evidence_dir}")
     command = ["env", *variables, side.python, "-m", "pytest_afd.cli", "deploy-cpu"]
     env[names.command] = shlex.join(command)
     env[names.devices] = str(devices)  # one CPU "node" holds the whole layout
@@ -260,9 +268,14 @@ def create_side_backend(side: Side, *, topology: Any, model_name: str, seed: int
     from pytest_afd.backends.vllm_ascend.backend import create_backend
 
     base = os.environ if environ is None else environ
+    directory = Path(results_dir).absolute() / side.name
+    evidence = None
+    if side.url is None:
+        evidence = directory / "evidence"
+        evidence.mkdir(parents=True, exist_ok=True)
     return create_backend(topology=topology, model_name=model_name, seed=seed,
-                          results_dir=Path(results_dir) / side.name,
-                          environ=side_environ(side, base, topology.total_ranks),
+                          results_dir=directory,
+                          environ=side_environ(side, base, topology.total_ranks, evidence),
                           devices_per_node=devices_per_node if side.url is not None else None)
 
 

@@ -94,9 +94,11 @@ def test_each_side_environment_picks_its_own_deployment():
     env = ab_sides.side_environ(url_side, base, 48)
     assert env["AFD_ASCEND_SERVER_URL"] == "http://h:2" and "AFD_ASCEND_DEPLOYMENTS" not in env
     code_side = ab_sides.Side("ab-B", "B", python="/py b", checkout="/c b")
-    env = ab_sides.side_environ(code_side, base, 48)
+    env = ab_sides.side_environ(code_side, base, 48, Path("/r/ab-B/evidence"))
     assert shlex.split(env["AFD_ASCEND_DEPLOY_COMMAND"]) == [
-        "env", "PYTHONSAFEPATH=1", "PYTHONPATH=/c b", "/py b", "-m", "pytest_afd.cli", "deploy-cpu"]
+        "env", "PYTHONSAFEPATH=1", "PYTHONPATH=/c b", "AFD_EVIDENCE_DIR=/r/ab-B/evidence", "/py b",
+        "-m", "pytest_afd.cli", "deploy-cpu"]  # the server writes its steps where B reads them
+    assert env["AFD_EVIDENCE_DIR"] == "/r/ab-B/evidence"
     assert env["AFD_DEVICES_PER_NODE"] == "48" and env["PATH"] == "/bin"
 
 
