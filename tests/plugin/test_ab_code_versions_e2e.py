@@ -100,3 +100,4 @@ def test_ctrl_c_stops_both_sides_servers(tmp_path):
             process.wait()
     assert process.returncode != 0
     assert live_servers(tmp_path / "state") == [], output[-3000:]
+
