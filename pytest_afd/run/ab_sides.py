@@ -285,12 +285,14 @@ def served_facts(description: Mapping[str, Any]) -> dict[str, Any]:
     url = description.get("base_url")
     facts: dict[str, Any] = {"url": url or absent("no deployment has served this side yet")}
     listed = [item for item in description.get("deployments", []) if item.get("url") == url]
-    if listed:
+    if listed:  # attached: the deployment's model listing and the settings it was declared with
         facts["models"] = listed[0].get("models", listed[0].get("models_error"))
+        facts["settings"] = listed[0].get("settings")
     server = description.get("server")
     if isinstance(server, Mapping):
         backend = server.get("backend") if isinstance(server.get("backend"), Mapping) else {}
         facts["stand_in_device"] = backend.get("device")
+        facts["settings"] = server.get("settings", facts.get("settings"))  # what it runs with
         facts["code"] = server.get("code") or absent(
             "the server's /afd/describe reports no code identity (an older pytest-afd)")
     else:

@@ -120,8 +120,10 @@ def test_checkout_commit_and_its_absence(tmp_path):
 
 def test_served_facts_say_what_is_unknown():
     vllm = ab_sides.served_facts({"base_url": "http://h:2", "server_describe_error": "404",
-                                  "deployments": [{"url": "http://h:2", "models": [{"id": "m"}]}]})
+                                  "deployments": [{"url": "http://h:2", "models": [{"id": "m"}],
+                                                   "settings": {"chunk_size": 8}}]})
     assert vllm["url"] == "http://h:2" and vllm["models"] == [{"id": "m"}]
+    assert vllm["settings"] == {"chunk_size": 8}
     assert vllm["stand_in_device"] is None and vllm["code"]["absent_reason"] == "404"
     older = ab_sides.served_facts({"base_url": "u", "server": {"backend": {"device": "cpu"}}})
     assert older["stand_in_device"] == "cpu" and "older pytest-afd" in older["code"]["absent_reason"]

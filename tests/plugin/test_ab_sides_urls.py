@@ -46,6 +46,8 @@ def test_two_deployment_urls_each_side_attached_to_its_own_and_labelled_a_stand_
             record = ab_sides.side_evidence(side, backend)
             assert record["url"] == record["served"]["url"] == server.base_url
             assert record["served"]["stand_in_device"] == "cpu"
+            assert record["served"]["settings"]["split_policy"] == "token_balanced"
+            assert record["served"]["models"][0]["id"]  # its /v1/models listing
             assert backend.stand_in_device() == "cpu"  # the ledger's question: never hardware
     finally:
         for backend in backends:
