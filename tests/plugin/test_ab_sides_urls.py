@@ -14,7 +14,6 @@ from pytest_afd.run import ab_sides
 from pytest_afd.serving.http_backend import cpu_server_spec
 from pytest_afd.serving.lifecycle import ManagedServer
 from pytest_afd.topology.spec import parse_topology
-from tests.plugin.test_ab_code_versions_e2e import CLEARED
 
 
 def test_two_deployment_urls_each_side_attached_to_its_own_and_labelled_a_stand_in(tmp_path):
@@ -27,8 +26,10 @@ def test_two_deployment_urls_each_side_attached_to_its_own_and_labelled_a_stand_
                                              topology=topology.canonical, model_name="reduced",
                                              seed=0), tmp_path).start() for i in range(2)]
     backends = []
+    deployment = ("AFD_ASCEND_SERVER_URL", "AFD_ASCEND_DEPLOYMENTS", "AFD_ASCEND_DEPLOY_COMMAND",
+                  "AFD_EVIDENCE_DIR")
     try:
-        environ = {**{k: v for k, v in os.environ.items() if k not in CLEARED},
+        environ = {**{k: v for k, v in os.environ.items() if k not in deployment},
                    "AFD_ASCEND_SERVER_SETTINGS": json.dumps({"split_policy": "token_balanced",
                                                               "max_num_batched_tokens": 256,
                                                               "max_num_seqs": 4,
