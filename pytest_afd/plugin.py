@@ -28,6 +28,7 @@ from pytest_afd.results.directory import remove_stale_temp_files
 from pytest_afd.results.shared import SessionLease
 from pytest_afd.run import (
     ab,
+    ab_sides,
     deployment_plan,
     early_setup,
     gate_runs,
@@ -80,12 +81,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     reference_phase.add_option(group, parser)
     deployment_plan.add_option(group)
     ab.add_option(group)
+    ab_sides.add_options(group)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config, args: list[str]) -> None:
     """Before any conftest: undo a rootdir that a space-separated option value moved."""
-    early_setup.repair_setup(early_config, args, value_flags((reference_phase.FLAG,)))
+    early_setup.repair_setup(early_config, args, value_flags(
+        (reference_phase.FLAG, ab_sides.PYTHON_FLAG, ab_sides.CHECKOUT_FLAG)))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -109,6 +112,7 @@ def pytest_configure(config: pytest.Config) -> None:
         ab.parse(config.getoption("afd_ab", None))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+    ab_sides.configure(config, state.options.backend)  # two deployments / code versions
     ledger = hardware.HardwareLedger(state.options.backend, state.options.require_hardware,
                                      lambda: [state.backend_instance, *state.other_backends],
                                      allow_emulated=state.options.allow_emulated,

@@ -43,6 +43,7 @@ from stage_sizes import (
 )
 
 from pytest_afd.run import ab as afd_ab
+from pytest_afd.run import ab_sides as afd_ab_sides
 from pytest_afd.run import progress as afd_progress
 from pytest_afd.run.options import parse_scale
 from pytest_afd.run.session import afd_session
@@ -71,6 +72,7 @@ def backend_pool(pytestconfig: pytest.Config, afd_backend, afd_manifest, afd_opt
 @pytest.fixture
 def stage_runner(request, backend_pool, afd_options, afd_results, stage_sizes) -> StageRunner:
     """The stage measurement protocol bound to this test's result writer and progress lines."""
+    sides = afd_ab_sides.from_config(request.config)  # two deployments or code versions
     return StageRunner(
         handle=backend_pool.session,
         options=afd_options,
@@ -79,7 +81,9 @@ def stage_runner(request, backend_pool, afd_options, afd_results, stage_sizes) -
         pool=backend_pool,
         progress=afd_progress.pytest_emitter(request.config),
         title=request.node.name,
-        ab=afd_ab.parse(request.config.getoption("afd_ab", None)),
+        ab=afd_ab.parse(request.config.getoption("afd_ab", None)) or (
+            None if sides is None else afd_ab.SAME_SETTINGS),
+        ab_sides=sides,
     )
 
 

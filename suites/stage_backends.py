@@ -14,6 +14,8 @@ from pytest_afd.core.backend import (
 )
 from pytest_afd.results.documents import validate_manifest
 from pytest_afd.results.manifest import collect_manifest, manifest_digest
+from pytest_afd.run import ab as afd_ab
+from pytest_afd.run import ab_sides as afd_ab_sides
 from pytest_afd.run.session import EXIT_BACKEND_UNAVAILABLE, afd_session
 from pytest_afd.topology.spec import Topology, parse_topology
 
@@ -43,8 +45,14 @@ class BackendPool:
         self._made: dict[tuple[str, str], BackendHandle] = {}
 
     def get(
-        self, *, model_name: str | None = None, topology_spec: str | None = None
+        self, *, model_name: str | None = None, topology_spec: str | None = None,
+        side: str | None = None,
     ) -> BackendHandle:
+        """``side`` (``ab-A`` / ``ab-B``): that side's backend under ``--afd-ab-url`` /
+        ``--afd-ab-python`` / ``--afd-ab-checkout`` (pytest_afd.run.ab_sides), where the
+        session backend is side A and every other backend is made for its side."""
+        sides = afd_ab_sides.from_config(self.config)
+        side = (side or afd_ab.SIDES[0]) if sides is not None else None
         model = model_name or self.session.model_name
         topology = (
             self.session.topology
@@ -54,22 +62,16 @@ class BackendPool:
         if (
             model == self.session.model_name
             and topology.canonical == self.session.topology.canonical
+            and side in (None, afd_ab.SIDES[0])
         ):
             return self.session
-        key = (model, topology.canonical)
+        key = (side or "", model, topology.canonical)
         if key not in self._made:
             try:
-                backend = create_backend(
-                    self.options.backend,
-                    topology=topology,
-                    model_name=model,
-                    seed=self.options.seed,
-                    results_dir=self.options.results_dir,
-                    peer_timeout_s=self.options.peer_timeout_s,
-                    **afd_session(self.config).hardware_kwargs(),
-                )
+                backend = self._create(model, topology, None if sides is None else sides.side(side))
             except BackendUnavailable as exc:
-                message = f"backend {self.options.backend!r} for model {model!r} on {topology}: {exc}"
+                where = "" if side is None else f" (--afd-ab side {side})"
+                message = f"backend {self.options.backend!r}{where} for model {model!r} on {topology}: {exc}"
                 if self.options.require_hardware:  # one session error, as afd_backend's
                     pytest.exit(f"pytest-afd: --afd-require-hardware: {message}",
                                 returncode=EXIT_BACKEND_UNAVAILABLE)
@@ -79,6 +81,22 @@ class BackendPool:
                 backend, self._manifest(backend, topology, model), topology, model
             )
         return self._made[key]
+
+    def side(self, side: str, handle: BackendHandle) -> BackendHandle:
+        """``handle``'s model and topology on A/B side ``side``."""
+        if handle is self.session and side == afd_ab.SIDES[0]:
+            return handle
+        return self.get(model_name=handle.model_name, topology_spec=handle.topology.canonical,
+                        side=side)
+
+    def _create(self, model: str, topology: Topology, side: afd_ab_sides.Side | None) -> Backend:
+        common = {"topology": topology, "model_name": model, "seed": self.options.seed,
+                  "results_dir": self.options.results_dir,
+                  **afd_session(self.config).hardware_kwargs()}
+        if side is not None:
+            return afd_ab_sides.create_side_backend(side, **common)
+        return create_backend(self.options.backend, peer_timeout_s=self.options.peer_timeout_s,
+                              **common)
 
     def _manifest(self, backend: Backend, topology: Topology, model: str) -> dict[str, Any]:
         manifest = collect_manifest(

@@ -36,6 +36,7 @@ from pytest_afd.core.backend import (
 )
 from pytest_afd.results import documents as afd_result_docs
 from pytest_afd.run import ab as afd_ab
+from pytest_afd.run import ab_sides as afd_ab_sides
 from pytest_afd.run import progress as afd_progress
 from pytest_afd.stats import host as afd_host
 from pytest_afd.stats import sequential_run as afd_sequential
@@ -60,12 +61,15 @@ def stage_settings(options: Any, sizes: StageSizes, topology: Topology, **overri
     emulation = topology.cpu_emulation()
     constraints = {"split_align": emulation.split_align, "pcp_size": emulation.pcp_size}
     return options.run_settings(**{**scaled, **constraints, **overrides})
-def ab_cases(cases: Sequence[StageCase], ab: tuple[dict[str, Any], dict[str, Any]]
+def ab_cases(cases: Sequence[StageCase], ab: tuple[dict[str, Any], dict[str, Any]],
+             handle_for: Callable[[str, BackendHandle | None], BackendHandle] | None = None,
              ) -> list[StageCase]:
     """Each case twice, ``<name>/ab-A`` and ``<name>/ab-B``, adjacent: the interleaved order
-    then alternates A and B repetition by repetition."""
+    then alternates A and B repetition by repetition. ``handle_for(side, handle)``: each
+    side's own backend (two deployments or code versions, pytest_afd.run.ab_sides)."""
     return [replace(case, name=f"{case.name}/{side}",
-                    settings=afd_ab.side_settings(case.settings, overrides))
+                    settings=afd_ab.side_settings(case.settings, overrides),
+                    handle=case.handle if handle_for is None else handle_for(side, case.handle))
             for case in cases for side, overrides in zip(afd_ab.SIDES, ab, strict=True)]
 
 
@@ -83,6 +87,7 @@ class StageRunner(StageResults):
         progress: afd_progress.Emitter | None = None,
         title: str = "",
         ab: tuple[dict[str, Any], dict[str, Any]] | None = None,
+        ab_sides: afd_ab_sides.AbSides | None = None,
     ) -> None:
         self.handle = handle
         self.options = options
@@ -94,6 +99,8 @@ class StageRunner(StageResults):
         self.title = title
         # --afd-ab: each case measured with option set A and with B, interleaved (pytest_afd.run.ab).
         self.ab = ab
+        # --afd-ab-url / --afd-ab-python / --afd-ab-checkout: each side its own backend.
+        self.ab_sides = ab_sides
 
     @property
     def backend(self) -> Backend:
@@ -114,6 +121,8 @@ class StageRunner(StageResults):
             pool=self.pool,
             progress=self.progress,
             title=self.title,
+            ab=self.ab,
+            ab_sides=self.ab_sides,
         )
 
     # ---- building blocks ------------------------------------------------------------
@@ -198,7 +207,7 @@ class StageRunner(StageResults):
         """
         originals = [case.name for case in cases]
         if self.ab is not None:
-            cases = ab_cases(cases, self.ab)
+            cases = ab_cases(cases, self.ab, None if self.ab_sides is None else self._side_handle)
         names = [case.name for case in cases]
         if len(set(names)) != len(names):
             raise ValueError(f"case names must be unique within one measurement: {names}")
@@ -238,7 +247,7 @@ class StageRunner(StageResults):
                 instrumented = self._run_once(case, replace(case.settings, instrument=True))
             protocol = (repeated.protocol_json(case.name) if self.options.sequential
                         else repeated.protocol_json())
-            doc = self._result(case, measured[case.name], instrumented, protocol)
+            doc = self._result(self._with_side(case), measured[case.name], instrumented, protocol)
             if wanted and instrumented is None:
                 doc["evidence"]["per_layer_timings"] = afd_result_docs.absent(
                     f"an instrumented run was asked for, but backend {backend.name!r} does not "
@@ -252,6 +261,18 @@ class StageRunner(StageResults):
             for name in originals:
                 done.setdefault(name, done[f"{name}/{afd_ab.SIDES[0]}"])
         return done
+
+    def _side_handle(self, side: str, handle: BackendHandle | None) -> BackendHandle:
+        return self.pool.side(side, handle or self.handle)
+
+    def _with_side(self, case: StageCase) -> StageCase:
+        """Under two deployments or code versions: the result's ``evidence.ab_side`` says which
+        side it is, as given and as the serving deployment reported after its runs."""
+        if self.ab_sides is None:
+            return case
+        side = self.ab_sides.side(case.name.rpartition("/")[2])
+        record = afd_ab_sides.side_evidence(side, self._handle(case).backend)
+        return replace(case, evidence={**case.evidence, "ab_side": record})
 
     def _repeat(self, calls: dict[str, Callable[[], dict[str, float]]],
                 cases: Sequence[StageCase], comparisons: Sequence[tuple[str, str]] | None):

@@ -222,8 +222,11 @@ def case_calls(comparisons: Sequence[CaseComparison]) -> Mapping[str, int]:
 
 # --- the first line of compare's answer -------------------------------------------------------
 CALLED = ("B better", "B worse")
-INTERLEAVED_HINT = ("measure A and B interleaved in one session instead: "
-                    "pytest -m <stage> --afd-ab A B (docs/report.md, \"Interleaved A/B\")")
+# The flags are pytest_afd.run.ab's and ab_sides' (a layer above: tests check they agree).
+INTERLEAVED_HINT = ("measure A and B interleaved in one session instead: pytest -m <stage> "
+                    "with --afd-ab A B (two option sets), --afd-ab-checkout DIR_A DIR_B or "
+                    "--afd-ab-python PY_A PY_B (two code versions) or --afd-ab-url URL_A URL_B "
+                    "(two deployments) (docs/report.md, \"Interleaved A/B\")")
 
 
 def excluded_cases(comparisons: Sequence[CaseComparison]) -> dict[str, int]:

@@ -21,6 +21,8 @@ from pytest_afd.core.backend import RunSettings
 
 FLAG = "--afd-ab"
 SIDES = ("ab-A", "ab-B")
+# Two deployments or code versions (pytest_afd.run.ab_sides): both sides keep the case's settings.
+SAME_SETTINGS: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
 NONE_WORDS = ("none", "null", "unchunked")
 BOOLEAN_WORDS = {"true": True, "false": False}
 # Fields that say how a run is measured, not what runs: never A/B options.

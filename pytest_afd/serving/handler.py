@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any, Protocol
 
 from pytest_afd.core.backend import PromptRequest, RequestOutput
+from pytest_afd.core.code_identity import running_code
 from pytest_afd.serving.connections import WRITE_TIMEOUT_S, DeadlineReader, peer_closed
 from pytest_afd.serving.engine import EngineStopped, PrefillEngine, RequestAborted
 from pytest_afd.serving.logprobs import MAX_NUM_LOGPROBS, completion_logprobs
@@ -230,6 +231,9 @@ class Handler(BaseHTTPRequestHandler):
             self._send_json(HTTPStatus.OK, {
                 "backend": engine.backend.describe(),
                 "settings": dataclasses.asdict(engine.settings),
+                # Which interpreter and pytest_afd this server imported: an A/B run of two
+                # code versions records it per side (pytest_afd.run.ab_sides).
+                "code": running_code(),
             })
         else:
             self._send_error_json(HTTPStatus.NOT_FOUND, f"no route GET {self.path}")

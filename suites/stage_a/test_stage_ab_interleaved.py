@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_afd.core.backend import CAP_PREFIX_CACHE, CAP_SPLIT
+from pytest_afd.core.backend import CAP_CHUNKED_PREFILL, CAP_PREFIX_CACHE, CAP_SPLIT
 from pytest_afd.run import ab
 from pytest_afd.stats import conclusions
 
@@ -13,7 +13,8 @@ AB = ab.parse(["split_policy=request_boundary", "split_policy=token_balanced,chu
 
 
 def test_each_case_runs_with_both_option_sets_alternately(make_runner):
-    runner, backend = make_runner({CAP_SPLIT, CAP_PREFIX_CACHE})
+    # Side B chunks: without chunked prefill the case would skip and nothing would run.
+    runner, backend = make_runner({CAP_SPLIT, CAP_PREFIX_CACHE, CAP_CHUNKED_PREFILL})
     runner.ab = AB
     workload = runner.workload("uniform")
     cases = [runner.case(name=name, workload=workload, settings=runner.settings())

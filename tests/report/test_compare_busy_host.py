@@ -24,6 +24,7 @@ from pytest_afd.report.compare import compare_results
 from pytest_afd.report.loading import LoadedResult
 from pytest_afd.report.stage_calls import stage_calls, verdict_line
 from pytest_afd.results.parts import measurement
+from pytest_afd.run import ab, ab_sides
 from pytest_afd.workloads import make_workload
 from tests.support.report_builders import SMALL, make_result, write
 
@@ -73,7 +74,9 @@ def test_cpu_shares_that_really_differ_say_first_that_compare_cannot_decide(tmp_
     first, _ = _verdict(tmp_path, tmp_path / "a", tmp_path / "b", capsys)
     assert first.startswith("verdict: cannot decide: 6 of 6 shared case(s) excluded (6 host "
                             "conditions differ (CPU share 0.48 → 0.29 (load 3 → 3)))")
-    assert "--afd-ab" in first
+    # It names the interleaved method for option sets, code versions and deployments.
+    for flag in (ab.FLAG, ab_sides.CHECKOUT_FLAG, ab_sides.PYTHON_FLAG, ab_sides.URL_FLAG):
+        assert f"{flag} " in first, flag
 
 
 def test_a_planted_slowdown_at_the_same_share_is_the_first_line(tmp_path, capsys):

@@ -2,9 +2,12 @@
 
 import http.client
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
+import pytest_afd
 from pytest_afd.backends import create_backend
 from pytest_afd.core.backend import PromptRequest, RunSettings
 from pytest_afd.serving.client import Arrival, CompletionsClient
@@ -133,6 +136,9 @@ def test_health_models_and_describe(cpu_server, client):
     described = client.get_json("/afd/describe")
     assert described["backend"]["backend"] == "cpu"
     assert described["settings"]["prefix_caching"] is True
+    # The code this server imported (an A/B of two checkouts records it per side).
+    assert described["code"]["pytest_afd"] == str(Path(pytest_afd.__file__).resolve().parent)
+    assert described["code"]["python"] == sys.executable
 
 
 def test_non_streaming_completion_reports_usage(cpu_server):
