@@ -14,6 +14,14 @@ from pytest_afd.results.manifest import absent, manifest_digest
 
 STAND_IN_REASON = ("emulated: ran on the pytest-afd CPU server standing in for the deployment "
                    "(it reports device {device!r} at /afd/describe)")
+SERVED_LATER = ("not known before the deploy command's deployment is up: the checkpoint's "
+                "config.json ({path}) is not readable here; a pytest-afd server reports its "
+                "layer count at /afd/describe, and each result's manifest carries it")
+"""The session manifest's layer count in deploy-command mode when the checkpoint cannot be
+read from the harness's host: the deployment does not exist until the first case asks for
+it, so the count is learned from it (:func:`with_served_facts`) and checked on the result
+(the study's check defers this one field: ``pytest_afd.study.check.served_later``)."""
+SERVED_LATER_PREFIX = SERVED_LATER.split(":", 1)[0]
 
 
 def as_stand_in(manifest: Mapping[str, Any], device: str, emulation: Mapping[str, Any]) -> dict[str, Any]:

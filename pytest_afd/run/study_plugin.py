@@ -7,6 +7,12 @@ it gets ``study: {name, digest}``, and when it contradicts the study the case
 fails there, naming each field with the study's and the run's value. A case
 that needs the backend is checked before its body runs, so it fails before it measures.
 Gates are checked on the stack and tolerances only (``check.SCOPE_STACK``).
+
+One field can be unknown before a case measures: in deploy-command mode the layer count
+when the checkpoint is not readable here (the deployment reports it once the first case
+has started it, ``check.served_later``). That field is left to the written result: each
+result's manifest is checked again when it is written, and a contradiction fails the case
+there, naming the field (publish and select-references exclude such a result too).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from pytest_afd.study.check import (
     SCOPE_STACK,
     contradiction_message,
     contradictions,
+    served_later,
 )
 
 PLUGIN_NAME = "afd-study"
@@ -43,9 +50,14 @@ class StudyPlugin:
     def record(self) -> dict[str, str]:
         return {"name": self.study["name"], "digest": self.study["digest"]}
 
+    def _before_measuring(self, manifest: Mapping[str, Any]) -> list[Any]:
+        """The contradictions a case can be refused for before it measures."""
+        found = contradictions(self.study, manifest, scope=self.scope)
+        return [item for item in found if not served_later(item)]
+
     @pytest.hookimpl(trylast=True)  # after every other plugin added its facts
     def pytest_afd_manifest(self, config: pytest.Config, manifest: dict[str, Any]) -> None:
-        found = contradictions(self.study, manifest, scope=self.scope)
+        found = self._before_measuring(manifest)
         if found:
             pytest.fail(contradiction_message(self.study, found), pytrace=False)
         manifest[STUDY_KEY] = self.record()
@@ -70,9 +82,17 @@ class StudyPlugin:
             state.backend()
         except BackendUnavailable:
             return  # the afd_backend fixture skipped (or stopped the session) with the reason
-        found = contradictions(self.study, state.manifest(), scope=self.scope)
+        found = self._before_measuring(state.manifest())
         if found:
             pytest.fail(contradiction_message(self.study, found), pytrace=False)
+
+    def pytest_afd_result_written(self, config: pytest.Config, path: Any,
+                                  result: Mapping[str, Any]) -> None:
+        """The written result's manifest (with what its deployment reported) against the study."""
+        found = contradictions(self.study, result["manifest"], scope=self.scope)
+        if found:
+            pytest.fail(f"{result['case_id']} ({path}): "
+                        + contradiction_message(self.study, found), pytrace=False)
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         return [f"afd: study {self.study['name']!r} {self.study['digest']}"]

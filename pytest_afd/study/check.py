@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_afd.golden.compare import PROFILES
+from pytest_afd.results.stand_in import SERVED_LATER_PREFIX
 from pytest_afd.study.document import StudyError, load_study  # noqa: F401  (re-exported)
 
 # study stack field -> the manifest's /software key that records it on a run.
@@ -150,6 +151,13 @@ def contradictions(study: Mapping[str, Any], manifest: Mapping[str, Any], *,
     if scope == SCOPE_ALL:
         found += _topology(study, manifest) + _model(study, manifest)
     return found + _tolerances(study, manifest)
+
+
+def served_later(contradiction: Contradiction) -> bool:
+    """A run value its deployment reports only once it is up (deploy-command mode, checkpoint
+    not readable here): not known before the case measures, so checked on its result."""
+    run = contradiction.run_value
+    return isinstance(run, str) and run.startswith(RUN_ABSENT.split("{")[0] + SERVED_LATER_PREFIX)
 
 
 def contradiction_message(study: Mapping[str, Any], found: list[Contradiction]) -> str:

@@ -147,6 +147,27 @@ def required_repetitions(study: Mapping[str, Any]) -> int:
     return wanted if isinstance(wanted, int) and wanted > 0 else MIN_REPETITIONS
 
 
+STAND_IN_DEVICE = "standing in"
+"""In ``manifest.hardware.device_type`` of a case the harness's own server served in place of
+a deployment (pytest_afd.results.stand_in): attached, or started by a deploy command."""
+
+
+def _how_emulated(emulated: Sequence[Mapping[str, Any]]) -> str:
+    """Which CPU path each emulated case took: the CPU backend, or the CPU server standing in
+    for a deployment (and of those, how many a deploy command started)."""
+    stand_ins = [d for d in emulated if STAND_IN_DEVICE in str(d["manifest"]["hardware"]
+                                                                  .get("device_type"))]
+    deployed = [d for d in stand_ins
+                if d["manifest"]["backend"].get("description", {}).get("mode") == "deploy"]
+    parts = []
+    if len(emulated) > len(stand_ins):
+        parts.append(f"{len(emulated) - len(stand_ins)} on the CPU backend")
+    if stand_ins:
+        parts.append(f"{len(stand_ins)} on the pytest-afd CPU server standing in for the "
+                     f"deployment, {len(deployed)} of them started by the deploy command")
+    return "; ".join(parts)
+
+
 def _evidence_limitations(docs: Sequence[Mapping[str, Any]], study: Mapping[str, Any]
                           ) -> list[Limitation]:
     found = []
@@ -164,7 +185,8 @@ def _evidence_limitations(docs: Sequence[Mapping[str, Any]], study: Mapping[str,
     emulated = [d for d in docs if is_emulated(d)]
     if emulated:
         found.append(Limitation(EMULATED, f"emulated or CPU stand-in: {_share(emulated, docs)} "
-                                "cases ran on CPU, not on Ascend NPUs", _cases(emulated)))
+                                f"cases ran on CPU, not on Ascend NPUs ({_how_emulated(emulated)})",
+                                _cases(emulated)))
     sessions = sorted({str(d.get("session_id", "legacy")) for d in docs})
     if len(sessions) <= 1:
         found.append(Limitation(SINGLE_SESSION, "a single session: between-session noise is not "

@@ -99,3 +99,50 @@ def test_plugin_study_gates_are_checked_on_the_stack_only(fake):
     pinned, _ = _freeze(fake, "pinned", "--vllm-ascend", PINNED_VLLM_ASCEND)
     fake.makepyfile(test_study=GATE_THEN_STAGE)
     run_fast(fake, "--afd-study", str(pinned)).assert_outcomes(failed=2)
+
+
+SERVED_LATER_CONFTEST = """
+from pytest_afd.results.manifest import absent, manifest_digest
+from pytest_afd.results.stand_in import SERVED_LATER
+
+# A deploy-command session: the layer count is unknown until the deployment is up.
+FakeBackend.describe = lambda self: {"model": {"num_layers": absent(SERVED_LATER.format(path="/ckpt"))}}
+
+
+@pytest.fixture
+def served_case(record_case, afd_manifest):
+    def record():  # the result's manifest with what the deployment reported once up
+        doc = {key: value for key, value in afd_manifest.items() if key != "digest"}
+        doc["model"] = {**doc["model"], "num_layers": int(os.environ["FAKE_SERVED_LAYERS"])}
+        doc["digest"] = manifest_digest(doc)
+        return record_case(manifest=doc)
+    return record
+"""
+SERVED = """
+import pytest
+
+@pytest.mark.stage_a
+def test_study_served(served_case):
+    served_case()
+"""
+
+
+def test_plugin_study_layers_a_deployment_reports_later_are_checked_on_the_result(
+        fake, monkeypatch):
+    """Deploy-command mode: the layer count is deferred (not refused) before measuring, and a
+    served count that contradicts the study fails the case when its result is written."""
+    from tests.support.plugin_pytester import FAKE_CONFTEST
+
+    fake.makeconftest(FAKE_CONFTEST + SERVED_LATER_CONFTEST)
+    fake.makepyfile(test_study=USER)
+    path, _ = _freeze(fake, "served", "--layers", "2")
+    fake.makepyfile(test_study=SERVED)
+    monkeypatch.setenv("FAKE_SERVED_LAYERS", "2")
+    run_fast(fake, "--afd-study", str(path)).assert_outcomes(passed=1)
+    for written in _results(fake):
+        written.unlink()
+    monkeypatch.setenv("FAKE_SERVED_LAYERS", "5")
+    result = run_fast(fake, "--afd-study", str(path))
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*the run contradicts the frozen study 'served'*",
+                                 "*stack.model.layers: study 2, run 5*"])

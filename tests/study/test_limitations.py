@@ -133,3 +133,15 @@ def test_gates_do_not_count_as_performance_evidence_but_a_failed_gate_is_named(r
     assert limitations.FEW_REPETITIONS not in found
     assert found[limitations.NOT_PASSED].cases == (gate["case_id"],)
     assert "in 2 of 2 cases" in headline_line([*docs, gate], 0)
+
+
+def test_the_cpu_stand_in_of_a_deploy_command_is_named_apart_from_the_cpu_backend(reduced):
+    """A case the harness's CPU server served for a deploy command is a CPU stand-in, said so."""
+    served = {**reduced, "backend": {"name": "vllm-ascend", "description": {"mode": "deploy"}},
+              "hardware": {**reduced["hardware"],
+                           "device_type": "cpu (pytest-afd server standing in)"}}
+    docs = _pair("stage_c/cpu", reduced) + _pair("stage_c/served", served)
+    text = _kinds(docs)[limitations.EMULATED].text
+    assert "emulated or CPU stand-in: all 4 cases ran on CPU" in text
+    assert ("2 on the CPU backend; 2 on the pytest-afd CPU server standing in for the "
+            "deployment, 2 of them started by the deploy command") in text

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ from pytest_afd.backends.vllm_ascend.listing import (
 )
 from pytest_afd.backends.vllm_ascend.plan import ENV_ATTACH_SETTINGS, ENV_ATTACH_URL
 from pytest_afd.core.backend import BackendUnavailable, RunSettings
+from pytest_afd.results.manifest import absent
+from pytest_afd.results.stand_in import SERVED_LATER
 from pytest_afd.serving.client import ClientError, CompletionsClient
 from pytest_afd.serving.http_backend import server_side_settings
 from pytest_afd.topology.spec import Topology
@@ -211,9 +214,13 @@ def _deploy_pool(topology: Topology, model_name: str, environ: Mapping[str, str]
     path = model_path_for(model_name, environ)
     # Every plan runs eager (validate_plan requires --enforce-eager); the checkpoint's own
     # config.json gives layers and quantization when its path is readable here.
-    description = {"mode": "deploy", "deploy_command": command[0],
+    model = {"execution_mode": EXECUTION_EAGER, **checkpoint_facts(path)}
+    # Not readable here: the deployment reports it once up (a pytest-afd server does).
+    model.setdefault("num_layers", absent(SERVED_LATER.format(path=path)))
+    # The whole command line: which deploy command served the results (`pytest-afd deploy-cpu`).
+    description = {"mode": "deploy", "deploy_command": shlex.join(command),
                    "devices_per_node": devices, "node_count": topology.nodes_needed(devices),
-                   "model": {"execution_mode": EXECUTION_EAGER, **checkpoint_facts(path)}}
+                   "model": model}
     return pool, description
 
 
