@@ -1,0 +1,71 @@
+"""Faults a second round of sampled mutation runs showed no test would catch (issue 40,
+finding 8; docs/ci.md "Mutation testing").
+
+Each test names the mutants it kills; each was checked by re-running those mutants with
+``mutmut run NAME`` (or applying them by hand) and seeing the test fail.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from afd_split import SplitConstraints, SplitInvariantError, plan_split
+from afd_split.checks.metadata import BatchMetadata
+from afd_split.checks.request_checks import LIST_CHECK_MAX_REQUESTS, check_split_arrays
+from afd_split.checks.requests import cut_request_arrays
+
+TB = "token_balanced"
+
+
+# --- The parent check's conditions, one at a time ---------------------------------------------
+
+
+def parent_of(num_requests: int):
+    rng = np.random.default_rng(num_requests)
+    tokens = rng.integers(2, 40, num_requests)
+    computed = rng.integers(3, 50, num_requests)
+    meta = BatchMetadata.from_requests(tokens, computed)
+    plan = plan_split(tokens, policy=TB, constraints=SplitConstraints(align=1))
+    return plan, [meta.query_start_loc.copy(), meta.seq_lens.copy(),
+                  meta.num_computed_tokens.copy()]
+
+
+def _qsl_starts_at_one(qsl, seq_lens, computed):
+    qsl[0] = 1
+
+
+def _a_negative_computed_count(qsl, seq_lens, computed):
+    computed[1] -= computed[1] + 2  # -2, with seq_len moved along: seq - query == computed
+    seq_lens[1] = computed[1] + (qsl[2] - qsl[1])
+
+
+def _a_seq_len_off_by_two(qsl, seq_lens, computed):
+    seq_lens[1] += 2
+
+
+def _an_interior_query_start_moved(qsl, seq_lens, computed):
+    qsl[1] += 1  # query lens no longer the plan's; seq - computed still the plan's counts
+
+
+PARENT_FAULTS = {
+    # fault -> what the error names (diagnose_split's wording)
+    _qsl_starts_at_one: r"parent: query_start_loc\[0\]=1, expected 0",
+    _a_negative_computed_count: r"parent request 1: num_computed_tokens -2 < 0",
+    _a_seq_len_off_by_two: r"parent request 1: num_computed_tokens \d+ != expected \d+",
+    _an_interior_query_start_moved: r"parent request 0: query_len \d+ but the plan was made",
+}
+
+
+@pytest.mark.parametrize("num_requests", [3, LIST_CHECK_MAX_REQUESTS + 1])
+@pytest.mark.parametrize("fault", list(PARENT_FAULTS), ids=lambda f: f.__name__.strip("_"))
+def test_a_parent_fault_the_parts_were_cut_from_is_caught_alone(fault, num_requests):
+    """Each fault breaks exactly one of the parent conditions of ``_values_hold_lists`` and
+    the parts are cut from the broken parent, so they agree with it: only that condition
+    can catch it. Kills the ``or`` -> ``and`` mutants of that condition chain
+    (``x__values_hold_lists__mutmut_3`` .. ``_6``) on the list path."""
+    plan, parent = parent_of(num_requests)
+    fault(*parent)
+    parts = [tuple(arrays[:3]) for arrays in cut_request_arrays(plan, *parent)]
+    with pytest.raises(SplitInvariantError, match=PARENT_FAULTS[fault]):
+        check_split_arrays(plan, *parent, parts)
