@@ -7,6 +7,8 @@ Each test names the mutants it kills; each was checked by re-running those mutan
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -69,3 +71,28 @@ def test_a_parent_fault_the_parts_were_cut_from_is_caught_alone(fault, num_reque
     parts = [tuple(arrays[:3]) for arrays in cut_request_arrays(plan, *parent)]
     with pytest.raises(SplitInvariantError, match=PARENT_FAULTS[fault]):
         check_split_arrays(plan, *parent, parts)
+
+
+# --- A part that shares the parent's memory but not its layout --------------------------------
+
+
+@pytest.mark.parametrize("field", ["slot_mapping", "positions"])
+def test_a_strided_view_at_the_parent_s_address_is_not_taken_for_its_slice(field):
+    """The head's array starts at the parent's own address but steps over every other token
+    (other strides, other values): it is not the parent's slice. Kills ``_same_or_equal``
+    ``and`` -> ``or`` (``x__same_or_equal__mutmut_5``) and ``strides ==`` -> ``!=``
+    (``_mutmut_13``), which would take a shared address for equality."""
+    from afd_split.checks.metadata import split_metadata, validate_split
+
+    tokens = [40, 100, 20]
+    parent = BatchMetadata.from_requests(tokens, [0, 64, 0], block_size=16)
+    plan = plan_split(tokens, policy=TB, constraints=SplitConstraints(align=8))
+    head, tail = split_metadata(plan, parent)
+    validate_split(plan, parent, [head, tail])
+    whole = getattr(parent, field)
+    strided = whole[: 2 * head.num_tokens : 2]
+    assert strided.shape == getattr(head, field).shape
+    assert strided.__array_interface__["data"][0] == whole.__array_interface__["data"][0]
+    broken = dataclasses.replace(head, **{field: strided})
+    with pytest.raises(SplitInvariantError, match=f"^ubatch 0: {field} is not the parent's"):
+        validate_split(plan, parent, [broken, tail])
