@@ -96,3 +96,35 @@ def test_a_strided_view_at_the_parent_s_address_is_not_taken_for_its_slice(field
     broken = dataclasses.replace(head, **{field: strided})
     with pytest.raises(SplitInvariantError, match=f"^ubatch 0: {field} is not the parent's"):
         validate_split(plan, parent, [broken, tail])
+
+
+# --- PCP relayout of unsigned computed counts, and an all-to-all of mismatched ranks ---------
+
+
+def test_unsigned_computed_counts_give_the_same_relayout_as_a_list():
+    """uint64 counts (numpy promotes uint64 with int64 to float64) are cast to int64 first.
+    Kills ``x__layouts__mutmut_9`` (the cast of ``num_computed_tokens`` dropped: the float
+    row indices it then makes are refused by numpy)."""
+    from afd_split.pcp.relayout import rank_relayout
+
+    plan = plan_split([96, 40], policy=TB, constraints=SplitConstraints(pcp_size=2, align=1),
+                      num_computed_tokens=[0, 8], allow_fallback=True)
+    assert plan.is_split
+    for rank in range(2):
+        plain = rank_relayout(plan, [0, 8], rank)
+        unsigned = rank_relayout(plan, np.array([0, 8], dtype=np.uint64), rank)
+        for name in ("stage_sources", "parent_sources", "stage_positions"):
+            assert np.array_equal(getattr(unsigned, name), getattr(plain, name)), name
+        assert unsigned.inbound.send_counts == plain.inbound.send_counts
+
+
+def test_an_all_to_all_of_more_senders_than_exchanges_is_refused():
+    """Three ranks' rows and two ranks' counts: a mismatch, not a silent two-rank exchange.
+    Kills ``x_emulated_all_to_all__mutmut_4``, ``_7`` and ``_8`` (``zip`` no longer strict)."""
+    from afd_split.pcp.relayout import Exchange, emulated_all_to_all
+
+    exchange = Exchange(send_rows=np.arange(2), send_counts=(1, 1), recv_counts=(1, 1))
+    sends = [np.array([[10], [11]]), np.array([[20], [21]]), np.array([[30], [31]])]
+    assert emulated_all_to_all(sends[:2], [exchange, exchange], 1).tolist() == [[11], [21]]
+    with pytest.raises(ValueError, match="zip"):
+        emulated_all_to_all(sends, [exchange, exchange], 0)
