@@ -118,3 +118,15 @@ def test_agree_without_a_process_group_is_an_error():
         pytest.skip("this process already has a default process group")
     with pytest.raises(RuntimeError, match="initialised torch"):
         agree_on_split(plan_split([4, 4], policy="token_balanced"))
+
+
+def test_the_mismatch_names_each_group_by_its_fingerprint_s_first_twelve_hex_digits(outcomes):
+    """Kills ``x_agree_on_split__mutmut_49`` (13 digits): the prefix is what a reader greps
+    the other ranks' logs for."""
+    aligned = SplitConstraints(align=8)
+    shared = plan_split(SHARED_TOKENS, policy="token_balanced", constraints=aligned)
+    drifted = plan_split([4096, 121, 7000], policy="token_balanced", constraints=aligned)
+    for rank in range(WORLD_SIZE):
+        message = outcomes[rank]["drifted"]
+        assert f"fingerprints: {shared.fingerprint()[:12]}: ranks [0, 1]; " in message
+        assert f"; {drifted.fingerprint()[:12]}: ranks [2]);" in message
