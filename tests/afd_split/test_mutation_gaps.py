@@ -128,3 +128,44 @@ def test_an_all_to_all_of_more_senders_than_exchanges_is_refused():
     assert emulated_all_to_all(sends[:2], [exchange, exchange], 1).tolist() == [[11], [21]]
     with pytest.raises(ValueError, match="zip"):
         emulated_all_to_all(sends, [exchange, exchange], 0)
+
+
+def test_computed_counts_of_another_length_are_refused_with_both_lengths():
+    """Kills ``x_stage_tokens__mutmut_12`` (the ValueError's message dropped)."""
+    from afd_split.pcp.stage import stage_tokens
+
+    plan = plan_split([9, 30], policy=TB, constraints=SplitConstraints(pcp_size=2, align=1))
+    with pytest.raises(ValueError,
+                       match=r"^num_computed_tokens has shape \(3,\); the plan has 2 requests$"):
+        stage_tokens(plan, [0, 0, 0])
+
+
+# --- The diagnosis names the wrong value it found -----------------------------------------
+
+
+def test_a_wrong_last_seq_len_of_a_three_request_part_is_named_with_its_value():
+    """The tail holds requests 0-2 (the first one cut); its last seq_len and computed count
+    are both moved by +5, so its own invariant holds and only the comparison with the parent
+    finds it. The message names the part's value (request 2's, not request 1's). Kills
+    ``x__diagnose_part_against_parent__mutmut_42`` (``seq_lens.item(-1)`` -> ``item(+1)``
+    in the message)."""
+    from afd_split.checks.diagnosis import diagnose_split
+
+    counts = [40, 10, 10]
+    plan = plan_split(counts, policy=TB, constraints=SplitConstraints(align=1))
+    tail_ubatch = plan.ubatches[1]
+    assert tail_ubatch.request_slice == slice(0, 3) and tail_ubatch.token_slice.start == 30
+    parent = [np.asarray(a, dtype=np.int64) for a in request_arrays_of(counts, [0, 3, 7])]
+    parts = [tuple(arrays[:3]) for arrays in cut_request_arrays(plan, *parent)]
+    qsl, seq_lens, computed = (np.array(a) for a in parts[1])
+    assert seq_lens.tolist() == [40, 13, 17] and computed.tolist() == [30, 3, 7]
+    seq_lens[-1] += 5
+    computed[-1] += 5
+    with pytest.raises(SplitInvariantError,
+                       match=r"ubatch 1 request 2: seq_len 22 != parent's 17 - 0 tokens left"):
+        diagnose_split(plan, *parent, [parts[0], (qsl, seq_lens, computed)])
+
+
+def request_arrays_of(counts, computed):
+    meta = BatchMetadata.from_requests(counts, computed)
+    return meta.query_start_loc, meta.seq_lens, meta.num_computed_tokens
