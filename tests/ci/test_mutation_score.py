@@ -54,3 +54,15 @@ def test_an_equivalent_without_a_reason_is_refused(tmp_path):
 def test_the_checked_in_equivalents_parse():
     found = ms.load_equivalents(ms.EQUIVALENTS)
     assert all(name.startswith("afd_split.") and reason for name, reason in found.items())
+
+
+def test_the_score_carries_a_wilson_95_interval():
+    """Reference values: Wilson's interval for 45 of 50 (0.7864-0.9565) and 0 of 10
+    (0-0.2775), as scipy's ``binomtest(k, n).proportion_ci(method="wilson")`` gives them."""
+    low, high = ms.wilson_interval(45, 50)
+    assert low == pytest.approx(0.7864, abs=1e-4) and high == pytest.approx(0.9565, abs=1e-4)
+    low, high = ms.wilson_interval(0, 10)
+    assert low == 0.0 and high == pytest.approx(0.2775, abs=1e-4)
+    assert ms.wilson_interval(0, 0) is None
+    doc = ms.score(["a", "b"], {"a": 1, "b": 0}, {})
+    assert doc["score_95_interval"] == ms.wilson_interval(1, 2)
