@@ -169,3 +169,39 @@ def test_a_wrong_last_seq_len_of_a_three_request_part_is_named_with_its_value():
 def request_arrays_of(counts, computed):
     meta = BatchMetadata.from_requests(counts, computed)
     return meta.query_start_loc, meta.seq_lens, meta.num_computed_tokens
+
+
+# --- engine/slicing.py: a host tensor-like on "cpu", and an unknown check mode ---------------
+
+
+class _HostTensorLike:
+    """A tensor type without torch's ``is_cpu`` (a host buffer of another framework)."""
+
+    def __init__(self, array, device_type):
+        self._array = array
+        self.device = type("Device", (), {"type": device_type, "__str__": lambda s: device_type})()
+
+    def numpy(self):
+        return self._array
+
+
+def test_a_tensor_like_on_the_cpu_device_is_read_and_one_elsewhere_refused():
+    """Kills ``x_host_numpy__mutmut_19`` (the device compared with ``"XXcpuXX"``: every
+    host tensor-like would be refused as a device tensor)."""
+    from afd_split import UnsupportedSplitError
+    from afd_split.engine.slicing import host_numpy
+
+    array = np.arange(4)
+    assert host_numpy(_HostTensorLike(array, "cpu")) is array
+    with pytest.raises(UnsupportedSplitError, match="host field on device npu"):
+        host_numpy(_HostTensorLike(array, "npu"))
+
+
+def test_an_unknown_check_mode_is_named_with_the_modes_there_are():
+    """Kills ``x_check_split__mutmut_2`` (the ValueError's message dropped)."""
+    from afd_split.engine.slicing import CHECK_MODES, check_split
+
+    plan = plan_split([4, 4], policy=TB)
+    with pytest.raises(ValueError, match=r"^check='everything' is not one of "):
+        check_split(plan, (), [], "everything")
+    assert "everything" not in CHECK_MODES
