@@ -1,4 +1,4 @@
-"""The mutation score's arithmetic (benchmarks/mutation_score.py): killed over killed plus
+"""The mutation score's arithmetic (benchmarks/mutation_score_bench.py): killed over killed plus
 non-equivalent survivors; equivalent survivors need a reason; unjudged mutants never count
 as killed; the checked-in equivalents file parses."""
 
@@ -12,7 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import mutation_score as ms  # noqa: E402
+import mutation_score_bench as ms  # noqa: E402
 
 A, B, C, D, E = (f"afd_split.plan.constraints.x_f__mutmut_{i}" for i in range(1, 6))
 

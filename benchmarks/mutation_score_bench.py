@@ -16,7 +16,7 @@ afd_split unit tests against each mutant. This script:
 Mutants mutmut could not judge (no test covers the function, timeouts, suspicious) are
 counted apart and never as killed. The one-line summary goes to stdout.
 
-Usage: python3 benchmarks/mutation_score.py [--module 'afd_split.plan.*'] [--sample 40]
+Usage: python3 benchmarks/mutation_score_bench.py [--module 'afd_split.plan.*'] [--sample 40]
        [--seed 0] [--max-children 1] [--output mutation-score.json]
 """
 
