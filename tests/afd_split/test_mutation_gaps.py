@@ -205,3 +205,26 @@ def test_an_unknown_check_mode_is_named_with_the_modes_there_are():
     with pytest.raises(ValueError, match=r"^check='everything' is not one of "):
         check_split(plan, (), [], "everything")
     assert "everything" not in CHECK_MODES
+
+
+# --- PCP rows of torch tensors (the engine path), not only numpy ------------------------------
+
+
+@pytest.mark.parametrize("pcp", [2, 4])
+def test_rank_rows_and_the_gathered_stage_of_a_torch_tensor_equal_numpy_s(pcp):
+    """The torch branch of ``rank_rows`` / ``gathered_stage_rows`` (the one engines take).
+    Kills ``x_rank_rows__mutmut_16`` and ``x_gathered_stage_rows__mutmut_14``, which only
+    the torch branch runs."""
+    torch = pytest.importorskip("torch")
+    from afd_split.pcp.rows import gathered_stage_rows, rank_rows
+    from afd_split.pcp.stage import zigzag_layout
+
+    layout = zigzag_layout([1, 37, 64, 5], pcp)
+    rows = (np.arange(107 * 2) + 1000).reshape(107, 2)
+    for rank in range(pcp):
+        expected = rank_rows(layout, rank, rows, pad_value=-1)
+        got = rank_rows(layout, rank, torch.from_numpy(rows), pad_value=-1)
+        assert isinstance(got, torch.Tensor) and got.numpy().tolist() == expected.tolist()
+    expected = gathered_stage_rows(layout, rows, pad_value=-1)
+    got = gathered_stage_rows(layout, torch.from_numpy(rows), pad_value=-1)
+    assert isinstance(got, torch.Tensor) and got.numpy().tolist() == expected.tolist()
