@@ -228,3 +228,47 @@ def test_rank_rows_and_the_gathered_stage_of_a_torch_tensor_equal_numpy_s(pcp):
     expected = gathered_stage_rows(layout, rows, pad_value=-1)
     got = gathered_stage_rows(layout, torch.from_numpy(rows), pad_value=-1)
     assert isinstance(got, torch.Tensor) and got.numpy().tolist() == expected.tolist()
+
+
+# --- Messages and flags the recorded run (seed 2026) showed unread ---------------------------
+
+
+def test_counts_are_returned_read_only():
+    """Kills ``x_as_token_counts__mutmut_45`` (the array left writable: a caller's later
+    write would change the plan)."""
+    from afd_split.plan.planner import as_token_counts
+
+    counts = as_token_counts([3, 4], name="num_scheduled_tokens", minimum=1)
+    assert counts.tolist() == [3, 4] and not counts.flags.writeable
+
+
+def test_computed_plus_scheduled_past_int64_is_named():
+    """Kills ``RequestFields.from_requests__mutmut_31`` (the message dropped)."""
+    from afd_split.checks.requests import RequestFields
+
+    big = int(np.iinfo(np.int64).max) - 1
+    with pytest.raises(ValueError,
+                       match=r"^num_computed_tokens \+ num_scheduled_tokens exceed int64$"):
+        RequestFields.from_requests([4, 4], [0, big])
+
+
+def test_an_unknown_policy_lists_the_known_ones():
+    """Kills ``x_unsupported_reasons__mutmut_3`` (the known policies dropped)."""
+    from afd_split import SplitPolicy
+    from afd_split.checks.support import SplitSupportConfig, unsupported_reasons
+
+    known = [member.value for member in SplitPolicy]
+    assert "token_balanced" in known
+    assert unsupported_reasons(SplitSupportConfig("FlashAttentionBackend", split_policy="balanced")) == [
+        f"unknown split policy 'balanced' (known: {known})"]
+
+
+def test_host_arrays_shorter_than_the_plan_are_named_with_their_source():
+    """Kills ``x_parent_host_arrays__mutmut_13`` (the message dropped)."""
+    from afd_split.engine.slicing import parent_host_arrays
+
+    plan = plan_split([4, 4, 4], policy=TB)
+    with pytest.raises(ValueError, match=r"^engine step 7: query_start_loc_cpu has 3 entries "
+                                         r"and the host seq_lens 3, but the plan has 3 requests$"):
+        parent_host_arrays(plan, np.array([0, 4, 8]), np.array([4, 4, 4]), None,
+                           source=lambda: "engine step 7")
