@@ -47,6 +47,9 @@ def _worker(rank, store_path, results):
         "misaligned": _outcome(lambda: agree_on_split(misaligned)),
         # After a mismatch the collective sequence is still in step on every rank.
         "same_again": _outcome(lambda: agree_on_split(same)),
+        # A bounded all-gather (timeout_s) agrees like the group's own timeout does.
+        "same_bounded": _outcome(lambda: agree_on_split(same, timeout_s=60.0)),
+        "drifted_bounded": _outcome(lambda: agree_on_split(drifted, timeout_s=60.0)),
     }
     if rank in (0, 1):
         outcomes["pair_despite_rank2_drift"] = _outcome(lambda: agree_on_split(drifted, pair))
@@ -118,3 +121,22 @@ def test_agree_without_a_process_group_is_an_error():
         pytest.skip("this process already has a default process group")
     with pytest.raises(RuntimeError, match="initialised torch"):
         agree_on_split(plan_split([4, 4], policy="token_balanced"))
+
+
+def test_the_mismatch_names_each_group_by_its_fingerprint_s_first_twelve_hex_digits(outcomes):
+    """Kills ``x_agree_on_split__mutmut_49`` (13 digits): the prefix is what a reader greps
+    the other ranks' logs for."""
+    aligned = SplitConstraints(align=8)
+    shared = plan_split(SHARED_TOKENS, policy="token_balanced", constraints=aligned)
+    drifted = plan_split([4096, 121, 7000], policy="token_balanced", constraints=aligned)
+    for rank in range(WORLD_SIZE):
+        message = outcomes[rank]["drifted"]
+        assert f"fingerprints: {shared.fingerprint()[:12]}: ranks [0, 1]; " in message
+        assert f"; {drifted.fingerprint()[:12]}: ranks [2]);" in message
+
+
+def test_a_bounded_all_gather_agrees_and_mismatches_like_the_unbounded_one(outcomes):
+    """Kills ``x_agree_on_split__mutmut_28`` (the wait's timeout given as None)."""
+    for rank in range(WORLD_SIZE):
+        assert outcomes[rank]["same_bounded"] == "agreed"
+        assert outcomes[rank]["drifted_bounded"] == outcomes[rank]["drifted"]

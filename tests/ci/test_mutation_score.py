@@ -1,4 +1,4 @@
-"""The mutation score's arithmetic (benchmarks/mutation_score.py): killed over killed plus
+"""The mutation score's arithmetic (benchmarks/mutation_score_bench.py): killed over killed plus
 non-equivalent survivors; equivalent survivors need a reason; unjudged mutants never count
 as killed; the checked-in equivalents file parses."""
 
@@ -12,7 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import mutation_score as ms  # noqa: E402
+import mutation_score_bench as ms  # noqa: E402
 
 A, B, C, D, E = (f"afd_split.plan.constraints.x_f__mutmut_{i}" for i in range(1, 6))
 
@@ -54,3 +54,15 @@ def test_an_equivalent_without_a_reason_is_refused(tmp_path):
 def test_the_checked_in_equivalents_parse():
     found = ms.load_equivalents(ms.EQUIVALENTS)
     assert all(name.startswith("afd_split.") and reason for name, reason in found.items())
+
+
+def test_the_score_carries_a_wilson_95_interval():
+    """Reference values: Wilson's interval for 45 of 50 (0.7864-0.9565) and 0 of 10
+    (0-0.2775), as scipy's ``binomtest(k, n).proportion_ci(method="wilson")`` gives them."""
+    low, high = ms.wilson_interval(45, 50)
+    assert low == pytest.approx(0.7864, abs=1e-4) and high == pytest.approx(0.9565, abs=1e-4)
+    low, high = ms.wilson_interval(0, 10)
+    assert low == 0.0 and high == pytest.approx(0.2775, abs=1e-4)
+    assert ms.wilson_interval(0, 0) is None
+    doc = ms.score(["a", "b"], {"a": 1, "b": 0}, {})
+    assert doc["score_95_interval"] == ms.wilson_interval(1, 2)
