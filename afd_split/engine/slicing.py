@@ -109,7 +109,8 @@ def _same_prefix_sums(plan: SplitPlan, qsl: np.ndarray) -> bool:
     """``qsl[1:]`` equals the plan's prefix sums (Python lists when small: no plan array)."""
     if qsl.shape[0] <= SCALAR_MAX_REQUESTS + 1:
         return qsl[1:].tolist() == list(itertools.accumulate(plan.num_scheduled_tokens))
-    return qsl[1:].astype(np.int64, copy=False).tobytes() == plan.cu_tokens.tobytes()
+    # By value, never through a cast: a fractional entry must fail here as on the list path.
+    return np.array_equal(qsl[1:], plan.cu_tokens)
 
 
 def check_engine_counts(plan: SplitPlan, num_reqs: int, num_tokens: int, *, source) -> None:

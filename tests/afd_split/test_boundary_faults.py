@@ -213,3 +213,24 @@ def test_constraints_record_their_own_field_names():
     constraints = SplitConstraints(align=2, padded_total=8, min_ubatch_tokens=3, pcp_size=1)
     assert constraints.to_dict() == {"align": 2, "padded_total": 8, "min_ubatch_tokens": 3,
                                      "pcp_size": 1}
+
+
+# --- Host prefix sums compared by value on both paths -----------------------------------------
+
+
+@pytest.mark.parametrize("num_requests", [4, 20])  # the list path (<= 16) and the array path
+def test_a_fractional_query_start_loc_is_refused_on_both_paths(num_requests):
+    """A cast to int64 on the array path (> SCALAR_MAX_REQUESTS) read 2.5 as 2 and accepted a
+    batch the list path refuses (mutation run survivor ``_same_prefix_sums`` 4)."""
+    from afd_split.engine.slicing import SCALAR_MAX_REQUESTS, parent_host_arrays
+
+    assert (num_requests > SCALAR_MAX_REQUESTS) == (num_requests == 20)
+    counts = [2] * num_requests
+    plan = plan_split(counts, policy=TB)
+    qsl = np.arange(num_requests + 1, dtype=np.float64) * 2
+    seq_lens = np.array(counts, dtype=np.int64)
+    integral = parent_host_arrays(plan, qsl, seq_lens, None, source=lambda: "test")
+    assert integral[0].tolist() == qsl.tolist()
+    qsl[1] += 0.5
+    with pytest.raises(ValueError, match="for a different batch"):
+        parent_host_arrays(plan, qsl, seq_lens, None, source=lambda: "test")
