@@ -85,11 +85,13 @@ def check_pcp_alignment(alignment: EngineAlignment) -> None:
 
 
 def plan_pcp_step(num_scheduled_tokens, num_computed_tokens,
-                  alignment: EngineAlignment) -> SplitPlan:
-    """Token-balanced stages on the global counts, each request piece padded to 2 * pcp."""
+                  alignment: EngineAlignment, min_split_tokens: int = 0) -> SplitPlan:
+    """Token-balanced stages on the global counts, each request piece padded to 2 * pcp
+    (unsplit below ``min_split_tokens`` global tokens: ``planning.threshold``)."""
     return plan_engine_step(num_scheduled_tokens, policy=SplitPolicy.TOKEN_BALANCED,
                             constraints=alignment.constraints(None),
-                            num_computed_tokens=num_computed_tokens)
+                            num_computed_tokens=num_computed_tokens,
+                            min_split_tokens=min_split_tokens)
 
 
 @dataclass(frozen=True)
@@ -307,7 +309,9 @@ def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, computed
         raise UnsupportedSplitError("PCP stages need the PCP group's all-to-all; the hook "
                                     "session has none")
     global_counts = global_scheduled_counts(runner.pcp_manager, num_reqs)
-    plan = plan_pcp_step(global_counts, computed, session.alignment)
+    if session.skips_step(global_counts):  # below the split threshold, nothing recording
+        return None
+    plan = plan_pcp_step(global_counts, computed, session.alignment, session.min_split_tokens)
     pcp = None
     if plan.is_split:
         ensure_forward()  # relaid rows never reach upstream slicing
@@ -320,7 +324,8 @@ def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, computed
                 stage_rows=(pcp_parent_rows(plan, session.ranks.pcp_rank) if pcp is None
                             else pcp_stage_rows(plan, computed, pcp.relayout)),
                 pcp_stage_rule=PCP_STAGE_RULE,
-                **runner_step_facts(runner, global_counts, computed),
+                **(runner_step_facts(runner, global_counts, computed)
+                   if session.writer is not None else {}),
                 **({} if pcp is None else {"pcp_relayout": pcp.evidence()}))
     if pcp is None:
         return None

@@ -125,7 +125,9 @@ def plan_runner_stages(runner, num_scheduled_tokens_np: np.ndarray, seams: Plugi
         block_size=runner.cache_config.block_size,
         slice_type=seams.slice_type,
         num_input_tokens=num_tokens_padded,
-        step_facts=runner_step_facts(runner, num_scheduled_tokens_np, computed),
+        # The facts go only into the step line: not gathered when no evidence is written.
+        step_facts=(runner_step_facts(runner, num_scheduled_tokens_np, computed)
+                    if session.writer is not None else None),
     )
 
 
