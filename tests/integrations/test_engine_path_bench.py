@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from afd_split import plan_split
+from afd_split.hook.planning.threshold import DEFAULT_SPLIT_MIN_TOKENS
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -44,10 +45,22 @@ def test_report_has_every_target_with_fractions_and_load(bench, tmp_path, capsys
             assert target["npu_step_us"] == pytest.approx(140_000 / (6688 * 32) * 1e6)
         assert target["max_fraction"] == 0.01 and isinstance(target["met"], bool)
         assert target["met"] == (target["measured_fraction"] <= 0.01)
-        # The host cost includes the builder-state guard, and the fraction is of that sum.
-        assert 0 < target["builder_state_guard_thread_cpu_us"] < target["host_cost_thread_cpu_us"]
+        # The target is the deployed hook (threshold on): one request's step is left
+        # unsplit, the recipe's is split; the forced split (threshold 0) is reported beside it,
+        # its host cost including the builder-state guard.
+        assert target["mode"] == f"deployed (AFD_SPLIT_MIN_TOKENS={DEFAULT_SPLIT_MIN_TOKENS})"
+        assert target["deployed_split"] == (target["num_tokens"] >= DEFAULT_SPLIT_MIN_TOKENS)
+        assert target["deployed_split"] == (target["batch"] == "recipe")
+        assert target["host_cost_thread_cpu_us"] > 0
+        assert (0 < target["builder_state_guard_thread_cpu_us"]
+                < target["forced_split_host_cost_thread_cpu_us"])
         assert target["measured_fraction"] == pytest.approx(
             target["host_cost_thread_cpu_us"] / target["npu_step_us"])
+        assert target["forced_split_fraction"] == pytest.approx(
+            target["forced_split_host_cost_thread_cpu_us"] / target["npu_step_us"])
+        assert target["forced_split_within_budget"] == (target["forced_split_fraction"] <= 0.01)
+        assert target["budget_us"] == pytest.approx(target["npu_step_us"] / 100)
+        assert target["ratio_deployed_to_plugin_thread_cpu"] > 0
         assert target["npu_step_us"] == pytest.approx(target["num_tokens"] / 214_016 * 1e6)
         assert target["ratio_engine_to_plugin_thread_cpu"] > 0
         assert target["builder_state_guard_whole_buffers_thread_cpu_us"] > 0
@@ -58,6 +71,8 @@ def test_report_has_every_target_with_fractions_and_load(bench, tmp_path, capsys
     guard = report["builder_state_guard"]
     assert guard["pcp"] == 8 and guard["guarded_buffers"] == 3  # two SFA-CP bufs + padded slots
     assert guard["stage_fields_owned_per_step"] == 2
+    assert report["split_min_tokens"] == DEFAULT_SPLIT_MIN_TOKENS
+    assert report["suggested_split_min_tokens_p90"] >= 1
     assert len(report["load_average_before"]) == 3 and isinstance(report["load_ok"], bool)
     assert len(report["load_attempts"]) == 1 and report["torch_threads"] == 1
     assert report["process_cpu_s"]["user"] > 0
@@ -73,6 +88,21 @@ def test_report_has_every_target_with_fractions_and_load(bench, tmp_path, capsys
         assert row["floor_matches_adapter_ops"], row["adapter_aten_ops"]
         assert set(row["breakdown_thread_cpu_us"]) == {
             "engine_plan_only", "adapter_split", "request_check", "torch_ops_floor"}
+
+
+def test_the_threshold_setting_moves_the_deployed_split_and_a_bad_one_is_named(bench, tmp_path,
+                                                                                 capsys):
+    out = tmp_path / "report.json"
+    assert bench.main(["--samples", "1", "--calls", "1", "--passes", "1", "--sizes", "1",
+                       "--repeats", "0", "--layouts", "vllm-ascend-v0.19.1rc1-standin",
+                       "--split-min-tokens", "0", "--output", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["split_min_tokens"] == 0
+    assert [t["deployed_split"] for t in report["targets"]] == [True, True]
+    assert "AFD_SPLIT_MIN_TOKENS=0" in capsys.readouterr().out.strip().splitlines()[-1]
+    with pytest.raises(SystemExit):
+        bench.main(["--split-min-tokens", "-1"])
+    assert "--split-min-tokens=-1 must be >= 0" in capsys.readouterr().err
 
 
 def test_a_cost_model_file_sets_the_modelled_step(bench, tmp_path):
