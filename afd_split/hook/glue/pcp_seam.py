@@ -297,8 +297,12 @@ def check_rebuilt_stages(pcp: PcpStages) -> None:
                     "relayout: " + "; ".join(problems))
 
 
-def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, computed: np.ndarray,
-                           slice_type: type,
+def runner_computed_tokens(runner, num_reqs: int) -> np.ndarray:
+    """The step's computed tokens per request: the runner's host copy (no device read)."""
+    return runner.input_batch.num_computed_tokens_cpu_tensor[:num_reqs].numpy()
+
+
+def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, slice_type: type,
                            ensure_forward: Callable[[], None]) -> PlannedUBatchSlices | None:
     """Token-balanced stages on the GLOBAL counts (``query_lens_pcp_full``; the rank-local
     ``num_scheduled_tokens_np`` is never planned on), each laid out as its own zigzag on
@@ -311,6 +315,7 @@ def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, computed
     global_counts = global_scheduled_counts(runner.pcp_manager, num_reqs)
     if session.skips_step(global_counts):  # below the split threshold, nothing recording
         return None
+    computed = runner_computed_tokens(runner, num_reqs)
     plan = plan_pcp_step(global_counts, computed, session.alignment, session.min_split_tokens)
     pcp = None
     if plan.is_split:

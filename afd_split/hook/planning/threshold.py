@@ -18,8 +18,9 @@ slower or busier host, rounded up to a power of two (2^14). The recipe's steps (
 ``--max-num-batched-tokens 140000``) are split from there on. Upstream vLLM's own dual
 batch overlap does the same with ``ParallelConfig.dbo_prefill_token_threshold`` (512
 tokens, "TODO: tune") and ``dbo_decode_token_threshold`` (32): microbatching when
-``num_tokens >= threshold`` (``vllm/v1/worker/ubatch_utils.check_ubatch_thresholds``;
-read at vllm-project/vllm 840e7972, ``vllm/config/parallel.py``); this threshold has
+``num_tokens >= threshold`` (read at vllm-project/vllm 840e7972
+``vllm/config/parallel.py`` and 015d6f9d ``vllm/v1/worker/ubatch_utils.py``
+``check_ubatch_thresholds``); this threshold has
 the same meaning (split when ``T >= AFD_SPLIT_MIN_TOKENS``) and a default derived from
 the NPU step model rather than a GPU's.
 
