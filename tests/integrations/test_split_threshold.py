@@ -192,3 +192,26 @@ def test_the_pcp_path_compares_the_global_tokens(standin_plugin, tmp_path, min_s
         assert line["is_split"] is splits
         assert (line["fallback_reason"] is None) is splits
         assert line["schedule"]["num_scheduled_tokens"] == PCP_SCHEDULED
+
+
+def test_below_the_threshold_with_nothing_recording_the_runner_reads_nothing_else(
+        standin_plugin):
+    """The skip comes before the computed tokens are read: a runner without them runs the
+    short step; the same runner with the threshold at 0 needs them."""
+    seams = standin_plugin("main")
+    threshold = {SPLIT_MIN_TOKENS_ENV: str(TOTAL + 1)}
+    install_deferred(new_session=lambda runner: HookSession.from_environment(
+        threshold, ranks=StepRanks(global_rank=0), groups=[],
+        splitter=ascend_splitter(chunked_prefill=False)))
+    runner = _runner_without_computed(seams)
+    assert call_planner(runner, "main", SCHEDULED) == "full-metadata"
+    assert runner._afd_async_moe_ubatch_metadata is None
+    threshold[SPLIT_MIN_TOKENS_ENV] = "0"
+    with pytest.raises(AttributeError, match="num_computed_tokens_cpu_tensor"):
+        call_planner(_runner_without_computed(seams), "main", SCHEDULED)
+
+
+def _runner_without_computed(seams):
+    runner = _runner(seams)
+    runner.input_batch = SimpleNamespace()  # no num_computed_tokens_cpu_tensor
+    return runner
