@@ -84,12 +84,15 @@ def context(rows: list[dict], cost_model) -> dict:
 
 
 def suggested_split_min_tokens(rows: list[dict], npu_model, percentile: str = "p90") -> int:
-    """The smallest threshold at which every measured forced split fits 1% of its step on
-    this host: the largest break-even (host cost / 1% x the deployment's tokens/s) over the
-    sizes at ``percentile`` of the rounds. Tuning aid for a host slower than this one."""
-    return max(math.ceil(row["forced_host_cost_thread_cpu_us"][percentile] * 1e-6
-                         / MAX_HOST_FRACTION * npu_model.deployment_tokens_per_s)
-               for row in rows)
+    """A threshold that leaves unsplit every measured size whose forced split exceeds 1% of
+    its step on this host (at ``percentile`` of the rounds): the largest break-even of those
+    sizes' costs (cost / 1% x the deployment's tokens/s, past the size itself since its cost
+    is over its budget). 0 when every forced split fits. Tuning aid for another host."""
+    over = [row["forced_host_cost_thread_cpu_us"][percentile] * 1e-6 for row in rows
+            if row["forced_host_cost_thread_cpu_us"][percentile] * 1e-6
+            > npu_model.step_s(row["num_tokens"]) * MAX_HOST_FRACTION]
+    return max((math.ceil(cost_s / MAX_HOST_FRACTION * npu_model.deployment_tokens_per_s)
+                for cost_s in over), default=0)
 
 
 def one_line(report: dict, load_note: str) -> str:

@@ -156,3 +156,25 @@ def test_plugin_style_search_picks_the_request_boundary_policys_cut(bench, seed)
     plan = plan_split(lengths, policy="request_boundary")
     assert head[1].stop == tail[1].start == plan.split_token
     assert head[0].stop == plan.ubatches[1].request_slice.start
+
+
+def test_the_suggested_threshold_leaves_every_size_over_budget_unsplit(bench):
+    """Past the largest size whose forced split exceeds 1% of its step, and past that
+    cost's break-even step; 0 when every forced split fits (plain arithmetic, no timing)."""
+    sys.path.insert(0, str(BENCH_DIR))
+    try:
+        from engine_path_targets import suggested_split_min_tokens
+    finally:
+        sys.path.remove(str(BENCH_DIR))
+    from afd_split.plan.npu_step import RECIPE_NPU_STEP
+
+    def row(tokens, cost_us):
+        return {"num_tokens": tokens, "forced_host_cost_thread_cpu_us": {"p90": cost_us}}
+
+    rows = [row(374, 400.0), row(9_492, 531.0), row(16_391, 540.0), row(140_000, 1000.0)]
+    # 9,492 tokens at 531 us: over its 443.5 us budget; fits from 531e-6 / 1% x 214,016
+    # = 11,364.25 tokens, rounded up.
+    assert suggested_split_min_tokens(rows, RECIPE_NPU_STEP) == 11_365
+    assert suggested_split_min_tokens([row(9_492, 100.0)], RECIPE_NPU_STEP) == 0
+    # 50 us over a 1,000-token step's 46.7 us budget: fits from 1,070.08 tokens.
+    assert suggested_split_min_tokens([row(1_000, 50.0)], RECIPE_NPU_STEP) == 1_071
