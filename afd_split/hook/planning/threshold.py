@@ -2,19 +2,21 @@
 
 Why: dual batching a step costs the host a plan, a split of the attention metadata,
 its request-level check and the builder-state guard, a few hundred microseconds
-whatever the step's size (``benchmarks/engine_path_bench.py``: 330-420 us at one
-request and 374 tokens on the project's host, 410-500 us at 26,594 tokens), while the
+whatever the step's size (``benchmarks/engine_path_bench.py`` on the project's 2-core
+host at load 1-7: 330-440 us at one request and 374 tokens, 410-550 us at 26,594
+tokens), while the
 NPU step it overlaps shrinks with its tokens. On the recipe's deployment
 (``afd_split.plan.npu_step.RECIPE_NPU_STEP``: 6,688 prefill tokens/s per 910C NPU x 32
 NPUs = 214,016 tokens/s, a proportional model with no fixed term) a step of ``T``
 tokens takes ``T / 214,016`` s, so a forced-split host cost of ``c`` stays within 1%
-of the step only from ``T >= c / 1% x 214,016`` tokens: 500 us -> 10,700 tokens. Below
+of the step only from ``T >= c / 1% x 214,016`` tokens: 550 us -> 11,800 tokens. Below
 that the split cannot pay for itself, and the hook leaves the step exactly as
 upstream would run it unsplit.
 
 Default ``DEFAULT_SPLIT_MIN_TOKENS = 16,384``: the break-even of the largest forced-split
-host cost measured below 30K tokens (500 us -> 10,700 tokens) with ~1.5x headroom for a
-slower or busier host, rounded up to a power of two (2^14). The recipe's steps (up to
+host cost measured below 30K tokens (550 us -> 11,800 tokens) with ~1.4x headroom for a
+slower or busier host, rounded up to a power of two (2^14): within 1% from there on
+needs a forced split of at most 766 us. The recipe's steps (up to
 ``--max-num-batched-tokens 140000``) are split from there on. Upstream vLLM's own dual
 batch overlap does the same with ``ParallelConfig.dbo_prefill_token_threshold`` (512
 tokens, "TODO: tune") and ``dbo_decode_token_threshold`` (32): microbatching when
