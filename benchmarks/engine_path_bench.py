@@ -36,11 +36,18 @@ on this shared host only adds time):
   (``engine_path_guard``); ``builder_state_guard_whole_buffers``: the same copying whole
   buffers, as the guard did before issue 43.
 
+* ``deployed_hook``: what the hook runs per step with its deployed split threshold
+  (``--split-min-tokens``, default ``AFD_SPLIT_MIN_TOKENS``'s ``DEFAULT_SPLIT_MIN_TOKENS``,
+  ``afd_split.hook.planning.threshold``): below it the step is counted and left unsplit;
+  from it on ``engine_path`` and the guard.
+
 Targets (issue 43, replacing issue 33's recipe-batch-only target): per layout and batch
 size, from one request to the recipe's batch (the Attention role's ``--max-num-seqs 32``
 requests of trace prompt lengths filling ``--max-num-batched-tokens 140000``), the
-hook's host cost per step (``engine_path`` + ``builder_state_guard``, paired per round,
-thread CPU median) is at most 1% of the modelled NPU step of that many tokens
+deployed hook's host cost per step (``deployed_hook``, thread CPU median) is at most 1%
+of the modelled NPU step of that many tokens; beside it, never the target, the forced
+split's (``forced_hook``: ``engine_path`` then the guard in one call; threshold 0, as the
+gates run), ``forced_split_within_budget`` per size (``engine_path_targets``)
 (``afd_split.plan.npu_step.RECIPE_NPU_STEP``: CloudMatrix-Infer's 6,688 prefill
 tokens/s per 910C NPU on the recipe's 32 NPUs, 0.654 s at 140,000 tokens; a
 proportional model with no fixed term, so small steps are modelled short and the
@@ -76,6 +83,13 @@ from bench_load import DEFAULT_REPEATS, MAX_LOAD, emit_report, load_note, run_un
 from engine_path_guard import RECIPE_MAX_NUM_SEQS, guard_callable, step_bound
 from engine_path_metadata import build_layout_batch, layout_kinds_here, plugin_style_slice
 from engine_path_parts import aten_ops, part_callables
+from engine_path_targets import (
+    context,
+    guarded_bytes_at,
+    one_line,
+    suggested_split_min_tokens,
+    targets,
+)
 from engine_path_timing import PASSES, spread, time_interleaved
 
 from afd_split.hook.planning.engine_step import StepRanks
@@ -84,12 +98,13 @@ from afd_split.hook.planning.stages import (
     ascend_splitter,
     plan_stages,
 )
+from afd_split.hook.planning.threshold import DEFAULT_SPLIT_MIN_TOKENS
 from afd_split.plan.cost import DEFAULT_COST_MODEL, CostModel, modelled_plan_cost
 from afd_split.plan.npu_step import RECIPE_NPU_STEP, NpuStepModel
 
-BATCH_SIZES = (1, 8, 32, 128, 512)
-MAX_HOST_FRACTION = 0.01
-"""Issues 33 and 43: the host cost per step is at most 1% of the modelled NPU step."""
+BATCH_SIZES = (1, 8, 16, 24, 32, 128, 512)
+"""Requests per batch: 374, 3,913, 9,492, 16,391 (just past the default split threshold),
+26,594, 112,971 and 139,747 tokens of the trace's prompts."""
 RECIPE_BATCH = "recipe"
 """The ``batch`` label of the recipe's batch (32 requests filling 140,000 tokens)."""
 TORCH_THREADS = 1
@@ -145,20 +160,39 @@ def plugin_style_request_boundary(num_scheduled_tokens: np.ndarray):
 def bench_size(num_requests: int | str, layout_kind: str, samples: int, calls: int,
                rng: np.random.Generator, seed: int, passes: int = PASSES,
                cost_model: CostModel = DEFAULT_COST_MODEL, guard=None,
-               npu_model: NpuStepModel = RECIPE_NPU_STEP) -> dict:
+               npu_model: NpuStepModel = RECIPE_NPU_STEP,
+               split_min_tokens: int = DEFAULT_SPLIT_MIN_TOKENS) -> dict:
     recipe = num_requests == RECIPE_BATCH
     count = RECIPE_MAX_NUM_SEQS if recipe else num_requests
     lengths = prompt_lengths(count, offset=seed * count, fill=recipe)
     computed = prefix_hits(lengths, rng)
     batch = build_layout_batch(layout_kind, lengths, computed, BLOCK_SIZE)
-    session = HookSession(ranks=StepRanks(global_rank=0), groups=[],
-                          splitter=batch.splitter or ascend_splitter(chunked_prefill=True))
+    splitter = batch.splitter or ascend_splitter(chunked_prefill=True)
+    # Forced: every step split (threshold 0, as the gates run); deployed: the default
+    # threshold, no evidence file (a production worker's session).
+    session = HookSession(ranks=StepRanks(global_rank=0), groups=[], splitter=splitter)
+    deployed = HookSession(ranks=StepRanks(global_rank=0), groups=[], splitter=splitter,
+                           min_split_tokens=split_min_tokens)
 
     def engine_path():
         stages = plan_stages(session, lengths, num_computed_tokens=computed,
                              block_size=BLOCK_SIZE, slice_type=batch.slice_type)
         if stages is not None:
             stages.split(batch.common)
+
+    def forced_hook():
+        # The same with every step split (threshold 0): plan + split + check, and the guard.
+        engine_path()
+        guard_step(bound)
+
+    def deployed_hook():
+        # What the hook runs per step at the deployed threshold: below it, the count alone;
+        # from it on, plan + split + check, and the guard around the stage build.
+        stages = plan_stages(deployed, lengths, num_computed_tokens=computed,
+                             block_size=BLOCK_SIZE, slice_type=batch.slice_type)
+        if stages is not None:
+            stages.split(batch.common)
+            guard_step(bound)
 
     def engine_plan_only():
         plan_stages(session, lengths, num_computed_tokens=computed, block_size=BLOCK_SIZE,
@@ -175,7 +209,10 @@ def bench_size(num_requests: int | str, layout_kind: str, samples: int, calls: i
     parts = part_callables(batch, plan, session.splitter, BLOCK_SIZE)
     guard_step, guard_sizes = guard if guard is not None else guard_callable()
     bound = step_bound(lengths)
+    deployed_split = plan_stages(deployed, lengths, num_computed_tokens=computed,
+                                 block_size=BLOCK_SIZE, slice_type=batch.slice_type) is not None
     timed, cpu = time_interleaved({"engine_path": engine_path, "engine_plan_only": engine_plan_only,
+                                   "deployed_hook": deployed_hook, "forced_hook": forced_hook,
                                    "plugin_style_path": plugin_style_path,
                                    "builder_state_guard": lambda: guard_step(bound),
                                    "builder_state_guard_whole_buffers": guard_step, **parts},
@@ -184,9 +221,9 @@ def bench_size(num_requests: int | str, layout_kind: str, samples: int, calls: i
     step_us = modelled["makespan_s"] * 1e6
     npu_step_us = npu_model.step_s(int(lengths.sum())) * 1e6
     engine_cpu = spread(cpu["engine_path"])
-    host_cpu = spread(cpu["engine_path"] + cpu["builder_state_guard"])  # paired per round
-    added_cpu = spread(cpu["engine_path"] + cpu["builder_state_guard"]
-                       - cpu["plugin_style_path"])
+    forced_cpu = spread(cpu["forced_hook"])
+    host_cpu = spread(cpu["deployed_hook"])
+    added_cpu = spread(cpu["forced_hook"] - cpu["plugin_style_path"])  # paired per round
     return {
         "layout": layout_kind,
         "batch": RECIPE_BATCH if recipe else "sizes",
@@ -194,6 +231,11 @@ def bench_size(num_requests: int | str, layout_kind: str, samples: int, calls: i
         "num_tokens": int(lengths.sum()),
         "num_prefix_hit_requests": int((computed > 0).sum()),
         "plugin_splits": plugin_style_request_boundary(lengths) is not None,
+        "split_min_tokens": split_min_tokens,
+        "deployed_split": deployed_split,
+        "deployed_hook_us": spread(timed["deployed_hook"]),
+        "ratio_deployed_to_plugin_thread_cpu":
+            spread(cpu["deployed_hook"] / cpu["plugin_style_path"]),
         "engine_path_us": spread(timed["engine_path"]),
         "engine_plan_only_us": spread(timed["engine_plan_only"]),
         "plugin_style_path_us": spread(timed["plugin_style_path"]),
@@ -214,66 +256,16 @@ def bench_size(num_requests: int | str, layout_kind: str, samples: int, calls: i
         "guard_bound_entries": bound,
         "guarded_bytes_per_step": guarded_bytes_at(guard_sizes, bound),
         "host_cost_thread_cpu_us": host_cpu,
+        "forced_host_cost_thread_cpu_us": forced_cpu,
+        "forced_host_fraction_of_npu_step": forced_cpu["median"] / npu_step_us,
         "host_cost_over_plugin_path_thread_cpu_us": added_cpu,
         "modelled_step_us": step_us,
         "npu_step_us": npu_step_us,
         "host_fraction_of_npu_step": host_cpu["median"] / npu_step_us,
         "host_fraction_of_npu_step_p90": host_cpu["p90"] / npu_step_us,
-        "host_fraction_of_modelled_step": host_cpu["median"] / step_us,
-        "host_fraction_p90": host_cpu["p90"] / step_us,
+        "host_fraction_of_modelled_step": forced_cpu["median"] / step_us,
+        "host_fraction_p90": forced_cpu["p90"] / step_us,
         "engine_path_fraction_of_modelled_step": engine_cpu["median"] / step_us,
-    }
-
-
-def guarded_bytes_at(guard_sizes: dict, bound: int) -> int:
-    """Bytes the bounded guard copies per step (each guarded buffer's first ``bound`` rows)."""
-    return sum(min(rows, bound) * row_bytes for rows, row_bytes in guard_sizes["buffer_rows"])
-
-
-def targets(rows: list[dict]) -> list[dict]:
-    """One target per layout and batch size (issue 43; the recipe's batch included): the
-    hook's host cost per step (engine path + builder-state guard) <= 1% of the NPU step
-    of that many tokens (``afd_split.plan.npu_step``), the plugin's own path beside it."""
-    return [{
-        "name": f"host_cost_per_step_{row['layout']}_{row['batch']}_{row['num_requests']}",
-        "layout": row["layout"],
-        "batch": row["batch"],
-        "num_requests": row["num_requests"],
-        "num_tokens": row["num_tokens"],
-        "max_fraction": MAX_HOST_FRACTION,
-        "measured_fraction": row["host_fraction_of_npu_step"],
-        "measured_fraction_p90": row["host_fraction_of_npu_step_p90"],
-        "host_cost_thread_cpu_us": row["host_cost_thread_cpu_us"]["median"],
-        "builder_state_guard_thread_cpu_us": row["builder_state_guard_thread_cpu_us"]["median"],
-        "builder_state_guard_whole_buffers_thread_cpu_us":
-            row["builder_state_guard_whole_buffers_thread_cpu_us"]["median"],
-        "plugin_style_path_thread_cpu_us": row["plugin_style_path_thread_cpu_us"]["median"],
-        "host_cost_over_plugin_path_thread_cpu_us":
-            row["host_cost_over_plugin_path_thread_cpu_us"]["median"],
-        "npu_step_us": row["npu_step_us"],
-        "break_even_step_ms": row["host_cost_thread_cpu_us"]["median"] / MAX_HOST_FRACTION / 1e3,
-        "met": row["host_fraction_of_npu_step"] <= MAX_HOST_FRACTION,
-        # Side by side (issue 43): the real plugin's own request-boundary path at the same batch.
-        "ratio_engine_to_plugin_thread_cpu": row["ratio_engine_to_plugin_thread_cpu"]["median"],
-        "context_ratio_engine_to_plugin_thread_cpu":
-            row["ratio_engine_to_plugin_thread_cpu"]["median"],
-    } for row in rows]
-
-
-def context(rows: list[dict], cost_model: CostModel) -> dict:
-    """Every size (no target): host fraction of the modelled step, ratio to the plugin path."""
-    return {
-        "cost_model": cost_model.to_evidence(),
-        "per_layout_and_size": [{
-            "layout": row["layout"], "batch": row["batch"], "num_requests": row["num_requests"],
-            "num_tokens": row["num_tokens"], "modelled_step_us": round(row["modelled_step_us"], 1),
-            "host_cost_thread_cpu_us": round(row["host_cost_thread_cpu_us"]["median"], 1),
-            "host_fraction": row["host_fraction_of_modelled_step"],
-            "ratio_engine_to_plugin_thread_cpu": row["ratio_engine_to_plugin_thread_cpu"]["median"],
-            **({} if row["plugin_splits"] else {
-                "note": "the plugin does not split this batch (one request): its path is a "
-                        "no-op, the engine path splits it"}),
-        } for row in rows],
     }
 
 
@@ -286,7 +278,8 @@ def run_once(args, layout_kinds: list[str], cost_model: CostModel,
     rows = [bench_size(size, kind, args.samples, args.calls,
                        np.random.default_rng([args.seed, RECIPE_MAX_NUM_SEQS if size == RECIPE_BATCH
                                               else size]),
-                       args.seed, args.passes, cost_model, guard, npu_model)
+                       args.seed, args.passes, cost_model, guard, npu_model,
+                       args.split_min_tokens)
             for kind in layout_kinds for size in sizes]
     cpu_after = os.times()
     return {
@@ -305,28 +298,13 @@ def run_once(args, layout_kinds: list[str], cost_model: CostModel,
         "process_cpu_s": {"user": round(cpu_after.user - cpu_before.user, 2),
                           "system": round(cpu_after.system - cpu_before.system, 2)},
         "builder_state_guard": guard[1],
+        "split_min_tokens": args.split_min_tokens,
         "sizes": rows,
         "npu_step_model": npu_model.to_evidence(),
         "targets": targets(rows),
+        "suggested_split_min_tokens_p90": suggested_split_min_tokens(rows, npu_model),
         "context_host_cost_vs_modelled_step": context(rows, cost_model),
     }
-
-
-def one_line(report: dict) -> str:
-    entries = report["targets"]
-    met = sum(entry["met"] for entry in entries)
-    fractions = ", ".join(
-        f"{entry['layout'].removesuffix('-standin')}/{entry['num_tokens']}tok="
-        f"{entry['measured_fraction']:.1e}{'' if entry['met'] else '!'} "
-        f"(host {entry['host_cost_thread_cpu_us']:.0f} us incl. guard "
-        f"{entry['builder_state_guard_thread_cpu_us']:.0f} us, whole-buffer guard "
-        f"{entry['builder_state_guard_whole_buffers_thread_cpu_us']:.0f} us; "
-        f"x{entry['ratio_engine_to_plugin_thread_cpu']:.2f} plugin path)"
-        for entry in entries)
-    return (f"engine_path_bench: {met}/{len(entries)} targets met (host cost <= "
-            f"{MAX_HOST_FRACTION:.0%} of the NPU step at each batch size, "
-            f"{report['npu_step_model']['source']}, thread CPU; ! = not met) "
-            f"[{load_note(report)}]: {fractions}")
 
 
 def load_cost_model(path: Path | None) -> CostModel:
@@ -360,6 +338,9 @@ def main(argv=None) -> int:
                         help="JSON of afd_split.plan.cost.CostModel fields (default: DEFAULT_COST_MODEL)")
     parser.add_argument("--torch-threads", type=int, default=TORCH_THREADS,
                         help="torch intra-op threads while timing")
+    parser.add_argument("--split-min-tokens", type=int, default=DEFAULT_SPLIT_MIN_TOKENS,
+                        help="the deployed hook's AFD_SPLIT_MIN_TOKENS (the forced split is "
+                             "always timed beside it)")
     parser.add_argument("--json", action="store_true", help="print the JSON report")
     parser.add_argument("--output", type=Path, help="also write the JSON report here")
     args = parser.parse_args(argv)
@@ -367,6 +348,8 @@ def main(argv=None) -> int:
         for name, value in QUICK.items():
             setattr(args, name, value)
         args.repeats = 0
+    if args.split_min_tokens < 0:
+        parser.error(f"--split-min-tokens={args.split_min_tokens} must be >= 0")
     for name in ("samples", "calls", "passes", "torch_threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} must be >= 1")
@@ -378,7 +361,8 @@ def main(argv=None) -> int:
     report = run_until_quiet(lambda: run_once(args, layout_kinds, cost_model),
                              max_load=args.max_load,
                              repeats=args.repeats)
-    emit_report(report, one_line(report), output=args.output, as_json=args.json)
+    emit_report(report, one_line(report, load_note(report)), output=args.output,
+                as_json=args.json)
     return 0
 
 

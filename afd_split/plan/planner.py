@@ -44,6 +44,7 @@ __all__ = [
     "as_token_counts",
     "matched_computed_counts",
     "plan_split",
+    "plan_unsplit",
     "prefix_sums",
 ]
 
@@ -69,6 +70,29 @@ def plan_split(
     return plan_vectorised(
         policy, num_scheduled_tokens, constraints, allow_fallback, num_computed_tokens
     )
+
+
+def plan_unsplit(
+    num_scheduled_tokens,
+    *,
+    policy: SplitPolicy | str,
+    reason: str,
+    constraints: SplitConstraints = DEFAULT_CONSTRAINTS,
+    num_computed_tokens=None,
+) -> SplitPlan:
+    """The batch as one ubatch because the caller decided not to split it (``reason``, recorded
+    as the plan's ``fallback_reason``), e.g. a step below the hook's split threshold.
+
+    The inputs are checked as ``plan_split`` checks them; ``SplitRejectedError`` when the
+    unsplit batch does not fit ``padded_total``.
+    """
+    if type(policy) is not SplitPolicy:
+        policy = POLICY_BY_VALUE[policy] if policy in POLICY_BY_VALUE else SplitPolicy(policy)
+    tokens = as_token_counts(num_scheduled_tokens, name="num_scheduled_tokens", minimum=1)
+    if num_computed_tokens is not None:
+        matched_computed_counts(num_computed_tokens, tokens)
+    cu_tokens = prefix_sums(tokens, name="num_scheduled_tokens")
+    return _unsplit_plan(policy, tokens, cu_tokens, constraints, reason)
 
 
 def as_token_counts(values, *, name: str, minimum: int) -> np.ndarray:

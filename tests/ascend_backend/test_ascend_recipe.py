@@ -165,3 +165,16 @@ def test_recipe_data_names_its_revision():
     assert len(recipe.RECIPE_COMMIT) == 40 and recipe.RECIPE_BRANCH == "release/v0.19.1rc1"
     assert recipe.CAM_WHEELS[recipe.RECIPE_BRANCH].split("-")[2] == "cp311"
     assert recipe.PLUGIN_INSTALL_ARGS[:3] == ("-v", "--no-build-isolation", "--no-deps")
+
+
+def test_token_balanced_attention_processes_split_every_step_the_plan_can_split():
+    """The harness tests the split path: its Attention servers set the hook's split
+    threshold to 0 (the deployed default leaves short steps unsplit), so tiny gate
+    batches are split; FFN processes and other split values do not carry it."""
+    from afd_split.hook.planning.threshold import SPLIT_MIN_TOKENS_ENV
+
+    for split, attention_value in (("token_balanced", "0"), ("request", None)):
+        plan = plan_for("dp3pcp8-ep8", split=split)
+        for process in plan.processes:
+            expected = attention_value if process.role == "attention" else None
+            assert dict(process.env).get(SPLIT_MIN_TOKENS_ENV) == expected, (split, process.role)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from afd_split import plan_split
+from afd_split.hook.planning.threshold import DEFAULT_SPLIT_MIN_TOKENS
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -44,10 +45,22 @@ def test_report_has_every_target_with_fractions_and_load(bench, tmp_path, capsys
             assert target["npu_step_us"] == pytest.approx(140_000 / (6688 * 32) * 1e6)
         assert target["max_fraction"] == 0.01 and isinstance(target["met"], bool)
         assert target["met"] == (target["measured_fraction"] <= 0.01)
-        # The host cost includes the builder-state guard, and the fraction is of that sum.
-        assert 0 < target["builder_state_guard_thread_cpu_us"] < target["host_cost_thread_cpu_us"]
+        # The target is the deployed hook (threshold on): one request's step is left
+        # unsplit, the recipe's is split; the forced split (threshold 0) is reported beside it,
+        # its host cost including the builder-state guard.
+        assert target["mode"] == f"deployed (AFD_SPLIT_MIN_TOKENS={DEFAULT_SPLIT_MIN_TOKENS})"
+        assert target["deployed_split"] == (target["num_tokens"] >= DEFAULT_SPLIT_MIN_TOKENS)
+        assert target["deployed_split"] == (target["batch"] == "recipe")
+        assert target["host_cost_thread_cpu_us"] > 0
+        assert (0 < target["builder_state_guard_thread_cpu_us"]
+                < target["forced_split_host_cost_thread_cpu_us"])
         assert target["measured_fraction"] == pytest.approx(
             target["host_cost_thread_cpu_us"] / target["npu_step_us"])
+        assert target["forced_split_fraction"] == pytest.approx(
+            target["forced_split_host_cost_thread_cpu_us"] / target["npu_step_us"])
+        assert target["forced_split_within_budget"] == (target["forced_split_fraction"] <= 0.01)
+        assert target["budget_us"] == pytest.approx(target["npu_step_us"] / 100)
+        assert target["ratio_deployed_to_plugin_thread_cpu"] > 0
         assert target["npu_step_us"] == pytest.approx(target["num_tokens"] / 214_016 * 1e6)
         assert target["ratio_engine_to_plugin_thread_cpu"] > 0
         assert target["builder_state_guard_whole_buffers_thread_cpu_us"] > 0
@@ -58,6 +71,8 @@ def test_report_has_every_target_with_fractions_and_load(bench, tmp_path, capsys
     guard = report["builder_state_guard"]
     assert guard["pcp"] == 8 and guard["guarded_buffers"] == 3  # two SFA-CP bufs + padded slots
     assert guard["stage_fields_owned_per_step"] == 2
+    assert report["split_min_tokens"] == DEFAULT_SPLIT_MIN_TOKENS
+    assert report["suggested_split_min_tokens_p90"] >= 1
     assert len(report["load_average_before"]) == 3 and isinstance(report["load_ok"], bool)
     assert len(report["load_attempts"]) == 1 and report["torch_threads"] == 1
     assert report["process_cpu_s"]["user"] > 0
@@ -73,6 +88,21 @@ def test_report_has_every_target_with_fractions_and_load(bench, tmp_path, capsys
         assert row["floor_matches_adapter_ops"], row["adapter_aten_ops"]
         assert set(row["breakdown_thread_cpu_us"]) == {
             "engine_plan_only", "adapter_split", "request_check", "torch_ops_floor"}
+
+
+def test_the_threshold_setting_moves_the_deployed_split_and_a_bad_one_is_named(bench, tmp_path,
+                                                                                 capsys):
+    out = tmp_path / "report.json"
+    assert bench.main(["--samples", "1", "--calls", "1", "--passes", "1", "--sizes", "1",
+                       "--repeats", "0", "--layouts", "vllm-ascend-v0.19.1rc1-standin",
+                       "--split-min-tokens", "0", "--output", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["split_min_tokens"] == 0
+    assert [t["deployed_split"] for t in report["targets"]] == [True, True]
+    assert "AFD_SPLIT_MIN_TOKENS=0" in capsys.readouterr().out.strip().splitlines()[-1]
+    with pytest.raises(SystemExit):
+        bench.main(["--split-min-tokens", "-1"])
+    assert "--split-min-tokens=-1 must be >= 0" in capsys.readouterr().err
 
 
 def test_a_cost_model_file_sets_the_modelled_step(bench, tmp_path):
@@ -126,3 +156,25 @@ def test_plugin_style_search_picks_the_request_boundary_policys_cut(bench, seed)
     plan = plan_split(lengths, policy="request_boundary")
     assert head[1].stop == tail[1].start == plan.split_token
     assert head[0].stop == plan.ubatches[1].request_slice.start
+
+
+def test_the_suggested_threshold_leaves_every_size_over_budget_unsplit(bench):
+    """Past the largest size whose forced split exceeds 1% of its step, and past that
+    cost's break-even step; 0 when every forced split fits (plain arithmetic, no timing)."""
+    sys.path.insert(0, str(BENCH_DIR))
+    try:
+        from engine_path_targets import suggested_split_min_tokens
+    finally:
+        sys.path.remove(str(BENCH_DIR))
+    from afd_split.plan.npu_step import RECIPE_NPU_STEP
+
+    def row(tokens, cost_us):
+        return {"num_tokens": tokens, "forced_host_cost_thread_cpu_us": {"p90": cost_us}}
+
+    rows = [row(374, 400.0), row(9_492, 531.0), row(16_391, 540.0), row(140_000, 1000.0)]
+    # 9,492 tokens at 531 us: over its 443.5 us budget; fits from 531e-6 / 1% x 214,016
+    # = 11,364.25 tokens, rounded up.
+    assert suggested_split_min_tokens(rows, RECIPE_NPU_STEP) == 11_365
+    assert suggested_split_min_tokens([row(9_492, 100.0)], RECIPE_NPU_STEP) == 0
+    # 50 us over a 1,000-token step's 46.7 us budget: fits from 1,070.08 tokens.
+    assert suggested_split_min_tokens([row(1_000, 50.0)], RECIPE_NPU_STEP) == 1_071

@@ -30,6 +30,7 @@ from tests.support.hook_standins import (
     call_planner,
     standin_connector_source,
 )
+from tests.support.split_threshold import SPLIT_EVERY_STEP
 
 SCHEDULED = [40, 7, 9]
 COMPUTED = [24, 0, 5]
@@ -51,8 +52,8 @@ def connector_class(tmp_path):
 def new_session_factory(evidence_dir, routing="natural"):
     def new_session(runner) -> HookSession:
         return HookSession.from_environment(
-            {EVIDENCE_DIR_ENV: str(evidence_dir)}, ranks=StepRanks(global_rank=0), groups=[],
-            splitter=ascend_splitter(chunked_prefill=False), num_layers=NUM_LAYERS,
+            {EVIDENCE_DIR_ENV: str(evidence_dir), **SPLIT_EVERY_STEP}, ranks=StepRanks(global_rank=0),
+            groups=[], splitter=ascend_splitter(chunked_prefill=False), num_layers=NUM_LAYERS,
             routing=routing)
 
     return new_session

@@ -7,6 +7,8 @@ import queue
 import numpy as np
 import pytest
 
+from tests.support.split_threshold import SPLIT_EVERY_STEP
+
 WORLD_SIZE = 2
 TIMEOUT_S = 120
 TOKENS = [300, 17, 90]
@@ -34,7 +36,7 @@ def _worker(rank, store_path, results):
 
     def session(debug: str) -> HookSession:
         return HookSession.from_environment(
-            {AGREE_DEBUG_ENV: debug}, ranks=StepRanks(global_rank=rank, tp_rank=rank),
+            {AGREE_DEBUG_ENV: debug, **SPLIT_EVERY_STEP}, ranks=StepRanks(global_rank=rank, tp_rank=rank),
             groups=[dist.group.WORLD], splitter=None)
 
     def plan(hook: HookSession, tokens):

@@ -27,7 +27,7 @@ from tests.support.pcp_standins import MAX_NUM_TOKENS, StandInPcpManager, block_
 RELEASE = "release/v0.19.1rc1"
 
 
-def session_factory(evidence_dir, alignment, pcp_rank=1):
+def session_factory(evidence_dir, alignment, pcp_rank=1, min_split_tokens=0):
     def new_session(runner) -> HookSession:
         return HookSession(ranks=StepRanks(global_rank=0, pcp_rank=pcp_rank), groups=[],
                            splitter=lambda *a: pytest.fail("PCP stages never reach the adapter"),
@@ -35,7 +35,8 @@ def session_factory(evidence_dir, alignment, pcp_rank=1):
                                evidence_dir, "attention-rank0"),
                            alignment=alignment,
                            pcp_all_to_all=lambda rows, send, recv: pytest.fail(
-                               "no rows move while metadata is built"))
+                               "no rows move while metadata is built"),
+                           min_split_tokens=min_split_tokens)
 
     return new_session
 

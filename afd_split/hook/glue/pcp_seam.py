@@ -85,11 +85,13 @@ def check_pcp_alignment(alignment: EngineAlignment) -> None:
 
 
 def plan_pcp_step(num_scheduled_tokens, num_computed_tokens,
-                  alignment: EngineAlignment) -> SplitPlan:
-    """Token-balanced stages on the global counts, each request piece padded to 2 * pcp."""
+                  alignment: EngineAlignment, min_split_tokens: int = 0) -> SplitPlan:
+    """Token-balanced stages on the global counts, each request piece padded to 2 * pcp
+    (unsplit below ``min_split_tokens`` global tokens: ``planning.threshold``)."""
     return plan_engine_step(num_scheduled_tokens, policy=SplitPolicy.TOKEN_BALANCED,
                             constraints=alignment.constraints(None),
-                            num_computed_tokens=num_computed_tokens)
+                            num_computed_tokens=num_computed_tokens,
+                            min_split_tokens=min_split_tokens)
 
 
 @dataclass(frozen=True)
@@ -295,8 +297,12 @@ def check_rebuilt_stages(pcp: PcpStages) -> None:
                     "relayout: " + "; ".join(problems))
 
 
-def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, computed: np.ndarray,
-                           slice_type: type,
+def runner_computed_tokens(runner, num_reqs: int) -> np.ndarray:
+    """The step's computed tokens per request: the runner's host copy (no device read)."""
+    return runner.input_batch.num_computed_tokens_cpu_tensor[:num_reqs].numpy()
+
+
+def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, slice_type: type,
                            ensure_forward: Callable[[], None]) -> PlannedUBatchSlices | None:
     """Token-balanced stages on the GLOBAL counts (``query_lens_pcp_full``; the rank-local
     ``num_scheduled_tokens_np`` is never planned on), each laid out as its own zigzag on
@@ -307,7 +313,10 @@ def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, computed
         raise UnsupportedSplitError("PCP stages need the PCP group's all-to-all; the hook "
                                     "session has none")
     global_counts = global_scheduled_counts(runner.pcp_manager, num_reqs)
-    plan = plan_pcp_step(global_counts, computed, session.alignment)
+    if session.skips_step(global_counts):  # below the split threshold, nothing recording
+        return None
+    computed = runner_computed_tokens(runner, num_reqs)
+    plan = plan_pcp_step(global_counts, computed, session.alignment, session.min_split_tokens)
     pcp = None
     if plan.is_split:
         ensure_forward()  # relaid rows never reach upstream slicing
@@ -320,7 +329,8 @@ def plan_pcp_runner_stages(runner, session: HookSession, num_reqs: int, computed
                 stage_rows=(pcp_parent_rows(plan, session.ranks.pcp_rank) if pcp is None
                             else pcp_stage_rows(plan, computed, pcp.relayout)),
                 pcp_stage_rule=PCP_STAGE_RULE,
-                **runner_step_facts(runner, global_counts, computed),
+                **(runner_step_facts(runner, global_counts, computed)
+                   if session.writer is not None else {}),
                 **({} if pcp is None else {"pcp_relayout": pcp.evidence()}))
     if pcp is None:
         return None

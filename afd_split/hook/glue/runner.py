@@ -26,7 +26,11 @@ from afd_split.hook.glue.builder_state import (
     stage_write_bound,
     stage_written_buffers,
 )
-from afd_split.hook.glue.pcp_seam import check_rebuilt_stages, plan_pcp_runner_stages
+from afd_split.hook.glue.pcp_seam import (
+    check_rebuilt_stages,
+    plan_pcp_runner_stages,
+    runner_computed_tokens,
+)
 from afd_split.hook.glue.step_facts import runner_step_facts
 from afd_split.hook.planning.rules import pcp_enabled
 from afd_split.hook.planning.stages import (
@@ -111,13 +115,16 @@ def ensure_forward(seams: PluginSeams) -> Callable[[], None]:
 def plan_runner_stages(runner, num_scheduled_tokens_np: np.ndarray, seams: PluginSeams,
                        new_session: Callable[[Any], HookSession],
                        num_tokens_padded: int | None = None) -> PlannedUBatchSlices | None:
-    """Plan from the host arrays the pinned runner already holds (no device reads)."""
+    """Plan from the host arrays the pinned runner already holds (no device reads). Below
+    the session's split threshold with nothing recording, nothing else is read."""
     num_reqs = len(num_scheduled_tokens_np)
     session = runner_session(runner, new_session)
-    computed = runner.input_batch.num_computed_tokens_cpu_tensor[:num_reqs].numpy()
     if pcp_enabled(session.alignment.pcp_size):
-        return plan_pcp_runner_stages(runner, session, num_reqs, computed,
-                                      seams.slice_type, ensure_forward(seams))
+        return plan_pcp_runner_stages(runner, session, num_reqs, seams.slice_type,
+                                      ensure_forward(seams))
+    if session.skips_step(num_scheduled_tokens_np):
+        return None
+    computed = runner_computed_tokens(runner, num_reqs)
     return plan_stages(
         session,
         num_scheduled_tokens_np,
@@ -125,7 +132,9 @@ def plan_runner_stages(runner, num_scheduled_tokens_np: np.ndarray, seams: Plugi
         block_size=runner.cache_config.block_size,
         slice_type=seams.slice_type,
         num_input_tokens=num_tokens_padded,
-        step_facts=runner_step_facts(runner, num_scheduled_tokens_np, computed),
+        # The facts go only into the step line: not gathered when no evidence is written.
+        step_facts=(runner_step_facts(runner, num_scheduled_tokens_np, computed)
+                    if session.writer is not None else None),
     )
 
 

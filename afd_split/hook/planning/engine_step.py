@@ -16,10 +16,15 @@ import numpy as np
 
 from afd_split.checks.request_checks import validate_split_requests
 from afd_split.checks.requests import RequestFields, split_request_fields
+from afd_split.hook.planning.threshold import (
+    below_split_threshold,
+    below_threshold_reason,
+    scheduled_total,
+)
 from afd_split.hook.planning.worker_evidence import EVIDENCE_FORMAT, RECORD_KIND
 from afd_split.plan.agree import agree_on_split
 from afd_split.plan.constraints import SplitConstraints, SplitPolicy
-from afd_split.plan.planner import SplitPlan, plan_split
+from afd_split.plan.planner import SplitPlan, plan_split, plan_unsplit
 
 AGREE_DEBUG_ENV = "AFD_SPLIT_DEBUG_AGREE"
 """Set to 1: every step all-gathers the plan fingerprint over the engine's TP/PCP groups."""
@@ -65,13 +70,21 @@ def plan_engine_step(
     policy: SplitPolicy | str,
     constraints: SplitConstraints,
     num_computed_tokens=None,
+    min_split_tokens: int = 0,
 ) -> SplitPlan:
-    """The step's plan; a batch the policy cannot split runs unsplit with its reason recorded.
+    """The step's plan; a batch the policy cannot split runs unsplit with its reason recorded,
+    and so does one of fewer than ``min_split_tokens`` tokens (``threshold``; 0: none).
 
     Deterministic by construction: the plan is a pure function of the scheduled
     and computed token counts, which every TP/SP/PCP rank of a replica receives
     from the same scheduler output.
     """
+    if min_split_tokens:
+        total = scheduled_total(num_scheduled_tokens)
+        if below_split_threshold(total, min_split_tokens):
+            return plan_unsplit(num_scheduled_tokens, policy=policy, constraints=constraints,
+                                reason=below_threshold_reason(total, min_split_tokens),
+                                num_computed_tokens=num_computed_tokens)
     return plan_split(
         num_scheduled_tokens,
         policy=policy,

@@ -24,6 +24,11 @@ from afd_split.hook.planning.engine_step import (
     step_record,
 )
 from afd_split.hook.planning.expert_load import NATURAL, ExpertLoadRecorder, StageRows
+from afd_split.hook.planning.threshold import (
+    below_split_threshold,
+    scheduled_total,
+    split_min_tokens,
+)
 from afd_split.hook.planning.worker_evidence import EvidenceWriter
 from afd_split.pcp.alignment import EngineAlignment
 from afd_split.pcp.relayout import AllToAll
@@ -60,6 +65,26 @@ class HookSession:
     """The PCP group's all-to-all that moves relaid stage rows (PCP > 1)."""
     chunked_prefill: bool = False
     """``scheduler_config.enable_chunked_prefill``: decides a PCP stage's ``attn_state``."""
+    min_split_tokens: int = 0
+    """Steps of fewer scheduled tokens run unsplit (``planning.threshold``); 0 here splits
+    every step the plan can. ``from_environment`` (the deployed hook) reads
+    ``AFD_SPLIT_MIN_TOKENS``, default ``DEFAULT_SPLIT_MIN_TOKENS``."""
+
+    @property
+    def records_steps(self) -> bool:
+        """Something reads each step's plan: the evidence file, the expert-load recorder or
+        the debug agreement collective (then even an unsplit step is planned in full)."""
+        return self.writer is not None or self.expert_load is not None or self.check_agreement
+
+    def skips_step(self, num_scheduled_tokens) -> bool:
+        """The step runs unsplit below the threshold and nothing records it: counted, and
+        nothing else done (the host's whole share of a short step)."""
+        if not self.min_split_tokens or self.records_steps:
+            return False
+        if not below_split_threshold(scheduled_total(num_scheduled_tokens), self.min_split_tokens):
+            return False
+        self.steps_planned += 1
+        return True
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str], *, ranks: StepRanks,
@@ -69,7 +94,8 @@ class HookSession:
                          pcp_all_to_all: AllToAll | None = None,
                          chunked_prefill: bool = False) -> HookSession:
         """Evidence on when ``AFD_EVIDENCE_DIR`` is set (with expert load when the model's
-        ``num_layers`` is given); agreement when ``AFD_SPLIT_DEBUG_AGREE=1``."""
+        ``num_layers`` is given); agreement when ``AFD_SPLIT_DEBUG_AGREE=1``; the split
+        threshold from ``AFD_SPLIT_MIN_TOKENS`` (``planning.threshold``)."""
         writer = EvidenceWriter.from_env(environ, ranks.label)
         recorder = None
         if writer is not None and num_layers is not None:
@@ -85,6 +111,7 @@ class HookSession:
             expert_load=recorder,
             pcp_all_to_all=pcp_all_to_all,
             chunked_prefill=chunked_prefill,
+            min_split_tokens=split_min_tokens(environ),
         )
 
 
@@ -170,10 +197,15 @@ def plan_stages(session: HookSession, num_scheduled_tokens, *, num_computed_toke
     turns it into the step's constraints, or fails closed (``UnsupportedSplitError``
     naming the rule) before any agreement collective when the parent is unaligned.
     ``step_facts`` go into the step line as they are (the glue's request ids and schedule).
+    Below the session's split threshold the step runs unsplit: with nothing recording it,
+    before any planning; else planned unsplit with the reason in its line.
     """
+    if session.skips_step(num_scheduled_tokens):
+        return None
     plan = plan_engine_step(num_scheduled_tokens, policy=SplitPolicy.TOKEN_BALANCED,
                             constraints=session.alignment.constraints(num_input_tokens),
-                            num_computed_tokens=num_computed_tokens)
+                            num_computed_tokens=num_computed_tokens,
+                            min_split_tokens=session.min_split_tokens)
     record_step(session, plan, stage_rows=planned_stage_rows(plan, num_input_tokens),
                 alignment=session.alignment.describe(), **(step_facts or {}))
     if not plan.is_split:

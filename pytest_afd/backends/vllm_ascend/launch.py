@@ -21,6 +21,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from afd_split.hook.planning.threshold import NO_THRESHOLD, SPLIT_MIN_TOKENS_ENV
 from pytest_afd.backends.vllm_ascend import launch_gates, recipe
 from pytest_afd.backends.vllm_ascend.checks import (
     attention_shape,
@@ -144,6 +145,11 @@ def _environment(topology: Topology, shape: RoleShape, options: LaunchOptions, s
     if topology.is_afd:
         env["VLLM_PLUGINS"] = ",".join(_general_plugins(split, shape.role))
         env.update(recipe.AFD_ENV)
+        if split == "token_balanced" and shape.role == ROLE_ATTENTION:
+            # The harness tests the split path: every step the plan can split is split,
+            # tiny gate batches included (the deployed default leaves short steps unsplit,
+            # afd_split.hook.planning.threshold), so a green case means split steps ran.
+            env[SPLIT_MIN_TOKENS_ENV] = str(NO_THRESHOLD)
         env[recipe.AFD_FORCED_ROUTING_ENV] = str(int(options.routing == "forced_balanced"))
         # FlashComm1 (SP) only on Attention, and explicitly off on FFN (connector guide).
         sp_on = shape.role == ROLE_ATTENTION and shape.sequence_parallel
