@@ -1,6 +1,7 @@
 """Root conftest: project-wide test settings (the plugin itself loads via its entry point)."""
 
 import contextlib
+import os
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,15 @@ from tests.support.fork_server import ForkServer
 from tests.support.suite_selection import needs_a_suite_marker
 
 TESTS_DIR = Path(__file__).parent / "tests"
+
+# OpenMP threads that wait for work spin by default (GNU libgomp: up to ~0.3 s a wait).
+# On the shared 2-core host a second intra-op thread (the 2-thread batch-invariance
+# cases, CLI and server subprocesses, which keep torch's default of 2 threads) then
+# burns a core while its peer is descheduled: one such module took 17 s of CPU with
+# spinning and 6 s without. Passive waiting changes no result, only who holds the
+# core. Set before any test process or child loads torch (they inherit it); a value
+# the user exported wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _runs_tests(config: pytest.Config) -> bool:

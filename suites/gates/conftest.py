@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from gate_case import GateCase
+from gate_case import GateCase, LiveReferences
 from gate_lib import (
     CPU_BACKEND,
     SUPPORTED_CPU_TOPOLOGIES,
@@ -156,8 +156,15 @@ def gate_references(
                           afd_options.backend)
 
 
+@pytest.fixture(scope="session")
+def gate_live_references() -> LiveReferences:
+    """Live reference runs shared by the cases that compare against the same one."""
+    return LiveReferences()
+
+
 @pytest.fixture
 def gate_case(afd_results, gate_references: GateReferences, golden: GoldenStore,
-              afd_options: AfdOptions) -> GateCase:
+              afd_options: AfdOptions, gate_live_references: LiveReferences) -> GateCase:
     """The comparison protocol every gate case runs (``gate_case.GateCase``)."""
-    return GateCase(afd_results, gate_references, golden, afd_options.seed)
+    return GateCase(afd_results, gate_references, golden, afd_options.seed,
+                    gate_live_references)

@@ -49,14 +49,52 @@ class GateRun:
     reference_text: Any
 
 
+class LiveReferences:
+    """The session's live reference runs, by exactly what they ran (the ``gate_live_references``
+    fixture).
+
+    A live reference is a cold, unsplit, direct whole-batch forward: the same backend,
+    prompts, seed runs and settings give the same outputs (the prefix cache is reset
+    first and the CPU kernels are batch-invariant). Several cases compare against the
+    same one: gate 3's three chunk sizes (the reference is unchunked) and gate 1's
+    in-process and AFD-process cases of a workload on an AFD topology (the reference
+    is the in-process forward). Each is run once, with its checks (``run_measured``:
+    it must not touch the split path), and shared; a run that failed is not kept.
+    """
+
+    def __init__(self) -> None:
+        self._runs: dict[tuple, tuple[Backend, RunOutputs]] = {}
+        self.runs = 0
+        self.reused = 0
+
+    @staticmethod
+    def _key(backend: Backend, prompts: Sequence[PromptRequest], settings: RunSettings,
+             seed_prompts: Sequence[Sequence[PromptRequest]]) -> tuple:
+        return (id(backend), settings, tuple(prompts), tuple(tuple(s) for s in seed_prompts))
+
+    def get(self, backend: Backend, prompts: Sequence[PromptRequest], settings: RunSettings,
+            seed_prompts: Sequence[Sequence[PromptRequest]]) -> RunOutputs:
+        key = self._key(backend, prompts, settings, seed_prompts)
+        kept = self._runs.get(key)
+        if kept is not None and kept[0] is backend:
+            self.reused += 1
+            return kept[1]
+        outputs, _ = run_measured(backend, prompts, settings, seed_prompts=seed_prompts)
+        self._runs[key] = (backend, outputs)
+        self.runs += 1
+        return outputs
+
+
 class GateCase:
     """What a comparison gate case does; one per test (the ``gate_case`` fixture)."""
 
-    def __init__(self, results: Any, references: Any, golden: Any, seed: int) -> None:
+    def __init__(self, results: Any, references: Any, golden: Any, seed: int,
+                 live_references: LiveReferences | None = None) -> None:
         self._results = results
         self._references = references
         self._golden = golden
         self.seed = seed
+        self._live = LiveReferences() if live_references is None else live_references
 
     def run(
         self,
@@ -107,8 +145,8 @@ class GateCase:
         elif reference_source is not None:
             reference = reference_source()
         else:
-            reference, _ = run_measured(backend, prompts, reference_settings,
-                                        seed_prompts=reference_seed_prompts)
+            reference = self._live.get(backend, prompts, reference_settings,
+                                       reference_seed_prompts)
         verdict = judge(self._golden, name, candidate, reference, profile, splits)
         return GateRun(
             gate=gate, case=case, name=name, dataset=dataset, seed=seed, backend=backend,

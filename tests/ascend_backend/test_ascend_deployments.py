@@ -302,14 +302,14 @@ def test_two(afd_backend):
 
 
 # -- the listing ---------------------------------------------------------------------------------
-def test_list_deployments_for_stage_a_runs_nothing(tmp_path, no_deployment):
-    completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *UNRELATED_PLUGINS,
-         "-m", "stage_a", "suites/stage_a",
+def test_list_deployments_for_stage_a_runs_nothing(tmp_path, no_deployment, fork_server):
+    # A fresh pytest process forked from the session's fork server (torch imported once).
+    completed = fork_server.run_module(
+        "pytest",
+        ["-p", "no:cacheprovider", *UNRELATED_PLUGINS, "-m", "stage_a", "suites/stage_a",
          "--afd-backend", "vllm-ascend", "--npu-topology", TOPOLOGY, "--afd-devices-per-node", "16",
          "--afd-stage-scale", "1/64", "--afd-list-deployments", "--afd-results-dir", str(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
+        cwd=REPO, timeout=600, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-2000:]
     document = json.loads((tmp_path / "deployments.json").read_text())
     reduced = [item for item in document["deployments"] if item["model"] == "reduced"]

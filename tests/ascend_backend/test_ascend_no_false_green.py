@@ -2,8 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -70,16 +68,18 @@ def test_bad_reference_phase_names_its_source(pytester, monkeypatch):
     result.stderr.fnmatch_lines(["*$AFD_REFERENCE_PHASE='replay': expected one of live, record, check*"])
 
 
-def test_gate_skip_reasons_name_what_differs(tmp_path):
+def test_gate_skip_reasons_name_what_differs(tmp_path, fork_server):
     """No "empty parameter set", and a mismatch names only the option that differs."""
     env = {key: value for key, value in os.environ.items() if key not in ATTACH_VARIABLES}
     env["PYTHONPATH"] = str(REPO)
-    completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *UNRELATED_PLUGINS, "-rs", "-q",
+    # A fresh pytest process forked from the session's fork server (torch imported once).
+    completed = fork_server.run_module(
+        "pytest",
+        ["-p", "no:cacheprovider", *UNRELATED_PLUGINS, "-rs", "-q",
          "suites/gates/test_gate_1_token_split.py::test_gate_1_afd_runtime_split_matches_unsplit",
          "suites/gates/test_gate_4_full_natural.py", "--afd-backend", "vllm-ascend",
          "--npu-topology", "dp3pcp8-ep8", "--afd-results-dir", str(tmp_path)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+        cwd=REPO, env=env, timeout=600)
     output = completed.stdout
     assert "empty parameter set" not in output
     assert "process-pair runtime is the CPU backend's" in output

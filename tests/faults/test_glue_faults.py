@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -236,19 +235,28 @@ def test_readback_unchecked_lets_a_wrong_host_copy_through_the_field_by_field_pa
     assert int(tail._num_computed_tokens_cpu[0]) == expected + 1
 
 
-def test_readback_unchecked_fails_the_gate_that_runs_checked_results(tmp_path):
+GATE_RUN_TIMEOUT_S = 300
+
+
+def _gate_run(fork_server, fault: str | None, tmp_path: Path, *args: str
+              ) -> subprocess.CompletedProcess:
+    """``python -m pytest -m gate ARGS`` with ``$PYTEST_AFD_FAULT`` set to ``fault`` (or unset),
+    as ``fault-check`` runs it: a fresh pytest process forked from the session's fork server
+    (tests/support/fork_server.py), which imported torch once, not a new interpreter."""
+    env = {key: value for key, value in os.environ.items() if key != faults.FAULT_ENV}
+    if fault is not None:
+        env[faults.FAULT_ENV] = fault
+    return fork_server.run_module(
+        "pytest", ["-m", "gate", "-q", "-p", "no:cacheprovider", *UNRELATED_PLUGINS,
+                   "--afd-results-dir", str(tmp_path / (fault or "clean")), *args],
+        env=env, timeout=GATE_RUN_TIMEOUT_S)
+
+
+def test_readback_unchecked_fails_the_gate_that_runs_checked_results(tmp_path, fork_server):
     """Injected as ``fault-check`` injects it (``$PYTEST_AFD_FAULT`` in a ``pytest -m gate``
     run), the read-back gate case fails; the same run without the fault passes."""
     def gate(fault: str | None) -> subprocess.CompletedProcess:
-        env = {key: value for key, value in os.environ.items() if key != faults.FAULT_ENV}
-        if fault is not None:
-            env[faults.FAULT_ENV] = fault
-        return subprocess.run(
-            [sys.executable, "-m", "pytest", "-m", "gate", "-q", "-p", "no:cacheprovider",
-             *UNRELATED_PLUGINS,
-             "--afd-results-dir", str(tmp_path / (fault or "clean")),
-             str(GATES_DIR / READBACK_GATE)],
-            capture_output=True, text=True, env=env, timeout=300, check=False)
+        return _gate_run(fork_server, fault, tmp_path, str(GATES_DIR / READBACK_GATE))
 
     clean, faulty = gate(None), gate("adapter_readback_unchecked")
     assert clean.returncode == 0 and "4 passed" in clean.stdout, clean.stdout[-1500:]
@@ -279,19 +287,13 @@ def test_a_check_that_rederives_the_split_misses_a_wrong_produced_field(layout):
 GLUE_GATES = "test_gate_1_glue_checks.py"
 
 
-def test_rederiving_check_fails_the_gate_that_corrupts_the_produced_field(tmp_path):
+def test_rederiving_check_fails_the_gate_that_corrupts_the_produced_field(tmp_path, fork_server):
     """``fault-check``'s way (``$PYTEST_AFD_FAULT`` in a ``pytest -m gate`` run): the gate 1
     glue-check module passes clean and fails under ``adapter_check_rederives_split`` (its
     wrong-host-copy cases: two on the CPU backend's engine glue, four on the read-back path)."""
     def gate(fault: str | None) -> subprocess.CompletedProcess:
-        env = {key: value for key, value in os.environ.items() if key != faults.FAULT_ENV}
-        if fault is not None:
-            env[faults.FAULT_ENV] = fault
-        return subprocess.run(
-            [sys.executable, "-m", "pytest", "-m", "gate", "-q", "-p", "no:cacheprovider",
-             *UNRELATED_PLUGINS, "--afd-results-dir", str(tmp_path / (fault or "clean")),
-             str(GATES_DIR / GLUE_GATES), "-k", "wrong_host_copy"],
-            capture_output=True, text=True, env=env, timeout=300, check=False)
+        return _gate_run(fork_server, fault, tmp_path, str(GATES_DIR / GLUE_GATES),
+                         "-k", "wrong_host_copy")
 
     clean, faulty = gate(None), gate("adapter_check_rederives_split")
     assert clean.returncode == 0 and "6 passed" in clean.stdout, clean.stdout[-1500:]

@@ -1,0 +1,60 @@
+"""suite_time_bench judges its targets as issue 43 states them (no suite is run here)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCH_DIR))
+    try:
+        spec = importlib.util.spec_from_file_location("suite_time_bench_under_test",
+                                                      BENCH_DIR / "suite_time_bench.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop("suite_time_bench_under_test", None)
+        sys.path.remove(str(BENCH_DIR))
+
+
+def _met(targets):
+    return {t["name"]: t["met"] for t in targets}
+
+
+def test_a_quiet_fast_run_meets_both_and_a_loaded_one_meets_only_cpu(bench):
+    quiet = bench.judge(bench.GATE, wall_s=25, cpu_s=20, load_before=0.4, load_after=0.9,
+                        exit_status=0)
+    assert _met(quiet) == {"gate_wall_s": True, "gate_cpu_s": True}
+    loaded = bench.judge(bench.GATE, wall_s=25, cpu_s=20, load_before=0.4, load_after=1.2,
+                         exit_status=0)
+    assert _met(loaded) == {"gate_wall_s": False, "gate_cpu_s": True}
+    assert loaded[0]["load_ok"] is False and loaded[0]["load_1m"] == 1.2
+
+
+def test_over_a_limit_or_a_failed_run_is_not_met(bench):
+    slow = bench.judge(bench.DEFAULT_RUN, wall_s=181, cpu_s=331, load_before=0.1,
+                       load_after=0.1, exit_status=0)
+    assert _met(slow) == {"default_run_wall_s": False, "default_run_cpu_s": False}
+    failed = bench.judge(bench.GATE, wall_s=1, cpu_s=1, load_before=0, load_after=0,
+                         exit_status=1)
+    assert not any(t["met"] for t in failed)
+
+
+def test_counts_and_summary_name_every_target(bench):
+    line = "144 passed, 4 skipped, 72 deselected in 82.73s (0:01:22)"
+    assert bench.counts(line) == {"passed": 144, "skipped": 4, "deselected": 72}
+    assert bench.counts("1 failed, 2 errors in 3s") == {"failed": 1, "error": 2}
+    run = {"load_1m_before": 0.5, "load_1m_after": 0.7, "counts": {"passed": 1},
+           "targets": bench.judge(bench.GATE, wall_s=40, cpu_s=20, load_before=0.5,
+                                  load_after=0.7, exit_status=0)}
+    text = bench.summary({"gate": run})
+    assert text.startswith("suite_time: 1/2 targets met")
+    assert "gate_wall_s=40/30!" in text and "gate_cpu_s=20/28," not in text
+    assert "gate_cpu_s=20/28 " in text
