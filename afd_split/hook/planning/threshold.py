@@ -13,10 +13,13 @@ of the step only from ``T >= c / 1% x 214,016`` tokens: 550 us -> 11,800 tokens.
 that the split cannot pay for itself, and the hook leaves the step exactly as
 upstream would run it unsplit.
 
-Default ``DEFAULT_SPLIT_MIN_TOKENS = 16,384``: the break-even of the largest forced-split
-host cost measured below 30K tokens (550 us -> 11,800 tokens) with ~1.4x headroom for a
-slower or busier host, rounded up to a power of two (2^14): within 1% from there on
-needs a forced split of at most 766 us. The recipe's steps (up to
+Default ``DEFAULT_SPLIT_MIN_TOKENS = 24,576``: the largest forced-split break-even the
+engine-path benchmark measured at load ~1 (796 us at 24 requests and 16,391 tokens on the
+vLLM-Ascend v0.26.0rc layout -> a 79.6 ms step -> 17,025 tokens; 2026-12-07,
+``benchmarks/results/engine-path.json``) with ~1.4x headroom for a slower or busier host,
+rounded up to a multiple of 8,192 (3 x 2^13): within 1% from there on needs a forced split
+of at most 1,148 us. A first default of 16,384 (from 550 us measured at fewer requests)
+missed the budget by 7% at 24 requests. The recipe's steps (up to
 ``--max-num-batched-tokens 140000``) are split from there on. Upstream vLLM's own dual
 batch overlap does the same with ``ParallelConfig.dbo_prefill_token_threshold`` (512
 tokens, "TODO: tune") and ``dbo_decode_token_threshold`` (32): microbatching when
@@ -38,7 +41,7 @@ from collections.abc import Mapping
 SPLIT_MIN_TOKENS_ENV = "AFD_SPLIT_MIN_TOKENS"
 """Attention-worker environment variable: the fewest scheduled tokens a split step has."""
 
-DEFAULT_SPLIT_MIN_TOKENS = 16_384
+DEFAULT_SPLIT_MIN_TOKENS = 24_576
 """The deployed default (see the module docstring for its derivation)."""
 
 NO_THRESHOLD = 0
