@@ -15,8 +15,9 @@ upstream would run it unsplit.
 
 Default ``DEFAULT_SPLIT_MIN_TOKENS = 24,576``: the largest forced-split break-even the
 engine-path benchmark measured at load ~1 (796 us at 24 requests and 16,391 tokens on the
-vLLM-Ascend v0.26.0rc layout -> a 79.6 ms step -> 17,025 tokens; 2026-12-07,
-``benchmarks/results/engine-path.json``) with ~1.4x headroom for a slower or busier host,
+vLLM-Ascend v0.26.0rc layout -> a 79.6 ms step -> 17,025 tokens; a record of 2026-12-07
+17:51 UTC at load 0.5-1.0; the kept record, 17:55 at load 0.7-1.0, measured at most 512 us
+below 30K tokens, so the spread between runs is itself ~1.5x) with ~1.4x headroom for a slower or busier host,
 rounded up to a multiple of 8,192 (3 x 2^13): within 1% from there on needs a forced split
 of at most 1,148 us. A first default of 16,384 (from 550 us measured at fewer requests)
 missed the budget by 7% at 24 requests. The recipe's steps (up to
