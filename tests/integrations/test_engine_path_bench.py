@@ -1,30 +1,16 @@
 """engine_path_bench runs end to end and reports every target with a met flag (no timing asserted)."""
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from afd_split import plan_split
 from afd_split.hook.planning.threshold import DEFAULT_SPLIT_MIN_TOKENS
+from tests.support.bench_module import BENCH_DIR, bench_fixture
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, str(BENCH_DIR))
-    try:
-        spec = importlib.util.spec_from_file_location("engine_path_bench_under_test",
-                                                      BENCH_DIR / "engine_path_bench.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(BENCH_DIR))
+bench = bench_fixture("engine_path_bench")
 
 
 def test_report_has_every_target_with_fractions_and_load(bench, tmp_path, capsys):

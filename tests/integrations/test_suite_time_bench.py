@@ -1,27 +1,8 @@
 """suite_time_bench judges its targets as issue 43 states them (no suite is run here)."""
 
-import importlib.util
-import sys
-from pathlib import Path
+from tests.support.bench_module import bench_fixture
 
-import pytest
-
-BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, str(BENCH_DIR))
-    try:
-        spec = importlib.util.spec_from_file_location("suite_time_bench_under_test",
-                                                      BENCH_DIR / "suite_time_bench.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # its dataclasses look their module up
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.modules.pop("suite_time_bench_under_test", None)
-        sys.path.remove(str(BENCH_DIR))
+bench = bench_fixture("suite_time_bench")
 
 
 def _met(targets):

@@ -1,28 +1,13 @@
 """sequential_sim_bench runs end to end on the committed noise, every target with a met flag."""
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
-import pytest
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.support.bench_module import bench_fixture
 
-
-@pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, str(BENCH_DIR))  # the benchmarks import their shared bench_load
-    try:
-        spec = importlib.util.spec_from_file_location("sequential_sim_bench_under_test",
-                                                      BENCH_DIR / "sequential_sim_bench.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(BENCH_DIR))
+bench = bench_fixture("sequential_sim_bench")
 
 
 def test_noise_file_is_the_harness_record_with_provenance(bench):

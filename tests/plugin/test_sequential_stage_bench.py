@@ -1,27 +1,11 @@
 """sequential_stage_bench's verdict comparison and replay, on hand-made result documents
 (the bench itself runs the stages: minutes, so never in the default run)."""
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
-import pytest
+from tests.support.bench_module import bench_fixture
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, str(BENCH_DIR))
-    try:
-        spec = importlib.util.spec_from_file_location("sequential_stage_bench_under_test",
-                                                      BENCH_DIR / "sequential_stage_bench.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(BENCH_DIR))
+bench = bench_fixture("sequential_stage_bench")
 
 
 def test_agreement_counts_calls_and_no_calls(bench):
