@@ -25,6 +25,7 @@ from pytest_afd.core.backend import RunSettings
 from pytest_afd.serving.http_backend import server_side_settings
 from tests.support.ascend_deployments import (
     CASES,
+    DECLARING_CONFTEST,
     DEPLOYMENT_VARIABLES,
     REPO,
     SMALL,
@@ -184,19 +185,6 @@ def test_two(afd_backend):
 
 
 # -- deploy through a command --------------------------------------------------------------------
-DECLARING_CONFTEST = """
-import pytest
-from pytest_afd.core.backend import RunSettings
-
-SMALL = dict(block_size=16, max_num_batched_tokens=512, max_num_seqs=8)
-
-
-def pytest_afd_deployment_settings(config, item):
-    marker = item.get_closest_marker("afd_deployments")
-    if marker is None:
-        return None
-    return [{"settings": RunSettings(split_policy=policy, **SMALL)} for policy in marker.args]
-"""
 
 
 def test_deploy_command_deploys_each_configuration_once_and_stops_it(pytester, tmp_path,

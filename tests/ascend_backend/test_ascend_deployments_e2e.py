@@ -6,8 +6,6 @@ The fast checks of each mechanism are in ``test_ascend_deployments.py``.
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import subprocess
@@ -19,6 +17,7 @@ import pytest
 from pytest_afd.core.backend import RunSettings
 from pytest_afd.serving.http_backend import cpu_server_spec
 from pytest_afd.serving.lifecycle import ManagedServer
+from tests.support.ascend_deployments import REHEARSAL, rehearsal_module
 from tests.support.inner_pytest import UNRELATED_PLUGINS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +26,6 @@ SCALE = "1/64"
 CLEARED = ("AFD_ASCEND_SERVER_URL", "AFD_ASCEND_SERVER_SETTINGS", "AFD_ASCEND_DEPLOYMENTS",
            "AFD_ASCEND_DEPLOY_COMMAND", "AFD_BACKEND", "AFD_REQUIRE_HARDWARE", "AFD_REFERENCE_PHASE",
            "AFD_EVIDENCE_DIR", "AFD_ALLOW_EMULATED", "AFD_STAGE_SCALE", "AFD_DEVICES_PER_NODE")
-REHEARSAL = REPO / ".ci" / "rehearse-nightly"
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -40,14 +38,6 @@ def pytest_run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProc
                            *UNRELATED_PLUGINS, "-rs", *args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=3000,
                           check=False)
-
-
-def rehearsal_module():
-    loader = importlib.machinery.SourceFileLoader("rehearse_nightly", str(REHEARSAL))
-    spec = importlib.util.spec_from_loader("rehearse_nightly", loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
 
 
 def results(results_dir: Path) -> list[dict]:

@@ -10,9 +10,13 @@ import json
 
 import pytest
 
-from tests.ascend_backend.test_ascend_deployments import DECLARING_CONFTEST
 from tests.study.study_helpers import freeze
-from tests.support.ascend_deployments import CASES, DEPLOYMENT_VARIABLES, TOPOLOGY
+from tests.support.ascend_deployments import (
+    CASES,
+    DECLARING_CONFTEST,
+    DEPLOYMENT_VARIABLES,
+    TOPOLOGY,
+)
 
 pytest_plugins = ["pytester"]
 

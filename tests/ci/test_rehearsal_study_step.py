@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ascend_backend.test_ascend_deployments_e2e import REPO, rehearsal_module
+from tests.support.ascend_deployments import REPO, rehearsal_module
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pytest_afd.study.bundle_check import bundle_problems
 from tests.support.inner_pytest import UNRELATED_PLUGINS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -144,3 +145,55 @@ class StudyRun:
         return {"frozen": frozen, "referenced": referenced, "chunked": chunked, "gates": gates,
                 "stage_a": stage_a, "later": later, "again": again, "stage_f": stage_f,
                 "every": every, "bundle": self.publish(every, "study-chunks.json")}
+
+
+# -- checks on what the sequence wrote (both end-to-end tests) ----------------------------------
+STAGE_SCALE = 1 / 64
+"""``SCALE`` as a fraction: Stage D's frozen sizes at the stage scale."""
+
+
+def check_references(run: dict) -> dict:
+    """The referenced study derives from the frozen one, over two sessions, with a reference."""
+    child = run["referenced"]
+    references = child["references"]
+    assert child["parent_digest"] == run["frozen"]["digest"] and len(references["sessions"]) == 2
+    assert references["reference"]["workload"] is not None and references["selected"]
+    return references["reference"]
+
+
+def check_stages_b_e(run: dict) -> None:
+    """Every B-E case records the referenced study; the swept ones ran its reference."""
+    reference = check_references(run)
+    later = results(run["later"])
+    for doc in later:
+        assert doc["manifest"]["study"]["digest"] == run["referenced"]["digest"], doc["case_id"]
+        used = doc["evidence"].get("study_reference")
+        # Stage D's follow-ups vary the workload on purpose (balanced, imbalanced).
+        swept = doc["case_kind"] in ("stage_b", "stage_e") or "/sweep/" in doc["case_id"]
+        if swept and used is not None:
+            assert doc["workload"]["spec"]["distribution"] == reference["workload"], doc["case_id"]
+            assert doc["settings"]["split_policy"] in (reference["policy"],
+                                                       reference["control_policy"])
+    kinds = {doc["case_kind"] for doc in later if "study_reference" in doc["evidence"]}
+    assert kinds == {"stage_b", "stage_c", "stage_d", "stage_e"}
+
+
+def check_stage_d_sizes(run: dict) -> None:
+    """Stage D's follow-ups ran the best two sizes frozen into the study (at the stage scale)."""
+    sizes = run["chunked"]["references"]["chunks"]["logical_chunk_sizes"]
+    follow_ups = [d for d in results(run["again"]) if "/best/" in d["case_id"]]
+    assert follow_ups and all(d["evidence"]["stage_d_best_sizes_source"].startswith("the study")
+                              for d in follow_ups)
+    assert follow_ups[0]["evidence"]["stage_d_best_sizes"] == [round(s * STAGE_SCALE) for s in sizes]
+
+
+def check_bundle(run: dict) -> dict:
+    """Every result records a study; the bundle agrees with itself and is diagnostic only."""
+    for directory in run["every"]:
+        assert all("study" in doc["manifest"] for doc in results(directory)), directory
+    bundle: Path = run["bundle"]
+    assert (bundle / "regions.json").is_file() and (bundle / "study.html").is_file()
+    assert bundle_problems(bundle) == []  # schema, checksums, regions vs own tables, first line
+    regions = json.loads((bundle / "regions.json").read_text())
+    assert regions["production_recommendation"] is False  # CPU, reduced layers: diagnostic
+    return regions

@@ -19,8 +19,14 @@ import sys
 import pytest
 
 from pytest_afd.study import limitations
-from tests.study.study_sequence import StudyRun, base_env, results
-from tests.study.test_study_end_to_end import check_bundle, check_stage_d_sizes, check_stages_b_e
+from tests.study.study_sequence import (
+    StudyRun,
+    base_env,
+    check_bundle,
+    check_stage_d_sizes,
+    check_stages_b_e,
+    results,
+)
 
 pytestmark = pytest.mark.slow
 
