@@ -45,6 +45,14 @@ def _target_row(target: dict) -> str:
     return f"| {_cell(label)} | {figures} | {'met' if target.get('met') else 'NOT met'} |"
 
 
+def _target_list(targets) -> list[dict]:
+    """A record's targets as rows: a list of target dicts, or ``{name: figures}`` (the form
+    some benchmarks write), each figures dict then named after its key."""
+    if isinstance(targets, dict):
+        return [{"name": name, **figures} for name, figures in targets.items()]
+    return list(targets)
+
+
 def _run_section(record: dict) -> list[str]:
     load = (f"{record['load_before'][0]} before, {record['load_after'][0]} after "
             f"(1-minute average, {record['cpus']} CPUs)")
@@ -56,7 +64,7 @@ def _run_section(record: dict) -> list[str]:
         f"{record['cpu_system_s']} s system; exit status {record['exit_status']}",
         f"- summary: {record['summary']}",
     ]
-    targets = (record.get("result") or {}).get("targets") or []
+    targets = _target_list((record.get("result") or {}).get("targets") or [])
     if targets:
         lines += ["", "| target | figures | met |", "|---|---|---|"]
         lines += [_target_row(target) for target in targets]

@@ -79,6 +79,20 @@ def test_hand_recorded_figures_render_as_a_dated_table(tmp_path):
     assert "| 2026-12-03 | pytest -m gate | here | 42 s | 41 s | 0.8 | a\\|b |" in page
 
 
+@pytest.mark.parametrize("targets", [
+    [{"name": "fewer", "ratio": 2.5, "met": True}, {"name": "same", "ratio": 0.8, "met": False}],
+    {"fewer": {"ratio": 2.5, "met": True}, "same": {"ratio": 0.8, "met": False}},
+])
+def test_targets_render_as_a_list_or_as_a_mapping_of_names(tmp_path, targets):
+    """sequential_stage_bench writes ``{name: figures}``; the page once failed on it."""
+    (tmp_path / "x.json").write_text(json.dumps({
+        "benchmark": "x", "command": "c", "date": "d", "load_before": [0.5], "load_after": [1.0],
+        "cpus": 2, "wall_s": 1, "cpu_user_s": 1, "cpu_system_s": 0, "exit_status": 0,
+        "summary": "s", "result": {"targets": targets}}))
+    page = render_page(tmp_path)
+    assert "| fewer | ratio=2.5 | met |" in page and "| same | ratio=0.8 | NOT met |" in page
+
+
 def test_a_broken_record_is_named(tmp_path):
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ValueError, match=r"bad\.json: not JSON"):
