@@ -38,7 +38,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
@@ -63,7 +62,6 @@ PROBE = ("import json, pathlib, platform, sys, pytest_afd, pytest_afd.serving.cp
          "print(json.dumps({'python': sys.executable, 'python_version': platform.python_version(),"
          " 'pytest_afd': str(pathlib.Path(pytest_afd.__file__).resolve().parent),"
          " 'deploy_module': str(pathlib.Path(d.__file__).resolve())}))")
-URL_SCHEMES = ("http", "https")
 SAFE_PATH = "PYTHONSAFEPATH"
 SIDES_KEY = pytest.StashKey["AbSides | None"]()
 PLUGIN_NAME = "afd-ab-sides"
@@ -131,13 +129,12 @@ class AbSides:
 
 # --- reading and checking the flags --------------------------------------------------------
 def _check_url(text: str, letter: str, reach: bool) -> str:
+    from pytest_afd.backends.vllm_ascend.deployments import is_http_url, probe
+
     url = text.strip().rstrip("/")
-    parts = urlsplit(url)
-    if parts.scheme not in URL_SCHEMES or not parts.netloc:
+    if not is_http_url(url):
         raise ValueError(f"{URL_FLAG} {letter} {text!r}: not an http(s)://HOST:PORT URL")
     if reach:
-        from pytest_afd.backends.vllm_ascend.deployments import probe
-
         problem = probe(url)
         if problem is not None:
             raise ValueError(f"{URL_FLAG} {letter} {text!r}: deployment unreachable: {problem}")

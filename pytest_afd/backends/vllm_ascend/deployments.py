@@ -116,9 +116,14 @@ class Deployment:
         return self.npu_topology in (None, topology) and self.model in (None, model)
 
 
-def _check_url(url: Any, where: str) -> str:
+def is_http_url(url: Any) -> bool:
+    """``url`` is ``http(s)://HOST[:PORT]...`` (a host named, not only a port)."""
     parts = urlsplit(url) if isinstance(url, str) else None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+    return parts is not None and parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def _check_url(url: Any, where: str) -> str:
+    if not is_http_url(url):
         raise DeploymentConfigError(f"{where}: url {url!r} is not http(s)://HOST:PORT")
     return url.rstrip("/")
 
