@@ -6,6 +6,7 @@ it without importing each other.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -18,4 +19,4 @@ def absent(reason: str) -> dict[str, Any]:
 
 def is_absent(value: Any) -> bool:
     """Whether ``value`` is an :func:`absent` record (a figure a consumer must skip, not read as 0)."""
-    return isinstance(value, dict) and value.get("value", 0) is None and "absent_reason" in value
+    return isinstance(value, Mapping) and value.get("value", 0) is None and "absent_reason" in value

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_afd.core.absent import is_absent
 from pytest_afd.golden.compare import PROFILES
 from pytest_afd.results.stand_in import SERVED_LATER_PREFIX
 from pytest_afd.study.document import StudyError, load_study  # noqa: F401  (re-exported)
@@ -45,10 +46,6 @@ class Contradiction:
 
     def describe(self) -> str:
         return f"{self.field}: study {self.study_value!r}, run {self.run_value!r}"
-
-
-def is_absent(value: Any) -> bool:
-    return isinstance(value, Mapping) and value.get("value", 0) is None and "absent_reason" in value
 
 
 def _shown(value: Any) -> Any:
