@@ -33,7 +33,6 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
-from referencing import Registry, Resource
 
 from pytest_afd.core.backend import RunSettings
 from pytest_afd.results.manifest import absent, manifest_digest, with_run  # noqa: F401 - absent re-exported
@@ -54,6 +53,7 @@ from pytest_afd.results.parts import (  # noqa: F401 - re-exported: results is t
     token_evidence,
     workload_json,
 )
+from pytest_afd.results.schema_refs import inlined_schema
 
 SCHEMA_VERSION = "1.0.0"
 # The checked-in schemas live in the repository's schemas/ (next to pytest_afd/
@@ -115,13 +115,12 @@ def load_schema(file_name: str) -> dict[str, Any]:
 
 @functools.cache
 def _validator(file_name: str) -> Draft202012Validator:
+    """The schema checked as written, then validated in its inlined form (``schema_refs``:
+    the same errors, without resolving every ``$ref`` again at every use)."""
     manifest_schema = load_schema(MANIFEST_SCHEMA_FILE)
-    registry = Registry().with_resource(
-        manifest_schema["$id"], Resource.from_contents(manifest_schema)
-    )
     schema = load_schema(file_name)
     Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema, registry=registry)
+    return Draft202012Validator(inlined_schema(schema, {manifest_schema["$id"]: manifest_schema}))
 
 
 def _describe_error(error: ValidationError) -> str:
