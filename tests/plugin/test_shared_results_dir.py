@@ -158,6 +158,24 @@ def test_a_rewrite_of_a_file_another_session_replaced_is_refused(tmp_path):
     assert live_sessions(tmp_path, besides="nobody") == []
 
 
+def test_a_restamp_of_a_file_that_no_longer_matches_the_schema_writes_nothing(tmp_path):
+    """The re-stamp reads without validating; its write validates the whole document, so a
+    file damaged since it was written is refused there and left as it is."""
+    from pytest_afd.results import documents as results
+
+    path = results.result_path(tmp_path, CASE_ID)
+    results.write_result(path, _doc("mine", "first"))
+    damaged = json.loads(path.read_text())
+    damaged["case_kind"] = "no_such_kind"
+    path.write_text(json.dumps(damaged))
+    with pytest.raises(results.ResultValidationError, match="case_kind"):
+        restamp_outcome(tmp_path, path, "mine", {"status": "passed", "reason": None})
+    assert json.loads(path.read_text()) == damaged
+    path.write_text("[]")
+    with pytest.raises(results.ResultValidationError, match="no JSON object"):
+        restamp_outcome(tmp_path, path, "mine", {"status": "passed", "reason": None})
+
+
 def test_a_rerun_keeps_a_finished_sessions_result_and_says_so(tmp_path):
     """Issue 40 finding 4: a later session used to replace a finished session's file."""
     earlier = SessionLease(tmp_path, "earlier").acquire()
