@@ -76,6 +76,11 @@ DEFAULT_MAX_SEQUENTIAL_REPEATS = 16
 MAX_SEED = 2**32 - 1
 MAX_DEVICES_PER_NODE = 64
 MAX_PEER_TIMEOUT_S = 86_400
+DEFAULT_SOAK_FORWARDS = 1000
+MIN_SOAK_FORWARDS = 300
+"""Gate 5 traces its last 150 forwards and asserts 50 partial cuts with computed tokens:
+fewer forwards than this could not show either."""
+MAX_SOAK_FORWARDS = 1_000_000
 
 OPTION_SPECS = (
     OptionSpec(
@@ -155,6 +160,18 @@ OPTION_SPECS = (
         env="AFD_MAX_REPEATS",
         minimum=MIN_REPETITIONS,
         maximum=MAX_REPEATS,
+    ),
+    OptionSpec(
+        "--afd-soak-forwards",
+        "afd_soak_forwards",
+        f"forwards of gate 5's soak, {MIN_SOAK_FORWARDS} to {MAX_SOAK_FORWARDS}: the block "
+        "bound sees an object kept per forward from ~2,048/N objects a forward "
+        "(docs/gates.md; the nightly runs a longer soak)",
+        DEFAULT_SOAK_FORWARDS,
+        kind="int",
+        env="AFD_SOAK_FORWARDS",
+        minimum=MIN_SOAK_FORWARDS,
+        maximum=MAX_SOAK_FORWARDS,
     ),
     OptionSpec(
         "--afd-warmups",

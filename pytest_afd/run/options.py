@@ -22,6 +22,7 @@ from pytest_afd.run.option_specs import (  # noqa: F401  (re-exported)
     DEFAULT_GOLDEN_DIR,
     DEFAULT_MAX_SEQUENTIAL_REPEATS,
     DEFAULT_RESULTS_DIR,
+    DEFAULT_SOAK_FORWARDS,
     MAX_DEVICES_PER_NODE,
     MAX_REPEATS,
     MAX_SEED,
@@ -84,6 +85,8 @@ class AfdOptions:
     max_repeats: int = DEFAULT_MAX_SEQUENTIAL_REPEATS
     # --afd-study: the loaded, digest-checked study (pytest_afd.study), None without one.
     study: Mapping[str, Any] | None = None
+    # --afd-soak-forwards: gate 5's soak length (the nightly passes a longer one).
+    soak_forwards: int = DEFAULT_SOAK_FORWARDS
 
     def given_devices_per_node(self) -> int | None:
         """The nodes' NPU count the user gave, or None (the backend finds it or refuses)."""
@@ -296,4 +299,5 @@ def resolve_options(config: pytest.Config) -> AfdOptions:
         sequential=values["afd_sequential"],
         max_repeats=values["afd_max_repeats"],
         study=_study(values, sources),
+        soak_forwards=values["afd_soak_forwards"],
     )

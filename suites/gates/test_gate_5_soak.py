@@ -1,4 +1,4 @@
-"""Gate 5: a soak of about 1,000 forwards of random batches that must leave nothing behind.
+"""Gate 5: a soak of ``--afd-soak-forwards`` random batches that must leave nothing behind.
 
 Many small ``Backend.run`` calls (through the backend protocol only) of 1-4
 random prompts: chunked continuations and prefix hits (non-zero computed
@@ -49,7 +49,6 @@ from pytest_afd.core.backend import (
 from pytest_afd.faults.registry import get_fault
 from pytest_afd.topology.spec import parse_topology
 
-SOAK_STEPS = 1000
 MAX_SHOWN_PROBLEMS = 5
 SOAK_MODEL = "reduced:num_hidden_layers=2,first_k_dense_replace=1"
 SOAK_TOPOLOGY = SUPPORTED_CPU_TOPOLOGIES[0]
@@ -228,7 +227,8 @@ def soak_backend(gate_backends):
 @pytest.mark.gate
 def test_gate_5_soak_mixed_partial_splits(soak_backend, gate_backends, afd_options, afd_results):
     pages = page_scale(afd_options.backend)
-    outcome = soak(soak_backend, pages, afd_options.seed, SOAK_STEPS)
+    steps = afd_options.soak_forwards  # --afd-soak-forwards (the nightly's is longer)
+    outcome = soak(soak_backend, pages, afd_options.seed, steps)
     counts = outcome.counts
     record_gate_result(
         afd_results,
@@ -242,7 +242,7 @@ def test_gate_5_soak_mixed_partial_splits(soak_backend, gate_backends, afd_optio
         gate={
             "gate": 5,
             "model": SOAK_MODEL,
-            "steps_requested": SOAK_STEPS,
+            "steps_requested": steps,
             "runs": outcome.runs,
             **counts.to_json(),
             "hang": outcome.hang,
@@ -264,7 +264,7 @@ def test_gate_5_soak_mixed_partial_splits(soak_backend, gate_backends, afd_optio
     if outcome.error is not None:
         raise outcome.error
     assert not outcome.problems(), outcome.problems()
-    assert counts.forwards >= SOAK_STEPS
+    assert counts.forwards >= steps
     assert not counts.count_problems, counts.count_problems[:MAX_SHOWN_PROBLEMS]
     assert counts.split >= MIN_SPLIT_FRACTION * counts.forwards, counts.to_json()
     assert counts.partial_request >= MIN_PARTIAL_FRACTION * counts.forwards, counts.to_json()

@@ -107,3 +107,27 @@ def test_docs_plugin_md_lists_every_option():
     docs = (Path(__file__).resolve().parents[2] / "docs" / "plugin.md").read_text()
     flags = [spec.flag for spec in OPTION_SPECS] + [reference_phase.FLAG]
     assert [flag for flag in flags if f"| `{flag}" not in docs] == []
+
+
+SOAK_TEST = """
+def test_soak_length(afd_options):
+    assert afd_options.soak_forwards == {expected}
+"""
+
+
+@pytest.mark.parametrize(("args", "env", "expected"), [
+    ((), None, 1000), (("--afd-soak-forwards", "400"), None, 400), ((), "5000", 5000)])
+def test_soak_forwards_reads_flag_and_env(pytester, monkeypatch, args, env, expected):
+    if env is not None:
+        monkeypatch.setenv("AFD_SOAK_FORWARDS", env)
+    pytester.makepyfile(test_soak=SOAK_TEST.format(expected=expected))
+    result = pytester.runpytest(*args, "--afd-results-dir", str(pytester.path / "res"))
+    result.assert_outcomes(passed=1)
+
+
+def test_a_soak_too_short_to_show_its_detectors_is_refused_by_name(pytester):
+    pytester.makepyfile(test_soak=SOAK_TEST.format(expected=100))
+    result = pytester.runpytest("--afd-soak-forwards", "100",
+                                "--afd-results-dir", str(pytester.path / "res"))
+    assert result.ret != 0
+    result.stderr.fnmatch_lines(["*--afd-soak-forwards*100*"])
