@@ -97,6 +97,18 @@ def fixed_verdict(a: list[float], b: list[float]) -> str:
     return "higher" if t > 0 else "lower"
 
 
+def fixed_interval(a: list[float], b: list[float]) -> dict:
+    """``b / a`` from the fixed session: the geometric-mean ratio and its 95% t interval,
+    so a verdict that differs can be read against the size of the difference."""
+    ratios = [math.log(y / x) for x, y in zip(a, b, strict=False)]
+    n = len(ratios)
+    mean = sum(ratios) / n
+    sd = math.sqrt(sum((r - mean) ** 2 for r in ratios) / (n - 1))
+    half = scipy_stats.t.ppf(1 - ALPHA / 2, n - 1) * sd / math.sqrt(n)
+    return {"ratio": round(math.exp(mean), 4),
+            "interval_95": [round(math.exp(mean - half), 4), round(math.exp(mean + half), 4)]}
+
+
 CALLS = ("higher", "lower")
 
 
@@ -180,9 +192,10 @@ def main(argv=None) -> int:
                    "sequential_stopped": entry["stopped"],
                    "sequential_repetitions": entry["repetitions"]}
             if a_id in docs["fixed"] and b_id in docs["fixed"]:
-                row["fixed_verdict"] = fixed_verdict(
-                    docs["fixed"][a_id]["metrics"][METRIC]["repetitions"],
-                    docs["fixed"][b_id]["metrics"][METRIC]["repetitions"])
+                fixed_a = docs["fixed"][a_id]["metrics"][METRIC]["repetitions"]
+                fixed_b = docs["fixed"][b_id]["metrics"][METRIC]["repetitions"]
+                row["fixed_verdict"] = fixed_verdict(fixed_a, fixed_b)
+                row["fixed_b_over_a"] = fixed_interval(fixed_a, fixed_b)
             rows.append(row)
     replayed = replay(docs["fixed"], rows, args.fixed_repeats)
     for row in rows:

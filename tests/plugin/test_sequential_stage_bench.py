@@ -38,3 +38,20 @@ def test_replay_runs_the_rule_on_the_fixed_data_and_counts_each_case_once(bench)
     assert replayed["repetitions"] == max(3, same.repetitions) + 3 + same.repetitions + 3
     assert replayed["design"]["max_repetitions"] == 11
     assert math.isclose(replayed["design"]["alpha"], 0.045)
+
+
+def test_fixed_interval_is_the_geometric_mean_ratio_with_its_t_interval(bench):
+    """Checked against scipy's own one-sample t interval on the log-ratios."""
+    import math
+
+    from scipy import stats
+
+    a = [1.0, 1.1, 0.9, 1.05, 0.95]
+    b = [1.2, 1.3, 1.0, 1.3, 1.1]
+    logs = [math.log(y / x) for x, y in zip(a, b, strict=True)]
+    low, high = stats.t.interval(0.95, len(logs) - 1, loc=sum(logs) / len(logs),
+                                 scale=stats.sem(logs))
+    found = bench.fixed_interval(a, b)
+    assert found["ratio"] == round(math.exp(sum(logs) / len(logs)), 4)
+    assert found["interval_95"] == [round(math.exp(low), 4), round(math.exp(high), 4)]
+    assert found["interval_95"][0] > 1.0  # a call the fixed test makes: b is higher
