@@ -32,10 +32,20 @@ def test_counts_and_summary_name_every_target(bench):
     line = "144 passed, 4 skipped, 72 deselected in 82.73s (0:01:22)"
     assert bench.counts(line) == {"passed": 144, "skipped": 4, "deselected": 72}
     assert bench.counts("1 failed, 2 errors in 3s") == {"failed": 1, "error": 2}
-    run = {"load_1m_before": 0.5, "load_1m_after": 0.7, "counts": {"passed": 1},
+    run = {"load_1m_before": 0.5, "load_1m_after": 0.7, "counts": {"passed": 1}, "cpu_s": 20,
            "targets": bench.judge(bench.GATE, wall_s=40, cpu_s=20, load_before=0.5,
                                   load_after=0.7, exit_status=0)}
     text = bench.summary({"gate": run})
     assert text.startswith("suite_time: 1/2 targets met")
     assert "gate_wall_s=40/30!" in text and "gate_cpu_s=20/28," not in text
     assert "gate_cpu_s=20/28 " in text
+
+
+def test_the_parallel_gate_is_judged_on_wall_time_and_reports_its_cpu(bench):
+    quick = bench.judge(bench.GATE_PARALLEL, wall_s=24, cpu_s=41, load_before=0.3,
+                        load_after=0.8, exit_status=0)
+    assert _met(quick) == {"gate_n2_wall_s": True}
+    run = {"load_1m_before": 0.3, "load_1m_after": 0.8, "counts": {"passed": 144},
+           "cpu_s": 41, "targets": quick}
+    assert "gate_n2_wall_s=24/30 (CPU 41 s" in bench.summary({"gate_n2": run})
+    assert bench.GATE_PARALLEL.argv == ("-m", "gate", "-n", "2")
