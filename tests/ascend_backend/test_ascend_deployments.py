@@ -22,6 +22,8 @@ from pytest_afd.backends.vllm_ascend.deployments import (
     parse_deployments,
 )
 from pytest_afd.core.backend import RunSettings
+from pytest_afd.serving import cpu_deploy
+from pytest_afd.serving.engine import DEFAULT_BATCH_WINDOW_S
 from pytest_afd.serving.http_backend import server_side_settings
 from tests.support.ascend_deployments import (
     CASES,
@@ -30,7 +32,6 @@ from tests.support.ascend_deployments import (
     REPO,
     SMALL,
     TOPOLOGY,
-    cpu_servers,
     entry,
 )
 from tests.support.inner_pytest import UNRELATED_PLUGINS
@@ -83,7 +84,8 @@ def test_entry_settings_keep_only_launch_fields():
 
 
 # -- attach to several ---------------------------------------------------------------------------
-def test_each_case_goes_to_its_deployment_and_a_missing_one_skips(pytester, tmp_path, no_deployment):
+def test_each_case_goes_to_its_deployment_and_a_missing_one_skips(pytester, tmp_path, no_deployment,
+                                                                  policy_servers):
     """Two CPU servers, three policies: two cases measured on the right server, one skipped by name.
 
     The plan file an entry names gives the manifest its nodes and devices per node
@@ -94,13 +96,12 @@ def test_each_case_goes_to_its_deployment_and_a_missing_one_skips(pytester, tmp_
                     TOPOLOGY, "--model", "/models/ds", "--devices-per-node", "16", "--node-address",
                     "10.0.0.1", "--node-address", "10.0.0.2", "--nic-name", "eth0", "--json"],
                    check=True, stdout=plan.open("w"), cwd=REPO)
-    with cpu_servers(tmp_path, "none", "token_balanced") as servers:
-        none, balanced = servers.servers
-        listing = tmp_path / "deployments.json"
-        listing.write_text(json.dumps([entry(none.base_url, "none", plan=str(plan)),
-                                       entry(balanced.base_url, "token_balanced", plan=str(plan))]))
-        no_deployment.setenv("AFD_ASCEND_DEPLOYMENTS", str(listing))
-        pytester.makepyfile(CASES + """
+    none, balanced = policy_servers["none"], policy_servers["token_balanced"]
+    listing = tmp_path / "deployments.json"
+    listing.write_text(json.dumps([entry(none.base_url, "none", plan=str(plan)),
+                                   entry(balanced.base_url, "token_balanced", plan=str(plan))]))
+    no_deployment.setenv("AFD_ASCEND_DEPLOYMENTS", str(listing))
+    pytester.makepyfile(CASES + """
 def test_none(afd_backend):
     run(afd_backend, "none")
     assert afd_backend._session.base_url == "NONE_URL"
@@ -119,9 +120,9 @@ def test_manifest(afd_manifest):
     assert afd_manifest["model"]["num_layers"] >= 1
     assert afd_manifest["model"]["execution_mode"].startswith("eager")
 """.replace("NONE_URL", none.base_url).replace("BALANCED_URL", balanced.base_url))
-        result = pytester.runpytest("--afd-backend", "vllm-ascend", "--npu-topology", TOPOLOGY,
-                                    "-p", "no:cacheprovider", "-rs")
-        assert none.poll() is None and balanced.poll() is None, "attach mode never stops deployments"
+    result = pytester.runpytest("--afd-backend", "vllm-ascend", "--npu-topology", TOPOLOGY,
+                                "-p", "no:cacheprovider", "-rs")
+    assert none.poll() is None and balanced.poll() is None, "attach mode never stops deployments"
     result.assert_outcomes(passed=3, skipped=1)
     result.stdout.fnmatch_lines([
         "*no deployment for this case: no deployment in $AFD_ASCEND_DEPLOYMENTS=*serves "
@@ -132,17 +133,16 @@ def test_manifest(afd_manifest):
 
 
 def test_attached_stand_in_is_never_hardware_and_a_skipped_case_is_not_measured(
-        pytester, tmp_path, no_deployment):
+        pytester, no_deployment, policy_servers):
     """Issue 40, finding 1: the harness's CPU server attached through AFD_ASCEND_SERVER_URL
     is a stand-in (it labels itself; the client reads the label even after the case dropped
     its session), and a case that ran then skipped (no split-none deployment for its
     reference) counts as measured nowhere: --afd-require-hardware fails the session."""
-    with cpu_servers(tmp_path, "token_balanced") as servers:
-        [balanced] = servers.servers
-        no_deployment.setenv("AFD_ASCEND_SERVER_URL", balanced.base_url)
-        no_deployment.setenv("AFD_ASCEND_SERVER_SETTINGS",
-                             json.dumps({"split_policy": "token_balanced", **SMALL}))
-        pytester.makepyfile(CASES + """
+    balanced = policy_servers["token_balanced"]
+    no_deployment.setenv("AFD_ASCEND_SERVER_URL", balanced.base_url)
+    no_deployment.setenv("AFD_ASCEND_SERVER_SETTINGS",
+                         json.dumps({"split_policy": "token_balanced", **SMALL}))
+    pytester.makepyfile(CASES + """
 def test_reference_missing(afd_backend):  # first: the label is asked after its session is gone
     run(afd_backend, "token_balanced")
     run(afd_backend, "none")  # no split-none deployment: the case skips
@@ -150,8 +150,8 @@ def test_reference_missing(afd_backend):  # first: the label is asked after its 
 def test_measured(afd_backend):
     run(afd_backend, "token_balanced")
 """)
-        result = pytester.runpytest("--afd-backend", "vllm-ascend", "--npu-topology", TOPOLOGY,
-                                    "--afd-require-hardware", "-p", "no:cacheprovider", "-rs")
+    result = pytester.runpytest("--afd-backend", "vllm-ascend", "--npu-topology", TOPOLOGY,
+                                "--afd-require-hardware", "-p", "no:cacheprovider", "-rs")
     result.assert_outcomes(passed=1, skipped=1)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*0 cases measured on hardware*; 1 ran on a pytest-afd server*"
@@ -194,6 +194,9 @@ def test_deploy_command_deploys_each_configuration_once_and_stops_it(pytester, t
     no_deployment.setenv("AFD_ASCEND_DEPLOY_COMMAND", CPU_DEPLOY)
     no_deployment.setenv("AFD_CPU_DEPLOY_DIR", str(state))
     no_deployment.setenv("AFD_DEVICES_PER_NODE", "16")
+    # The server's own batch window, not deploy-cpu's half second: each case here sends one
+    # request, so the longer window only made every run wait it out.
+    no_deployment.setenv(cpu_deploy.ENV_BATCH_WINDOW, str(DEFAULT_BATCH_WINDOW_S))
     pytester.makeconftest(DECLARING_CONFTEST)
     pytester.makepyfile(CASES + """
 @pytest.mark.afd_deployments("none")

@@ -19,7 +19,6 @@ from tests.support.ascend_deployments import (
     DEPLOYMENT_VARIABLES,
     REPO,
     TOPOLOGY,
-    cpu_servers,
     entry,
 )
 from tests.support.inner_pytest import UNRELATED_PLUGINS
@@ -54,13 +53,14 @@ def gate_runs(pytester) -> dict:
     return json.loads((pytester.path / "afd-results" / "summary.json").read_text())["gate_runs"]
 
 
-def test_zero_split_path_cases_ran_is_said_and_fails(pytester, tmp_path, no_deployment):
-    with cpu_servers(tmp_path, "token_balanced") as servers:
-        listing = tmp_path / "deployments.json"
-        listing.write_text(json.dumps([entry(servers.servers[0].base_url, "token_balanced")]))
-        no_deployment.setenv("AFD_ASCEND_DEPLOYMENTS", str(listing))
-        pytester.makepyfile(GATES)
-        result = pytester.runpytest(*ARGS)
+def test_zero_split_path_cases_ran_is_said_and_fails(pytester, tmp_path, no_deployment,
+                                                     policy_servers):
+    listing = tmp_path / "deployments.json"
+    listing.write_text(json.dumps([entry(policy_servers["token_balanced"].base_url,
+                                         "token_balanced")]))
+    no_deployment.setenv("AFD_ASCEND_DEPLOYMENTS", str(listing))
+    pytester.makepyfile(GATES)
+    result = pytester.runpytest(*ARGS)
     result.assert_outcomes(passed=2, skipped=1)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines([
@@ -73,15 +73,14 @@ def test_zero_split_path_cases_ran_is_said_and_fails(pytester, tmp_path, no_depl
 
 
 def test_with_the_split_none_deployment_the_case_runs_and_passes(pytester, tmp_path,
-                                                                 no_deployment):
-    with cpu_servers(tmp_path, "token_balanced", "none") as servers:
-        balanced, none = servers.servers
-        listing = tmp_path / "deployments.json"
-        listing.write_text(json.dumps([entry(balanced.base_url, "token_balanced"),
-                                       entry(none.base_url, "none")]))
-        no_deployment.setenv("AFD_ASCEND_DEPLOYMENTS", str(listing))
-        pytester.makepyfile(GATES)
-        result = pytester.runpytest(*ARGS)
+                                                                 no_deployment, policy_servers):
+    balanced, none = policy_servers["token_balanced"], policy_servers["none"]
+    listing = tmp_path / "deployments.json"
+    listing.write_text(json.dumps([entry(balanced.base_url, "token_balanced"),
+                                   entry(none.base_url, "none")]))
+    no_deployment.setenv("AFD_ASCEND_DEPLOYMENTS", str(listing))
+    pytester.makepyfile(GATES)
+    result = pytester.runpytest(*ARGS)
     result.assert_outcomes(passed=3)
     assert result.ret == 0
     result.stdout.fnmatch_lines(["gate: 1 of 1 split-path cases ran against the deployment"])

@@ -1,7 +1,8 @@
-"""Profiling fixtures: the committed ascend_pt fixtures analysed once per (worker) session."""
+"""Profiling fixtures: the committed ascend_pt fixtures analysed once per test run."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,13 @@ ROLE_DIRS = {"attention": DATA / "attention", "ffn": DATA / "ffn"}
 
 @pytest.fixture(scope="session")
 def fixture_analysis_session(tmp_path_factory) -> fixture_analysis.FixtureAnalysis:
-    """The real ``ascend.analyse`` of both fixture roles (msprof-analyze run once per role)."""
+    """The real ``ascend.analyse`` of both fixture roles (msprof-analyze run once per role),
+    shared by the run's xdist workers: their temporary directories are siblings under the
+    run's own, which a plain run does not share with other runs, so it keeps its own."""
     pytest.importorskip("msprof_analyze", reason="msprof-analyze not installed (extra [profile])")
-    return fixture_analysis.record(ROLE_DIRS, tmp_path_factory.mktemp("msprof-fixtures"))
+    base = tmp_path_factory.getbasetemp()
+    run_dir = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    return fixture_analysis.record_once(ROLE_DIRS, run_dir / "msprof-fixtures")
 
 
 @pytest.fixture

@@ -98,8 +98,9 @@ class TraceWritingBackend:
 
 
 @pytest.mark.skipif(shutil.which("true") is None, reason="needs a POSIX userland")
-def test_profiled_backend_fills_the_fields_from_fixture_traces(tmp_path):
-    pytest.importorskip("msprof_analyze")
+def test_profiled_backend_fills_the_fields_from_fixture_traces(tmp_path, reused_msprof):
+    """The traces are the fixture ranks' trees, so msprof-analyze's answer is the session's
+    real output for them (tests/support/fixture_analysis.py), not a second run of it."""
     dirs = {role: tmp_path / role for role in schedule.ROLES}
     environ = {schedule.ENV_TRACE_DIRS: ",".join(f"{r}={p}" for r, p in dirs.items()),
                **schedule.profiler_env("attention", schedule.schedule_for(
@@ -111,6 +112,7 @@ def test_profiled_backend_fills_the_fields_from_fixture_traces(tmp_path):
     outputs = backend.run(PROMPTS, RunSettings(instrument=True))
     profile = outputs.profile
     assert profile is not None, backend.last_problem
+    assert sorted(reused_msprof.reused) == sorted(dirs.values())  # both roles, each once
     assert profile["schedule"]["active"] == 2
     assert profile["profiler_overhead"]["ratio"] == pytest.approx(2.0)
     assert profile["straggler"]["expert_load_per_rank"] == [[8, 10], [8, 8]]

@@ -7,6 +7,8 @@ shown to fail on a crammed figure like the old Stage D plot (rotated node-id
 tick labels under three squashed panels).
 """
 
+import functools
+
 import pytest
 from matplotlib.figure import Figure
 
@@ -59,8 +61,12 @@ def stage_d_like():
     return _loaded(docs)
 
 
+@functools.cache
 def many_cases():
-    """120 cases: 2 parametrised sizes x 4 workloads x 5 chunk sizes x 3 policies."""
+    """120 cases: 2 parametrised sizes x 4 workloads x 5 chunk sizes x 3 policies.
+
+    Built once per module (120 results take a second): every test only reads them.
+    """
     docs = []
     node = "suites/stage_a/test_stage_a_policies.py::test_stage_a_policy_matrix"
     for size in ("smallest", "stage"):
@@ -153,9 +159,15 @@ def test_every_plot_reads_well(case_set):
         assert "hit_ratio" in drawn, drawn
 
 
-def test_point_labels_are_kept_only_where_they_fit():
+@pytest.fixture(scope="module")
+def imbalance_figure():
+    """The 120 cases' imbalance plot, drawn once: the tests below only read its texts."""
+    return dict((n, d) for n, _, d in PLOTTERS)["imbalance_vs_step_time"](many_cases())
+
+
+def test_point_labels_are_kept_only_where_they_fit(imbalance_figure):
     loaded = many_cases()
-    figure = dict((n, d) for n, _, d in PLOTTERS)["imbalance_vs_step_time"](loaded)
+    figure = imbalance_figure
     (axis,) = figure.axes
     labels = [text for text in axis.texts if text.get_text()]
     points = sum(mean_imbalance(r.doc) is not None for r in loaded)
@@ -215,9 +227,9 @@ def test_the_check_catches_a_crammed_figure():
     assert any(p.startswith("axes ") and " x " in p for p in layout_problems(tiny))
 
 
-def test_imbalance_points_are_numbered_and_key_outliers_labelled_in_full():
+def test_imbalance_points_are_numbered_and_key_outliers_labelled_in_full(imbalance_figure):
     loaded = many_cases()
-    figure = dict((n, d) for n, _, d in PLOTTERS)["imbalance_vs_step_time"](loaded)
+    figure = imbalance_figure
     (axis,) = figure.axes
     texts = [text.get_text() for text in axis.texts]
     points = imbalance_points(loaded)

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from pytest_afd.serving.engine import DEFAULT_BATCH_WINDOW_S
 from pytest_afd.serving.requests import ServingLimits
 from tests.support.serving_test_helpers import (
     CLIENT_TIMEOUT_S,
@@ -21,6 +22,13 @@ from tests.support.serving_test_helpers import (
 BODY = json.dumps({"model": MODEL, "prompt": [1, 2, 3]}).encode()
 
 
+def one_at_a_time(backend):
+    """``serving`` for tests that send one request at a time: the engine's own 20 ms batch
+    window, not the half second that lets a burst of 8 land in one batch (which every lone
+    request here would wait out)."""
+    return serving(backend, ServingLimits(vocab_size=VOCAB), batch_window_s=DEFAULT_BATCH_WINDOW_S)
+
+
 def two_lengths(first: int, second: int) -> bytes:
     """No half-close: a client that shuts its sending side is gone (aborted, as in vLLM)."""
     return (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -29,7 +37,7 @@ def two_lengths(first: int, second: int) -> bytes:
 
 
 def test_conflicting_content_lengths_are_refused_and_equal_ones_served(backend):
-    with serving(backend, ServingLimits(vocab_size=VOCAB)) as httpd:
+    with one_at_a_time(backend) as httpd:
         port = httpd.server_address[1]
         conflicting = raw_exchange(port, two_lengths(len(BODY), len(BODY) - 5), half_close=False)
         repeated = raw_exchange(port, two_lengths(len(BODY), len(BODY)), half_close=False)
@@ -54,7 +62,7 @@ def test_conflicting_content_lengths_are_refused_and_equal_ones_served(backend):
     ],
 )
 def test_fields_the_server_cannot_honour_are_refused_by_name(backend, extra, message):
-    with serving(backend, ServingLimits(vocab_size=VOCAB)) as httpd:
+    with one_at_a_time(backend) as httpd:
         status, body = post(httpd.server_address[1], {"prompt": [1, 2, 3], **extra})
     assert status == 400 and message in body["error"]["message"]
 
@@ -63,13 +71,13 @@ def test_the_values_the_server_does_honour_are_accepted(backend):
     """What the harness's own client sends (greedy, one choice, token ids) is served."""
     honoured = {"prompt": [1, 2, 3], "max_tokens": 1, "n": 1, "best_of": 1, "echo": False,
                 "temperature": 0, "return_token_ids": True, "stream": False}
-    with serving(backend, ServingLimits(vocab_size=VOCAB)) as httpd:
+    with one_at_a_time(backend) as httpd:
         assert post(httpd.server_address[1], honoured)[0] == 200
         assert post(httpd.server_address[1], {**honoured, "temperature": 0.0})[0] == 200
 
 
 def test_http11_keep_alive_serves_several_requests_on_one_connection(backend):
-    with serving(backend, ServingLimits(vocab_size=VOCAB)) as httpd:
+    with one_at_a_time(backend) as httpd:
         connection = http.client.HTTPConnection("127.0.0.1", httpd.server_address[1],
                                                 timeout=CLIENT_TIMEOUT_S)
         try:
@@ -95,7 +103,7 @@ def test_a_stream_closes_its_connection_and_says_so(backend):
     body = json.dumps({"prompt": [1, 2, 3], "stream": True}).encode()
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
-    with serving(backend, ServingLimits(vocab_size=VOCAB)) as httpd:
+    with one_at_a_time(backend) as httpd:
         # No half-close: only the server ending the stream ends this read.
         answer = raw_exchange(httpd.server_address[1], head + body, half_close=False)
     assert b"Connection: close" in answer and answer.endswith(b"data: [DONE]\n\n")

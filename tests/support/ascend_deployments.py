@@ -1,7 +1,8 @@
 """Shared by the attach-mode tests: the harness's CPU servers standing in for deployments.
 
-Each test starts real servers (``python -m pytest_afd.serving.server``) at small settings
-and attaches an inner pytest session to them through the deployment variables.
+Real servers (``python -m pytest_afd.serving.server``) at small settings, started per test
+or shared through ``policy_servers`` (tests/ascend_backend/conftest.py); an inner pytest
+session attaches to them through the deployment variables.
 """
 
 from __future__ import annotations

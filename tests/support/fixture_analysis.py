@@ -13,6 +13,8 @@ API, the ``profile-summary`` CLI and the profiled backend still run end to end o
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import pickle
 import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -85,3 +87,23 @@ def record(role_dirs: Mapping[str, Path], keep: Path) -> FixtureAnalysis:
         raise AssertionError(f"ascend.analyse ran msprof-analyze {len(outputs)} times for "
                              f"{len(role_dirs)} roles")
     return FixtureAnalysis(profile, outputs)
+
+
+def record_once(role_dirs: Mapping[str, Path], root: Path) -> FixtureAnalysis:
+    """:func:`record` once for every process that passes the same ``root``.
+
+    Why: the xdist workers of one run each needed the same analysis, so each ran
+    msprof-analyze on the same committed trees (~7 s CPU per worker). The first to take
+    the lock records the real analysis under ``root`` and pickles it there; the others
+    load that pickle, the same real output with its kept copies. A failed run writes
+    nothing, so the next process runs it again.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    saved = root / "analysis.pickle"
+    with open(root / "analysis.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if saved.is_file():
+            return pickle.loads(saved.read_bytes())
+        analysis = record(role_dirs, root / "outputs")
+        saved.write_bytes(pickle.dumps(analysis))
+        return analysis

@@ -3,6 +3,9 @@
 Imported by the tests of this directory (pytest puts it on sys.path).
 """
 
+import copy
+import functools
+
 import numpy as np
 
 from afd_split import SplitConstraints, SplitPolicy, plan_split
@@ -22,6 +25,17 @@ HOST_CPUS = 2
 
 
 def make_manifest(num_layers=NUM_LAYERS, topology="dp3pcp8-ep8", model_name="reduced"):
+    """A manifest for these arguments: probed once per process, a deep copy each call.
+
+    Why cached: the probe runs ``git describe`` and reads package metadata (about
+    25 ms a call, most of a synthetic result's build time) and its answer cannot change
+    within a test session; the copy keeps one test's edits out of another's documents.
+    """
+    return copy.deepcopy(_probed_manifest(num_layers, topology, model_name))
+
+
+@functools.cache
+def _probed_manifest(num_layers, topology, model_name):
     protocol = {
         "seed": 0,
         "warmups": 1,

@@ -10,6 +10,8 @@ pytest_afd.results.documents and validated against schemas/result.schema.json by
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 
 import numpy as np
@@ -29,6 +31,18 @@ SESSION = "session-1"
 
 def make_manifest(*, num_layers=10, emulated=True, vllm_ascend=STACK_COMMIT, repetitions=5,
                   routing="natural", topology=TOPOLOGY):
+    """A manifest for these arguments: probed once per process, a deep copy each call.
+
+    Why cached: the probe runs ``git describe`` and reads package metadata (about
+    25 ms a call) and its answer cannot change within a test session; the copy keeps
+    one test's edits out of another's documents.
+    """
+    return copy.deepcopy(_probed_manifest(num_layers, emulated, vllm_ascend, repetitions,
+                                          routing, topology))
+
+
+@functools.cache
+def _probed_manifest(num_layers, emulated, vllm_ascend, repetitions, routing, topology):
     protocol = {"seed": 0, "warmups": 1, "repetitions": repetitions, "run_order": "interleaved",
                 "instrumented": False, "routing": routing}
     description = {"model": {"num_layers": num_layers, "quantization": "none"},
