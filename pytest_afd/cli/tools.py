@@ -55,13 +55,19 @@ def _add_report(commands: argparse._SubParsersAction) -> None:
         action="store_true",
         help="report the results of every session (default: only the latest session)",
     )
+    report.add_argument(
+        "--no-plots",
+        action="store_true",
+        help="tables and conclusions only, no plots/*.png (most of a report's time is drawing)",
+    )
 
 
 def _report(args: argparse.Namespace) -> int:
     from pytest_afd.report import ReportError, render  # lazy: matplotlib only here
 
     try:
-        path = render(args.results_dir, args.output, all_sessions=args.all_sessions)
+        path = render(args.results_dir, args.output, all_sessions=args.all_sessions,
+                      plots=not args.no_plots)
     except (FileNotFoundError, ReportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return USAGE_ERROR

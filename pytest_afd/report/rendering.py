@@ -56,6 +56,7 @@ OTHER_KINDS = (GATE_KIND, "benchmark", "other")
 FAILED_STATUSES = ("failed", "error")
 IMBALANCE_PLOT = "imbalance_vs_step_time"
 IMBALANCE_KEY_HEADER = ("#", "condition", "policy", "mean imbalance", "step time (s)", "")
+NO_PLOTS_LINE = "Plots were not drawn (`--no-plots`): tables and conclusions only."
 
 
 class ReportError(ValueError):
@@ -66,8 +67,9 @@ def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("._") or "x"
 
 
-def _plot_lines(figure, report_dir: Path, file_name: str, caption: str) -> list[str]:
-    if figure is None:
+def _plot_lines(figure, report_dir: Path | None, file_name: str, caption: str) -> list[str]:
+    """The plot's markdown lines; none when nothing was drawn or plots are off (no directory)."""
+    if figure is None or report_dir is None:
         return []
     written = layout.save(figure, report_dir / PLOTS_DIR_NAME / file_name)
     if written is None:
@@ -76,7 +78,7 @@ def _plot_lines(figure, report_dir: Path, file_name: str, caption: str) -> list[
     return [f"![{caption}]({relative})", "", f"*{caption}.*", ""]
 
 
-def _pairs_section(results: Sequence[LoadedResult], report_dir: Path) -> list[str]:
+def _pairs_section(results: Sequence[LoadedResult], report_dir: Path | None) -> list[str]:
     """Stage F: each AFD-vs-PP pair side by side, across their two stacks, with its parity."""
     pairs = afd_pp_pairs(results)
     if not pairs:
@@ -86,7 +88,7 @@ def _pairs_section(results: Sequence[LoadedResult], report_dir: Path) -> list[st
         label = f"AFD {stack_short_label(afd.doc)} vs PP {stack_short_label(pp.doc)}"
         rows = [(label, afd.doc, pp.doc)]
         title = f"{name}: {parity_text(afd)}"
-        figure = draw_side_by_side(rows, ("AFD", "PP"), title)
+        figure = None if report_dir is None else draw_side_by_side(rows, ("AFD", "PP"), title)
         lines += _plot_lines(
             figure,
             report_dir,
@@ -107,7 +109,7 @@ def _fastest_lines(results: Sequence[LoadedResult]) -> list[str]:
 
 
 def _stack_section(
-    stage: str, digest: str, results: list[LoadedResult], report_dir: Path
+    stage: str, digest: str, results: list[LoadedResult], report_dir: Path | None
 ) -> list[str]:
     lines = [
         f"### Stack `{short_digest(digest)}`: {stack_short_label(results[0].doc)}",
@@ -124,7 +126,7 @@ def _stack_section(
         "",
         *profile_table(results),
     ]
-    for name, caption, draw in PLOTTERS:
+    for name, caption, draw in PLOTTERS if report_dir is not None else ():
         file_name = f"{slug(stage)}-{short_digest(digest)}-{name}.png"
         caption = caption + plot_note(name, results)
         drawn = _plot_lines(draw(results), report_dir, file_name, caption)
@@ -135,7 +137,8 @@ def _stack_section(
     return lines
 
 
-def _section(stage: str, stacks: Mapping[str, list[LoadedResult]], report_dir: Path) -> list[str]:
+def _section(stage: str, stacks: Mapping[str, list[LoadedResult]],
+             report_dir: Path | None) -> list[str]:
     lines = [f"## {stage}: {MARKERS.get(stage, stage)}", ""]
     if len(stacks) > 1:
         lines += [
@@ -191,7 +194,7 @@ def _sessions_lines(loaded: LoadedResults, all_sessions: bool) -> list[str]:
     return [text, ""]
 
 
-def _gate_lines(results: Sequence[LoadedResult], report_dir: Path) -> list[str]:
+def _gate_lines(results: Sequence[LoadedResult], report_dir: Path | None) -> list[str]:
     """Gates in their own section: logit error against tolerance, one figure for all."""
     table_lines, figure = gates_section(results)
     shown = min(len(results), MAX_PLOTTED_GATES)
@@ -233,8 +236,10 @@ def _failures(results: Sequence[LoadedResult]) -> list[str]:
 
 
 def render_markdown(
-    loaded: LoadedResults, results_dir: Path, report_dir: Path, *, all_sessions: bool = False
+    loaded: LoadedResults, results_dir: Path, report_dir: Path | None, *,
+    all_sessions: bool = False
 ) -> str:
+    """The report's markdown; ``report_dir`` None draws no plots (``--no-plots``)."""
     lines = [
         "# pytest-afd report",
         "",
@@ -243,6 +248,7 @@ def render_markdown(
         "",
         *_sessions_lines(loaded, all_sessions),
         *interrupted_lines(results_dir, (r.session for r in loaded.results)),
+        *([NO_PLOTS_LINE, ""] if report_dir is None else []),
     ]
     if loaded.legacy:
         lines += [
@@ -300,16 +306,22 @@ def prepare_report_dir(report_dir: Path) -> Path:
 
 
 def render(
-    results_dir: str | Path, output_dir: str | Path | None = None, *, all_sessions: bool = False
+    results_dir: str | Path, output_dir: str | Path | None = None, *, all_sessions: bool = False,
+    plots: bool = True,
 ) -> Path:
-    """Write ``report.md``, ``report.html`` and ``plots/*.png``; returns report.md's path."""
+    """Write ``report.md``, ``report.html`` and ``plots/*.png``; returns report.md's path.
+
+    ``plots=False`` (``--no-plots``) writes the tables and conclusions only: drawing and
+    saving the figures is most of a report's time (matplotlib's layout and PNG encoding),
+    which a nightly job that reads the verdicts, or a quick look, does not need."""
     source = Path(results_dir)
     if not source.is_dir():
         raise FileNotFoundError(f"results directory {str(source)!r} does not exist")
     report_dir = Path(output_dir) if output_dir is not None else source / REPORT_DIR_NAME
     prepare_report_dir(report_dir)
     loaded = load_results(source, exclude=report_dir, latest_only=not all_sessions)
-    text = render_markdown(loaded, source, report_dir, all_sessions=all_sessions)
+    text = render_markdown(loaded, source, report_dir if plots else None,
+                           all_sessions=all_sessions)
     target = report_dir / REPORT_FILE_NAME
     target.write_text(text + "\n")
     (report_dir / HTML_FILE_NAME).write_text(

@@ -36,7 +36,7 @@ def two_sessions(tmp_path):
 
 
 def test_latest_session_by_default_with_verdicts_and_failures_first(two_sessions):
-    text = report.render(two_sessions).read_text()
+    text = report.render(two_sessions, plots=False).read_text()
     assert "Session: s-late (the latest)." in text
     assert "2 result(s) of 2 earlier session(s) are not shown; `--all-sessions`" in text
     assert "old/" not in text and "legacy/" not in text
@@ -57,7 +57,7 @@ def test_latest_session_by_default_with_verdicts_and_failures_first(two_sessions
 
 
 def test_all_sessions_reports_everything_and_legacy_is_unknown(two_sessions):
-    text = report.render(two_sessions, all_sessions=True).read_text()
+    text = report.render(two_sessions, all_sessions=True, plots=False).read_text()
     assert "Sessions: all (3: legacy (no session id), s-early, s-late)." in text
     legacy = next(row for row in _rows(text) if row.startswith("| legacy/token_balanced |"))
     assert legacy.split("|")[2].strip() == "unknown"
@@ -73,7 +73,7 @@ def test_a_result_from_before_run_identities_is_read_not_skipped(tmp_path):
     doc = make_result("stage_c/old", "stage_c", workload, "token_balanced")
     del doc["manifest"]["run"]  # as written before manifests carried the run identity
     (tmp_path / "old.json").write_text(json.dumps(doc))
-    text = report.render(tmp_path).read_text()
+    text = report.render(tmp_path, plots=False).read_text()
     assert "| stage_c/old |" in text and "Skipped files" not in text
     assert "1 result(s) predate recorded outcomes" in text
 
@@ -182,24 +182,24 @@ def test_sessions_are_filtered_before_validating_and_verdicts_are_cached(
     two_sessions, monkeypatch
 ):
     calls = _count_validations(monkeypatch)
-    report.render(two_sessions)
+    report.render(two_sessions, plots=False)
     assert sorted(calls) == [f"stage_a/{n}/token_balanced" for n in ("broken", "crashed", "good")]
     calls.clear()
-    text = report.render(two_sessions).read_text()
+    text = report.render(two_sessions, plots=False).read_text()
     assert calls == []  # unchanged files: verdicts come from the cache
     assert "2 result(s) of 2 earlier session(s) are not shown" in text
     good = next(two_sessions.glob("stage_a_good*.json"))
     good.write_text(good.read_text().replace('"passed"', '"failed"', 1))  # new size/mtime
-    report.render(two_sessions)
+    report.render(two_sessions, plots=False)
     assert calls == ["stage_a/good/token_balanced"]
 
 
 def test_a_changed_file_is_validated_again_not_trusted_from_the_cache(two_sessions):
-    report.render(two_sessions)
+    report.render(two_sessions, plots=False)
     good = next(two_sessions.glob("stage_a_good*.json"))
     doc = json.loads(good.read_text())
     del doc["metrics"]["ttft_s"]
     good.write_text(json.dumps(doc, indent=2, sort_keys=True))
-    text = report.render(two_sessions).read_text()
+    text = report.render(two_sessions, plots=False).read_text()
     skipped = text[text.index("## Skipped files") :]
     assert "stage_a/good/token_balanced" in skipped and "ttft_s" in skipped
