@@ -7,6 +7,7 @@ against an independent reference of the helper's maths). The layout it reads is
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -142,7 +143,21 @@ def stage_metadata_of_ranks(stage: PcpStageTokens, pcp_size: int, *,
 
 
 def _rank_block_ranges(starts, lengths) -> list[np.ndarray]:
-    """Per rank (row of the broadcast ``[rank, request]`` arrays): its ``block_ranges``."""
-    starts, lengths = np.broadcast_arrays(np.atleast_2d(starts), np.atleast_2d(lengths))
-    flat = block_ranges(starts.reshape(-1), lengths.reshape(-1))
-    return [piece.copy() for piece in np.split(flat, np.cumsum(lengths.sum(axis=1))[:-1])]
+    """Per rank (row of the broadcast ``[rank, request]`` arrays): its ``block_ranges``,
+    each rank's array its own.
+
+    All ranks in one pass (``block_ranges`` of the flattened rows, then cut per rank):
+    ``start + offset`` of each block's entries is ``arange(total) + (start - first index
+    of the block)``, one ``repeat`` instead of two; the CPU emulation builds these for
+    every stage of every PCP step, so its host cost is the gates' loop (issue 43).
+    """
+    starts = np.atleast_2d(np.asarray(starts, dtype=np.int64))
+    lengths = np.atleast_2d(np.asarray(lengths, dtype=np.int64))
+    shape = np.broadcast_shapes(starts.shape, lengths.shape)
+    starts = np.broadcast_to(starts, shape).reshape(-1)
+    lengths = np.broadcast_to(lengths, shape).reshape(-1)
+    ends = np.cumsum(lengths)
+    total = int(ends[-1]) if len(ends) else 0
+    flat = np.arange(total, dtype=np.int64) + np.repeat(starts - (ends - lengths), lengths)
+    bounds = ends.reshape(shape)[:, -1].tolist() if shape[1] else [0] * shape[0]
+    return [flat[start:stop].copy() for start, stop in itertools.pairwise([0, *bounds])]

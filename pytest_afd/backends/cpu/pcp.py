@@ -38,7 +38,7 @@ from afd_split.engine.ascend_pcp import PCP_LAYOUT_TAG, pcp_stage_metadata
 from afd_split.engine.standins import attn_state_enum, standin_class
 from afd_split.pcp.relayout import all_rank_relayouts, relay_all_ranks, restore_all_ranks
 from afd_split.pcp.rows import rank_rows
-from afd_split.pcp.stage import rank_positions, stage_rows, stage_tokens, zigzag_layout
+from afd_split.pcp.stage import rank_positions, stage_tokens, zigzag_layout
 from afd_split.plan.constraints import MIN_PCP_FOR_ZIGZAG
 from pytest_afd.backends.cpu.pcp_builders import (
     SFA_CP,
@@ -70,16 +70,23 @@ class PcpEmulation:
         self.pcp = plan.constraints.pcp_size
         self.computed = np.asarray(metadata.num_computed_tokens, dtype=np.int64)
         self.parent = zigzag_layout(np.asarray(plan.token_counts, dtype=np.int64), self.pcp)
-        self.stages = stage_rows(plan, self.computed, self.pcp).stages
+        self.stage_pieces = stage_tokens(plan, self.computed)
+        """Each stage's request pieces (``PcpStageTokens``), made once for the whole step."""
+        # Each stage's own zigzag: ``stage.stage_rows(plan, computed, pcp).stages``.
+        self.stages = tuple(zigzag_layout(stage.num_scheduled_tokens, self.pcp)
+                            for stage in self.stage_pieces)
         self.relayouts = all_rank_relayouts(plan, self.computed)
+        # Read by every rank, every stage and every move of the step: derived once.
+        self._restore = [torch.from_numpy(layout.allgather_restore_idx) for layout in self.stages]
+        self._unpad = [torch.from_numpy(layout.unpad_mask) for layout in self.stages]
+        self._real_rows = [torch.from_numpy(np.array(ubatch.real_row_indices, dtype=np.int64))
+                           for ubatch in plan.ubatches]
 
     def _gathered(self, per_rank_rows, index: int):
         """Stage ``index``'s real rows in logical order from every rank's rows of the stage:
         the PCP all-gather, the stage's restore index, its unpad mask."""
-        layout = self.stages[index]
         gathered = torch.cat(list(per_rank_rows))
-        return gathered[torch.from_numpy(layout.allgather_restore_idx)][
-            torch.from_numpy(layout.unpad_mask)]
+        return gathered[self._restore[index]][self._unpad[index]]
 
     def stage_inputs(self, logical_rows, pad_value) -> list:
         """Each ubatch's planner rows (``gather_ubatch_rows`` layout) of ``logical_rows`` [T, ...],
@@ -88,24 +95,24 @@ class PcpEmulation:
                   for rank in range(self.pcp)]
         relaid = relay_all_ranks(self.relayouts, parent)
         inputs = []
+        row_slices = self.relayouts[0].stage_row_slices
         for index, ubatch in enumerate(self.plan.ubatches):
-            real = torch.from_numpy(np.array(ubatch.real_row_indices, dtype=np.int64))
             out = logical_rows.new_full((ubatch.num_rows, *logical_rows.shape[1:]), pad_value)
-            rows = self.relayouts[0].stage_row_slices[index]
-            out[real] = self._gathered([stage[rows] for stage in relaid], index)
+            rows = row_slices[index]
+            out[self._real_rows[index]] = self._gathered([stage[rows] for stage in relaid], index)
             inputs.append(out)
         return inputs
 
     def merged(self, stage_outputs: list):
         """The logical rows [T, ...] from each ubatch's output rows, back through every rank's
         relaid rows, the restore to the parent's rows and the whole batch's restore."""
+        real_outputs = [output[real] for output, real in zip(stage_outputs, self._real_rows,
+                                                              strict=True)]
         per_rank = []
         for rank in range(self.pcp):
             per_rank.append(torch.cat([
-                rank_rows(layout, rank, output[torch.from_numpy(np.array(
-                    ubatch.real_row_indices, dtype=np.int64))])
-                for layout, ubatch, output in zip(self.stages, self.plan.ubatches,
-                                                  stage_outputs, strict=True)]))
+                rank_rows(layout, rank, output)
+                for layout, output in zip(self.stages, real_outputs, strict=True)]))
         parent = restore_all_ranks(self.relayouts, per_rank)
         gathered = torch.cat(parent)[torch.from_numpy(self.parent.allgather_restore_idx)]
         return gathered[torch.from_numpy(self.parent.unpad_mask)]
@@ -140,7 +147,7 @@ class PcpEmulation:
         table rows and positions taken from every rank's stage metadata built by the glue
         (``pcp_stage_metadata``), which must agree across ranks."""
         per_rank, self.rank_builds = [], []
-        stages = stage_tokens(self.plan, self.computed)
+        stages = self.stage_pieces
         step = StepPcp.make(list(stages), self.computed, self.pcp, self.parent, self.stages)
         slots = np.asarray(metadata.slot_mapping, dtype=np.int64)
         for rank, relayout in enumerate(self.relayouts):
