@@ -81,6 +81,8 @@ class PcpEmulation:
         self._unpad = [torch.from_numpy(layout.unpad_mask) for layout in self.stages]
         self._real_rows = [torch.from_numpy(np.array(ubatch.real_row_indices, dtype=np.int64))
                            for ubatch in plan.ubatches]
+        self._shared = None
+        """(metadata, what every rank's ``engine_common`` shares) of this step."""
 
     def _gathered(self, per_rank_rows, index: int):
         """Stage ``index``'s real rows in logical order from every rank's rows of the stage:
@@ -119,28 +121,51 @@ class PcpEmulation:
 
     def engine_common(self, metadata: BatchMetadata, rank: int):
         """Rank ``rank``'s v0.19.1rc1 metadata of the whole batch, as the runner fills it under
-        PCP: its rows per request, their positions, computed tokens plus rows as seq_lens."""
+        PCP: its rows per request, their positions, computed tokens plus rows as seq_lens.
+        Every rank's tensors are its own (copies of the step's rank-invariant arrays)."""
+        shared = self._rank_invariant(metadata)
         rows = self.parent.rank_tokens
-        qsl = np.concatenate([[0], np.cumsum(rows)]).astype(np.int32)
-        seq_lens = (self.computed + rows).astype(np.int32)
-        positions = rank_positions(rows, self.computed,
-                                   np.arange(len(rows)) < self.parent.num_decode_reqs,
-                                   self.pcp, rank)
-        states = attn_state_enum(PCP_ENGINE_LAYOUT)
+        positions = rank_positions(rows, self.computed, shared["decode"], self.pcp, rank)
+        qsl, seq_lens = shared["qsl"], shared["seq_lens"]
         return standin_class(PCP_ENGINE_LAYOUT)(
             query_start_loc=torch.from_numpy(qsl.copy()),
             query_start_loc_cpu=torch.from_numpy(qsl.copy()),
             seq_lens=torch.from_numpy(seq_lens.copy()),
             _seq_lens_cpu=torch.from_numpy(seq_lens.copy()),
             seq_lens_cpu=torch.from_numpy(seq_lens.copy()),
-            num_computed_tokens_cpu=torch.from_numpy(self.computed.astype(np.int32)),
-            num_reqs=len(rows), num_actual_tokens=int(rows.sum()),
-            max_query_len=int(np.max(self.plan.token_counts)), max_seq_len=int(seq_lens.max()),
-            block_table_tensor=torch.tensor(np.asarray(metadata.block_table), dtype=torch.int32),
-            slot_mapping=torch.tensor(np.asarray(metadata.slot_mapping), dtype=torch.int64),
-            num_input_tokens=int(rows.sum()), positions=torch.from_numpy(positions),
-            attn_state=states.ChunkedPrefill if self.computed.any() else states.PrefillNoCache,
+            num_computed_tokens_cpu=torch.from_numpy(shared["computed"].copy()),
+            num_reqs=len(rows), num_actual_tokens=shared["num_tokens"],
+            max_query_len=shared["max_query_len"], max_seq_len=shared["max_seq_len"],
+            block_table_tensor=torch.from_numpy(shared["block_table"].copy()),
+            slot_mapping=torch.from_numpy(shared["slot_mapping"].copy()),
+            num_input_tokens=shared["num_tokens"], positions=torch.from_numpy(positions),
+            attn_state=shared["attn_state"],
         )
+
+    def _rank_invariant(self, metadata: BatchMetadata) -> dict:
+        """What every rank's ``engine_common`` shares, derived once per step and metadata."""
+        if self._shared is not None and self._shared[0] is metadata:
+            return self._shared[1]
+        rows = self.parent.rank_tokens
+        seq_lens = (self.computed + rows).astype(np.int32)
+        states = attn_state_enum(PCP_ENGINE_LAYOUT)
+        shared = {
+            "qsl": np.concatenate([[0], np.cumsum(rows)]).astype(np.int32),
+            "seq_lens": seq_lens,
+            "computed": self.computed.astype(np.int32),
+            "decode": np.arange(len(rows)) < self.parent.num_decode_reqs,
+            "num_tokens": int(rows.sum()),
+            "max_query_len": int(np.max(self.plan.token_counts)),
+            "max_seq_len": int(seq_lens.max()),
+            # torch.tensor(..., dtype=int32 / int64) of the batch's arrays, as numpy.
+            "block_table": torch.tensor(np.asarray(metadata.block_table),
+                                        dtype=torch.int32).numpy(),
+            "slot_mapping": torch.tensor(np.asarray(metadata.slot_mapping),
+                                         dtype=torch.int64).numpy(),
+            "attn_state": states.ChunkedPrefill if self.computed.any() else states.PrefillNoCache,
+        }
+        self._shared = (metadata, shared)
+        return shared
 
     def kernel_metadata(self, metadata: BatchMetadata, *, chunked_prefill: bool) -> list:
         """The ubatches the CPU kernels run: the plan's split, with computed tokens, block
@@ -159,7 +184,7 @@ class PcpEmulation:
                                       len(self.plan.token_counts))
             self.rank_builds.append(build_rank(state, common, slots, per_rank[-1], list(stages),
                                                step, self.pcp, rank))
-        full_slots = _agreed([logical_slots(self.parent, build.full_slots)
+        full_slots = _agreed([logical_slots(self.parent, build.full_slots, step.unpad_mask)
                               for build in self.rank_builds], "full-batch slots", -1)
         parts = split_metadata(self.plan, metadata)
         kernels, self.dense_kernels = [], []

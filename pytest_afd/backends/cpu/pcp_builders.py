@@ -203,9 +203,12 @@ def _whole_counts(stages: list) -> np.ndarray:
     return np.array([counts[r] for r in sorted(counts)], dtype=np.int64)
 
 
-def logical_slots(layout, padded_slots: np.ndarray) -> np.ndarray:
-    """The real tokens' slots in logical order from a padded all-gather slot array."""
-    return np.asarray(padded_slots)[:int(layout.padded_tokens.sum())][layout.unpad_mask]
+def logical_slots(layout, padded_slots: np.ndarray, unpad_mask: np.ndarray | None = None
+                  ) -> np.ndarray:
+    """The real tokens' slots in logical order from a padded all-gather slot array
+    (``unpad_mask``: ``layout.unpad_mask`` where the caller already derived it)."""
+    mask = layout.unpad_mask if unpad_mask is None else unpad_mask
+    return np.asarray(padded_slots)[:int(layout.padded_tokens.sum())][mask]
 
 
 def full_batch_problems(emulation, metadata) -> list[str]:
