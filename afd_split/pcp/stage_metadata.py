@@ -109,7 +109,7 @@ def stage_metadata_of_ranks(stage: PcpStageTokens, pcp_size: int, *,
         "kv_tail_proj_idx_tensor": (kv_offset, tail_proj),
         "kv_with_q_head_attn_idx_in_tail_tensor": (tail_proj_offset, chunk * (head_id + 1)),
         "kv_with_q_tail_attn_idx_in_tail_tensor": (tail_proj_offset, tail_proj),
-    }, pcp_size)
+    }, pcp_size, len(chunk))
     q_head = block_ranges(q_offset, chunk)
     q_tail = block_ranges(q_offset + chunk, chunk)
     q_full = np.argsort(np.concatenate([q_head, q_tail]), kind="stable")
@@ -143,21 +143,16 @@ def stage_metadata_of_ranks(stage: PcpStageTokens, pcp_size: int, *,
     ) for rank in range(pcp_size))
 
 
-def _kv_index_ranges(specs: dict, pcp_size: int) -> dict:
+def _kv_index_ranges(specs: dict, pcp_size: int, num_requests: int) -> dict:
     """``{name: _rank_block_ranges(starts, lengths)}`` of every ``(starts, lengths)`` pair, each
-    broadcast to ``[pcp_size, requests]``: all of them in one ``block_ranges`` pass, then cut
-    per name and rank (every rank's array its own). The CPU emulation builds them for every
-    stage of every PCP step, so their host cost is the gates' loop (issue 43)."""
-    pairs = [(np.atleast_2d(np.asarray(starts, dtype=np.int64)),
-              np.atleast_2d(np.asarray(lengths, dtype=np.int64)))
-             for starts, lengths in specs.values()]
-    shapes = [np.broadcast_shapes(starts.shape, lengths.shape) for starts, lengths in pairs]
-    if any(shape[0] != pcp_size for shape in shapes) or len({shape[1] for shape in shapes}) > 1:
-        return {name: _rank_block_ranges(*pair) for name, pair in zip(specs, pairs, strict=True)}
-    starts = np.concatenate([np.broadcast_to(s, shape) for (s, _), shape in zip(pairs, shapes,
-                                                                              strict=True)])
-    lengths = np.concatenate([np.broadcast_to(n, shape) for (_, n), shape in zip(pairs, shapes,
-                                                                               strict=True)])
+    broadcasting to ``[pcp_size, num_requests]``: all of them in one ``block_ranges`` pass, then
+    cut per name and rank (every rank's array its own). The CPU emulation builds them for
+    every stage of every PCP step, so their host cost is the gates' loop (issue 43)."""
+    zero = np.zeros((pcp_size, num_requests), dtype=np.int64)  # broadcasts each to [rank, request]
+    starts = np.concatenate([np.asarray(starts, dtype=np.int64) + zero
+                             for starts, _ in specs.values()])
+    lengths = np.concatenate([np.asarray(lengths, dtype=np.int64) + zero
+                              for _, lengths in specs.values()])
     bounds = [0, *np.cumsum(lengths.sum(axis=1)).tolist()]
     flat_lengths = lengths.reshape(-1)
     ends = np.cumsum(flat_lengths)

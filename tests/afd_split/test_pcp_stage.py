@@ -216,7 +216,7 @@ def test_kv_index_ranges_in_one_pass_equal_each_ranks_own_blocks(pcp):
         tail = 2 * pcp - 1 - head
         specs = {"head": (offset, chunk * head), "mask": (offset + chunk * head, chunk),
                  "tail": (np.cumsum(chunk * tail, axis=1), chunk * (tail + 1))}
-        ranges = _kv_index_ranges(specs, pcp)
+        ranges = _kv_index_ranges(specs, pcp, requests)
         arrays = []
         for name, (starts, lengths) in specs.items():
             assert len(ranges[name]) == pcp
