@@ -7,6 +7,7 @@ against an independent reference of the helper's maths). The layout it reads is
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,16 +101,15 @@ def stage_metadata_of_ranks(stage: PcpStageTokens, pcp_size: int, *,
     tail_id = ZIGZAG_CHUNKS_PER_RANK * pcp_size - 1 - head_id
     tail_proj = chunk * (tail_id + 1)
     tail_proj_offset = np.cumsum(tail_proj, axis=1) - tail_proj
-    kv_idx = {
-        "kv_with_q_head_nomask_idx_tensor": _rank_block_ranges(kv_offset, chunk * head_id),
-        "kv_with_q_head_mask_idx_tensor": _rank_block_ranges(kv_offset + chunk * head_id, chunk),
-        "kv_with_q_tail_nomask_idx_tensor": _rank_block_ranges(kv_offset, chunk * tail_id),
-        "kv_with_q_tail_mask_idx_tensor": _rank_block_ranges(kv_offset + chunk * tail_id, chunk),
-        "kv_tail_proj_idx_tensor": _rank_block_ranges(kv_offset, tail_proj),
-        "kv_with_q_head_attn_idx_in_tail_tensor": _rank_block_ranges(tail_proj_offset,
-                                                                     chunk * (head_id + 1)),
-        "kv_with_q_tail_attn_idx_in_tail_tensor": _rank_block_ranges(tail_proj_offset, tail_proj),
-    }
+    kv_idx = _kv_index_ranges({
+        "kv_with_q_head_nomask_idx_tensor": (kv_offset, chunk * head_id),
+        "kv_with_q_head_mask_idx_tensor": (kv_offset + chunk * head_id, chunk),
+        "kv_with_q_tail_nomask_idx_tensor": (kv_offset, chunk * tail_id),
+        "kv_with_q_tail_mask_idx_tensor": (kv_offset + chunk * tail_id, chunk),
+        "kv_tail_proj_idx_tensor": (kv_offset, tail_proj),
+        "kv_with_q_head_attn_idx_in_tail_tensor": (tail_proj_offset, chunk * (head_id + 1)),
+        "kv_with_q_tail_attn_idx_in_tail_tensor": (tail_proj_offset, tail_proj),
+    }, pcp_size, len(chunk))
     q_head = block_ranges(q_offset, chunk)
     q_tail = block_ranges(q_offset + chunk, chunk)
     q_full = np.argsort(np.concatenate([q_head, q_tail]), kind="stable")
@@ -120,9 +120,11 @@ def stage_metadata_of_ranks(stage: PcpStageTokens, pcp_size: int, *,
     tail_nomask = np.cumsum(chunk * tail_id, axis=1)
     head_kv = np.cumsum(chunk * (head_id + 1), axis=1)
     tail_kv = np.cumsum(tail_proj, axis=1)
+    padded_rows = layout.rows_per_rank * pcp_size
+    mask_seqlens = np.cumsum(chunk)
     return tuple(PcpStageMetadata(
         pcp_rank=rank,
-        num_actual_tokens_pcp_padded=layout.rows_per_rank * pcp_size,
+        num_actual_tokens_pcp_padded=padded_rows,
         num_computed_tokens_of_pcp_dcp=local_context.copy(),
         pcp_unpad_mask=unpad_mask.copy(),
         query_lens_pcp_full_cpu=scheduled.copy(),
@@ -133,7 +135,7 @@ def stage_metadata_of_ranks(stage: PcpStageTokens, pcp_size: int, *,
         q_full_idx=q_full.copy(),
         kv_idx={name: per_rank[rank] for name, per_rank in kv_idx.items()},
         attn_chunk_seqlens=chunk.copy(),
-        attn_mask_seqlens=np.cumsum(chunk).tolist(),
+        attn_mask_seqlens=mask_seqlens.tolist(),
         head_attn_nomask_seqlens=head_nomask[rank].tolist(),
         tail_attn_nomask_seqlens=tail_nomask[rank].tolist(),
         head_actual_seq_lengths_kv=head_kv[rank].tolist(),
@@ -141,8 +143,42 @@ def stage_metadata_of_ranks(stage: PcpStageTokens, pcp_size: int, *,
     ) for rank in range(pcp_size))
 
 
+def _kv_index_ranges(specs: dict, pcp_size: int, num_requests: int) -> dict:
+    """``{name: _rank_block_ranges(starts, lengths)}`` of every ``(starts, lengths)`` pair, each
+    broadcasting to ``[pcp_size, num_requests]``: all of them in one ``block_ranges`` pass, then
+    cut per name and rank (every rank's array its own). The CPU emulation builds them for
+    every stage of every PCP step, so their host cost is the gates' loop (issue 43)."""
+    zero = np.zeros((pcp_size, num_requests), dtype=np.int64)  # broadcasts each to [rank, request]
+    starts = np.concatenate([np.asarray(starts, dtype=np.int64) + zero
+                             for starts, _ in specs.values()])
+    lengths = np.concatenate([np.asarray(lengths, dtype=np.int64) + zero
+                              for _, lengths in specs.values()])
+    bounds = [0, *np.cumsum(lengths.sum(axis=1)).tolist()]
+    flat_lengths = lengths.reshape(-1)
+    ends = np.cumsum(flat_lengths)
+    flat = np.arange(bounds[-1], dtype=np.int64) + np.repeat(
+        starts.reshape(-1) - (ends - flat_lengths), flat_lengths)
+    pieces = [flat[start:stop].copy() for start, stop in itertools.pairwise(bounds)]
+    return {name: pieces[index * pcp_size:(index + 1) * pcp_size]
+            for index, name in enumerate(specs)}
+
+
 def _rank_block_ranges(starts, lengths) -> list[np.ndarray]:
-    """Per rank (row of the broadcast ``[rank, request]`` arrays): its ``block_ranges``."""
-    starts, lengths = np.broadcast_arrays(np.atleast_2d(starts), np.atleast_2d(lengths))
-    flat = block_ranges(starts.reshape(-1), lengths.reshape(-1))
-    return [piece.copy() for piece in np.split(flat, np.cumsum(lengths.sum(axis=1))[:-1])]
+    """Per rank (row of the broadcast ``[rank, request]`` arrays): its ``block_ranges``,
+    each rank's array its own.
+
+    All ranks in one pass (``block_ranges`` of the flattened rows, then cut per rank):
+    ``start + offset`` of each block's entries is ``arange(total) + (start - first index
+    of the block)``, one ``repeat`` instead of two; the CPU emulation builds these for
+    every stage of every PCP step, so its host cost is the gates' loop (issue 43).
+    """
+    starts = np.atleast_2d(np.asarray(starts, dtype=np.int64))
+    lengths = np.atleast_2d(np.asarray(lengths, dtype=np.int64))
+    shape = np.broadcast_shapes(starts.shape, lengths.shape)
+    starts = np.broadcast_to(starts, shape).reshape(-1)
+    lengths = np.broadcast_to(lengths, shape).reshape(-1)
+    ends = np.cumsum(lengths)
+    total = int(ends[-1]) if len(ends) else 0
+    flat = np.arange(total, dtype=np.int64) + np.repeat(starts - (ends - lengths), lengths)
+    bounds = ends.reshape(shape)[:, -1].tolist() if shape[1] else [0] * shape[0]
+    return [flat[start:stop].copy() for start, stop in itertools.pairwise([0, *bounds])]

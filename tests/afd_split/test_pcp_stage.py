@@ -15,7 +15,7 @@ from afd_split.pcp.stage import (
     token_ranks,
     zigzag_layout,
 )
-from afd_split.pcp.stage_metadata import stage_metadata
+from afd_split.pcp.stage_metadata import _kv_index_ranges, _rank_block_ranges, stage_metadata
 from tests.support.pcp_helper_reference import (
     helper_layout,
     helper_metadata,
@@ -192,3 +192,39 @@ def test_rank_rows_all_gathered_and_restored_are_the_stage_in_order(pcp):
     others = restored[~layout.unpad_mask]
     assert (others == tokens[0]).sum() == pcp - 1  # the decode's copies on the other ranks
     assert (others == -1).sum() == len(others) - (pcp - 1)  # the rest is padding
+
+
+def _reference_rank_ranges(starts, lengths) -> list:
+    """Per rank (row of the broadcast arrays): its blocks' indices, one block at a time."""
+    starts, lengths = np.broadcast_arrays(np.atleast_2d(starts), np.atleast_2d(lengths))
+    return [np.array([start + offset for start, length in zip(row_starts, row_lengths,
+                                                              strict=True)
+                      for offset in range(int(length))], dtype=np.int64)
+            for row_starts, row_lengths in zip(starts, lengths, strict=True)]
+
+
+@pytest.mark.parametrize("pcp", PCP_SIZES)
+def test_kv_index_ranges_in_one_pass_equal_each_ranks_own_blocks(pcp):
+    """The one-pass kv index ranges (issue 43's host cost) equal a per-block reference, for
+    every rank, and each rank's array is its own (a write to one never reaches another)."""
+    rng = np.random.default_rng(100 + pcp)
+    head = np.arange(pcp, dtype=np.int64)[:, None]
+    for _ in range(40):
+        requests = int(rng.integers(0, 5))  # 0: a stage of decodes only has no prefill rows
+        chunk = rng.integers(0, 9, requests).astype(np.int64)
+        offset = (np.cumsum(chunk) - chunk) * pcp
+        tail = 2 * pcp - 1 - head
+        specs = {"head": (offset, chunk * head), "mask": (offset + chunk * head, chunk),
+                 "tail": (np.cumsum(chunk * tail, axis=1), chunk * (tail + 1))}
+        ranges = _kv_index_ranges(specs, pcp, requests)
+        arrays = []
+        for name, (starts, lengths) in specs.items():
+            assert len(ranges[name]) == pcp
+            for ours, theirs in zip(ranges[name], _reference_rank_ranges(starts, lengths),
+                                    strict=True):
+                assert ours.dtype == np.int64 and ours.tolist() == theirs.tolist()
+            assert [a.tolist() for a in _rank_block_ranges(starts, lengths)] == [
+                a.tolist() for a in ranges[name]]
+            arrays += ranges[name]
+        assert not any(np.shares_memory(a, b) for i, a in enumerate(arrays)
+                       for b in arrays[i + 1:])

@@ -22,6 +22,7 @@ import torch
 from afd_split import SplitPlan
 from afd_split.checks.metadata import BatchMetadata
 from afd_split.engine.rows import gather_ubatch_rows, merge_outputs
+from pytest_afd.backends.cpu.attention_geometry import AttentionGeometry
 from pytest_afd.backends.cpu.engine_glue import VLLM_ENGINE_LAYOUT, split_engine_metadata
 from pytest_afd.backends.cpu.kv_cache import PagedKVCache
 from pytest_afd.backends.cpu.model import DeepseekV32Model, row_positions
@@ -86,11 +87,27 @@ class _Stage:
     dense_metadata: BatchMetadata | None = None
     """Under PCP, the dense layers' metadata: the full batch's slots (``PcpEmulation``)."""
 
+    geometries: dict = field(default_factory=dict)
+    """``AttentionGeometry`` per metadata object (id), made by the first layer, read by all."""
+
     def attention_metadata(self, layer) -> BatchMetadata:
         """The dense layers run on the full batch's metadata, the MoE layers on the stage's."""
         if self.dense_metadata is None or layer.is_moe:
             return self.metadata
         return self.dense_metadata
+
+    def attention_geometry(self, config, metadata: BatchMetadata) -> AttentionGeometry:
+        """What every layer's attention derives from ``metadata`` alone, made once per forward."""
+        geometry = self.geometries.get(id(metadata))
+        if geometry is None:
+            # Under PCP the dense layers' metadata differs from the stage's in its slots alone.
+            geometry = next((made for other in self.geometries.values()
+                             if (made := other.with_slots_of(metadata)) is not None), None)
+            if geometry is None:
+                geometry = AttentionGeometry.of(config, metadata, self.real_rows,
+                                                self.hidden.shape[0])
+            self.geometries[id(metadata)] = geometry
+        return geometry
 
 
 class Executor:
@@ -132,9 +149,10 @@ class Executor:
         for layer in self.model.layers:
             for ubatch, stage in enumerate(stages):
                 with timer.span(ATTENTION, layer.index, ubatch):
-                    stage.hidden = layer.attention(stage.hidden, stage.attention_metadata(layer),
-                                                   self.kv_cache,
-                                                   real_rows=stage.real_rows)
+                    metadata_of_layer = stage.attention_metadata(layer)
+                    stage.hidden = layer.attention(
+                        stage.hidden, metadata_of_layer, self.kv_cache, real_rows=stage.real_rows,
+                        geometry=stage.attention_geometry(config, metadata_of_layer))
             for ubatch, stage in enumerate(stages):
                 topk_ids = self._ffn(layer, stage, timer, ubatch)
                 if topk_ids is not None:

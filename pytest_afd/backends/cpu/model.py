@@ -17,13 +17,19 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pytest_afd.backends.cpu.attention_geometry import (
+    AttentionGeometry,
+    RequestGeometry,
+    sdpa_mask,
+)
+from pytest_afd.backends.cpu.attention_geometry import (
+    row_positions as row_positions,  # re-exported: the executors import it from here
+)
 from pytest_afd.backends.cpu.config import GROUP_SCORE_TOP, ModelConfig
-from pytest_afd.backends.cpu.kv_cache import PagedKVCache, context_slots
+from pytest_afd.backends.cpu.kv_cache import PagedKVCache
 from pytest_afd.backends.cpu.ops import (
-    KEY_BLOCK,
     QUANT_NONE,
     QUANTIZATIONS,
-    QUERY_BLOCK,
     GroupedLinear,
     Linear,
     pad_keys,
@@ -31,8 +37,6 @@ from pytest_afd.backends.cpu.ops import (
     rms_norm,
     rope_half_split,
     rope_interleaved,
-    rope_tables,
-    round_up,
     row_linear,
     select_topk,
     swiglu,
@@ -102,72 +106,66 @@ class DecoderLayer:
 
     # ---- Attention side -------------------------------------------------
     def attention(self, hidden: torch.Tensor, metadata, kv_cache: PagedKVCache,
-                  real_rows: np.ndarray | None = None) -> torch.Tensor:
+                  real_rows: np.ndarray | None = None,
+                  geometry: AttentionGeometry | None = None) -> torch.Tensor:
         """``hidden + MLA(norm(hidden))`` over one batch's rows, reading/writing paged KV.
 
         ``metadata`` is an ``afd_split.checks.metadata.BatchMetadata`` for the real tokens. When
         ``real_rows`` is given, ``hidden`` holds padded rows and ``real_rows[t]``
         is token t's row: padding rows go through every projection (they cost
         like real work) but are never written to the cache and attend nothing.
+        ``geometry``: what the rows and metadata alone determine, made once per forward
+        for every layer (``AttentionGeometry.of(config, metadata, real_rows, rows)``);
+        None derives it here.
         """
         c = self.config
         num_rows = hidden.shape[0]
-        rows = _real_rows(metadata, real_rows, num_rows)
-        positions = row_positions(metadata, rows, num_rows)
+        if geometry is None:
+            geometry = AttentionGeometry.of(c, metadata, real_rows, num_rows)
+        geometry.check_for(metadata, num_rows)
+        rows, cos, sin = geometry.rows, geometry.cos, geometry.sin
         x = rms_norm(hidden, self.input_norm, c.rms_norm_eps)
         q_resid = rms_norm(self.q_a_proj(x), self.q_a_norm, c.rms_norm_eps)
         query = self.q_b_proj(q_resid).view(num_rows, c.num_attention_heads, c.qk_head_dim)
         q_nope, q_rope = query.split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
         latent, k_rope = self.kv_a_proj(x).split([c.kv_lora_rank, c.qk_rope_head_dim], dim=-1)
         latent = rms_norm(latent, self.kv_a_norm, c.rms_norm_eps)
-        cos, sin = rope_tables(c, positions)
         query = torch.cat([q_nope, rope_interleaved(q_rope, cos[:, None], sin[:, None])], dim=-1)
         k_rope = rope_interleaved(k_rope, cos, sin)
         index_key = self._index_key(x, cos, sin)
-        slots = torch.from_numpy(np.array(metadata.slot_mapping, dtype=np.int64))
-        kv_cache.write(self.index, slots, latent[rows], k_rope[rows], index_key[rows])
+        kv_cache.write(self.index, geometry.slots, latent[rows], k_rope[rows], index_key[rows])
 
-        seq_lens = np.asarray(metadata.seq_lens)
         index_query = index_weights = None
-        if (seq_lens > c.index_topk).any():
+        if geometry.needs_index:
             index_query, index_weights = self._index_query(x, q_resid, cos, sin)
         attn_out = hidden.new_zeros((num_rows, c.num_attention_heads, c.v_head_dim))
-        starts = np.asarray(metadata.query_start_loc)
-        for request in range(len(seq_lens)):
-            request_rows = rows[int(starts[request]):int(starts[request + 1])]
-            if len(request_rows):
-                ctx = context_slots(np.asarray(metadata.block_table[request]),
-                                    int(seq_lens[request]), metadata.block_size)
-                self._attend_request(query, positions, request_rows, ctx, kv_cache,
-                                     index_query, index_weights, attn_out)
+        for request in geometry.requests:
+            self._attend_request(query, request, kv_cache, index_query, index_weights, attn_out)
         return hidden + self.o_proj(attn_out.reshape(num_rows, -1))
 
-    def _attend_request(self, query: torch.Tensor, positions: torch.Tensor,
-                        request_rows: torch.Tensor, ctx: torch.Tensor, kv_cache: PagedKVCache,
-                        index_query: torch.Tensor | None, index_weights: torch.Tensor | None,
-                        attn_out: torch.Tensor) -> None:
-        """One request's query rows against its cached context (slots ``ctx``), into attn_out."""
+    def _attend_request(self, query: torch.Tensor, request: RequestGeometry,
+                        kv_cache: PagedKVCache, index_query: torch.Tensor | None,
+                        index_weights: torch.Tensor | None, attn_out: torch.Tensor) -> None:
+        """One request's query rows against its cached context (``request.context``), into
+        attn_out."""
         c = self.config
+        ctx = request.context
         ctx_latent, ctx_rope, ctx_index_key = kv_cache.read(self.index, ctx)
         kv = self.kv_b_proj(ctx_latent).view(len(ctx), c.num_attention_heads, -1)
         k_nope, value = kv.split([c.qk_nope_head_dim, c.v_head_dim], dim=-1)
         key = torch.cat([k_nope, ctx_rope[:, None, :].expand(-1, c.num_attention_heads, -1)], -1)
         key, value = pad_keys(key).transpose(0, 1), pad_keys(value).transpose(0, 1)
-        for start in range(0, len(request_rows), QUERY_BLOCK):
-            block_rows = request_rows[start:start + QUERY_BLOCK]
-            block_pos = positions[block_rows]
-            key_end = int(block_pos.max()) + 1
-            mask = torch.arange(key_end)[None, :] <= block_pos[:, None]
-            if key_end > c.index_topk:
-                mask = self._sparse_mask(index_query[block_rows], index_weights[block_rows],
-                                         ctx_index_key[:key_end], mask)
-            padded_end = round_up(key_end, KEY_BLOCK)
-            mask, _ = pad_rows(F.pad(mask, (0, padded_end - key_end), value=False))
+        for block in request.blocks:
+            block_rows, mask = block.rows, block.mask
+            if mask is None:  # more than index_topk keys: this layer's indexer narrows it
+                mask = sdpa_mask(self._sparse_mask(index_query[block_rows],
+                                                   index_weights[block_rows],
+                                                   ctx_index_key[:block.key_end], block.causal),
+                                 block.key_end, block.padded_end, block.num_rows)
             block_query, num_block_rows = pad_rows(query[block_rows])
-            mask[num_block_rows:, 0] = True  # padded query rows attend one key
             out = F.scaled_dot_product_attention(
-                block_query.transpose(0, 1), key[:, :padded_end], value[:, :padded_end],
-                attn_mask=mask, scale=self.scaling,
+                block_query.transpose(0, 1), key[:, :block.padded_end],
+                value[:, :block.padded_end], attn_mask=mask, scale=self.scaling,
             )
             attn_out[block_rows] = out.transpose(0, 1)[:num_block_rows]
 
@@ -281,28 +279,6 @@ class DecoderLayer:
         moe = self.experts(normed, topk_ids, topk_weights) + self.shared_experts(normed)
         return hidden + moe, topk_ids
 
-
-
-def _real_rows(metadata, real_rows: np.ndarray | None, num_rows: int) -> torch.Tensor:
-    num_tokens = int(np.asarray(metadata.query_start_loc)[-1])
-    if real_rows is None:
-        if num_rows != num_tokens:
-            raise ValueError(f"hidden has {num_rows} rows but metadata has {num_tokens} tokens")
-        return torch.arange(num_tokens)
-    rows = torch.from_numpy(np.array(real_rows, dtype=np.int64))
-    if len(rows) != num_tokens:
-        raise ValueError(f"real_rows has {len(rows)} entries but metadata has {num_tokens} tokens")
-    return rows
-
-
-def row_positions(metadata, rows: torch.Tensor, num_rows: int) -> torch.Tensor:
-    """Position of every row (padding rows get 0)."""
-    positions = np.asarray(metadata.positions)
-    if positions.ndim != 1:
-        raise ValueError(f"positions with shape {positions.shape}; DeepSeek uses 1-D positions")
-    out = torch.zeros(num_rows, dtype=torch.int64)
-    out[rows] = torch.from_numpy(positions.astype(np.int64))
-    return out
 
 
 class DeepseekV32Model:

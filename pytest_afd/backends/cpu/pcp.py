@@ -38,7 +38,7 @@ from afd_split.engine.ascend_pcp import PCP_LAYOUT_TAG, pcp_stage_metadata
 from afd_split.engine.standins import attn_state_enum, standin_class
 from afd_split.pcp.relayout import all_rank_relayouts, relay_all_ranks, restore_all_ranks
 from afd_split.pcp.rows import rank_rows
-from afd_split.pcp.stage import rank_positions, stage_rows, stage_tokens, zigzag_layout
+from afd_split.pcp.stage import rank_positions, stage_tokens, zigzag_layout
 from afd_split.plan.constraints import MIN_PCP_FOR_ZIGZAG
 from pytest_afd.backends.cpu.pcp_builders import (
     SFA_CP,
@@ -70,16 +70,25 @@ class PcpEmulation:
         self.pcp = plan.constraints.pcp_size
         self.computed = np.asarray(metadata.num_computed_tokens, dtype=np.int64)
         self.parent = zigzag_layout(np.asarray(plan.token_counts, dtype=np.int64), self.pcp)
-        self.stages = stage_rows(plan, self.computed, self.pcp).stages
+        self.stage_pieces = stage_tokens(plan, self.computed)
+        """Each stage's request pieces (``PcpStageTokens``), made once for the whole step."""
+        # Each stage's own zigzag: ``stage.stage_rows(plan, computed, pcp).stages``.
+        self.stages = tuple(zigzag_layout(stage.num_scheduled_tokens, self.pcp)
+                            for stage in self.stage_pieces)
         self.relayouts = all_rank_relayouts(plan, self.computed)
+        # Read by every rank, every stage and every move of the step: derived once.
+        self._restore = [torch.from_numpy(layout.allgather_restore_idx) for layout in self.stages]
+        self._unpad = [torch.from_numpy(layout.unpad_mask) for layout in self.stages]
+        self._real_rows = [torch.from_numpy(np.array(ubatch.real_row_indices, dtype=np.int64))
+                           for ubatch in plan.ubatches]
+        self._shared = None
+        """(metadata, what every rank's ``engine_common`` shares) of this step."""
 
     def _gathered(self, per_rank_rows, index: int):
         """Stage ``index``'s real rows in logical order from every rank's rows of the stage:
         the PCP all-gather, the stage's restore index, its unpad mask."""
-        layout = self.stages[index]
         gathered = torch.cat(list(per_rank_rows))
-        return gathered[torch.from_numpy(layout.allgather_restore_idx)][
-            torch.from_numpy(layout.unpad_mask)]
+        return gathered[self._restore[index]][self._unpad[index]]
 
     def stage_inputs(self, logical_rows, pad_value) -> list:
         """Each ubatch's planner rows (``gather_ubatch_rows`` layout) of ``logical_rows`` [T, ...],
@@ -88,59 +97,82 @@ class PcpEmulation:
                   for rank in range(self.pcp)]
         relaid = relay_all_ranks(self.relayouts, parent)
         inputs = []
+        row_slices = self.relayouts[0].stage_row_slices
         for index, ubatch in enumerate(self.plan.ubatches):
-            real = torch.from_numpy(np.array(ubatch.real_row_indices, dtype=np.int64))
             out = logical_rows.new_full((ubatch.num_rows, *logical_rows.shape[1:]), pad_value)
-            rows = self.relayouts[0].stage_row_slices[index]
-            out[real] = self._gathered([stage[rows] for stage in relaid], index)
+            rows = row_slices[index]
+            out[self._real_rows[index]] = self._gathered([stage[rows] for stage in relaid], index)
             inputs.append(out)
         return inputs
 
     def merged(self, stage_outputs: list):
         """The logical rows [T, ...] from each ubatch's output rows, back through every rank's
         relaid rows, the restore to the parent's rows and the whole batch's restore."""
+        real_outputs = [output[real] for output, real in zip(stage_outputs, self._real_rows,
+                                                              strict=True)]
         per_rank = []
         for rank in range(self.pcp):
             per_rank.append(torch.cat([
-                rank_rows(layout, rank, output[torch.from_numpy(np.array(
-                    ubatch.real_row_indices, dtype=np.int64))])
-                for layout, ubatch, output in zip(self.stages, self.plan.ubatches,
-                                                  stage_outputs, strict=True)]))
+                rank_rows(layout, rank, output)
+                for layout, output in zip(self.stages, real_outputs, strict=True)]))
         parent = restore_all_ranks(self.relayouts, per_rank)
         gathered = torch.cat(parent)[torch.from_numpy(self.parent.allgather_restore_idx)]
         return gathered[torch.from_numpy(self.parent.unpad_mask)]
 
     def engine_common(self, metadata: BatchMetadata, rank: int):
         """Rank ``rank``'s v0.19.1rc1 metadata of the whole batch, as the runner fills it under
-        PCP: its rows per request, their positions, computed tokens plus rows as seq_lens."""
+        PCP: its rows per request, their positions, computed tokens plus rows as seq_lens.
+        Every rank's tensors are its own (copies of the step's rank-invariant arrays)."""
+        shared = self._rank_invariant(metadata)
         rows = self.parent.rank_tokens
-        qsl = np.concatenate([[0], np.cumsum(rows)]).astype(np.int32)
-        seq_lens = (self.computed + rows).astype(np.int32)
-        positions = rank_positions(rows, self.computed,
-                                   np.arange(len(rows)) < self.parent.num_decode_reqs,
-                                   self.pcp, rank)
-        states = attn_state_enum(PCP_ENGINE_LAYOUT)
+        positions = rank_positions(rows, self.computed, shared["decode"], self.pcp, rank)
+        qsl, seq_lens = shared["qsl"], shared["seq_lens"]
         return standin_class(PCP_ENGINE_LAYOUT)(
             query_start_loc=torch.from_numpy(qsl.copy()),
             query_start_loc_cpu=torch.from_numpy(qsl.copy()),
             seq_lens=torch.from_numpy(seq_lens.copy()),
             _seq_lens_cpu=torch.from_numpy(seq_lens.copy()),
             seq_lens_cpu=torch.from_numpy(seq_lens.copy()),
-            num_computed_tokens_cpu=torch.from_numpy(self.computed.astype(np.int32)),
-            num_reqs=len(rows), num_actual_tokens=int(rows.sum()),
-            max_query_len=int(np.max(self.plan.token_counts)), max_seq_len=int(seq_lens.max()),
-            block_table_tensor=torch.tensor(np.asarray(metadata.block_table), dtype=torch.int32),
-            slot_mapping=torch.tensor(np.asarray(metadata.slot_mapping), dtype=torch.int64),
-            num_input_tokens=int(rows.sum()), positions=torch.from_numpy(positions),
-            attn_state=states.ChunkedPrefill if self.computed.any() else states.PrefillNoCache,
+            num_computed_tokens_cpu=torch.from_numpy(shared["computed"].copy()),
+            num_reqs=len(rows), num_actual_tokens=shared["num_tokens"],
+            max_query_len=shared["max_query_len"], max_seq_len=shared["max_seq_len"],
+            block_table_tensor=torch.from_numpy(shared["block_table"].copy()),
+            slot_mapping=torch.from_numpy(shared["slot_mapping"].copy()),
+            num_input_tokens=shared["num_tokens"], positions=torch.from_numpy(positions),
+            attn_state=shared["attn_state"],
         )
+
+    def _rank_invariant(self, metadata: BatchMetadata) -> dict:
+        """What every rank's ``engine_common`` shares, derived once per step and metadata."""
+        if self._shared is not None and self._shared[0] is metadata:
+            return self._shared[1]
+        rows = self.parent.rank_tokens
+        seq_lens = (self.computed + rows).astype(np.int32)
+        states = attn_state_enum(PCP_ENGINE_LAYOUT)
+        shared = {
+            "qsl": np.concatenate([[0], np.cumsum(rows)]).astype(np.int32),
+            "seq_lens": seq_lens,
+            "computed": self.computed.astype(np.int32),
+            "decode": np.arange(len(rows)) < self.parent.num_decode_reqs,
+            "num_tokens": int(rows.sum()),
+            "max_query_len": int(np.max(self.plan.token_counts)),
+            "max_seq_len": int(seq_lens.max()),
+            # torch.tensor(..., dtype=int32 / int64) of the batch's arrays, as numpy.
+            "block_table": torch.tensor(np.asarray(metadata.block_table),
+                                        dtype=torch.int32).numpy(),
+            "slot_mapping": torch.tensor(np.asarray(metadata.slot_mapping),
+                                         dtype=torch.int64).numpy(),
+            "attn_state": states.ChunkedPrefill if self.computed.any() else states.PrefillNoCache,
+        }
+        self._shared = (metadata, shared)
+        return shared
 
     def kernel_metadata(self, metadata: BatchMetadata, *, chunked_prefill: bool) -> list:
         """The ubatches the CPU kernels run: the plan's split, with computed tokens, block
         table rows and positions taken from every rank's stage metadata built by the glue
         (``pcp_stage_metadata``), which must agree across ranks."""
         per_rank, self.rank_builds = [], []
-        stages = stage_tokens(self.plan, self.computed)
+        stages = self.stage_pieces
         step = StepPcp.make(list(stages), self.computed, self.pcp, self.parent, self.stages)
         slots = np.asarray(metadata.slot_mapping, dtype=np.int64)
         for rank, relayout in enumerate(self.relayouts):
@@ -152,7 +184,7 @@ class PcpEmulation:
                                       len(self.plan.token_counts))
             self.rank_builds.append(build_rank(state, common, slots, per_rank[-1], list(stages),
                                                step, self.pcp, rank))
-        full_slots = _agreed([logical_slots(self.parent, build.full_slots)
+        full_slots = _agreed([logical_slots(self.parent, build.full_slots, step.unpad_mask)
                               for build in self.rank_builds], "full-batch slots", -1)
         parts = split_metadata(self.plan, metadata)
         kernels, self.dense_kernels = [], []

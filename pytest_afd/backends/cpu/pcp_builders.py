@@ -142,6 +142,10 @@ class StepPcp:
     full: tuple  # per rank: PcpStageMetadata of the full batch
     stage_layouts: tuple[ZigzagLayout, ...]
     stages: tuple[tuple, ...]  # per stage, per rank
+    unpad_mask: np.ndarray
+    """``layout.unpad_mask``, derived once for every rank's builds (read only)."""
+    stage_unpad_masks: tuple[np.ndarray, ...]
+    """Each stage layout's ``unpad_mask``, derived once for every rank's builds (read only)."""
 
     @classmethod
     def make(cls, stages: list, computed: np.ndarray, pcp: int, layout: ZigzagLayout,
@@ -151,7 +155,8 @@ class StepPcp:
         full = PcpStageTokens(0, 0, 0, _whole_counts(stages), np.asarray(computed, dtype=np.int64))
         return cls(layout, stage_metadata_of_ranks(full, pcp, layout=layout), stage_layouts,
                    tuple(stage_metadata_of_ranks(stage, pcp, layout=stage_layout)
-                         for stage, stage_layout in zip(stages, stage_layouts, strict=True)))
+                         for stage, stage_layout in zip(stages, stage_layouts, strict=True)),
+                   layout.unpad_mask, tuple(stage.unpad_mask for stage in stage_layouts))
 
 
 def build_rank(state: RankPcpState, common, slots: np.ndarray, stage_commons: list,
@@ -165,7 +170,7 @@ def build_rank(state: RankPcpState, common, slots: np.ndarray, stage_commons: li
         # One per step, as the runner's PCP manager makes it; both full builds read it.
         full.prefill_context_parallel_metadata = step.full[rank]
         full.slot_mapping = pad.padded(layout.rows_per_rank, layout.rows_per_rank, pcp,
-                                       layout.unpad_mask, slots)
+                                       step.unpad_mask, slots)
         return full
 
     built = RankBuild(state.group.get_metadata_builder(0).build(0, full_common()), {})
@@ -174,14 +179,15 @@ def build_rank(state: RankPcpState, common, slots: np.ndarray, stage_commons: li
     buffers = stage_written_buffers(builders, state.pcp_manager)
     with preserved_state(*builder_state_targets(builders, buffers)):
         full_common()  # the stage build's own _get_block_table_and_slot_mapping(0)
-        for index, (stage_common, stage, stage_layout) in enumerate(
-                zip(stage_commons, stages, step.stage_layouts, strict=True)):
+        for index, (stage_common, stage, stage_layout, unpad_mask) in enumerate(
+                zip(stage_commons, stages, step.stage_layouts, step.stage_unpad_masks,
+                    strict=True)):
             stage_cm = copy.copy(stage_common)
             stage_cm.prefill_context_parallel_metadata = step.stages[index][rank]
             stage_slots = slots[stage.token_start:stage.token_start + stage.num_tokens]
             stage_cm.slot_mapping = pad.padded(stage_layout.rows_per_rank,
                                                stage_layout.rows_per_rank, pcp,
-                                               stage_layout.unpad_mask, stage_slots).clone()
+                                               unpad_mask, stage_slots).clone()
             built.stages.append(state.group.get_metadata_builder(index or 0).build(0, stage_cm))
         own_stage_views(built.stages, buffers)
     return built
@@ -197,9 +203,12 @@ def _whole_counts(stages: list) -> np.ndarray:
     return np.array([counts[r] for r in sorted(counts)], dtype=np.int64)
 
 
-def logical_slots(layout, padded_slots: np.ndarray) -> np.ndarray:
-    """The real tokens' slots in logical order from a padded all-gather slot array."""
-    return np.asarray(padded_slots)[:int(layout.padded_tokens.sum())][layout.unpad_mask]
+def logical_slots(layout, padded_slots: np.ndarray, unpad_mask: np.ndarray | None = None
+                  ) -> np.ndarray:
+    """The real tokens' slots in logical order from a padded all-gather slot array
+    (``unpad_mask``: ``layout.unpad_mask`` where the caller already derived it)."""
+    mask = layout.unpad_mask if unpad_mask is None else unpad_mask
+    return np.asarray(padded_slots)[:int(layout.padded_tokens.sum())][mask]
 
 
 def full_batch_problems(emulation, metadata) -> list[str]:
