@@ -310,6 +310,17 @@ def test_gate_5_block_count_sees_small_objects_gc_does_not_track():
 
 
 @pytest.mark.gate
+def test_gate_5_gc_count_sees_one_tracked_object_a_forward_at_the_shortest_default(afd_options):
+    """The pre-merge soak is shorter than the nightly's: one gc-tracked object kept per
+    forward, over the configured soak length, still grows the gc count past its bound."""
+    probe = soak_lib.MemoryProbe()
+    probe.start()
+    kept = [[forward] for forward in range(afd_options.soak_forwards)]  # one list a forward
+    probe.stop(len(kept))
+    assert probe.objects_growth > MAX_GC_OBJECT_GROWTH, (probe, afd_options.soak_forwards)
+
+
+@pytest.mark.gate
 def test_gate_5_detectors_see_contamination():
     """A module global that grows, a rebound one and a leftover reference are each reported."""
     holder = soak_lib.WeakSplitLog()
