@@ -27,7 +27,8 @@ from pytest_afd.backends.cpu.pcp_builders import StepPcp
 from pytest_afd.core.backend import PromptRequest, RunSettings
 
 BLOCK = 16
-RUNS = 10
+RUNS = 3
+"""Rounds over the six cases: random batches each round (a round is ~0.5 s of forwards)."""
 # (pcp_size, split_align, chunk_size, prefix hit): every PCP size the gates run, chunked
 # continuations (computed tokens > 0) and prefix hits.
 CASES = [(8, 1, None, False), (8, 1, 16, True), (2, 2, 32, False), (2, 2, None, True),

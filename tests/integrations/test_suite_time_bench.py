@@ -48,4 +48,5 @@ def test_the_parallel_gate_is_judged_on_wall_time_and_reports_its_cpu(bench):
     run = {"load_1m_before": 0.3, "load_1m_after": 0.8, "counts": {"passed": 144},
            "cpu_s": 41, "targets": quick}
     assert "gate_n2_wall_s=24/30 (CPU 41 s" in bench.summary({"gate_n2": run})
-    assert bench.GATE_PARALLEL.argv == ("-m", "gate", "-n", "2")
+    assert bench.GATE_PARALLEL.argv == ("-m", "gate", "-n", "2", "--dist", "worksteal")
+    assert bench.DEFAULT_RUN.argv == ("-n", "2", "--dist", "worksteal")  # the README's command
