@@ -184,9 +184,11 @@ def test_cpu_workflow_runs_the_readme_commands():
     job = load(CPU_CI)["jobs"]["test"]
     runs = [step["run"].strip() for step in steps(job) if "run" in step]
     commands = readme_commands()
-    assert commands == ["python3 -m pip install -r requirements-dev.txt", "python3 -m pytest -n 2"]
+    assert commands == ["python3 -m pip install -r requirements-dev.txt",
+                        "python3 -m pytest -n 2 --dist worksteal"]
     assert runs[: len(commands)] == commands
     ci_run = (ROOT / ".ci" / "run").read_text()
-    assert all(command.split()[-1] in ci_run for command in commands)
+    assert commands[1] in ci_run.splitlines()  # the test command exactly as written
+    assert commands[0].split()[-1] in ci_run  # the setup (quiet there)
     on = load(CPU_CI)["on"]
     assert "pull_request" in on and "push" in on
