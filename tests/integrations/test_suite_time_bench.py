@@ -13,10 +13,24 @@ def test_a_quiet_fast_run_meets_both_and_a_loaded_one_meets_only_cpu(bench):
     quiet = bench.judge(bench.GATE, wall_s=25, cpu_s=20, load_before=0.4, load_after=0.9,
                         exit_status=0)
     assert _met(quiet) == {"gate_wall_s": True, "gate_cpu_s": True}
-    loaded = bench.judge(bench.GATE, wall_s=25, cpu_s=20, load_before=0.4, load_after=1.2,
+    loaded = bench.judge(bench.GATE, wall_s=25, cpu_s=20, load_before=1.2, load_after=0.4,
                          exit_status=0)
     assert _met(loaded) == {"gate_wall_s": False, "gate_cpu_s": True}
     assert loaded[0]["load_ok"] is False and loaded[0]["load_1m"] == 1.2
+    # The run's own workers raise the load it ends at: judged on the load it started at.
+    own = bench.judge(bench.DEFAULT_RUN, wall_s=170, cpu_s=300, load_before=0.6,
+                      load_after=2.1, exit_status=0)
+    assert _met(own) == {"default_run_wall_s": True, "default_run_cpu_s": True}
+
+
+def test_settle_waits_for_the_load_to_decay_and_gives_up_at_its_limit(bench, monkeypatch):
+    loads = iter([2.0, 1.5, 1.1, 0.9, 0.8])
+    monkeypatch.setattr(bench.os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
+    monkeypatch.setattr(bench.time, "sleep", lambda _s: None)
+    bench.settle(max_load=1.0, max_wait_s=60.0, poll_s=0.0)
+    assert next(loads) == 0.8  # stopped at the first load below 1
+    monkeypatch.setattr(bench.os, "getloadavg", lambda: (5.0, 0.0, 0.0))
+    assert bench.settle(max_load=1.0, max_wait_s=0.05, poll_s=0.0) >= 0.0  # gives up
 
 
 def test_over_a_limit_or_a_failed_run_is_not_met(bench):
@@ -47,6 +61,7 @@ def test_the_parallel_gate_is_judged_on_wall_time_and_reports_its_cpu(bench):
     assert _met(quick) == {"gate_n2_wall_s": True}
     run = {"load_1m_before": 0.3, "load_1m_after": 0.8, "counts": {"passed": 144},
            "cpu_s": 41, "targets": quick}
-    assert "gate_n2_wall_s=24/30 (CPU 41 s" in bench.summary({"gate_n2": run})
+    assert "gate_n2_wall_s=24/30 (CPU 41 s, load 0.30 at the start, 0.80 at the end" in \
+        bench.summary({"gate_n2": run})
     assert bench.GATE_PARALLEL.argv == ("-m", "gate", "-n", "2", "--dist", "worksteal")
     assert bench.DEFAULT_RUN.argv == ("-n", "2", "--dist", "worksteal")  # the README's command
