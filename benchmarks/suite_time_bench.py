@@ -85,6 +85,17 @@ def judge(target: SuiteTarget, *, wall_s: float, cpu_s: float, load_before: floa
                    "met": passed and cpu_s <= target.max_cpu_s}]
 
 
+MAX_LISTED_FAILURES = 10
+
+
+def failed_tests(stdout: str) -> list[str]:
+    """The node ids of pytest's ``FAILED``/``ERROR`` summary lines (``-ra``), so a failed
+    run says which tests failed, not only how many."""
+    found = [line.split(" ", 1)[1].split(" - ", 1)[0] for line in stdout.splitlines()
+             if line.startswith(("FAILED ", "ERROR "))]
+    return found[:MAX_LISTED_FAILURES]
+
+
 def _children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -111,11 +122,12 @@ def run_suite(target: SuiteTarget) -> dict:
     wall, cpu, load_after = time.monotonic() - started, _children_cpu() - cpu_before, \
         os.getloadavg()[0]
     last = next((line for line in reversed(done.stdout.splitlines()) if line.strip()), "")
+    failures = failed_tests(done.stdout)
     return {"command": " ".join(["python3", "-m", "pytest", *target.argv]),
             "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "settled_s": waited_s,
             "load_1m_before": load_before,
             "load_1m_after": load_after, "exit_status": done.returncode,
-            "counts": counts(last), "last_line": last,
+            "counts": counts(last), "last_line": last, "failed_tests": failures,
             "targets": judge(target, wall_s=wall, cpu_s=cpu, load_before=load_before,
                              load_after=load_after, exit_status=done.returncode)}
 

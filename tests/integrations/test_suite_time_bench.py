@@ -65,3 +65,13 @@ def test_the_parallel_gate_is_judged_on_wall_time_and_reports_its_cpu(bench):
         bench.summary({"gate_n2": run})
     assert bench.GATE_PARALLEL.argv == ("-m", "gate", "-n", "2", "--dist", "worksteal")
     assert bench.DEFAULT_RUN.argv == ("-n", "2", "--dist", "worksteal")  # the README's command
+
+
+def test_a_failed_run_names_its_failed_tests(bench):
+    stdout = ("....F\n=== short test summary info ===\n"
+              "FAILED tests/a/test_x.py::test_one[p] - AssertionError: 1 == 2\n"
+              "ERROR tests/b/test_y.py::test_two - RuntimeError\n"
+              "SKIPPED [1] tests/c.py:3: no\n1 failed, 1 error in 3s\n")
+    assert bench.failed_tests(stdout) == ["tests/a/test_x.py::test_one[p]",
+                                          "tests/b/test_y.py::test_two"]
+    assert bench.failed_tests("5 passed in 1s\n") == []
