@@ -30,9 +30,11 @@ from tests.support.serving_test_helpers import (
 )
 
 # The request deadline the servers here get, and the trickle's pace: a byte every quarter
-# deadline, so no single read ever waits long. Short because the slow clients are cut one
-# server-full per deadline and the tests wait those deadlines out; no bound depends on it.
-READ_TIMEOUT_S = 1.0
+# deadline, so no single read ever waits long. Not shorter: the EMFILE case needs the
+# server to accept past its descriptor budget before the first slow clients are cut,
+# and a loaded host accepts slowly: a shorter deadline makes that race likelier (once,
+# at 2 s under a profiler at load 9, accept never ran out of descriptors).
+READ_TIMEOUT_S = 2.0
 TRICKLE_INTERVAL_S = READ_TIMEOUT_S / 4
 # Slow clients trickle this long at most: far past the deadline, and past the good
 # client's timeout, so without a request deadline the good client is never served.
