@@ -1,14 +1,34 @@
-"""A scripted backend and a collecting result writer for the stage protocol's own tests
-(test_stage_a_runner.py, test_stage_ab_interleaved.py; their ``make_runner`` fixture is in
-this directory's conftest)."""
+"""A scripted backend, a collecting result writer and the A/B alternation check for the
+stage protocol's own tests (test_stage_a_runner.py, test_stage_ab_*.py; their
+``make_runner`` fixture is in this directory's conftest)."""
 
 from __future__ import annotations
 
 from pytest_afd.core.backend import RequestOutput, RunOutputs
 from pytest_afd.results.documents import build_result, validate_result
+from pytest_afd.run import ab
 
 INSTRUMENTED_WALL_S = 4.0
 MEASURED_WALL_S = 2.0
+AB_CASES = ("x", "y")
+REPETITIONS = 3
+
+
+def ab_case_sides() -> list[str]:
+    """Every case's A and B result names, in the order the protocol runs them."""
+    return [f"{name}/{side}" for name in AB_CASES for side in ab.SIDES]
+
+
+def measure_ab_alternating(runner) -> dict:
+    """Measure cases x and y under the runner's A/B sides and assert the executed order
+    alternates A, B within every repetition; returns what ``runner.measure`` returned."""
+    workload = runner.workload("uniform")
+    cases = [runner.case(name=name, workload=workload, settings=runner.settings())
+             for name in AB_CASES]
+    measured = runner.measure(cases)
+    assert measured["x/ab-A"].result["protocol"]["executed_order"] == [
+        f"{side}#{r}" for r in range(REPETITIONS) for side in ab_case_sides()]
+    return measured
 
 
 class ScriptedBackend:

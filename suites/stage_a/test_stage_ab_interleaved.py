@@ -4,6 +4,7 @@ repetition by repetition in one session; both results written; the verdict compa
 from __future__ import annotations
 
 import pytest
+from scripted_backend import ab_case_sides, measure_ab_alternating
 
 from pytest_afd.core.backend import CAP_CHUNKED_PREFILL, CAP_PREFIX_CACHE, CAP_SPLIT
 from pytest_afd.run import ab
@@ -16,19 +17,13 @@ def test_each_case_runs_with_both_option_sets_alternately(make_runner):
     # Side B chunks: without chunked prefill the case would skip and nothing would run.
     runner, backend = make_runner({CAP_SPLIT, CAP_PREFIX_CACHE, CAP_CHUNKED_PREFILL})
     runner.ab = AB
-    workload = runner.workload("uniform")
-    cases = [runner.case(name=name, workload=workload, settings=runner.settings())
-             for name in ("x", "y")]
-    measured = runner.measure(cases)
-    sides = [f"{n}/{s}" for n in ("x", "y") for s in ab.SIDES]
-    assert measured["x/ab-A"].result["protocol"]["executed_order"] == [
-        f"{side}#{r}" for r in range(3) for side in sides]  # A, B, A, B ... per repetition
+    measured = measure_ab_alternating(runner)  # A, B, A, B ... per repetition
     assert measured["x/ab-A"].case.settings.split_policy == "request_boundary"
     assert measured["x/ab-B"].case.settings.split_policy == "token_balanced"
     assert measured["x/ab-B"].case.settings.chunk_size == 64
     assert measured["x"] is measured["x/ab-A"]  # the stage's own checks read side A
     ids = sorted(doc["case_id"] for doc in runner.writer.docs)
-    assert ids == sorted(f"runner-test/{side}" for side in sides)  # four results, once each
+    assert ids == sorted(f"runner-test/{side}" for side in ab_case_sides())  # four results, once each
     ran = [settings for name, settings in backend.calls if name == "run"]
     assert len(ran) == 4 * (1 + 3)
     text = conclusions.ab_text(runner.writer.docs)

@@ -7,7 +7,7 @@ tests/cli/test_ab_code_versions_e2e.py (slow); here the two sides are two script
 
 from __future__ import annotations
 
-from scripted_backend import ScriptedBackend
+from scripted_backend import ScriptedBackend, measure_ab_alternating
 
 from pytest_afd.core.backend import CAP_PREFIX_CACHE, CAP_SPLIT
 from pytest_afd.run import ab, ab_sides
@@ -52,13 +52,7 @@ def test_each_side_runs_on_its_own_backend_alternately_and_says_so(make_runner, 
     handle_b = stage_helpers.BackendHandle(backend_b, runner.handle.manifest, runner.topology,
                                            "reduced")
     runner.pool, runner.ab, runner.ab_sides = SidePool(handle_b), ab.SAME_SETTINGS, _sides()
-    workload = runner.workload("uniform")
-    cases = [runner.case(name=name, workload=workload, settings=runner.settings())
-             for name in ("x", "y")]
-    measured = runner.measure(cases)
-    sides = [f"{n}/{s}" for n in ("x", "y") for s in ab.SIDES]
-    assert measured["x/ab-A"].result["protocol"]["executed_order"] == [
-        f"{side}#{r}" for r in range(3) for side in sides]  # A, B, A, B ... per repetition
+    measured = measure_ab_alternating(runner)  # A, B, A, B ... per repetition
     # Each backend ran only its own side: 2 cases x (1 warmup + 3 repetitions) each.
     assert [name for name, _ in backend_a.calls].count("run") == 2 * 4
     assert [name for name, _ in backend_b.calls].count("run") == 2 * 4
