@@ -153,12 +153,7 @@ def _kv_index_ranges(specs: dict, pcp_size: int, num_requests: int) -> dict:
                              for starts, _ in specs.values()])
     lengths = np.concatenate([np.asarray(lengths, dtype=np.int64) + zero
                               for _, lengths in specs.values()])
-    bounds = [0, *np.cumsum(lengths.sum(axis=1)).tolist()]
-    flat_lengths = lengths.reshape(-1)
-    ends = np.cumsum(flat_lengths)
-    flat = np.arange(bounds[-1], dtype=np.int64) + np.repeat(
-        starts.reshape(-1) - (ends - flat_lengths), flat_lengths)
-    pieces = [flat[start:stop].copy() for start, stop in itertools.pairwise(bounds)]
+    pieces = _rank_block_ranges(starts, lengths)  # every name's ranks, stacked: one pass
     return {name: pieces[index * pcp_size:(index + 1) * pcp_size]
             for index, name in enumerate(specs)}
 
