@@ -83,12 +83,17 @@ def read_results(results_dir: Path) -> dict[str, dict]:
     return docs
 
 
-def fixed_verdict(a: list[float], b: list[float]) -> str:
-    """The fixed protocol's call on ``b / a``: a paired t-test at ``ALPHA`` on log-ratios."""
+def _log_ratio_moments(a: list[float], b: list[float]) -> tuple[int, float, float]:
+    """(n, mean, sd) of the paired log-ratios ``log(b / a)``."""
     ratios = [math.log(y / x) for x, y in zip(a, b, strict=False)]
     n = len(ratios)
     mean = sum(ratios) / n
-    sd = math.sqrt(sum((r - mean) ** 2 for r in ratios) / (n - 1))
+    return n, mean, math.sqrt(sum((r - mean) ** 2 for r in ratios) / (n - 1))
+
+
+def fixed_verdict(a: list[float], b: list[float]) -> str:
+    """The fixed protocol's call on ``b / a``: a paired t-test at ``ALPHA`` on log-ratios."""
+    n, mean, sd = _log_ratio_moments(a, b)
     if sd == 0:
         return "undecided"
     t = mean / (sd / math.sqrt(n))
@@ -100,10 +105,7 @@ def fixed_verdict(a: list[float], b: list[float]) -> str:
 def fixed_interval(a: list[float], b: list[float]) -> dict:
     """``b / a`` from the fixed session: the geometric-mean ratio and its 95% t interval,
     so a verdict that differs can be read against the size of the difference."""
-    ratios = [math.log(y / x) for x, y in zip(a, b, strict=False)]
-    n = len(ratios)
-    mean = sum(ratios) / n
-    sd = math.sqrt(sum((r - mean) ** 2 for r in ratios) / (n - 1))
+    n, mean, sd = _log_ratio_moments(a, b)
     half = scipy_stats.t.ppf(1 - ALPHA / 2, n - 1) * sd / math.sqrt(n)
     return {"ratio": round(math.exp(mean), 4),
             "interval_95": [round(math.exp(mean - half), 4), round(math.exp(mean + half), 4)]}
