@@ -10,9 +10,10 @@ outcome (not skipped) and, on a hardware backend, completed at least one run
 on the deployment (the hardware ledger's ``measured`` cases, stand-ins
 included). It says so after the verdicts and in ``summary.json``
 (``gate_runs``), with what the others need, grouped from their skip reasons
-(``routing='natural' (25)``, gate 1's split-none reference deployment, ...). Under ``--afd-require-hardware`` (the nightly passes it) a gate
-session in which none ran fails; the record phase, which runs only the
-references by design, is exempt.
+(``routing='natural' (25)``, gate 1's split-none reference deployment, ...). A gate
+session in which none ran fails under ``--afd-require-hardware`` (the nightly passes it)
+and on a hardware backend whenever it selected split-path cases; the record phase,
+which runs only the references by design, is exempt.
 
 Under pytest-xdist the workers tag each split-path case's reports
 (``user_properties``), so the controller, which collects nothing, counts them.
@@ -82,6 +83,7 @@ class GateRunLedger:
         self.gate_cases: set[str] = set()
         self.outcomes: dict[str, dict[str, Any]] = {}
         self.failed_session = False
+        self.fail_reason: str | None = None
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for item in items:
@@ -147,7 +149,7 @@ class GateRunLedger:
             if any("=" in need for need in needs):
                 text += f"; {LAUNCH_HINT}"
         if self.failed_session:
-            text += "; --afd-require-hardware: failing the session (no split-path case ran)"
+            text += f"; {self.fail_reason}: failing the session (no split-path case ran)"
         return text
 
     def summary(self) -> dict[str, Any] | None:
@@ -164,10 +166,25 @@ class GateRunLedger:
             return
         if session.exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
             return  # interrupted or stopped: said elsewhere
-        if self.require_hardware and not self.exempt_phase and not self.ran():
+        self.fail_reason = self._fail_reason()
+        if self.fail_reason is not None:
             self.failed_session = True
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _fail_reason(self) -> str | None:
+        """Why a session in which no split-path case ran fails, or None.
+
+        ``--afd-require-hardware`` asks for it; so does choosing a hardware backend whose
+        session selected split-path cases: a wrong or half-given deployment (no settings,
+        other settings) would otherwise end green with only the pure checks run."""
+        if self.exempt_phase or self.ran():
+            return None
+        if self.require_hardware:
+            return "--afd-require-hardware"
+        if self.hardware_backend and self.counted():
+            return "on a hardware backend"
+        return None
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         """Its own section (the results table repeats the line among the verdicts)."""

@@ -72,6 +72,24 @@ def test_zero_split_path_cases_ran_is_said_and_fails(pytester, tmp_path, no_depl
     assert found["fails_session"] is True
 
 
+def test_a_hardware_backend_fails_the_session_without_require_hardware_too(
+        pytester, tmp_path, no_deployment, policy_servers):
+    """A user's plain ``pytest -m gate --afd-backend vllm-ascend`` against a deployment no
+    split-path case can run on ends red, not green on the pure checks alone."""
+    listing = tmp_path / "deployments.json"
+    listing.write_text(json.dumps([entry(policy_servers["token_balanced"].base_url,
+                                         "token_balanced")]))
+    no_deployment.setenv("AFD_ASCEND_DEPLOYMENTS", str(listing))
+    pytester.makepyfile(GATES)
+    result = pytester.runpytest(*(arg for arg in ARGS if arg != "--afd-require-hardware"))
+    result.assert_outcomes(passed=2, skipped=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines([
+        "gate: 0 of 1 split-path cases ran against the deployment;*"
+        "on a hardware backend: failing the session (no split-path case ran)"])
+    assert gate_runs(pytester)["fails_session"] is True
+
+
 def test_with_the_split_none_deployment_the_case_runs_and_passes(pytester, tmp_path,
                                                                  no_deployment, policy_servers):
     balanced, none = policy_servers["token_balanced"], policy_servers["none"]
