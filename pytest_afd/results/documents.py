@@ -35,6 +35,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
 from pytest_afd.core.backend import RunSettings
+from pytest_afd.results.fast_check import compiled_check
 from pytest_afd.results.manifest import absent, manifest_digest, with_run  # noqa: F401 - absent re-exported
 from pytest_afd.results.parts import (  # noqa: F401 - re-exported: results is the public module
     DEFAULT_ASYNC_MOE_STAGES,
@@ -123,6 +124,12 @@ def _validator(file_name: str) -> Draft202012Validator:
     return Draft202012Validator(inlined_schema(schema, {manifest_schema["$id"]: manifest_schema}))
 
 
+@functools.cache
+def _compiled_check(file_name: str):
+    """The compiled yes/no on the same inlined schema (``fast_check``), or ``None``."""
+    return compiled_check(_validator(file_name).schema)
+
+
 def _describe_error(error: ValidationError) -> str:
     where = "/" + "/".join(str(p) for p in error.absolute_path)
     detail = error.message
@@ -148,6 +155,9 @@ def _validate(doc: Any, file_name: str, what: str) -> None:
         raise ResultValidationError(
             f"{what} holds non-finite numbers (NaN/Infinity are not JSON) at: {', '.join(bad[:10])}"
         )
+    quick = _compiled_check(file_name)
+    if quick is not None and quick(doc):
+        return  # valid: jsonschema would list no error (fast_check)
     errors = sorted(
         _validator(file_name).iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))
     )
