@@ -10,13 +10,17 @@ Loopback only; every loop is bounded in count and time.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
+import os
 import resource
 import select
+import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -30,10 +34,12 @@ from tests.support.serving_test_helpers import (
 )
 
 # The request deadline the servers here get, and the trickle's pace: a byte every quarter
-# deadline, so no single read ever waits long. Not shorter: the EMFILE case needs the
-# server to accept past its descriptor budget before the first slow clients are cut,
-# and a loaded host accepts slowly: a shorter deadline makes that race likelier (once,
-# at 2 s under a profiler at load 9, accept never ran out of descriptors).
+# deadline, so no single read ever waits long. The EMFILE case needs the server to
+# accept past its descriptor budget before the first slow clients are cut: the clients
+# connect while the server is stopped (SIGSTOP), so all of them wait in the listen
+# backlog and the server accepts them in one burst, not at the pace a loaded host lets
+# this test connect (twice, at load 8-9, the connects outlasted the deadline and accept
+# never ran out of descriptors).
 READ_TIMEOUT_S = 2.0
 TRICKLE_INTERVAL_S = READ_TIMEOUT_S / 4
 # Slow clients trickle this long at most: far past the deadline, and past the good
@@ -139,6 +145,17 @@ class GoodClient:
             self.connection.close()
 
 
+@contextlib.contextmanager
+def server_stopped(process: subprocess.Popen) -> Iterator[None]:
+    """The server process stopped (SIGSTOP) for the block and continued after it, even
+    on an error: the kernel still completes connections into its listen backlog."""
+    os.kill(process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+
+
 def metrics(port: int) -> list:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=CLIENT_TIMEOUT_S)
     try:
@@ -153,8 +170,9 @@ def test_more_slow_clients_than_descriptors_do_not_lock_out_a_good_client(tmp_pa
     extra = [] if cap is None else ["--max-connections", str(cap)]
     process, port = start_server(tmp_path, extra)
     try:
-        clients = open_slow_clients(port, SLOW_CLIENTS)
-        good = GoodClient(port)  # queued in the listen backlog behind the slow clients
+        with server_stopped(process):  # every client waits in the backlog (READ_TIMEOUT_S)
+            clients = open_slow_clients(port, SLOW_CLIENTS)
+            good = GoodClient(port)  # queued in the listen backlog behind the slow clients
         cut, _ = trickle_until_cut(clients, TRICKLE_LIMIT_S)
         status, waited_s = good.answer()
         samples = metrics(port)
