@@ -2,6 +2,8 @@
 
 import contextlib
 import os
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,29 @@ TESTS_DIR = Path(__file__).parent / "tests"
 # core. Set before any test process or child loads torch (they inherit it); a value
 # the user exported wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+BYTECODE_CACHE_DIR = Path(tempfile.gettempdir()) / f"pytest-afd-pycache-{os.getuid()}"
+"""Where the suite's processes share compiled bytecode when the user keeps it out of the
+checkout (PYTHONDONTWRITEBYTECODE): one cache outside every source tree."""
+
+
+def _share_bytecode_outside_the_checkout() -> None:
+    """Under PYTHONDONTWRITEBYTECODE every process the suite starts (xdist workers, the
+    CPU servers, CLI and pytester runs: hundreds) compiled pytest_afd's modules and
+    re-rewrote the test modules' asserts again, ~0.5 s of CPU each. The user's intent,
+    no bytecode beside the sources, is kept by writing it under ``BYTECODE_CACHE_DIR``
+    instead (PYTHONPYCACHEPREFIX, Python's own mechanism; pytest's assert rewriting
+    honours it too). A PYTHONPYCACHEPREFIX the user exported wins; without
+    PYTHONDONTWRITEBYTECODE nothing changes."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or os.environ.get("PYTHONPYCACHEPREFIX"):
+        return
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    os.environ["PYTHONPYCACHEPREFIX"] = str(BYTECODE_CACHE_DIR)
+    sys.pycache_prefix = str(BYTECODE_CACHE_DIR)
+    sys.dont_write_bytecode = False
+
+
+_share_bytecode_outside_the_checkout()
 
 
 def _runs_tests(config: pytest.Config) -> bool:
