@@ -64,14 +64,16 @@ POLICY_WEIGHTS = (0.7, 0.15, 0.15)
 PREFIX_PROBABILITY = 0.3
 MIN_SPLIT_FRACTION = 0.5
 MIN_PARTIAL_FRACTION = 0.25
-MIN_PARTIAL_WITH_COMPUTED = 50
-# Bounds on growth (after gc.collect()). Clean soaks, seeds 0-3: 98-438 blocks and -2..1
-# gc objects over ~1,000 forwards, and 51-57 kB traced over the last ~150 (long-lived
-# objects re-allocated under tracing, as the whole soak traced ~50 kB before). Keeping
-# every forward's metadata adds ~15 blocks and 2 gc objects per forward; a buffer kept
-# per forward is seen by the window from ~1.7 kB a forward.
+MIN_PARTIAL_WITH_COMPUTED_FRACTION = 0.1
+"""Of the forwards, cuts inside a request with computed tokens (50 at 500 forwards, as the
+fixed bound was; seeds 0-5 at 250 forwards: 26-45 %)."""
+# Bounds on growth (after gc.collect()). Clean soaks: blocks 98-438 (seeds 0-3, ~1,000
+# forwards) and 130-453 (seeds 0-5, 250: warm-up, not length), gc objects -2..1 at every
+# length, and 51-68 kB traced over the last ~150 (long-lived objects re-allocated under
+# tracing). Keeping every forward's metadata adds ~15 blocks and 2 gc objects per
+# forward; a buffer kept per forward is seen by the window from ~1.7 kB a forward.
 MAX_ALLOCATED_BLOCK_GROWTH = 2048
-MAX_GC_OBJECT_GROWTH = 400
+MAX_GC_OBJECT_GROWTH = 100
 TRACED_FORWARDS = 150
 """The soak's last forwards traced by ``tracemalloc`` (buffers above 512 B are no block)."""
 MAX_TRACED_GROWTH_BYTES = 256 * 1024
@@ -268,7 +270,8 @@ def test_gate_5_soak_mixed_partial_splits(soak_backend, gate_backends, afd_optio
     assert not counts.count_problems, counts.count_problems[:MAX_SHOWN_PROBLEMS]
     assert counts.split >= MIN_SPLIT_FRACTION * counts.forwards, counts.to_json()
     assert counts.partial_request >= MIN_PARTIAL_FRACTION * counts.forwards, counts.to_json()
-    assert counts.partial_with_computed >= MIN_PARTIAL_WITH_COMPUTED, counts.to_json()
+    assert (counts.partial_with_computed
+            >= MIN_PARTIAL_WITH_COMPUTED_FRACTION * counts.forwards), counts.to_json()
 
 
 @pytest.mark.gate

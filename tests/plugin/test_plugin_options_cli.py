@@ -116,7 +116,7 @@ def test_soak_length(afd_options):
 
 
 @pytest.mark.parametrize(("args", "env", "expected"), [
-    ((), None, 500), (("--afd-soak-forwards", "800"), None, 800), ((), "5000", 5000)])
+    ((), None, 250), (("--afd-soak-forwards", "800"), None, 800), ((), "5000", 5000)])
 def test_soak_forwards_reads_flag_and_env(pytester, monkeypatch, args, env, expected):
     if env is not None:
         monkeypatch.setenv("AFD_SOAK_FORWARDS", env)
