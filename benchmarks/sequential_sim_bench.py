@@ -31,7 +31,11 @@ alpha/5 per look, equivalence within 5%), 1,000 sessions each:
   study's own comparisons is measured by ``sequential_stage_bench.py``;
 * a bound, not a rule: the same design if each comparison's noise sd were *known*
   (z instead of t, looks from 2), against the fixed z-test at equal power: what the
-  t rule loses by estimating the sd from its own 3-16 repetitions.
+  t rule loses by estimating the sd from its own 3-16 repetitions;
+* on CPU-time noise, other boundary families (``sequential_families.py``: each
+  family's best rule from a scratch search, its validity measured), against the same
+  fixed comparator on the bench's sessions and on two fresh session sets: the
+  summary says how many valid rules met every target on every set.
 
 JSON: one ``met`` flag per target and design; one summary line on stdout.
 """
@@ -284,18 +288,28 @@ def _ratio(value: float | None) -> str:
     return "n/a" if value is None else f"x{value:.2f}"
 
 
+def _worst_ratio(row: dict) -> float:
+    ratios = [row["fixed_n_over_sequential_mean_mix"]] + [c["ratio_mix"]
+                                                          for c in row["fresh_sessions"]]
+    return min(r if r is not None else 0.0 for r in ratios)
+
+
 def families_line(families: list[dict]) -> str:
-    """The best valid family's ratio on the bench's sessions and on the fresh ones."""
-    valid = [f for f in families if f["valid"] and f["fixed_n_over_sequential_mean_mix"]]
-    if not valid:
-        return "no valid family rule"
-    best = max(valid, key=lambda f: f["fixed_n_over_sequential_mean_mix"])
-    fresh = ", ".join(_ratio(c["ratio_mix"]) for c in best["fresh_sessions"])
+    """Whether any valid family rule met 2x on every session set, and the best one by its
+    worst session set (the bench's own sessions chose it, so they flatter it)."""
+    valid = [f for f in families if f["valid"]]
     meeting = sum(f["meets_all_on_every_session_set"] for f in valid)
-    return (f"best valid family {best['family']} {best['params']} "
-            f"{_ratio(best['fixed_n_over_sequential_mean_mix'])} (A/A {best['aa']['calls']:.1%}, "
-            f"power {best['planted']['right_direction']:.1%}; fresh sessions {fresh}); "
-            f"{meeting} of {len(valid)} valid rules meet every target on every session set")
+    head = f"2x on every session set: {meeting} of {len(valid)} valid family rules"
+    if not valid:
+        return head
+    best = max(valid, key=_worst_ratio)
+    params = ",".join(f"{k}={v}" for k, v in best["params"].items())
+    ceiling = [f for f in families if not f["valid"]]
+    tail = "".join(f"; {f['family']} {_ratio(f['fixed_n_over_sequential_mean_mix'])} (not valid)"
+                   for f in ceiling)
+    return (f"{head} (best, worst of {1 + len(best['fresh_sessions'])} session sets: "
+            f"{best['family']}({params}) {_ratio(_worst_ratio(best))}, "
+            f"{_ratio(best['fixed_n_over_sequential_mean_mix'])} on the bench's own{tail})")
 
 
 def one_line(report: dict) -> str:
@@ -317,13 +331,12 @@ def one_line(report: dict) -> str:
         bound = entry["known_sd_bound"]["fixed_n_over_mean_mix"]
         parts.append(f"{entry['metric']} known-sd bound x"
                      f"{'n/a' if bound is None else f'{bound:.2f}'}")
-        families = entry.get("design_families", [])
-        if families:
-            parts.append(families_line(families))
     met = sum(t["met"] for e in report["metrics"] for r in e["designs"] for t in r["targets"].values())
     total = sum(len(r["targets"]) for e in report["metrics"] for r in e["designs"])
+    families = [families_line(e["design_families"]) for e in report["metrics"]
+                if e.get("design_families")]
     return (f"sequential_sim_bench: {met}/{total} targets met ({report['sessions']} sessions "
-            f"per cell, planted {PLANTED_RATIO}x; ! = not met): " + "; ".join(parts))
+            f"per cell, planted {PLANTED_RATIO}x; ! = not met): " + "; ".join(families + parts))
 
 
 def main(argv=None) -> int:
