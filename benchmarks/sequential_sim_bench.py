@@ -31,7 +31,11 @@ alpha/5 per look, equivalence within 5%), 1,000 sessions each:
   study's own comparisons is measured by ``sequential_stage_bench.py``;
 * a bound, not a rule: the same design if each comparison's noise sd were *known*
   (z instead of t, looks from 2), against the fixed z-test at equal power: what the
-  t rule loses by estimating the sd from its own 3-16 repetitions.
+  t rule loses by estimating the sd from its own 3-16 repetitions;
+* on CPU-time noise, other boundary families (``sequential_families.py``: each
+  family's best rule from a scratch search, its validity measured), against the same
+  fixed comparator on the bench's sessions and on two fresh session sets: the
+  summary says how many valid rules met every target on every set.
 
 JSON: one ``met`` flag per target and design; one summary line on stdout.
 """
@@ -45,6 +49,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import sequential_families
 from bench_load import emit_report
 from scipy import stats as scipy_stats
 
@@ -171,7 +176,8 @@ def per_truth_ratios(fixed_n: int | None, rows: dict[str, dict]) -> dict:
     return {name: fixed_n / row["mean_repetitions"] for name, row in rows.items()}
 
 
-def bench_metric(document: dict, metric: str, count: int, seed: int) -> dict:
+def bench_metric(document: dict, metric: str, count: int, seed: int,
+                 family_sequences: int = sequential_families.SEQUENCES) -> dict:
     pool = noise_pool(document, metric)
     shift = math.log(PLANTED_RATIO)
     draws = sessions(pool, count, MAX_FIXED_SEARCH, seed)
@@ -217,8 +223,93 @@ def bench_metric(document: dict, metric: str, count: int, seed: int) -> dict:
             },
         })
     sd = float(pool.std(ddof=1))
-    return {"metric": metric, "pool_size": int(pool.size), "paired_log_ratio_sd": sd,
-            "designs": rows, "known_sd_bound": known_sd_bound(draws, sd, designs["calibrated"])}
+    report = {"metric": metric, "pool_size": int(pool.size), "paired_log_ratio_sd": sd,
+              "designs": rows, "known_sd_bound": known_sd_bound(draws, sd, designs["calibrated"])}
+    if metric == FAMILIES_METRIC:
+        report["design_families"] = design_families(pool, draws, aa_draws, seed,
+                                                    family_sequences)
+    return report
+
+
+FAMILIES_METRIC = "cpu_time_s"
+"""The noise the families were searched on (on wall time no rule reaches 80% power)."""
+
+
+FRESH_SEED_OFFSETS = (100, 200)
+"""The families' parameters were searched on the bench's own sessions (seed 0), which
+makes those sessions a biased test of them: each rule is re-run on two fresh sets."""
+
+
+def _family_cell(rule: dict, draws: np.ndarray, aa_draws: np.ndarray) -> dict:
+    looks = rule["looks"]
+    truths = {name: sequential_families.run_rule(looks, rule["efficacy"], rule["futility"],
+                                                 data, math.log(ratio))
+              for name, data, ratio in (("aa", aa_draws, 1.0), ("planted", draws, PLANTED_RATIO),
+                                        (f"planted_{LARGE_RATIO}x", draws, LARGE_RATIO))}
+    power = truths["planted"]["right_direction"]
+    fixed = fixed_at_equal_power(draws, math.log(PLANTED_RATIO), power, sequential_families.ALPHA)
+    mix = sum(t["mean_repetitions"] for t in truths.values()) / len(truths)
+    ratio = None if fixed["n"] is None else fixed["n"] / mix
+    return {**truths, "fixed_at_equal_power": fixed, "mean_repetitions_mix": mix,
+            "fixed_n_over_sequential_mean_mix": ratio,
+            "meets_all": bool(truths["aa"]["calls"] <= MAX_FALSE_CALLS and power >= MIN_POWER
+                              and ratio is not None and ratio >= 2.0)}
+
+
+def design_families(pool: np.ndarray, draws: np.ndarray, aa_draws: np.ndarray, seed: int,
+                    sequences: int = sequential_families.SEQUENCES) -> list[dict]:
+    """Each family's best rule (``sequential_families``) against the same fixed comparator,
+    on the bench's sessions and on fresh ones: is there a valid rule that reaches 2x?"""
+    fresh = [(sessions(pool, len(draws), draws.shape[1], seed + offset),
+              sessions(pool, len(aa_draws), draws.shape[1], seed + offset + 1))
+             for offset in FRESH_SEED_OFFSETS]
+    rows = []
+    for rule in sequential_families.family_rules(sequences):
+        crossing = sequential_families.any_look_crossing(rule["looks"], rule["efficacy"],
+                                                         sequences)
+        cell = _family_cell(rule, draws, aa_draws)
+        others = [_family_cell(rule, d, a) for d, a in fresh]
+        rows.append({"family": rule["family"], "params": rule["params"], "note": rule["note"],
+                     "looks": list(rule["looks"]), "any_look_crossing_fresh_paths": crossing,
+                     "valid": sequential_families.is_valid(crossing, sequences),
+                     "calibration_sequences": sequences, **cell,
+                     "fresh_sessions": [{"seed": seed + o,
+                                         "aa_false_calls": c["aa"]["calls"],
+                                         "power": c["planted"]["right_direction"],
+                                         "fixed_n": c["fixed_at_equal_power"]["n"],
+                                         "ratio_mix": c["fixed_n_over_sequential_mean_mix"]}
+                                        for o, c in zip(FRESH_SEED_OFFSETS, others, strict=True)],
+                     "meets_all_on_every_session_set": cell["meets_all"]
+                     and all(c["meets_all"] for c in others)})
+    return rows
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"x{value:.2f}"
+
+
+def _worst_ratio(row: dict) -> float:
+    ratios = [row["fixed_n_over_sequential_mean_mix"]] + [c["ratio_mix"]
+                                                          for c in row["fresh_sessions"]]
+    return min(r if r is not None else 0.0 for r in ratios)
+
+
+def families_line(families: list[dict]) -> str:
+    """Whether any valid family rule met 2x on every session set, and the best one by its
+    worst session set (the bench's own sessions chose it, so they flatter it)."""
+    valid = [f for f in families if f["valid"]]
+    meeting = sum(f["meets_all_on_every_session_set"] for f in valid)
+    head = f"2x on every session set: {meeting} of {len(valid)} valid family rules"
+    if not valid:
+        return head
+    best = max(valid, key=_worst_ratio)
+    params = ",".join(f"{k}={v}" for k, v in best["params"].items())
+    ceiling = [f for f in families if not f["valid"]]
+    tail = "".join(f"; {f['family']} {_ratio(f['fixed_n_over_sequential_mean_mix'])} (not valid)"
+                   for f in ceiling)
+    return (f"{head} (best, worst of {1 + len(best['fresh_sessions'])} session sets: "
+            f"{best['family']}({params}) {_ratio(_worst_ratio(best))}, "
+            f"{_ratio(best['fixed_n_over_sequential_mean_mix'])} on the bench's own{tail})")
 
 
 def one_line(report: dict) -> str:
@@ -242,8 +333,10 @@ def one_line(report: dict) -> str:
                      f"{'n/a' if bound is None else f'{bound:.2f}'}")
     met = sum(t["met"] for e in report["metrics"] for r in e["designs"] for t in r["targets"].values())
     total = sum(len(r["targets"]) for e in report["metrics"] for r in e["designs"])
+    families = [families_line(e["design_families"]) for e in report["metrics"]
+                if e.get("design_families")]
     return (f"sequential_sim_bench: {met}/{total} targets met ({report['sessions']} sessions "
-            f"per cell, planted {PLANTED_RATIO}x; ! = not met): " + "; ".join(parts))
+            f"per cell, planted {PLANTED_RATIO}x; ! = not met): " + "; ".join(families + parts))
 
 
 def main(argv=None) -> int:
@@ -251,18 +344,24 @@ def main(argv=None) -> int:
     parser.add_argument("--sessions", type=int, default=SESSIONS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--family-sequences", type=int, default=sequential_families.SEQUENCES,
+                        help="null paths per family calibration (fewer: faster, coarser)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
     if args.sessions < 1:
         parser.error(f"--sessions={args.sessions} must be >= 1")
+    if args.family_sequences < sequential_families.MIN_SEQUENCES:
+        parser.error(f"--family-sequences={args.family_sequences} must be >= "
+                     f"{sequential_families.MIN_SEQUENCES}")
     try:
         document = json.loads(args.data.read_text())
     except (OSError, ValueError) as error:
         raise SystemExit(f"--data={str(args.data)!r}: not a readable noise file ({error})") from None
     report = {"benchmark": "sequential_sim_bench", "sessions": args.sessions, "seed": args.seed,
               "planted_ratio": PLANTED_RATIO, "noise_provenance": document["provenance"],
-              "metrics": [bench_metric(document, metric, args.sessions, args.seed)
+              "metrics": [bench_metric(document, metric, args.sessions, args.seed,
+                                       args.family_sequences)
                           for metric in METRICS]}
     emit_report(report, one_line(report), output=args.output, as_json=args.json)
     return 0
