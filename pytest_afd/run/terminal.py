@@ -197,7 +197,7 @@ def failure_reasons(config: Any, state: AfdSession) -> list[str]:
                            "fewer than the record phase recorded")
     gates = config.pluginmanager.get_plugin(gate_runs.PLUGIN_NAME)
     if gates is not None and gates.failed_session:
-        reasons.append(f"--afd-require-hardware: 0 of {len(gates.counted())} split-path gate "
+        reasons.append(f"{gates.fail_reason}: 0 of {len(gates.counted())} split-path gate "
                        "cases ran against the deployment")
     if state.write_errors:
         reasons.append(f"{len(state.write_errors)} result write(s) failed: "

@@ -87,6 +87,10 @@ def test_a_hardware_backend_fails_the_session_without_require_hardware_too(
     result.stdout.fnmatch_lines([
         "gate: 0 of 1 split-path cases ran against the deployment;*"
         "on a hardware backend: failing the session (no split-path case ran)"])
+    # The last line names the reason this session failed for, not a flag it was not given.
+    final = [line for line in result.outlines if "pytest-afd: session failed" in line]
+    assert len(final) == 1 and "on a hardware backend: 0 of 1 split-path gate cases" in final[0]
+    assert "--afd-require-hardware" not in final[0]
     assert gate_runs(pytester)["fails_session"] is True
 
 
