@@ -28,7 +28,21 @@ from pytest_afd.results.documents import validate_manifest
 from pytest_afd.results.manifest import collect_manifest, manifest_digest
 from pytest_afd.run.options import AfdOptions
 from pytest_afd.run.session import afd_session
+from pytest_afd.run.xdist_order import is_xdist_worker, long_cases_first
 from pytest_afd.topology.spec import Topology, parse_topology
+
+LONG_GATE_CASES = (
+    "test_gate_5_soak_mixed_partial_splits",
+    "test_gate_5_memory_bound_sees_a_leak_no_reference_shows",
+    "test_gate_4_full_natural_greedy_tokens_match_unsplit",
+)
+"""The gates' longest cases (~7, ~2.5 and 1-2 s each on 2 cores): first under xdist."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist the longest gate cases run first (``xdist_order``)."""
+    if is_xdist_worker(config):
+        items[:] = long_cases_first(items, LONG_GATE_CASES)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
