@@ -6,20 +6,16 @@ soak is the gates' longest, and its module sorts last) then runs alone at the en
 the other worker has nothing left to take: measured on 2 cores, the two workers of
 ``pytest -m gate -n 2`` ended 2 s apart with the soak last. Moving the known-long cases
 to the front (longest processing time first, the classic makespan heuristic) leaves the
-short ones to even out the end. A serial session keeps the collection order
-(``fault-check`` orders its modules itself), and so does every case not named.
+short ones to even out the end. Only the workers reorder (``session.is_worker``: they
+collect the order the controller schedules, each the same), so a serial session keeps the
+collection order (``fault-check`` orders its modules itself), and so does every case not
+named.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from typing import Any
-
-
-def is_xdist_worker(config: Any) -> bool:
-    """True in a pytest-xdist worker (the processes that collect the order the controller
-    schedules; every worker must collect the same order)."""
-    return hasattr(config, "workerinput")
 
 
 def long_cases_first(items: Sequence[Any], long_names: Iterable[str]) -> list[Any]:

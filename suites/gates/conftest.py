@@ -27,8 +27,8 @@ from pytest_afd.golden.store import GoldenStore
 from pytest_afd.results.documents import validate_manifest
 from pytest_afd.results.manifest import collect_manifest, manifest_digest
 from pytest_afd.run.options import AfdOptions
-from pytest_afd.run.session import afd_session
-from pytest_afd.run.xdist_order import is_xdist_worker, long_cases_first
+from pytest_afd.run.session import afd_session, is_worker
+from pytest_afd.run.xdist_order import long_cases_first
 from pytest_afd.topology.spec import Topology, parse_topology
 
 LONG_GATE_CASES = (
@@ -41,7 +41,7 @@ LONG_GATE_CASES = (
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist the longest gate cases run first (``xdist_order``)."""
-    if is_xdist_worker(config):
+    if is_worker(config):
         items[:] = long_cases_first(items, LONG_GATE_CASES)
 
 

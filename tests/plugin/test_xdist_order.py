@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from pytest_afd.run.xdist_order import is_xdist_worker, long_cases_first
+from pytest_afd.run.xdist_order import long_cases_first
 
 
 def _items(*names: str) -> list[SimpleNamespace]:
@@ -24,7 +24,3 @@ def test_no_named_case_leaves_the_order_unchanged():
     assert long_cases_first(items, ("soak",)) == items
     assert long_cases_first(items, ()) == items
 
-
-def test_only_an_xdist_worker_reorders():
-    assert is_xdist_worker(SimpleNamespace(workerinput={"workerid": "gw0"}))
-    assert not is_xdist_worker(SimpleNamespace(option=None))
