@@ -18,8 +18,9 @@ import pytest
 def test_a_child_writes_its_bytecode_under_the_prefix_never_beside_the_source(tmp_path):
     prefix = os.environ.get("PYTHONPYCACHEPREFIX")
     if prefix is None or "PYTHONDONTWRITEBYTECODE" in os.environ:
-        pytest.skip("this session was started without PYTHONDONTWRITEBYTECODE: bytecode is "
-                    "written as Python writes it by default, nothing is redirected")
+        pytest.skip("nothing was redirected: the session started without "
+                    "PYTHONDONTWRITEBYTECODE, or with it and the user's own PYTHONPYCACHEPREFIX "
+                    "(conftest.py leaves both as they were)")
     (tmp_path / "bytecode_probe_module.py").write_text("VALUE = 1\n")
     subprocess.run([sys.executable, "-c", "import bytecode_probe_module"], cwd=tmp_path,
                    check=True, env={**os.environ, "PYTHONPATH": str(tmp_path)})
