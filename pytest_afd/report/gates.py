@@ -93,8 +93,10 @@ def _row(result: LoadedResult) -> list[str]:
     ]
 
 
-def gates_section(results: Sequence[LoadedResult]) -> tuple[list[str], Figure | None]:
-    """Markdown lines of the gates table, and the error-over-tolerance figure (or None)."""
+def gates_section(results: Sequence[LoadedResult], *, draw: bool = True
+                  ) -> tuple[list[str], Figure | None]:
+    """Markdown lines of the gates table, and the error-over-tolerance figure (None when
+    there is nothing to draw, or ``draw`` is off: ``report --no-plots``)."""
     ordered = sorted(results, key=lambda r: (verdict_rank(r), r.case_id))
     identical = sum(1 for r in results if (v := gate_verdict(r.doc)) is not None
                     and bit_identical(v))
@@ -108,7 +110,7 @@ def gates_section(results: Sequence[LoadedResult]) -> tuple[list[str], Figure | 
         *table(HEADER, [_row(r) for r in ordered]),
         "",
     ]
-    return lines, draw_gate_errors(ordered)
+    return lines, draw_gate_errors(ordered) if draw else None
 
 
 def draw_gate_errors(results: Sequence[LoadedResult]) -> Figure | None:

@@ -196,7 +196,7 @@ def _sessions_lines(loaded: LoadedResults, all_sessions: bool) -> list[str]:
 
 def _gate_lines(results: Sequence[LoadedResult], report_dir: Path | None) -> list[str]:
     """Gates in their own section: logit error against tolerance, one figure for all."""
-    table_lines, figure = gates_section(results)
+    table_lines, figure = gates_section(results, draw=report_dir is not None)
     shown = min(len(results), MAX_PLOTTED_GATES)
     caption = "Gate logit error / atol per case (line: the tolerance)" + (
         f"; the first {shown} of {len(results)} cases" if len(results) > shown else "")
